@@ -1,0 +1,52 @@
+# The two commands of the README: `make demo` and `make test`. Each sets up .venv when it
+# is missing and installs what it needs. On a machine without an NVIDIA GPU, torch is
+# pinned to the CPU build first (torch==2.13.0), so nothing pulls a multi-GB CUDA build.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.embedlab-installed
+TORCH_CPU := torch==2.13.0
+# Real English text for the built-in corpus (read by embedlab.data.builtin).
+DEBIAN_SOURCES := bible-kjv bible-kjv-text fortunes dict-foldoc dict-jargon debian-handbook \
+	postgresql-doc-15 manpages-dev mythes-en-us
+
+.PHONY: demo test setup debian-sources clean-venv
+
+demo: setup debian-sources
+	$(BIN)/embedlab demo
+
+test: setup debian-sources
+	$(BIN)/python -m pytest
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+		echo "setup: NVIDIA GPU found: CUDA torch and faiss-gpu"; \
+		$(BIN)/pip install --quiet torch && $(BIN)/pip install --quiet -e ".[gpu,dev]"; \
+	else \
+		echo "setup: no GPU: $(TORCH_CPU) (CPU build) and faiss-cpu"; \
+		$(BIN)/pip install --quiet $(TORCH_CPU) && $(BIN)/pip install --quiet -e ".[cpu,dev]"; \
+	fi
+	@touch $(STAMP)
+
+# Installs the Debian packages behind the built-in corpus when it can (root and apt-get);
+# otherwise embedlab runs on the sources present and says which it used.
+debian-sources:
+	@missing=""; for p in $(DEBIAN_SOURCES); do \
+		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "setup: installing Debian text sources:$$missing"; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing >/dev/null 2>&1 \
+		|| { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing >/dev/null 2>&1; } \
+		|| echo "setup: could not install$$missing; continuing with the sources present"; \
+	else \
+		echo "setup: not root or no apt-get; built-in corpus without:$$missing"; \
+	fi
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,156 @@
+"""The `embedlab` command.
+
+    embedlab demo                       the masking-ratio study on a local Ray cluster, then its table
+    embedlab sweep STUDY_FILE           run a study (arms x seeds) with Ray Tune
+    embedlab table RUN_DIR              print a run's trial table
+    embedlab evaluate --encoder CKPT_DIR --task TASK [--split test] [--json]
+    embedlab model params PRESET [--json]
+
+`main(argv)` returns an exit code, so tests call it in-process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+DEMO_STUDY = Path("ablations") / "masking_ratio.py"
+
+
+def _progress(message: str) -> None:
+    print(message, flush=True)
+
+
+def cmd_model_params(args: argparse.Namespace) -> int:
+    from embedlab.config import model_preset
+    from embedlab.model.encoder import parameter_counts
+
+    counts = parameter_counts(model_preset(args.preset))
+    if args.json:
+        print(json.dumps(counts))
+    else:
+        for name, value in counts.items():
+            print(f"{name:<14} {value:>15,}")
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from embedlab.sweep.run import run_sweep
+    from embedlab.sweep.table import format_table, load_table
+
+    run_dir = run_sweep(args.study, storage=args.storage, address=args.address, progress=_progress)
+    table = load_table(run_dir)
+    print()
+    print(format_table(table))
+    print(f"\nrun directory: {run_dir}")
+    print(f"trial table:   embedlab table {run_dir}   (or embedlab.load_table(...) in Python)")
+    expected = _expected_trials(run_dir)
+    if len(table) < expected:
+        print(f"error: {expected - len(table)} of {expected} trials did not finish", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _expected_trials(run_dir: Path) -> int:
+    from embedlab.sweep.table import read_study_record
+
+    study = read_study_record(run_dir)["study"]
+    return len(study["arms"]) * len(study["seeds"])
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    if not DEMO_STUDY.is_file():
+        print(f"error: {DEMO_STUDY} not found; run `embedlab demo` from the repository root",
+              file=sys.stderr)
+        return 2
+    args.study = str(DEMO_STUDY)
+    return cmd_sweep(args)
+
+
+def cmd_table(args: argparse.Namespace) -> int:
+    from embedlab.sweep.table import format_table, load_table
+
+    table = load_table(args.run_dir)
+    if args.json:
+        print(table.to_json(orient="records"))
+    else:
+        print(format_table(table))
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from embedlab.config import DataConfig
+    from embedlab.data.prepare import prepare_data
+    from embedlab.evaluate.beir import load_task
+    from embedlab.evaluate.builtin_tasks import BUILTIN_TASKS
+    from embedlab.evaluate.checkpoint_eval import evaluate_checkpoint, resolve_task
+    from embedlab.train.checkpoint import verify_checkpoint
+
+    manifest = verify_checkpoint(Path(args.encoder))
+    prepared_dir = None
+    if args.task in BUILTIN_TASKS and not Path(args.task).is_dir():
+        # The built-in task comes from the same corpus split the checkpoint trained on.
+        data = DataConfig(**{k: tuple(v) if isinstance(v, list) else v
+                             for k, v in manifest["config"]["data"].items()})
+        prepared_dir = prepare_data(data, progress=lambda m: print(m, file=sys.stderr)).directory
+    task = load_task(resolve_task(args.task, prepared_dir))
+    metrics = evaluate_checkpoint(Path(args.encoder), task, args.split)
+    if args.json:
+        print(json.dumps(metrics, sort_keys=True))
+    else:
+        for key in ("ndcg@10", "recall@100", "mrr@10", "map", "queries", "docs"):
+            print(f"{key:<11} {metrics[key]:.4f}" if isinstance(metrics[key], float) else f"{key:<11} {metrics[key]}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="embedlab", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def add_run_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--storage", default="runs", help="where run directories go (default ./runs)")
+        p.add_argument("--address", default=None, help="an existing Ray cluster (default: start a local one)")
+
+    demo = sub.add_parser("demo", help="run the masking-ratio study locally and print its table")
+    add_run_options(demo)
+    demo.set_defaults(func=cmd_demo)
+
+    sweep = sub.add_parser("sweep", help="run a study file with Ray Tune")
+    sweep.add_argument("study", help="a study file, e.g. ablations/masking_ratio.py")
+    add_run_options(sweep)
+    sweep.set_defaults(func=cmd_sweep)
+
+    table = sub.add_parser("table", help="print a run's trial table")
+    table.add_argument("run_dir")
+    table.add_argument("--json", action="store_true", help="all columns as JSON records")
+    table.set_defaults(func=cmd_table)
+
+    evaluate = sub.add_parser("evaluate", help="score a checkpoint on a retrieval task")
+    evaluate.add_argument("--encoder", required=True, help="a checkpoint directory")
+    evaluate.add_argument("--task", required=True, help="a BEIR directory or a built-in task name")
+    evaluate.add_argument("--split", default="test", help="qrels split to score (default test)")
+    evaluate.add_argument("--json", action="store_true")
+    evaluate.set_defaults(func=cmd_evaluate)
+
+    model = sub.add_parser("model", help="model utilities")
+    model_sub = model.add_subparsers(dest="model_command", required=True)
+    params = model_sub.add_parser("params", help="parameter counts of a preset, from the meta-device tree")
+    params.add_argument("preset")
+    params.add_argument("--json", action="store_true")
+    params.set_defaults(func=cmd_model_params)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError, ConnectionError, KeyError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""The evaluation actor: one per cluster, shared by every trial of every study.
+
+It loads each task once, scores a checkpoint on a split, and caches results by
+(checkpoint content hash, task hash, split), so asking twice costs nothing. Trials never
+load a corpus themselves; they send a checkpoint path and a task directory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import ray
+
+from embedlab.evaluate.beir import Task, load_task
+from embedlab.evaluate.checkpoint_eval import evaluate_checkpoint
+from embedlab.train.checkpoint import read_manifest
+
+ACTOR_NAME = "embedlab-evaluator"
+NAMESPACE = "embedlab"
+
+
+class Evaluator:
+    def __init__(self, torch_threads: int = 1) -> None:
+        import torch
+
+        torch.set_num_threads(torch_threads)
+        self._tasks: dict[str, Task] = {}
+        self._results: dict[tuple[str, str, str], dict] = {}
+
+    def task(self, task_dir: str) -> Task:
+        key = str(Path(task_dir).resolve())
+        if key not in self._tasks:
+            self._tasks[key] = load_task(key)
+        return self._tasks[key]
+
+    def evaluate(self, checkpoint_dir: str, task_dir: str, split: str) -> dict:
+        task = self.task(task_dir)
+        key = (read_manifest(Path(checkpoint_dir))["content_hash"], task.hash, split)
+        cached = key in self._results
+        if not cached:
+            self._results[key] = evaluate_checkpoint(Path(checkpoint_dir), task, split)
+        return dict(self._results[key], cached=cached)
+
+    def stats(self) -> dict:
+        return {"tasks_loaded": len(self._tasks), "results_cached": len(self._results)}
+
+
+def get_evaluator(num_cpus: float = 0):
+    """The cluster's evaluation actor, created on first use (found by name afterwards).
+
+    It holds no CPU reservation: it works between trainings, and on a 2-core box a reserved
+    core would leave the trainers' data pipeline without one.
+    """
+    return (
+        ray.remote(Evaluator)
+        .options(name=ACTOR_NAME, namespace=NAMESPACE, get_if_exists=True, num_cpus=num_cpus)
+        .remote()
+    )

@@ -1,0 +1,46 @@
+"""Evaluate a checkpoint directory on a task, in this process (the actor and the CLI share it)."""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from embedlab.evaluate.beir import Task, load_task
+from embedlab.evaluate.encode import encode_texts
+from embedlab.evaluate.retrieval import evaluate_encoder
+from embedlab.train.checkpoint import load_encoder
+
+
+def evaluate_checkpoint(
+    checkpoint_dir: Path, task: Task, split: str, *, batch_size: int = 64, max_length: int = 128
+) -> dict:
+    encoder, tokenizer, manifest = load_encoder(Path(checkpoint_dir))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    encoder.to(device)
+    encode = partial(
+        encode_texts, encoder, tokenizer, batch_size=batch_size, max_length=max_length, device=device
+    )
+    metrics = evaluate_encoder(encode, task, split)
+    return {**metrics, "checkpoint_hash": manifest["content_hash"]}
+
+
+def resolve_task(name_or_path: str, prepared_dir: Path | None = None) -> Path:
+    """A BEIR directory as given, or a built-in task's directory inside prepared data."""
+    from embedlab.evaluate.builtin_tasks import BUILTIN_TASKS
+
+    path = Path(name_or_path)
+    if path.is_dir():
+        return path
+    if name_or_path in BUILTIN_TASKS:
+        if prepared_dir is None:
+            raise ValueError(f"built-in task {name_or_path!r} needs prepared data")
+        return Path(prepared_dir) / "tasks" / name_or_path
+    raise FileNotFoundError(
+        f"task {name_or_path!r} is neither a BEIR directory (corpus.jsonl, queries.jsonl, "
+        f"qrels/test.tsv) nor a built-in task ({', '.join(BUILTIN_TASKS)})"
+    )
+
+
+__all__ = ["evaluate_checkpoint", "load_task", "resolve_task"]

@@ -1,0 +1,184 @@
+"""The encoder: a bidirectional pre-LayerNorm Transformer with rotary positions.
+
+Every block is  x + Attn(LN1(x))  then  x + FFN(LN2(x)); a final LayerNorm closes the
+stack. Attention and feed-forward linears carry no bias; the feed-forward is two
+matrices with a GELU between; positions come only from RoPE, so the parameter count is
+
+    V*d + L*(4*d^2 + 2*d*f + 4*d) + 2*d
+
+(embeddings; Q/K/V/output; two FFN matrices; two affine LayerNorms per block; final norm).
+
+Packed rows: `segment_ids` (B, T) numbers the documents inside each row from 1 and marks
+padding with 0. A token attends only to tokens of its own segment, and RoPE positions
+restart at 0 at every document start, so a packed row computes exactly what the same
+documents would compute one per row.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from embedlab.config import ModelConfig
+
+
+def segment_positions(segment_ids: torch.Tensor) -> torch.Tensor:
+    """Position of each token inside its own segment. (B, T) int -> (B, T) long."""
+    batch, length = segment_ids.shape
+    index = torch.arange(length, device=segment_ids.device).expand(batch, length)
+    starts_here = torch.ones_like(segment_ids, dtype=torch.bool)
+    starts_here[:, 1:] = segment_ids[:, 1:] != segment_ids[:, :-1]
+    start_index = torch.where(starts_here, index, torch.zeros_like(index)).cummax(dim=1).values
+    return index - start_index
+
+
+def segment_attention_mask(segment_ids: torch.Tensor) -> torch.Tensor:
+    """Boolean (B, 1, T, T) mask: True where query i may attend key j (same segment).
+
+    Padding (segment 0) attends only to padding, which keeps every softmax row non-empty;
+    real tokens never see padding or another document.
+    """
+    return (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None, :, :]
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding applied to (B, H, T, Dh) queries and keys."""
+
+    def __init__(self, head_width: int, base: float) -> None:
+        super().__init__()
+        inv_freq = 1.0 / (base ** (torch.arange(0, head_width, 2, dtype=torch.float32) / head_width))
+        # A buffer, not a parameter: RoPE adds no trainable weights; recomputed, never saved.
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        angles = positions[:, None, :, None].float() * self.inv_freq  # (B, 1, T, Dh/2)
+        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        x_even, x_odd = x[..., 0::2], x[..., 1::2]
+        rotated = torch.stack((x_even * cos - x_odd * sin, x_even * sin + x_odd * cos), dim=-1)
+        return rotated.flatten(-2)
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.heads = config.heads
+        self.head_width = config.head_width
+        self.qkv = nn.Linear(config.width, 3 * config.width, bias=False)
+        self.out = nn.Linear(config.width, config.width, bias=False)
+        self.rotary = Rotary(config.head_width, config.rope_base)
+        self.dropout = config.dropout
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        batch, length, width = x.shape
+        qkv = self.qkv(x).view(batch, length, 3, self.heads, self.head_width)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (B, H, T, Dh)
+        q, k = self.rotary(q, positions), self.rotary(k, positions)
+        attended = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0
+        )  # (B, H, T, Dh)
+        return self.out(attended.transpose(1, 2).reshape(batch, length, width))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.up = nn.Linear(config.width, config.ffn_width, bias=False)
+        self.down = nn.Linear(config.ffn_width, config.width, bias=False)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.down(F.gelu(self.up(x))))
+
+
+class Block(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.attn_norm = nn.LayerNorm(config.width, eps=config.layer_norm_eps)
+        self.attn = SelfAttention(config)
+        self.ffn_norm = nn.LayerNorm(config.width, eps=config.layer_norm_eps)
+        self.ffn = FeedForward(config)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), positions, mask)
+        return x + self.ffn(self.ffn_norm(x))
+
+
+class Encoder(nn.Module):
+    """Token ids (B, T) and segment ids (B, T) -> final hidden states (B, T, d)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.width)
+        self.embed_dropout = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.layers))
+        self.final_norm = nn.LayerNorm(config.width, eps=config.layer_norm_eps)
+        self.apply(_init_weights)
+
+    def forward(self, input_ids: torch.Tensor, segment_ids: torch.Tensor) -> torch.Tensor:
+        positions = segment_positions(segment_ids)
+        mask = segment_attention_mask(segment_ids)
+        x = self.embed_dropout(self.embed(input_ids))
+        for block in self.blocks:
+            x = block(x, positions, mask)
+        return self.final_norm(x)
+
+
+class MLMHead(nn.Module):
+    """Dense transform + GELU + affine LayerNorm, then a decoder tied to the input embeddings.
+
+    The decoder matrix is the encoder's embedding table (not a parameter of the head), so the
+    head adds d*d + d (dense) + 2*d (norm) + V (vocabulary bias) parameters.
+    """
+
+    def __init__(self, config: ModelConfig, embedding: nn.Embedding) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.width, config.width, bias=True)
+        self.norm = nn.LayerNorm(config.width, eps=config.layer_norm_eps)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+        self.embedding = embedding
+        _init_weights(self.dense)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(N, d) hidden states at selected positions -> (N, V) logits."""
+        return F.linear(self.norm(F.gelu(self.dense(hidden))), self.embedding.weight, self.bias)
+
+
+class MLMModel(nn.Module):
+    """Encoder + tied MLM head, the phase-1 training model."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.encoder = Encoder(config)
+        self.mlm_head = MLMHead(config, self.encoder.embed)
+
+    def forward(
+        self, input_ids: torch.Tensor, segment_ids: torch.Tensor, selected: torch.Tensor
+    ) -> torch.Tensor:
+        """Logits only at selected positions: (B, T) inputs and (B, T) bool -> (N_selected, V).
+
+        Projecting only the selected positions to the vocabulary skips ~85% of the largest
+        matmul at 15% masking.
+        """
+        hidden = self.encoder(input_ids, segment_ids)
+        return self.mlm_head(hidden[selected])
+
+
+def _init_weights(module: nn.Module) -> None:
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+
+def count_parameters(module: nn.Module) -> int:
+    """Unique parameters (a tied tensor counted once); `parameters()` already dedups by identity."""
+    return sum(p.numel() for p in module.parameters())
+
+
+def parameter_counts(config: ModelConfig) -> dict[str, int]:
+    """Counted from the real module tree built on the meta device (no memory allocated)."""
+    with torch.device("meta"):
+        model = MLMModel(config)
+    return {"encoder": count_parameters(model.encoder), "with_mlm_head": count_parameters(model)}

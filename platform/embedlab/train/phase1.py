@@ -1,0 +1,217 @@
+"""Phase 1 (masked language modelling) on Ray Train.
+
+`phase1_worker` is the `train_loop_per_worker` that `TorchTrainer` runs on every worker;
+`run_phase1` builds the trainer. Workers read packed rows from their Ray Data shard
+(`get_dataset_shard("train")`), mask them with a per-worker masking RNG, and step until
+the global count of consumed non-padding tokens reaches the budget. Every worker sees the
+same all-reduced counts, so all stop at the same step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from embedlab.config import REPLACEMENT_POLICY, TrialConfig
+from embedlab.data.prepare import PreparedData
+from embedlab.model.encoder import MLMModel, count_parameters
+from embedlab.objectives.masking import MaskedBatch, mask_tokens
+from embedlab.objectives.mlm import combine
+from embedlab.tokenizer import load_tokenizer
+from embedlab.train.checkpoint import save_checkpoint
+from embedlab.train.mlm_step import (
+    NO_DECAY_RULE,
+    Microbatch,
+    accumulate_gradients,
+    build_optimizer,
+    learning_rate_at,
+    no_reduce,
+    optimizer_step,
+)
+
+
+def seed_for(seed: int, stream: str, rank: int = 0) -> int:
+    """Independent RNG streams (init, masking, ...) derived from one trial seed."""
+    digest = hashlib.sha256(f"{seed}:{stream}:{rank}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") & 0x7FFF_FFFF_FFFF_FFFF
+
+
+def sum_all_reduce(device: torch.device):
+    """An all-reduce (sum) over the process group that accepts tensors on any device."""
+
+    def reduce(tensor: torch.Tensor) -> torch.Tensor:
+        on_device = tensor.to(device)
+        dist.all_reduce(on_device, op=dist.ReduceOp.SUM)
+        return on_device.to(tensor.device)
+
+    return reduce
+
+
+def estimated_flops(model: MLMModel, tokens: int, selected: int) -> float:
+    """6 * (non-embedding parameters) per token, plus the vocabulary projection at selected
+    positions only (the head's decoder runs nowhere else). Attention scores are ignored."""
+    config = model.encoder.config
+    non_embedding = count_parameters(model) - config.vocab_size * config.width - config.vocab_size
+    return 6.0 * non_embedding * tokens + 6.0 * config.width * config.vocab_size * selected
+
+
+def phase1_worker(loop_config: dict[str, Any]) -> None:
+    import ray.train
+    import ray.train.torch
+
+    trial = TrialConfig.from_dict(loop_config["trial"])
+    context = ray.train.get_context()
+    rank, world = context.get_world_rank(), context.get_world_size()
+    torch.set_num_threads(trial.train.torch_threads)
+    device = ray.train.torch.get_device()
+    tokenizer = load_tokenizer(loop_config["tokenizer_path"], expected_hash=loop_config["tokenizer_hash"])
+
+    torch.manual_seed(seed_for(trial.train.seed, "init"))  # identical weights on every worker
+    model = MLMModel(trial.model).to(device)
+    optimizer = build_optimizer(model, trial.train.learning_rate, trial.train.weight_decay)
+    masking_rng = torch.Generator().manual_seed(seed_for(trial.train.seed, "masking", rank))
+    torch.manual_seed(seed_for(trial.train.seed, "dropout", rank))
+    all_reduce = sum_all_reduce(device) if world > 1 else no_reduce
+    eligible_ban = torch.tensor(tokenizer.special_ids)
+    random_range = (len(tokenizer.special_ids), tokenizer.vocab_size)
+
+    budget = trial.train.budget_tokens
+    consumed = selected_total = steps = skipped = 0
+    window: list[tuple[float, int]] = []
+    started = time.perf_counter()
+    shard = ray.train.get_dataset_shard("train")
+    pending: list[Microbatch] = []
+    epoch = 0
+    model.train()
+    while consumed < budget:
+        steps_before = steps
+        for batch in shard.iter_torch_batches(
+            batch_size=trial.train.batch_rows, drop_last=True, dtypes=torch.long
+        ):
+            input_ids, segment_ids = batch["input_ids"], batch["segment_ids"]
+            eligible = (segment_ids > 0) & ~torch.isin(input_ids, eligible_ban)
+            masked = mask_tokens(
+                input_ids, eligible, trial.masking,
+                mask_id=tokenizer.mask_id, random_token_range=random_range, generator=masking_rng,
+            )
+            # Masking draws on the CPU generator so its stream is the same on any device.
+            masked = MaskedBatch(*(t.to(device) for t in (masked.inputs, masked.targets, masked.selected)))
+            pending.append(Microbatch(masked=masked, segment_ids=segment_ids.to(device)))
+            if len(pending) < trial.train.microbatches:
+                continue
+            for group in optimizer.param_groups:
+                group["lr"] = learning_rate_at(
+                    consumed, budget, trial.train.learning_rate, trial.train.warmup_fraction
+                )
+            result = accumulate_gradients(model, pending, all_reduce)
+            result = optimizer_step(model, optimizer, result, trial.train.max_grad_norm)
+            pending = []
+            steps += 1
+            consumed += result.tokens
+            selected_total += result.selected
+            skipped += int(result.skipped)
+            window.append((result.loss_sum, result.selected))
+            done = consumed >= budget
+            if done or steps % trial.train.report_every_steps == 0:
+                elapsed = time.perf_counter() - started
+                metrics = {
+                    "train/loss": combine(window),
+                    "train/step": steps,
+                    "train/epoch": epoch,
+                    "train/lr": optimizer.param_groups[0]["lr"],
+                    "train/grad_norm": result.grad_norm,
+                    "train/skipped_steps": skipped,
+                    "train/tokens_per_s": consumed / elapsed,
+                    "budget/tokens": consumed,
+                    "budget/selected_tokens": selected_total,
+                    "budget/fraction": consumed / budget,
+                    "budget/flops_estimate": estimated_flops(model, consumed, selected_total),
+                    "compute/wall_seconds": elapsed,
+                    "compute/worker_seconds": elapsed * world,
+                }
+                window = []
+                if done:
+                    _final_report(model, tokenizer, trial, loop_config, metrics, rank, world)
+                    return
+                ray.train.report(metrics)
+        epoch += 1
+        if steps == steps_before:
+            raise RuntimeError(
+                f"worker {rank}: its data shard holds fewer than batch_rows x microbatches = "
+                f"{trial.train.batch_rows * trial.train.microbatches} rows; lower train.batch_rows "
+                "or give the phase more data"
+            )
+
+
+def _final_report(model, tokenizer, trial, loop_config, metrics, rank, world) -> None:
+    import ray.train
+
+    if rank != 0:
+        ray.train.report(metrics)
+        return
+    with tempfile.TemporaryDirectory() as directory:
+        save_checkpoint(
+            Path(directory),
+            model,
+            tokenizer=tokenizer,
+            fields={
+                "phase": 1,
+                "config": trial.to_dict(),
+                "seed": trial.train.seed,
+                "data_revision": loop_config["data_revision"],
+                "objective": {
+                    "name": "mlm",
+                    "masking_ratio": trial.masking.ratio,
+                    "replacement": REPLACEMENT_POLICY,
+                    "mask_fraction": trial.masking.mask_fraction,
+                    "random_fraction": trial.masking.random_fraction,
+                    "reduction": "sum of selected-token losses / selected count, over microbatches and workers",
+                    "empty_selection": "step skipped, counted in train/skipped_steps",
+                },
+                "optimizer": {"name": "AdamW", "no_decay": NO_DECAY_RULE},
+                "precision": "fp32",
+                "distributed": {"workers": world, "backend": dist.get_backend() if world > 1 else "none"},
+                "budget": {k: v for k, v in metrics.items() if k.startswith(("budget/", "compute/"))},
+            },
+        )
+        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(directory))
+
+
+def run_phase1(
+    trial: TrialConfig,
+    prepared: PreparedData,
+    *,
+    storage_path: Path,
+    name: str,
+    callbacks: list | None = None,
+):
+    """Fit one phase-1 `TorchTrainer`; returns the Ray Train `Result`."""
+    import ray.data
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    rows = ray.data.read_parquet(str(prepared.rows_path), ray_remote_args={"num_cpus": 0.25})
+    trainer = TorchTrainer(
+        phase1_worker,
+        train_loop_config={
+            "trial": trial.to_dict(),
+            "tokenizer_path": str(prepared.tokenizer_path),
+            "tokenizer_hash": prepared.record["tokenizer_hash"],
+            "data_revision": prepared.data_revision,
+        },
+        scaling_config=ScalingConfig(
+            num_workers=trial.train.num_workers,
+            use_gpu=trial.train.use_gpu,
+            resources_per_worker={"CPU": trial.train.cpus_per_worker},
+        ),
+        torch_config=TorchConfig(backend="nccl" if trial.train.use_gpu else "gloo"),
+        datasets={"train": rows},
+        run_config=RunConfig(name=name, storage_path=str(storage_path), callbacks=callbacks or []),
+    )
+    return trainer.fit()

@@ -1,0 +1,61 @@
+"""Shared fixtures: one Ray session and one prepared data directory per test session."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from embedlab.config import DataConfig, MaskingConfig, TrainConfig, TrialConfig, model_preset
+
+# Python's own documentation only: present on every machine, small enough to build in seconds.
+TEST_DATA = DataConfig(
+    sources=("python-docs", "python-docstrings"),
+    max_documents_per_source=1500,
+    tokenizer_vocab_size=1024,
+    sequence_length=64,
+)
+
+
+def tiny_trial(**train) -> TrialConfig:
+    """A 2-layer width-64 model on the test data, trained for a few thousand tokens."""
+    return TrialConfig(
+        model=model_preset("tiny", vocab_size=1024, max_length=128),
+        masking=MaskingConfig(ratio=0.15),
+        data=TEST_DATA,
+        train=dataclasses.replace(
+            TrainConfig(budget_tokens=6_000, batch_rows=8, report_every_steps=5), **train
+        ),
+    )
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory, monkeypatch_session):
+    path = tmp_path_factory.mktemp("embedlab-cache")
+    monkeypatch_session.setenv("EMBEDLAB_CACHE", str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
+def monkeypatch_session():
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
+
+
+@pytest.fixture(scope="session")
+def prepared(cache_dir):
+    from embedlab.data.prepare import prepare_data
+
+    return prepare_data(TEST_DATA, cache_dir=cache_dir)
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray cluster for every test that is about Ray."""
+    import ray
+
+    from embedlab.sweep.run import connect
+
+    connect(None, progress=lambda message: None)
+    yield
+    ray.shutdown()
