@@ -18,7 +18,7 @@ def study() -> Study:
             "mask-30": replace(base, masking=replace(base.masking, ratio=0.30)),
         },
         seeds=(0, 1),
-        budget_tokens=100_000,
+        budget_tokens=300_000,
         metric="dev/ndcg@10",
         description="Does a higher masking ratio in phase 1 give better frozen-encoder retrieval?",
     )

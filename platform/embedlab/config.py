@@ -22,12 +22,17 @@ def _check(condition: bool, field_name: str, message: str) -> None:
         raise ConfigError(f"{field_name}: {message}")
 
 
+def _check_positive(config: object, section: str, *names: str) -> None:
+    for name in names:
+        _check(getattr(config, name) > 0, f"{section}.{name}", "must be positive")
+
+
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     """Encoder shape: a bidirectional pre-LayerNorm Transformer with RoPE.
 
-    `vocab_size` is the embedding table's size; a tokenizer with fewer entries fits
-    inside it (the build pads up to a multiple of 64 for fast matmuls).
+    `vocab_size` is the embedding table's size; a tokenizer with fewer entries fits inside
+    it (the unused rows are never selected as inputs or random replacements).
     """
 
     preset: str = "custom"
@@ -42,8 +47,7 @@ class ModelConfig:
     layer_norm_eps: float = 1e-5
 
     def __post_init__(self) -> None:
-        for name in ("layers", "width", "heads", "ffn_width", "vocab_size", "max_length"):
-            _check(getattr(self, name) > 0, f"model.{name}", "must be positive")
+        _check_positive(self, "model", "layers", "width", "heads", "ffn_width", "vocab_size", "max_length")
         _check(self.width % self.heads == 0, "model.heads", f"must divide width={self.width}")
         _check((self.width // self.heads) % 2 == 0, "model.heads", "head width must be even for RoPE")
         _check(0.0 <= self.dropout < 1.0, "model.dropout", "must be in [0, 1)")
@@ -112,7 +116,7 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         _check(isinstance(self.sources, tuple), "data.sources", "must be a tuple of source names")
-        _check(self.max_documents_per_source > 0, "data.max_documents_per_source", "must be positive")
+        _check_positive(self, "data", "max_documents_per_source", "tokenizer_sample_documents")
         _check(self.tokenizer_vocab_size >= 256, "data.tokenizer_vocab_size", "must be >= 256")
         _check(self.sequence_length >= 8, "data.sequence_length", "must be >= 8")
         _check(
@@ -146,16 +150,11 @@ class TrainConfig:
     torch_threads: int = 1
 
     def __post_init__(self) -> None:
-        _check(self.budget_tokens > 0, "train.budget_tokens", "must be positive")
-        _check(self.batch_rows > 0, "train.batch_rows", "must be positive")
-        _check(self.microbatches > 0, "train.microbatches", "must be positive")
-        _check(self.learning_rate > 0, "train.learning_rate", "must be positive")
+        _check_positive(
+            self, "train", "budget_tokens", "batch_rows", "microbatches", "learning_rate",
+            "max_grad_norm", "num_workers", "cpus_per_worker", "report_every_steps", "torch_threads",
+        )
         _check(0.0 <= self.warmup_fraction < 1.0, "train.warmup_fraction", "must be in [0, 1)")
-        _check(self.max_grad_norm > 0, "train.max_grad_norm", "must be positive")
-        _check(self.num_workers > 0, "train.num_workers", "must be positive")
-        _check(self.cpus_per_worker > 0, "train.cpus_per_worker", "must be positive")
-        _check(self.report_every_steps > 0, "train.report_every_steps", "must be positive")
-        _check(self.torch_threads > 0, "train.torch_threads", "must be positive")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -169,7 +168,7 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         _check(self.split in ("dev", "test"), "eval.split", "must be 'dev' or 'test'")
-        _check(self.batch_size > 0, "eval.batch_size", "must be positive")
+        _check_positive(self, "eval", "batch_size")
         _check(self.max_length >= 8, "eval.max_length", "must be >= 8")
 
 

@@ -15,5 +15,5 @@ def phase1_baseline() -> TrialConfig:
         model=MODEL_PRESETS["small"],
         masking=MaskingConfig(ratio=0.15),
         data=DataConfig(sequence_length=128),
-        train=TrainConfig(batch_rows=16, learning_rate=1e-3),
+        train=TrainConfig(batch_rows=8, learning_rate=1e-3),
     )

@@ -116,6 +116,9 @@ def build_corpus(
             f"  corpus: {name:<18} {read:>7} documents, {duplicates} exact duplicates dropped "
             f"({time.perf_counter() - started:.1f}s)"
         )
+    for name, why in builtin.source_status().items():
+        if why is not None:
+            progress(f"  corpus: {name:<18} skipped: {why}")
     table = pa.table(rows)
     pq.write_table(table, directory / "documents.parquet")
     manifest = {

@@ -45,14 +45,22 @@ class Evaluator:
         return {"tasks_loaded": len(self._tasks), "results_cached": len(self._results)}
 
 
-def get_evaluator(num_cpus: float = 0):
-    """The cluster's evaluation actor, created on first use (found by name afterwards).
+_handles: dict[str, ray.actor.ActorHandle] = {}
 
-    It holds no CPU reservation: it works between trainings, and on a 2-core box a reserved
-    core would leave the trainers' data pipeline without one.
+
+def get_evaluator(num_cpus: float = 0) -> ray.actor.ActorHandle:
+    """The cluster's evaluation actor, created on first use and found by name afterwards.
+
+    A non-detached actor lives as long as its creator holds a handle, so the sweep driver
+    creates it before any trial starts and keeps the handle here; trial drivers, which come
+    and go, find the same actor by name. It holds no CPU reservation: it works between
+    trainings, and on a 2-core box a reserved core would starve the trainers' data pipeline.
     """
-    return (
-        ray.remote(Evaluator)
-        .options(name=ACTOR_NAME, namespace=NAMESPACE, get_if_exists=True, num_cpus=num_cpus)
-        .remote()
-    )
+    key = ray.get_runtime_context().get_job_id()
+    if key not in _handles:
+        _handles[key] = (
+            ray.remote(Evaluator)
+            .options(name=ACTOR_NAME, namespace=NAMESPACE, get_if_exists=True, num_cpus=num_cpus)
+            .remote()
+        )
+    return _handles[key]

@@ -12,15 +12,42 @@ from embedlab.evaluate.metrics import rank_run, retrieval_metrics
 TOP_K = 100
 
 
-def faiss_module():
-    """`faiss`, with a clear error when neither faiss-cpu nor faiss-gpu is installed."""
-    try:
-        import faiss
-    except ImportError:
+FAISS_DISTRIBUTIONS = ("faiss-cpu", "faiss-gpu", "faiss-gpu-cu12", "faiss-gpu-cu11")
+
+
+def installed_faiss_distributions() -> list[str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = []
+    for name in FAISS_DISTRIBUTIONS:
+        try:
+            version(name)
+        except PackageNotFoundError:
+            continue
+        found.append(name)
+    return found
+
+
+def check_one_faiss(installed: list[str]) -> None:
+    """faiss-cpu and faiss-gpu overwrite each other's `faiss` module: exactly one may be installed."""
+    if len(installed) > 1:
+        raise ImportError(
+            f"several faiss distributions are installed ({', '.join(installed)}); they overwrite "
+            "each other's `faiss` module. Uninstall all of them, then install exactly one "
+            "(pip install 'embedlab[cpu]' or 'embedlab[gpu]')"
+        )
+    if not installed:
         raise ImportError(
             "faiss is not installed: install embedlab with exactly one of the extras "
             "`cpu` (faiss-cpu) or `gpu` (faiss-gpu)"
-        ) from None
+        )
+
+
+def faiss_module():
+    """`faiss`, after checking that exactly one faiss distribution provides it."""
+    check_one_faiss(installed_faiss_distributions())
+    import faiss
+
     return faiss
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -42,6 +43,7 @@ def connect(address: str | None, progress: Callable[[str], None] = print) -> Non
     runtime_env = {"env_vars": dict(RAY_ENV)}
     if address:
         progress(f"ray: connecting to {address}")
+        _check_reachable(address)
         try:
             ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
         except (ConnectionError, RuntimeError, ValueError) as error:
@@ -51,6 +53,20 @@ def connect(address: str | None, progress: Callable[[str], None] = print) -> Non
         ray.init(runtime_env=runtime_env, log_to_driver=False, include_dashboard=False)
     resources = ray.cluster_resources()
     progress(f"ray: {resources.get('CPU', 0):g} CPUs, {resources.get('GPU', 0):g} GPUs")
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail in seconds, not minutes, when nothing listens at a host:port address
+    (ray.init retries an unreachable GCS for a long time)."""
+    target = address.removeprefix("ray://")
+    if address == "auto" or ":" not in target:
+        return
+    host, _, port = target.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            pass
+    except (OSError, ValueError) as error:
+        raise ConnectionError(f"cannot reach the Ray cluster at {address!r}: {error}") from None
 
 
 def max_concurrent_trials(trial: TrialConfig, cluster_cpus: float) -> int:
@@ -127,8 +143,13 @@ def run_sweep(
     from ray import tune
 
     study = load_study(study_path)
-    run_dir = Path(storage).resolve() / f"{study.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir.mkdir(parents=True, exist_ok=False)
+    connect(address, progress)
+    import ray
+
+    from embedlab.evaluate.actor import get_evaluator
+
+    concurrency = max_concurrent_trials(next(iter(study.arms.values())), ray.cluster_resources().get("CPU", 0))
+    run_dir = _new_run_dir(Path(storage), study.name)
     progress(f"study {study.name}: {len(study.arms)} arms x {len(study.seeds)} seeds "
              f"at {study.budget_tokens:,} non-padding tokens each; results in {run_dir}")
     prepared = _prepare_arms(study, progress)
@@ -142,10 +163,7 @@ def run_sweep(
     }
     (run_dir / STUDY_FILE).write_text(json.dumps(record, indent=2, sort_keys=True))
     (run_dir / "prepared.json").write_text(json.dumps(prepared, indent=2, sort_keys=True))
-    connect(address, progress)
-    import ray
-
-    concurrency = max_concurrent_trials(next(iter(study.arms.values())), ray.cluster_resources().get("CPU", 0))
+    get_evaluator()  # created and owned by this driver, so it outlives every trial
     progress(f"tune: {len(study.arms) * len(study.seeds)} trials, at most {concurrency} at a time")
     context = {"study": study.to_dict(), "prepared": prepared, "run_dir": str(run_dir)}
     # A trial driver only waits on its trainer; it reserves memory, not a CPU, so the
@@ -164,6 +182,19 @@ def run_sweep(
     if failed:
         progress(f"tune: {len(failed)} trial(s) failed; see {run_dir / 'tune'}")
     return run_dir
+
+
+def _new_run_dir(storage: Path, name: str) -> Path:
+    """A fresh `<storage>/<name>-<timestamp>[-n]`; an earlier run is never written into."""
+    base = storage.resolve() / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    for attempt in range(1, 100):
+        run_dir = base if attempt == 1 else base.with_name(f"{base.name}-{attempt}")
+        try:
+            run_dir.mkdir(parents=True)
+            return run_dir
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"could not create a new run directory next to {base}")
 
 
 def _prepare_arms(study: Study, progress: Callable[[str], None]) -> dict[str, dict]:

@@ -196,7 +196,7 @@ def run_phase1(
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    rows = ray.data.read_parquet(str(prepared.rows_path), ray_remote_args={"num_cpus": 0.25})
+    rows = ray.data.read_parquet(str(prepared.rows_path), num_cpus=0.25)
     trainer = TorchTrainer(
         phase1_worker,
         train_loop_config={
