@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
-from embedlab.config import DataConfig, MaskingConfig, TrainConfig, TrialConfig, model_preset
+from embedlab.config import DataConfig, MaskingConfig, MixtureConfig, TrainConfig, TrialConfig, model_preset
+from embedlab.data.external import LocalFiles
 
-# Python's own documentation only: present on every machine, small enough to build in seconds.
+FIXTURES = Path(__file__).parent / "fixtures"
+PLANTED = LocalFiles(name="planted", path=str(FIXTURES / "planted_docstrings.jsonl"))
+
+# Python's own documentation only: present on every machine, small enough to build in seconds;
+# plus a local file of planted near and exact duplicates of docstrings.
 TEST_DATA = DataConfig(
     sources=("python-docs", "python-docstrings"),
-    max_documents_per_source=1500,
+    local_files=(PLANTED,),
+    mixture=MixtureConfig(shares=(("python-docs", 0.3), ("python-docstrings", 0.7))),
     tokenizer_vocab_size=1024,
     sequence_length=64,
 )
@@ -43,7 +50,7 @@ def monkeypatch_session():
 
 
 @pytest.fixture(scope="session")
-def prepared(cache_dir):
+def prepared(cache_dir, ray_session):
     from embedlab.data.prepare import prepare_data
 
     return prepare_data(TEST_DATA, cache_dir=cache_dir)

@@ -44,3 +44,49 @@ def test_rows_are_nearly_full():
     rows = pack_documents(documents, sequence_length=128, sep_id=SEP, pad_id=PAD)
     assert rows.efficiency > 0.9
     assert rows.non_padding_tokens == sum(len(d) + 1 for d in documents)
+
+
+def test_chunking_never_truncates():
+    """A long document is cut into pieces of at most L tokens that concatenate back to it plus SEP."""
+    from embedlab.data.packing import chunk_document
+
+    tokens = list(range(5, 305))
+    pieces = chunk_document(tokens, sequence_length=64, sep_id=SEP)
+    assert all(len(p) <= 64 for p in pieces) and sum(pieces, []) == tokens + [SEP]
+    assert chunk_document([7, 8], sequence_length=64, sep_id=SEP) == [[7, 8, SEP]]
+
+
+def test_packed_document_mlm_counts_and_outputs_match_alone():
+    """A packed row gives each document its stand-alone states (1e-5), and the MLM loss sum and
+    selected count of the row equal the sums over the documents encoded alone with the same selection."""
+    import torch
+
+    from embedlab.config import ModelConfig
+    from embedlab.model.encoder import MLMModel
+    from embedlab.objectives.mlm import mlm_loss_sum
+
+    rng = np.random.default_rng(3)
+    documents = [list(rng.integers(5, 90, size=n)) for n in (11, 23, 7, 40)]
+    rows = pack_documents(documents, sequence_length=96, sep_id=SEP, pad_id=PAD)
+    assert rows.input_ids.shape[0] == 1
+    torch.manual_seed(0)
+    model = MLMModel(ModelConfig(layers=2, width=32, heads=2, ffn_width=64, vocab_size=97)).eval()
+    ids = torch.from_numpy(rows.input_ids).long()
+    segments = torch.from_numpy(rows.segment_ids).long()
+    selected = torch.from_numpy(rng.random(rows.input_ids.shape) < 0.3) & (segments > 0)
+    packed_states = model.encoder(ids, segments)[0]
+    packed_sum, packed_count = mlm_loss_sum(model(ids, segments, selected), ids[selected])
+    alone_sum, alone_count = 0.0, 0
+    for index, doc in enumerate(documents):
+        positions = torch.from_numpy(rows.document_index[0] == index)
+        alone_ids = torch.tensor([doc + [SEP]])
+        alone_states = model.encoder(alone_ids, torch.ones_like(alone_ids))[0]
+        torch.testing.assert_close(packed_states[positions], alone_states, atol=1e-5, rtol=1e-5)
+        alone_selected = selected[0][positions][None]
+        part_sum, part_count = mlm_loss_sum(
+            model(alone_ids, torch.ones_like(alone_ids), alone_selected), alone_ids[alone_selected]
+        )
+        alone_sum += float(part_sum)
+        alone_count += part_count
+    assert packed_count == alone_count > 0
+    assert abs(float(packed_sum) - alone_sum) < 1e-4

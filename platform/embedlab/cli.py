@@ -5,6 +5,10 @@
     embedlab table RUN_DIR              print a run's trial table
     embedlab evaluate --encoder CKPT_DIR --task TASK [--split test] [--json]
     embedlab model params PRESET [--json]
+    embedlab data build [SPEC]          prepare data: corpus, dedup, splits, tokenizer, pieces, data card
+    embedlab data audit [SPEC] [--task DIR] [--json]   contamination audit of every training stage
+    embedlab tokenizer compare [SPEC] [--json]         BPE vs unigram vs byte-level on held-out text
+    embedlab bench data [SPEC] [--json] packed tokens/s through Ray Data vs raw encode_batch
 
 `main(argv)` returns an exit code, so tests call it in-process.
 """
@@ -43,7 +47,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     run_dir = run_sweep(args.study, storage=args.storage, address=args.address, progress=_progress)
     table = load_table(run_dir)
     print()
-    print(format_table(table))
+    print(format_table(table, run_dir))
     print(f"\nrun directory: {run_dir}")
     print(f"trial table:   embedlab table {run_dir}   (or embedlab.load_table(...) in Python)")
     expected = _expected_trials(run_dir)
@@ -76,7 +80,7 @@ def cmd_table(args: argparse.Namespace) -> int:
     if args.json:
         print(table.to_json(orient="records"))
     else:
-        print(format_table(table))
+        print(format_table(table, args.run_dir))
     return 0
 
 
@@ -102,6 +106,66 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     else:
         for key in ("ndcg@10", "recall@100", "mrr@10", "map", "queries", "docs"):
             print(f"{key:<11} {metrics[key]:.4f}" if isinstance(metrics[key], float) else f"{key:<11} {metrics[key]}")
+    return 0
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _data_configs(spec: str | None):
+    from embedlab.data.spec import load_data_configs
+
+    return load_data_configs(spec)
+
+
+def cmd_data_build(args: argparse.Namespace) -> int:
+    from embedlab.data.prepare import prepare_data
+    from embedlab.sweep.run import connect
+
+    connect(args.address, _stderr)
+    for config in _data_configs(args.spec):
+        prepared = prepare_data(config, progress=_stderr)
+        print(f"prepared data: {prepared.directory}")
+        print(f"data card:     {prepared.directory / 'data_card.md'}")
+    return 0
+
+
+def cmd_data_audit(args: argparse.Namespace) -> int:
+    from embedlab.data.contamination import run_audit
+    from embedlab.data.prepare import prepare_data
+    from embedlab.data.stages import ALL_STAGES
+    from embedlab.sweep.run import connect
+
+    connect(args.address, _stderr)
+    for config in _data_configs(args.spec):
+        prepared = prepare_data(config, progress=_stderr)
+        report = run_audit(prepared, stages=ALL_STAGES, extra_tasks=args.task, progress=_stderr)
+        print(json.dumps(report.to_dict(), sort_keys=True) if args.json else report.to_markdown())
+    return 0
+
+
+def cmd_tokenizer_compare(args: argparse.Namespace) -> int:
+    from embedlab.data.prepare import prepare_data
+    from embedlab.sweep.run import connect
+    from embedlab.tokenizer_compare import compare_corpus_tokenizers, format_comparison
+
+    connect(args.address, _stderr)
+    for config in _data_configs(args.spec):
+        prepared = prepare_data(config, progress=_stderr)
+        rows = compare_corpus_tokenizers(prepared, progress=_stderr)
+        print(json.dumps(rows, sort_keys=True) if args.json else format_comparison(rows))
+    return 0
+
+
+def cmd_bench_data(args: argparse.Namespace) -> int:
+    from embedlab.bench import bench_data, format_bench
+    from embedlab.sweep.run import connect
+
+    connect(args.address, _stderr)
+    config = _data_configs(args.spec)[0]
+    result = bench_data(documents=args.documents, config=config, progress=_stderr)
+    print(json.dumps(result, sort_keys=True) if args.json else format_bench(result))
     return 0
 
 
@@ -140,14 +204,48 @@ def build_parser() -> argparse.ArgumentParser:
     params.add_argument("preset")
     params.add_argument("--json", action="store_true")
     params.set_defaults(func=cmd_model_params)
+
+    def add_spec(p: argparse.ArgumentParser) -> None:
+        p.add_argument("spec", nargs="?", default=None,
+                       help="a study file (.py: every arm's data), a data spec (.toml/.json), or none for the defaults")
+        p.add_argument("--address", default=None, help="an existing Ray cluster (default: start a local one)")
+
+    data = sub.add_parser("data", help="build and audit training data")
+    data_sub = data.add_subparsers(dest="data_command", required=True)
+    build = data_sub.add_parser("build", help="corpus, dedup, group-aware splits, tokenizer, pieces and a data card")
+    add_spec(build)
+    build.set_defaults(func=cmd_data_build)
+    audit = data_sub.add_parser("audit", help="check evaluation items against every training stage")
+    add_spec(audit)
+    audit.add_argument("--task", action="append", default=[], help="an extra BEIR task directory (repeatable)")
+    audit.add_argument("--json", action="store_true")
+    audit.set_defaults(func=cmd_data_audit)
+
+    tokenizer = sub.add_parser("tokenizer", help="tokenizer candidates")
+    tokenizer_sub = tokenizer.add_subparsers(dest="tokenizer_command", required=True)
+    compare = tokenizer_sub.add_parser("compare", help="BPE, unigram and byte-level trained on the training split")
+    add_spec(compare)
+    compare.add_argument("--json", action="store_true")
+    compare.set_defaults(func=cmd_tokenizer_compare)
+
+    bench = sub.add_parser("bench", help="measurements, each against a reference in the same run")
+    bench_sub = bench.add_subparsers(dest="bench_command", required=True)
+    bench_data_parser = bench_sub.add_parser("data", help="packed tokens/s through Ray Data vs raw encode_batch")
+    add_spec(bench_data_parser)
+    bench_data_parser.add_argument("--documents", type=int, default=20000)
+    bench_data_parser.add_argument("--json", action="store_true")
+    bench_data_parser.set_defaults(func=cmd_bench_data)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    from embedlab.data.audit import ContaminationError
+    from embedlab.data.external import SourceError
+
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError, ConnectionError, KeyError) as error:
+    except (ValueError, FileNotFoundError, ConnectionError, KeyError, ContaminationError, SourceError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
 

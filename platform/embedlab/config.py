@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import typing
 from dataclasses import dataclass, field
 from typing import Any
+
+from embedlab.data.external import HFDataset, LocalFiles
 
 
 class ConfigError(ValueError):
@@ -101,12 +104,52 @@ class MaskingConfig:
         )
 
 
+SAMPLING_SCHEDULES = ("deficit/1",)
+TOKENIZER_KINDS = ("bpe", "unigram", "byte-level")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MixtureConfig:
+    """Shares of consumed non-padding tokens per source (phase 1), and how they are drawn.
+
+    `shares` pairs source names with shares summing to 1; empty means the recipe's phase-1
+    pilot mixture mapped onto the available built-in sources (`embedlab.data.mixture`).
+    `max_epochs` caps repetition: no source is read more than that many times over.
+    `schedule` names the versioned sampling algorithm; `seed` orders documents within sources.
+    """
+
+    shares: tuple[tuple[str, float], ...] = ()
+    max_epochs: float = 4.0
+    seed: int = 0
+    schedule: str = "deficit/1"
+
+    def __post_init__(self) -> None:
+        names = [name for name, _ in self.shares]
+        _check(len(set(names)) == len(names), "data.mixture.shares", f"names repeat: {names}")
+        for name, share in self.shares:
+            _check(share > 0, "data.mixture.shares", f"share of {name!r} must be positive, got {share}")
+        if self.shares:
+            total = sum(share for _, share in self.shares)
+            _check(abs(total - 1.0) < 1e-6, "data.mixture.shares", f"must sum to 1, got {total:.6f}")
+        _check(self.max_epochs > 0, "data.mixture.max_epochs", "must be positive")
+        _check(self.schedule in SAMPLING_SCHEDULES, "data.mixture.schedule",
+               f"{self.schedule!r}; valid: {list(SAMPLING_SCHEDULES)}")
+
+    @property
+    def share_map(self) -> dict[str, float]:
+        return dict(self.shares)
+
+
 @dataclass(frozen=True, kw_only=True)
 class DataConfig:
-    """Which built-in sources feed training, how the tokenizer is made and rows are packed."""
+    """Which sources are built, how they are deduplicated, split, tokenised, mixed and packed."""
 
     sources: tuple[str, ...] = ()  # empty: every built-in source available on this machine
-    max_documents_per_source: int = 4000
+    local_files: tuple[LocalFiles, ...] = ()  # extra sources: jsonl / parquet / txt files or directories
+    hf_datasets: tuple[HFDataset, ...] = ()  # extra sources: Hugging Face datasets pinned by revision
+    mixture: MixtureConfig = field(default_factory=MixtureConfig)
+    near_duplicate_threshold: float = 0.8
+    tokenizer_kind: str = "bpe"
     tokenizer_vocab_size: int = 4096
     tokenizer_sample_documents: int = 20000
     sequence_length: int = 128
@@ -116,7 +159,10 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         _check(isinstance(self.sources, tuple), "data.sources", "must be a tuple of source names")
-        _check_positive(self, "data", "max_documents_per_source", "tokenizer_sample_documents")
+        _check_positive(self, "data", "tokenizer_sample_documents")
+        _check(0.0 < self.near_duplicate_threshold <= 1.0, "data.near_duplicate_threshold", "must be in (0, 1]")
+        _check(self.tokenizer_kind in TOKENIZER_KINDS, "data.tokenizer_kind",
+               f"{self.tokenizer_kind!r}; valid: {list(TOKENIZER_KINDS)}")
         _check(self.tokenizer_vocab_size >= 256, "data.tokenizer_vocab_size", "must be >= 256")
         _check(self.sequence_length >= 8, "data.sequence_length", "must be >= 8")
         _check(
@@ -124,6 +170,11 @@ class DataConfig:
             "data.dev_fraction",
             "dev and test fractions must be positive and sum to less than 1",
         )
+        external = [s.name for s in (*self.local_files, *self.hf_datasets)]
+        _check(len(set(external)) == len(external), "data.local_files", f"external source names repeat: {external}")
+        if self.sources and self.mixture.shares:
+            outside = sorted(set(self.mixture.share_map) - set(self.sources) - set(external))
+            _check(not outside, "data.mixture.shares", f"names sources that are not built: {outside}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -216,9 +267,38 @@ class TrialConfig:
 
 
 def _build(kind: type, raw: dict[str, Any], section: str) -> Any:
+    """A config dataclass from plain JSON-like values; nested configs are built recursively."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{section}: expected a mapping, got {type(raw).__name__}")
+    hints = typing.get_type_hints(kind)
     names = {f.name for f in dataclasses.fields(kind)}
     unknown = set(raw) - names
     if unknown:
         raise ConfigError(f"{section}: unknown keys {sorted(unknown)}; valid: {sorted(names)}")
-    values = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()}
+    values = {}
+    for key, value in raw.items():
+        hint = hints[key]
+        item_kind = _tuple_item_dataclass(hint)
+        if dataclasses.is_dataclass(hint):
+            values[key] = _build(hint, value, f"{section}.{key}")
+        elif item_kind is not None:
+            values[key] = tuple(_build(item_kind, v, f"{section}.{key}[{i}]") for i, v in enumerate(value))
+        else:
+            values[key] = _freeze(value)
     return kind(**values)
+
+
+def _tuple_item_dataclass(hint: Any) -> type | None:
+    """X for a `tuple[X, ...]` hint whose X is a dataclass, else None."""
+    if typing.get_origin(hint) is tuple:
+        args = typing.get_args(hint)
+        if len(args) == 2 and args[1] is Ellipsis and dataclasses.is_dataclass(args[0]):
+            return args[0]
+    return None
+
+
+def _freeze(value: Any) -> Any:
+    """JSON lists back to the tuples the frozen configs hold."""
+    if isinstance(value, list):
+        return tuple(_freeze(v) for v in value)
+    return value

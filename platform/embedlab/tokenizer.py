@@ -1,38 +1,107 @@
-"""Train, save and load the frozen BPE tokenizer (HF `tokenizers`).
+"""Train, save, load and describe the frozen tokenizer (HF `tokenizers`).
 
-Normalisation: NFKC then lowercase. Pre-tokenisation: split on whitespace and
-punctuation, digits one at a time. No byte fallback: characters unseen in training map to
-UNK. Special tokens have fixed ids 0-4: PAD, UNK, CLS, SEP (document boundary), MASK.
+Three kinds (`TOKENIZER_KINDS`); `bpe` is the default and the one training data is prepared with:
+
+    bpe         BPE merges. Normalisation: NFKC, then lowercase (case is not kept).
+                Pre-tokenisation: split on whitespace and punctuation, digits one at a time;
+                whitespace is dropped, so decoding cannot restore the original spacing.
+                No byte fallback: a character unseen in training becomes UNK.
+    unigram     A Unigram language model (SentencePiece-style vocabulary pruning) with the same
+                normaliser and pre-tokenizer as `bpe`: NFKC, lowercase, whitespace dropped.
+                No byte fallback: an unseen character becomes UNK (a run of them, one UNK).
+    byte-level  The GPT-2-style byte-level BPE baseline. No normaliser: case and Unicode forms
+                are kept. Text is split with the GPT-2 pattern (letters, digit runs,
+                punctuation) and mapped to UTF-8 bytes; a space stays attached to the word after
+                it, so decoding restores the text exactly. All 256 byte symbols are in the
+                vocabulary from the start (byte fallback): an unseen character is spelled out as
+                its bytes and nothing is ever UNK.
+
+Special tokens have fixed ids 0-4 in every kind: PAD, UNK, CLS, SEP (document boundary), MASK.
 The tokenizer is trained on the training split only and identified by the sha256 of its
-`tokenizer.json`.
+`tokenizer.json`; `describe` summarises one for run manifests.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+import tokenizers
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+from embedlab.config import TOKENIZER_KINDS
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
 FILE_NAME = "tokenizer.json"
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
-    """A BPE tokenizer trained on `texts` with the special tokens at ids 0-4."""
-    tokenizer = Tokenizer(models.BPE(unk_token=UNK))
+def train_tokenizer(texts: Iterable[str], vocab_size: int, kind: str = "bpe") -> Tokenizer:
+    """A tokenizer of `kind` trained on `texts` with the special tokens at ids 0-4."""
+    tokenizer, trainer = _UNTRAINED[check_kind(kind)](vocab_size)
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    return tokenizer
+
+
+def check_kind(kind: str) -> str:
+    """`kind` if it is one of `TOKENIZER_KINDS`, else ValueError naming the valid ones."""
+    if kind not in TOKENIZER_KINDS:
+        valid = ", ".join(TOKENIZER_KINDS)
+        raise ValueError(f"unknown tokenizer kind {kind!r}; valid kinds: {valid}")
+    return kind
+
+
+def _word_pipeline(tokenizer: Tokenizer) -> Tokenizer:
+    """NFKC + lowercase, split on whitespace/punctuation and single digits: `bpe` and `unigram`."""
     tokenizer.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()])
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Whitespace(), pre_tokenizers.Digits(individual_digits=True)]
     )
+    return tokenizer
+
+
+def _untrained_bpe(vocab_size: int) -> tuple[Tokenizer, trainers.Trainer]:
+    # Must stay exactly as it was: prepared data and checkpoints are keyed by this file's hash.
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False
     )
-    tokenizer.train_from_iterator(texts, trainer=trainer)
-    return tokenizer
+    return _word_pipeline(Tokenizer(models.BPE(unk_token=UNK))), trainer
+
+
+def _untrained_unigram(vocab_size: int) -> tuple[Tokenizer, trainers.Trainer]:
+    trainer = trainers.UnigramTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        unk_token=UNK,
+        show_progress=False,
+    )
+    return _word_pipeline(Tokenizer(models.Unigram())), trainer
+
+
+def _untrained_byte_level(vocab_size: int) -> tuple[Tokenizer, trainers.Trainer]:
+    # No unk_token on the model: with every byte in the initial alphabet it could never be used.
+    # UNK stays in the vocabulary (id 1) so every kind has the same special ids.
+    tokenizer = Tokenizer(models.BPE())
+    # add_prefix_space=False: a leading space would be invented, and decoding would not round-trip.
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    return tokenizer, trainer
+
+
+_UNTRAINED = {
+    "bpe": _untrained_bpe,
+    "unigram": _untrained_unigram,
+    "byte-level": _untrained_byte_level,
+}
 
 
 def file_hash(path: Path) -> str:
@@ -106,3 +175,45 @@ def load_tokenizer(path: Path, expected_hash: str | None = None) -> FrozenTokeni
     if missing:
         raise ValueError(f"tokenizer {path} lacks special tokens {missing}")
     return FrozenTokenizer(tokenizer=tokenizer, hash=digest, path=path)
+
+
+def describe(tokenizer: Tokenizer | FrozenTokenizer) -> dict:
+    """Kind, vocabulary size, pipeline, special ids and library version, for run manifests."""
+    if isinstance(tokenizer, FrozenTokenizer):
+        tokenizer = tokenizer.tokenizer
+    config = json.loads(tokenizer.to_str())
+    kind = _kind(config)
+    return {
+        "kind": kind,
+        "vocab_size": tokenizer.get_vocab_size(),
+        "normalizer": _summary(config["normalizer"]),
+        "pre_tokenizer": _summary(config["pre_tokenizer"]),
+        # Only the type: the ByteLevel decoder serialises settings it ignores.
+        "decoder": config["decoder"]["type"] if config["decoder"] else "none",
+        "byte_fallback": kind == "byte-level",
+        "special_token_ids": {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS},
+        "tokenizers_version": tokenizers.__version__,
+    }
+
+
+def _kind(config: dict) -> str:
+    """Which of `TOKENIZER_KINDS` a serialised tokenizer was built as."""
+    model = config["model"]["type"]
+    pre_tokenizer = (config["pre_tokenizer"] or {}).get("type")
+    if model == "Unigram":
+        return "unigram"
+    if model == "BPE":
+        return "byte-level" if pre_tokenizer == "ByteLevel" else "bpe"
+    raise ValueError(f"not a kind this module trains: model {model}, pre-tokenizer {pre_tokenizer}")
+
+
+def _summary(component: dict | None) -> str:
+    """A pipeline component as text: `NFKC + Lowercase`, `Digits(individual_digits=True)`."""
+    if component is None:
+        return "none"
+    if component["type"] == "Sequence":
+        # The list's key differs by component ("normalizers", "pretokenizers").
+        parts = next(value for value in component.values() if isinstance(value, list))
+        return " + ".join(_summary(part) for part in parts)
+    settings = ", ".join(f"{key}={value}" for key, value in component.items() if key != "type")
+    return f"{component['type']}({settings})" if settings else component["type"]

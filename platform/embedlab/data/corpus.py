@@ -1,13 +1,20 @@
-"""Build the frozen corpus: read sources, drop exact duplicates, split, record provenance.
+"""Build the frozen corpus: read sources, deduplicate, split by group, record provenance.
 
-Exact duplicates (same normalised-text hash) are removed before splitting, and the split
-of a document is a pure function of its content hash and the split seed, so a text can
-never sit in two splits and the same text always lands in the same split whatever other
-sources are read. Documents of every split are kept; training reads `train` only.
+Order of operations (the recipe's "deduplicate before splitting/chunking"):
+1. read every configured source in full (built-in sources, then local files and
+   Hugging Face datasets);
+2. exact dedup: documents whose normalised-text hash was already seen are dropped
+   (first occurrence kept, in source order) and counted in the exclusion report;
+3. near-duplicate clustering (MinHash + LSH over word 5-grams, `data.dedup`): every
+   document gets a `group_id`, the smallest doc id of its cluster;
+4. split by group: train / dev (recipe-dev) / test (final-eval) is a pure function of
+   the group id and the split seed, so no cluster straddles two splits and the same
+   group always lands in the same split whatever else is read.
 
 Output directory:
-    documents.parquet   doc_id, source, title, text, hash, split
-    manifest.json       sources and their revisions, counts per split, exclusions, hash
+    documents.parquet   doc_id, source, title, text, hash, group_id, split, language, domain
+    sources.parquet     one provenance row per source
+    manifest.json       provenance, dedup versions, retained counts, exclusions, corpus hash
 """
 
 from __future__ import annotations
@@ -24,15 +31,22 @@ import pyarrow.parquet as pq
 
 from embedlab.config import DataConfig
 from embedlab.data import builtin
+from embedlab.data.dedup import near_duplicate_clusters
 from embedlab.data.document import Document
+from embedlab.data.external import HFDataset, LocalFiles, ReadStats, external_provenance, iter_external
+from embedlab.data.mixture import PHASE1_FAMILIES
+from embedlab.data.rights import rights_for_builtin
 
 SPLITS = ("train", "dev", "test")
-FORMAT = "embedlab-corpus/1"
+FORMAT = "embedlab-corpus/2"
+EXACT_DEDUP_VERSION = "exact/1: sha256 of NFKC, whitespace-collapsed text; first occurrence kept"
+NEAR_DEDUP_VERSION = "minhash-lsh/1: word 5-grams, 128 permutations, verified estimated Jaccard"
+COLUMNS = ("doc_id", "source", "title", "text", "hash", "group_id", "split", "language", "domain")
 
 
-def split_of(content_hash: str, config: DataConfig) -> str:
-    """train / dev / test from a uniform number derived from the hash and the split seed."""
-    digest = hashlib.sha256(f"{config.split_seed}:{content_hash}".encode()).digest()
+def split_of(group_id: str, config: DataConfig) -> str:
+    """train / dev / test from a uniform number derived from the group id and the split seed."""
+    digest = hashlib.sha256(f"{config.split_seed}:{group_id}".encode()).digest()
     u = int.from_bytes(digest[:8], "big") / 2**64
     if u < config.dev_fraction:
         return "dev"
@@ -41,8 +55,15 @@ def split_of(content_hash: str, config: DataConfig) -> str:
     return "train"
 
 
+def domain_of(source: str) -> str:
+    for family, sources in PHASE1_FAMILIES.items():
+        if source in sources:
+            return family
+    return "unassigned"
+
+
 def resolve_sources(config: DataConfig) -> list[str]:
-    """The configured sources, or every available one; unknown or missing names are errors."""
+    """The configured built-in sources, or every available one; unknown or missing names are errors."""
     status = builtin.source_status()
     if not config.sources:
         names = builtin.available_sources()
@@ -85,58 +106,102 @@ class Corpus:
 def build_corpus(
     config: DataConfig, directory: Path, progress: Callable[[str], None] = print
 ) -> Corpus:
-    """Read every configured source in full, dedup, split and write `directory`."""
+    """Read every configured source in full, dedup, split by group and write `directory`."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     names = resolve_sources(config)
     seen: set[str] = set()
-    rows: dict[str, list] = {k: [] for k in ("doc_id", "source", "title", "text", "hash", "split")}
-    sources: dict[str, dict] = {}
-    for name in names:
+    kept: list[Document] = []
+    provenance: dict[str, dict] = {}
+    exclusions: list[dict] = []
+    readers = [(name, builtin.iter_documents(name), _builtin_provenance(name), None) for name in names]
+    for source in (*config.local_files, *config.hf_datasets):
+        if source.name in builtin.SOURCE_NAMES:
+            raise ValueError(f"external source name {source.name!r} is a built-in source's name")
+        stats = ReadStats()
+        readers.append((source.name, iter_external(source, stats=stats), _external_provenance(source), stats))
+    for name, documents, record, stats in readers:
         started = time.perf_counter()
         read = duplicates = 0
-        counts = dict.fromkeys(SPLITS, 0)
-        for doc in builtin.iter_documents(name):
+        for doc in documents:
             read += 1
             if doc.hash in seen:
                 duplicates += 1
                 continue
             seen.add(doc.hash)
-            split = split_of(doc.hash, config)
-            counts[split] += 1
-            _append(rows, doc, split)
-        sources[name] = {
-            "revision": builtin.source_revision(name),
-            "debian_package": builtin.debian_package(name),
-            "documents_read": read,
-            "exact_duplicates_dropped": duplicates,
-            "retained": counts,
-        }
-        progress(
-            f"  corpus: {name:<18} {read:>7} documents, {duplicates} exact duplicates dropped "
-            f"({time.perf_counter() - started:.1f}s)"
-        )
+            kept.append(doc)
+        provenance[name] = {**record, "documents_read": read}
+        if duplicates:
+            exclusions.append({"source": name, "reason": "exact duplicate of an earlier document", "count": duplicates})
+        if stats is not None:
+            provenance[name]["read_stats"] = stats.as_dict()
+            exclusions += [{"source": name, "reason": reason, "count": count} for reason, count in stats.skipped.items()]
+        progress(f"  corpus: {name:<18} {read:>7} documents, {duplicates} exact duplicates dropped "
+                 f"({time.perf_counter() - started:.1f}s)")
     for name, why in builtin.source_status().items():
-        if why is not None:
+        if why is not None and not config.sources:
             progress(f"  corpus: {name:<18} skipped: {why}")
-    table = pa.table(rows)
-    pq.write_table(table, directory / "documents.parquet")
+    started = time.perf_counter()
+    groups = near_duplicate_clusters(
+        [d.doc_id for d in kept], [d.text for d in kept], threshold=config.near_duplicate_threshold
+    )
+    rows = _rows(kept, groups, config)
+    cluster_stats = _cluster_stats(rows)
+    progress(f"  corpus: near-duplicate clusters: {cluster_stats['multi_document_clusters']:,} with "
+             f"{cluster_stats['documents_in_multi_document_clusters']:,} documents "
+             f"({time.perf_counter() - started:.1f}s)")
+    for name in provenance:
+        provenance[name]["retained"] = {
+            split: sum(1 for s, p in zip(rows["source"], rows["split"]) if s == name and p == split)
+            for split in SPLITS
+        }
+    pq.write_table(pa.table(rows), directory / "documents.parquet")
+    pq.write_table(
+        pa.table({
+            "source": list(provenance),
+            "provenance": [json.dumps(p, sort_keys=True) for p in provenance.values()],
+        }),
+        directory / "sources.parquet",
+    )
     manifest = {
         "format": FORMAT,
         "config": {
             "split_seed": config.split_seed,
             "dev_fraction": config.dev_fraction,
             "test_fraction": config.test_fraction,
+            "near_duplicate_threshold": config.near_duplicate_threshold,
         },
-        "dedup": "exact: sha256 of NFKC, whitespace-collapsed text; first occurrence kept",
-        "sources": sources,
-        "unavailable_sources": {
-            n: why for n, why in builtin.source_status().items() if why is not None
-        },
+        "dedup": {"exact": EXACT_DEDUP_VERSION, "near": NEAR_DEDUP_VERSION, **cluster_stats},
+        "split_rule": "sha256(split_seed:group_id) -> uniform; < dev_fraction dev, < dev+test test, else train",
+        "sources": provenance,
+        "exclusions": exclusions,
+        "unavailable_sources": {n: why for n, why in builtin.source_status().items() if why is not None},
         "hash": _corpus_hash(rows),
     }
     (directory / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
     return Corpus(directory=directory, manifest=manifest)
+
+
+def _builtin_provenance(name: str) -> dict:
+    return {
+        "source": name,
+        "acquisition": "debian-package" if builtin.debian_package(name) else "python-installation",
+        "revision": builtin.source_revision(name),
+        "debian_package": builtin.debian_package(name),
+        "language": "en",
+        "domain": domain_of(name),
+        "rights": rights_for_builtin(name),
+    }
+
+
+def _external_provenance(source: LocalFiles | HFDataset) -> dict:
+    return {
+        "source": source.name,
+        **external_provenance(source),
+        "language": "en (declared by the built-in default; not detected)",
+        "domain": domain_of(source.name),
+        "rights": {"notes": "external source: rights and attribution are the user's to record"},
+    }
 
 
 def load_corpus(directory: Path) -> Corpus:
@@ -147,18 +212,40 @@ def load_corpus(directory: Path) -> Corpus:
     return Corpus(directory=directory, manifest=json.loads(manifest_path.read_text()))
 
 
-def _append(rows: dict[str, list], doc: Document, split: str) -> None:
-    rows["doc_id"].append(doc.doc_id)
-    rows["source"].append(doc.source)
-    rows["title"].append(doc.title)
-    rows["text"].append(doc.text)
-    rows["hash"].append(doc.hash)
-    rows["split"].append(split)
+def _rows(documents: list[Document], groups: dict[str, str], config: DataConfig) -> dict[str, list]:
+    rows: dict[str, list] = {column: [] for column in COLUMNS}
+    for doc in documents:
+        group = groups[doc.doc_id]
+        rows["doc_id"].append(doc.doc_id)
+        rows["source"].append(doc.source)
+        rows["title"].append(doc.title)
+        rows["text"].append(doc.text)
+        rows["hash"].append(doc.hash)
+        rows["group_id"].append(group)
+        rows["split"].append(split_of(group, config))
+        rows["language"].append("en")
+        rows["domain"].append(domain_of(doc.source))
+    return rows
+
+
+def _cluster_stats(rows: dict[str, list]) -> dict[str, int]:
+    sizes: dict[str, int] = {}
+    sources: dict[str, set[str]] = {}
+    for group, source in zip(rows["group_id"], rows["source"]):
+        sizes[group] = sizes.get(group, 0) + 1
+        sources.setdefault(group, set()).add(source)
+    multi = [g for g, n in sizes.items() if n > 1]
+    return {
+        "clusters": len(sizes),
+        "multi_document_clusters": len(multi),
+        "documents_in_multi_document_clusters": sum(sizes[g] for g in multi),
+        "cross_source_clusters": sum(1 for g in multi if len(sources[g]) > 1),
+    }
 
 
 def _corpus_hash(rows: dict[str, list]) -> str:
     digest = hashlib.sha256()
-    for key in sorted(zip(rows["doc_id"], rows["hash"], rows["split"])):
+    for key in sorted(zip(rows["doc_id"], rows["hash"], rows["group_id"], rows["split"])):
         digest.update("\t".join(key).encode())
         digest.update(b"\n")
     return digest.hexdigest()

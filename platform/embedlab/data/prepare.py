@@ -1,4 +1,4 @@
-"""From sources to training rows: corpus -> tokenizer -> packed rows -> evaluation task.
+"""From sources to a frozen training stream: corpus -> tokenizer -> pieces -> evaluation task.
 
 Everything a study's trials share is prepared once, before any trial starts, in a
 directory named by the hash of the data config and the source revisions, so repeated
@@ -6,10 +6,11 @@ runs reuse it and two configs never share one by accident. The directory is writ
 under a temporary name and renamed when complete, so a half-built one is never used.
 
     corpus/              documents.parquet + manifest.json (see data.corpus)
-    tokenizer.json       trained on training-split documents only
-    rows.parquet         packed training rows: input_ids, segment_ids (fixed-size lists)
+    tokenizer_sample.parquet   ids of the training-split documents the tokenizer saw
+    tokenizer.json       trained on that sample only
+    pieces.parquet       training documents tokenised into pieces of <= L tokens (Ray Data)
     tasks/<name>/        the built-in retrieval task in BEIR format
-    prepared.json        hashes, counts, token shares per source, packing efficiency
+    prepared.json        hashes, resolved mixture, tokens and truncation per source
 """
 
 from __future__ import annotations
@@ -24,16 +25,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from embedlab.config import DataConfig
 from embedlab.data import builtin
 from embedlab.data.corpus import Corpus, build_corpus, load_corpus, resolve_sources
-from embedlab.data.packing import pack_documents
-from embedlab.evaluate.builtin_tasks import BUILTIN_TASKS, build_builtin_task
-from embedlab.tokenizer import FrozenTokenizer, load_tokenizer, save_tokenizer, train_tokenizer
+from embedlab.data.external import external_provenance
+from embedlab.data.mixture import resolve_mixture
+from embedlab.data.stream import PIECES_FILE, build_pieces, piece_stats
+from embedlab.evaluate.beir import write_task
+from embedlab.evaluate.builtin_tasks import BUILTIN_TASKS, build_builtin_task, decontaminate
+from embedlab.tokenizer import FrozenTokenizer, describe, load_tokenizer, save_tokenizer, train_tokenizer
 
 FORMAT = "embedlab-prepared/1"
 
@@ -54,8 +57,12 @@ class PreparedData:
         return load_corpus(self.directory / "corpus")
 
     @property
-    def rows_path(self) -> Path:
-        return self.directory / "rows.parquet"
+    def pieces_path(self) -> Path:
+        return self.directory / PIECES_FILE
+
+    @property
+    def tokenizer_sample_path(self) -> Path:
+        return self.directory / "tokenizer_sample.parquet"
 
     @property
     def tokenizer_path(self) -> Path:
@@ -76,10 +83,11 @@ class PreparedData:
 def prepare_key(config: DataConfig) -> str:
     """Hash of everything that decides the prepared bytes."""
     names = resolve_sources(config)
+    external = {s.name: external_provenance(s)["revision"] for s in (*config.local_files, *config.hf_datasets)}
     payload = {
         "format": FORMAT,
         "config": dataclasses.asdict(config),
-        "sources": {n: builtin.source_revision(n) for n in names},
+        "sources": {n: builtin.source_revision(n) for n in names} | external,
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -101,6 +109,7 @@ def prepare_data(
     progress(f"data: preparing {directory}")
     record = _prepare_into(config, staging, progress)
     (staging / "prepared.json").write_text(json.dumps(record, indent=2, sort_keys=True))
+    _audit_and_card(PreparedData(directory=staging, record=record), progress)
     try:
         staging.rename(directory)
     except OSError:
@@ -112,70 +121,101 @@ def prepare_data(
 def _prepare_into(config: DataConfig, directory: Path, progress: Callable[[str], None]) -> dict:
     started = time.perf_counter()
     corpus = build_corpus(config, directory / "corpus", progress)
-    train = _training_documents(corpus, config)
-    texts = [_training_text(t, x) for t, x in zip(train["title"], train["text"])]
-    progress(f"data: training tokenizer (BPE, vocab {config.tokenizer_vocab_size}) on {len(texts)} training documents")
-    sample = texts[: config.tokenizer_sample_documents]
-    tokenizer = save_tokenizer(train_tokenizer(sample, config.tokenizer_vocab_size), directory)
-    progress("data: tokenising and packing training rows")
-    token_lists = tokenizer.encode_batch(texts)
-    packed = pack_documents(
-        token_lists,
-        sequence_length=config.sequence_length,
-        sep_id=tokenizer.sep_id,
-        pad_id=tokenizer.pad_id,
+    mixture = resolve_mixture(config.mixture.share_map, list(corpus.manifest["sources"]))
+    sample = _tokenizer_sample(corpus, list(mixture.shares), config)
+    pq.write_table(pa.table({"doc_id": sample["doc_id"]}), directory / "tokenizer_sample.parquet")
+    progress(f"data: training tokenizer ({config.tokenizer_kind}, vocab {config.tokenizer_vocab_size}) "
+             f"on {len(sample['doc_id']):,} training-split documents")
+    texts = [_training_text(t, x) for t, x in zip(sample["title"], sample["text"])]
+    tokenizer = save_tokenizer(
+        train_tokenizer(texts, config.tokenizer_vocab_size, kind=config.tokenizer_kind), directory
     )
-    order = np.random.default_rng(config.split_seed).permutation(len(packed.input_ids))
-    _write_rows(packed.input_ids[order], packed.segment_ids[order], directory / "rows.parquet")
-    sources = train["source"]
-    tokens_by_source: dict[str, int] = {}
-    for source, tokens in zip(sources, token_lists):
-        tokens_by_source[source] = tokens_by_source.get(source, 0) + len(tokens) + 1
-    total_tokens = sum(tokens_by_source.values())
-    for name in BUILTIN_TASKS:
-        if name in corpus.manifest["sources"]:
-            task = build_builtin_task(name, corpus, directory / "tasks" / name)
-            progress(f"data: built task {name}: {len(task.corpus)} documents, "
-                     f"{ {s: len(q) for s, q in task.qrels.items()} } queries per split")
-    progress(
-        f"data: {len(packed.input_ids)} rows x {config.sequence_length} tokens, "
-        f"packing efficiency {packed.efficiency:.3f} ({time.perf_counter() - started:.1f}s)"
+    progress("data: tokenising training documents into pieces on Ray Data")
+    pieces = build_pieces(
+        corpus.documents_path, tokenizer.path, sequence_length=config.sequence_length,
+        sources=list(mixture.shares), out_path=directory / PIECES_FILE, progress=progress,
     )
+    tasks = _build_tasks(corpus, directory / "tasks", config, progress)
+    progress(f"data: prepared in {time.perf_counter() - started:.1f}s")
     return {
         "format": FORMAT,
         "config": dataclasses.asdict(config),
         "corpus_hash": corpus.hash,
         "tokenizer_hash": tokenizer.hash,
+        "tokenizer": describe(tokenizer.tokenizer),
         "tokenizer_vocab_size": tokenizer.vocab_size,
+        "tokenizer_sample_documents": len(sample["doc_id"]),
         "data_revision": hashlib.sha256(
-            f"{corpus.hash}:{tokenizer.hash}:{_file_hash(directory / 'rows.parquet')}".encode()
+            f"{corpus.hash}:{tokenizer.hash}:{_file_hash(directory / PIECES_FILE)}".encode()
         ).hexdigest(),
-        "rows": int(len(packed.input_ids)),
         "sequence_length": config.sequence_length,
-        "non_padding_tokens": packed.non_padding_tokens,
-        "packing_efficiency": packed.efficiency,
-        "training_documents": len(texts),
-        "token_share_by_source": {s: n / total_tokens for s, n in sorted(tokens_by_source.items())},
-        "tokens_by_source": dict(sorted(tokens_by_source.items())),
-        "row_order_seed": config.split_seed,
+        "mixture": {
+            "shares": mixture.shares,
+            "origin": mixture.origin,
+            "notes": list(mixture.notes),
+            "max_epochs": config.mixture.max_epochs,
+            "schedule": config.mixture.schedule,
+            "seed": config.mixture.seed,
+        },
+        "pieces": piece_stats(pieces, config.sequence_length),
+        "tasks": tasks,
     }
 
 
-def _training_documents(corpus: Corpus, config: DataConfig) -> dict[str, list]:
-    """Training-split documents, at most `max_documents_per_source` per source.
+def _build_tasks(corpus: Corpus, directory: Path, config: DataConfig, progress: Callable[[str], None]) -> dict:
+    """Build each built-in task the corpus can make, decontaminated against all training-split text."""
+    from embedlab.data.audit import audit
 
-    The cap keeps the documents with the smallest content hashes: a deterministic sample
-    that does not favour the start of a source (Genesis over Revelation).
-    """
-    table = corpus.read(split="train").sort_by([("source", "ascending"), ("hash", "ascending")])
-    columns = table.select(["source", "title", "text"]).to_pydict()
-    kept: dict[str, list] = {"source": [], "title": [], "text": []}
-    per_source: dict[str, int] = {}
-    for source, title, text in zip(columns["source"], columns["title"], columns["text"]):
-        if per_source.get(source, 0) >= config.max_documents_per_source:
+    built: dict[str, dict] = {}
+    for name in BUILTIN_TASKS:
+        if name not in corpus.manifest["sources"]:
             continue
-        per_source[source] = per_source.get(source, 0) + 1
-        kept["source"].append(source)
+        task = build_builtin_task(name, corpus)
+        train = corpus.read(split="train").select(["doc_id", "title", "text"]).to_pydict()
+        stage = ((d, f"{t}\n{x}" if t else x) for d, t, x in zip(train["doc_id"], train["title"], train["text"]))
+        report = audit([task], {"training-split": stage}, threshold=config.near_duplicate_threshold, progress=None)
+        task, summary = decontaminate(task, report.findings)
+        write_task(task, directory / name)
+        (directory / name / "decontamination.json").write_text(json.dumps(summary, indent=2))
+        progress(f"data: built task {name}: {len(task.corpus)} documents, {summary['queries_kept']} queries "
+                 f"per split ({len(summary['queries_removed'])} queries, {len(summary['documents_removed'])} "
+                 "documents removed: found in training-split text)")
+        built[name] = {"hash": task.hash, "queries": summary["queries_kept"], "documents": len(task.corpus),
+                       "queries_removed": len(summary["queries_removed"]),
+                       "documents_removed": len(summary["documents_removed"])}
+    return built
+
+
+def _audit_and_card(prepared: PreparedData, progress: Callable[[str], None]) -> None:
+    """Audit the phase-1 stages against each built task, then write the data card."""
+    from embedlab.data.card import card_dict, write_card
+    from embedlab.data.contamination import task_audit
+
+    audits = {
+        task_dir.name: task_audit(prepared, task_dir, progress)
+        for task_dir in sorted((prepared.directory / "tasks").glob("*"))
+    }
+    write_card(prepared.directory, card_dict(prepared.record, prepared.corpus.manifest, audits))
+
+
+def _tokenizer_sample(corpus: Corpus, sources: list[str], config: DataConfig) -> dict[str, list]:
+    """Training-split documents of the mixture's sources, an equal number per source.
+
+    Each source contributes the documents with the smallest content hashes: a
+    deterministic sample that favours neither the start of a source nor the largest one.
+    """
+    table = corpus.read(split="train", sources=sources).sort_by(
+        [("source", "ascending"), ("hash", "ascending")]
+    )
+    per_source = max(1, config.tokenizer_sample_documents // max(len(sources), 1))
+    columns = table.select(["doc_id", "source", "title", "text"]).to_pydict()
+    kept: dict[str, list] = {"doc_id": [], "title": [], "text": []}
+    taken: dict[str, int] = {}
+    for doc_id, source, title, text in zip(columns["doc_id"], columns["source"], columns["title"], columns["text"]):
+        if taken.get(source, 0) >= per_source:
+            continue
+        taken[source] = taken.get(source, 0) + 1
+        kept["doc_id"].append(doc_id)
         kept["title"].append(title)
         kept["text"].append(text)
     return kept
@@ -183,15 +223,6 @@ def _training_documents(corpus: Corpus, config: DataConfig) -> dict[str, list]:
 
 def _training_text(title: str, text: str) -> str:
     return f"{title}\n{text}" if title else text
-
-
-def _write_rows(input_ids: np.ndarray, segment_ids: np.ndarray, path: Path) -> None:
-    length = input_ids.shape[1]
-
-    def fixed(array: np.ndarray) -> pa.FixedSizeListArray:
-        return pa.FixedSizeListArray.from_arrays(pa.array(array.ravel()), length)
-
-    pq.write_table(pa.table({"input_ids": fixed(input_ids), "segment_ids": fixed(segment_ids)}), path)
 
 
 def _file_hash(path: Path) -> str:

@@ -6,15 +6,22 @@ the object's qualified name. Only documents of the corpus's recipe-dev and final
 splits are used, so no task document or query was ever training, tokenizer or mining text:
 dev qrels come from dev-split docstrings, test qrels from test-split ones, and the task's
 corpus holds both (each split's documents are unlabelled distractors for the other).
+
+Splitting by near-duplicate group is not enough on its own: boilerplate paragraphs and
+docstrings inherited by several classes put a task's text *inside* longer training
+documents. `decontaminate` therefore removes every query and labelled document that the
+contamination audit finds (exact, contained or near) in any training-split document,
+and the removals are recorded with the task (`decontamination.json`).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
+from collections.abc import Iterable
 
+from embedlab.data.audit import Finding
 from embedlab.data.corpus import Corpus
-from embedlab.evaluate.beir import Task, write_task
+from embedlab.evaluate.beir import Task
 
 BUILTIN_TASKS = ("python-docstrings",)
 MIN_SUMMARY_WORDS = 3
@@ -30,8 +37,37 @@ def split_docstring(text: str) -> tuple[str, str] | None:
     return summary, body
 
 
-def build_builtin_task(name: str, corpus: Corpus, directory: Path) -> Task:
-    """Build the named task from `corpus` and write it to `directory` in BEIR format."""
+def decontaminate(task: Task, findings: Iterable[Finding]) -> tuple[Task, dict]:
+    """`task` without the queries and labelled documents the audit found in training text.
+
+    A removed document takes its queries with it (they would have no relevant document).
+    """
+    findings = list(findings)
+    bad_docs = {f.item_id for f in findings if f.item_kind == "document"}
+    bad_queries = {f.item_id for f in findings if f.item_kind == "query"}
+    qrels: dict[str, dict[str, dict[str, int]]] = {}
+    for split, judged in task.qrels.items():
+        qrels[split] = {
+            qid: rel for qid, rel in judged.items() if qid not in bad_queries and not set(rel) & bad_docs
+        }
+    kept_queries = {qid for judged in qrels.values() for qid in judged}
+    cleaned = Task(
+        name=task.name,
+        corpus={d: v for d, v in task.corpus.items() if d not in bad_docs},
+        queries={q: v for q, v in task.queries.items() if q in kept_queries},
+        qrels=qrels,
+    )
+    summary = {
+        "rule": "remove queries and labelled documents found (exact, contained, near) in training-split text",
+        "documents_removed": sorted(bad_docs),
+        "queries_removed": sorted(set(task.queries) - kept_queries),
+        "queries_kept": {split: len(judged) for split, judged in qrels.items()},
+    }
+    return cleaned, summary
+
+
+def build_builtin_task(name: str, corpus: Corpus) -> Task:
+    """The named task built from `corpus` (dev and test split documents only)."""
     if name != "python-docstrings":
         raise ValueError(f"unknown built-in task {name!r}; valid: {list(BUILTIN_TASKS)}")
     table = corpus.read(sources=["python-docstrings"]).to_pydict()
@@ -58,6 +94,4 @@ def build_builtin_task(name: str, corpus: Corpus, directory: Path) -> Task:
             qrels[split][query_id] = {doc_id: 1}
     if not qrels["dev"] or not qrels["test"]:
         raise ValueError(f"task {name}: the corpus gave no dev or no test queries")
-    task = Task(name=name, corpus=documents, queries=queries, qrels=qrels)
-    write_task(task, directory)
-    return task
+    return Task(name=name, corpus=documents, queries=queries, qrels=qrels)

@@ -10,6 +10,7 @@ Run directory (`<storage>/<study>-<timestamp>/`):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -87,6 +88,7 @@ def trial_driver(config: dict[str, Any], *, context: dict[str, Any]) -> None:
     from ray.tune.integration.ray_train import TuneReportCallback
 
     from embedlab.evaluate.actor import get_evaluator
+    from embedlab.evaluate.checkpoint_eval import resolve_task
     from embedlab.train.phase1 import run_phase1
 
     study = Study.from_dict(context["study"])
@@ -102,7 +104,7 @@ def trial_driver(config: dict[str, Any], *, context: dict[str, Any]) -> None:
     if result.error is not None:
         raise result.error
     checkpoint_dir = result.checkpoint.path
-    task_dir = str(prepared.task_dir(trial.eval.task))
+    task_dir = str(resolve_task(trial.eval.task, prepared.directory))
     scores = ray.get(get_evaluator().evaluate.remote(checkpoint_dir, task_dir, trial.eval.split))
     train = result.metrics
     row = {
@@ -112,6 +114,8 @@ def trial_driver(config: dict[str, Any], *, context: dict[str, Any]) -> None:
         "factor": study.factor,
         "factor_value": study.factor_value(arm),
         **{k: train[k] for k in train if k.startswith(("budget/", "compute/"))},
+        **{k: train[k] for k in train if k.startswith("data/observed_share/")},
+        **{f"data/intended_share/{k}": v for k, v in prepared.record["mixture"]["shares"].items()},
         "train/loss": train["train/loss"],
         "train/steps": train["train/step"],
         "train/skipped_steps": train["train/skipped_steps"],
@@ -149,10 +153,12 @@ def run_sweep(
     from embedlab.evaluate.actor import get_evaluator
 
     concurrency = max_concurrent_trials(next(iter(study.arms.values())), ray.cluster_resources().get("CPU", 0))
-    run_dir = _new_run_dir(Path(storage), study.name)
     progress(f"study {study.name}: {len(study.arms)} arms x {len(study.seeds)} seeds "
-             f"at {study.budget_tokens:,} non-padding tokens each; results in {run_dir}")
+             f"at {study.budget_tokens:,} non-padding tokens each")
     prepared = _prepare_arms(study, progress)
+    overlap = _check_contamination(study, prepared, progress)
+    run_dir = _new_run_dir(Path(storage), study.name)
+    progress(f"results in {run_dir}")
     record = {
         "study": study.to_dict(),
         "study_hash": study.hash,
@@ -160,6 +166,7 @@ def run_sweep(
         "study_source": Path(study_path).read_text(),
         "versions": versions(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "final_eval_overlap": overlap,
     }
     (run_dir / STUDY_FILE).write_text(json.dumps(record, indent=2, sort_keys=True))
     (run_dir / "prepared.json").write_text(json.dumps(prepared, indent=2, sort_keys=True))
@@ -184,6 +191,30 @@ def run_sweep(
     return run_dir
 
 
+def _check_contamination(study: Study, prepared: dict[str, dict], progress: Callable[[str], None]) -> list[dict]:
+    """Refuse training data holding final-eval items unless the study discloses its policy."""
+    from embedlab.data.contamination import check_training_data
+
+    from embedlab.evaluate.checkpoint_eval import resolve_task
+
+    findings: list[dict] = []
+    checked: set[tuple[str, str]] = set()
+    for arm, config in study.arms.items():
+        record = prepared[arm]
+        task_dir = resolve_task(config.eval.task, Path(record["directory"]))
+        if (record["directory"], str(task_dir)) in checked:
+            continue
+        checked.add((record["directory"], str(task_dir)))
+        data = PreparedData(Path(record["directory"]), record)
+        findings += check_training_data(data, task_dir, study.disclosed_overlap, progress)
+    if findings:
+        progress(f"audit: {len(findings)} final-eval item(s) overlap the training data; "
+                 f"disclosed-overlap policy: {study.disclosed_overlap}")
+    else:
+        progress("audit: no final-eval item found in the training data")
+    return findings
+
+
 def _new_run_dir(storage: Path, name: str) -> Path:
     """A fresh `<storage>/<name>-<timestamp>[-n]`; an earlier run is never written into."""
     base = storage.resolve() / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -202,14 +233,16 @@ def _prepare_arms(study: Study, progress: Callable[[str], None]) -> dict[str, di
     by_config: dict[str, PreparedData] = {}
     out: dict[str, dict] = {}
     for arm, config in study.arms.items():
-        key = json.dumps(config.data.__dict__, sort_keys=True)
+        key = json.dumps(dataclasses.asdict(config.data), sort_keys=True, default=str)
         if key not in by_config:
             by_config[key] = prepare_data(config.data, progress=progress)
         prepared = by_config[key]
         out[arm] = {**prepared.record, "directory": str(prepared.directory)}
+    from embedlab.evaluate.checkpoint_eval import resolve_task
+
     scored_on = set()
     for arm, config in study.arms.items():
-        task_dir = Path(out[arm]["directory"]) / "tasks" / config.eval.task
+        task_dir = resolve_task(config.eval.task, Path(out[arm]["directory"]))
         if not task_dir.is_dir():
             raise FileNotFoundError(f"arm {arm}: evaluation task {config.eval.task!r} was not built")
         scored_on.add((load_task(task_dir).hash, config.eval.split))

@@ -46,6 +46,10 @@ class Study:
     budget_tokens: int
     metric: str = "dev/ndcg@10"
     description: str = ""
+    # A disclosed-overlap policy: when the contamination audit finds final-eval items in the
+    # training data, training is refused unless this says how the overlap is handled; it is
+    # then printed with every table.
+    disclosed_overlap: str | None = None
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
@@ -61,6 +65,8 @@ class Study:
             raise ConfigError(f"study.seeds: must be non-empty and distinct, got {self.seeds}")
         if self.budget_tokens <= 0:
             raise ConfigError("study.budget_tokens: must be positive")
+        if self.disclosed_overlap is not None and not self.disclosed_overlap.strip():
+            raise ConfigError("study.disclosed_overlap: must say what the policy is, or be None")
         if self.metric not in METRICS:
             raise ConfigError(f"study.metric: {self.metric!r}; valid: {list(METRICS)}")
         self._check_controlled()
@@ -111,6 +117,7 @@ class Study:
             "budget_tokens": self.budget_tokens,
             "metric": self.metric,
             "description": self.description,
+            "disclosed_overlap": self.disclosed_overlap,
         }
 
     @property
@@ -127,6 +134,7 @@ class Study:
             budget_tokens=raw["budget_tokens"],
             metric=raw["metric"],
             description=raw.get("description", ""),
+            disclosed_overlap=raw.get("disclosed_overlap"),
         )
 
 

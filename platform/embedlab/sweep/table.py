@@ -40,9 +40,16 @@ def load_table(run_dir: str | Path) -> pd.DataFrame:
     return table.reset_index(drop=True)
 
 
-def format_table(table: pd.DataFrame) -> str:
-    """The summary columns as aligned text."""
-    if table.empty:
-        return "(no finished trials)"
-    columns = [c for c in SUMMARY_COLUMNS if c in table.columns]
-    return table[columns].to_string(index=False, float_format=lambda v: f"{v:.4f}")
+def format_table(table: pd.DataFrame, run_dir: str | Path | None = None) -> str:
+    """The summary columns as aligned text, with the study's disclosed-overlap policy if any."""
+    text = "(no finished trials)"
+    if not table.empty:
+        columns = [c for c in SUMMARY_COLUMNS if c in table.columns]
+        text = table[columns].to_string(index=False, float_format=lambda v: f"{v:.4f}")
+    if run_dir is not None:
+        record = read_study_record(Path(run_dir))
+        policy = record["study"].get("disclosed_overlap")
+        if policy:
+            overlap = len(record.get("final_eval_overlap", []))
+            text += f"\n\ndisclosed overlap ({overlap} final-eval items in training data): {policy}"
+    return text

@@ -19,7 +19,9 @@ import torch
 import torch.distributed as dist
 
 from embedlab.config import REPLACEMENT_POLICY, TrialConfig
+from embedlab.data.mixture import Schedule, sample_schedule
 from embedlab.data.prepare import PreparedData
+from embedlab.data.stream import packed_dataset, units_by_source
 from embedlab.model.encoder import MLMModel, count_parameters
 from embedlab.objectives.masking import MaskedBatch, mask_tokens
 from embedlab.objectives.mlm import combine
@@ -82,71 +84,75 @@ def phase1_worker(loop_config: dict[str, Any]) -> None:
     random_range = (len(tokenizer.special_ids), tokenizer.vocab_size)
 
     budget = trial.train.budget_tokens
+    sources = loop_config["sources"]
+    source_tokens = torch.zeros(len(sources), dtype=torch.float64)  # this worker's, since the last report
+    consumed_by_source = torch.zeros(len(sources), dtype=torch.float64)  # all workers'
     consumed = selected_total = steps = skipped = 0
     window: list[tuple[float, int]] = []
     started = time.perf_counter()
-    shard = ray.train.get_dataset_shard("train")
     pending: list[Microbatch] = []
-    epoch = 0
     model.train()
-    while consumed < budget:
-        steps_before = steps
-        for batch in shard.iter_torch_batches(
-            batch_size=trial.train.batch_rows, drop_last=True, dtypes=torch.long
-        ):
-            input_ids, segment_ids = batch["input_ids"], batch["segment_ids"]
-            eligible = (segment_ids > 0) & ~torch.isin(input_ids, eligible_ban)
-            masked = mask_tokens(
-                input_ids, eligible, trial.masking,
-                mask_id=tokenizer.mask_id, random_token_range=random_range, generator=masking_rng,
-            )
-            # Masking draws on the CPU generator so its stream is the same on any device.
-            masked = MaskedBatch(*(t.to(device) for t in (masked.inputs, masked.targets, masked.selected)))
-            pending.append(Microbatch(masked=masked, segment_ids=segment_ids.to(device)))
-            if len(pending) < trial.train.microbatches:
-                continue
-            for group in optimizer.param_groups:
-                group["lr"] = learning_rate_at(
-                    consumed, budget, trial.train.learning_rate, trial.train.warmup_fraction
-                )
-            result = accumulate_gradients(model, pending, all_reduce)
-            result = optimizer_step(model, optimizer, result, trial.train.max_grad_norm)
-            pending = []
-            steps += 1
-            consumed += result.tokens
-            selected_total += result.selected
-            skipped += int(result.skipped)
-            window.append((result.loss_sum, result.selected))
-            done = consumed >= budget
-            if done or steps % trial.train.report_every_steps == 0:
-                elapsed = time.perf_counter() - started
-                metrics = {
-                    "train/loss": combine(window),
-                    "train/step": steps,
-                    "train/epoch": epoch,
-                    "train/lr": optimizer.param_groups[0]["lr"],
-                    "train/grad_norm": result.grad_norm,
-                    "train/skipped_steps": skipped,
-                    "train/tokens_per_s": consumed / elapsed,
-                    "budget/tokens": consumed,
-                    "budget/selected_tokens": selected_total,
-                    "budget/fraction": consumed / budget,
-                    "budget/flops_estimate": estimated_flops(model, consumed, selected_total),
-                    "compute/wall_seconds": elapsed,
-                    "compute/worker_seconds": elapsed * world,
-                }
-                window = []
-                if done:
-                    _final_report(model, tokenizer, trial, loop_config, metrics, rank, world)
-                    return
-                ray.train.report(metrics)
-        epoch += 1
-        if steps == steps_before:
-            raise RuntimeError(
-                f"worker {rank}: its data shard holds fewer than batch_rows x microbatches = "
-                f"{trial.train.batch_rows * trial.train.microbatches} rows; lower train.batch_rows "
-                "or give the phase more data"
-            )
+    # One pass over the shard: the schedule is long enough for the budget, and a second
+    # pass would repeat data past the mixture's repetition cap.
+    for batch in ray.train.get_dataset_shard("train").iter_torch_batches(
+        batch_size=trial.train.batch_rows, drop_last=True, dtypes=torch.long
+    ):
+        input_ids, segment_ids = batch["input_ids"], batch["segment_ids"]
+        source_index = batch["source_index"]
+        source_tokens += torch.bincount(source_index[segment_ids > 0], minlength=len(sources)).double()
+        eligible = (segment_ids > 0) & ~torch.isin(input_ids, eligible_ban)
+        masked = mask_tokens(
+            input_ids, eligible, trial.masking,
+            mask_id=tokenizer.mask_id, random_token_range=random_range, generator=masking_rng,
+        )
+        # Masking draws on the CPU generator so its stream is the same on any device.
+        masked = MaskedBatch(*(t.to(device) for t in (masked.inputs, masked.targets, masked.selected)))
+        pending.append(Microbatch(masked=masked, segment_ids=segment_ids.to(device)))
+        if len(pending) < trial.train.microbatches:
+            continue
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate_at(consumed, budget, trial.train.learning_rate, trial.train.warmup_fraction)
+        result = accumulate_gradients(model, pending, all_reduce)
+        result = optimizer_step(model, optimizer, result, trial.train.max_grad_norm)
+        pending = []
+        steps += 1
+        consumed += result.tokens
+        selected_total += result.selected
+        skipped += int(result.skipped)
+        window.append((result.loss_sum, result.selected))
+        done = consumed >= budget
+        if not (done or steps % trial.train.report_every_steps == 0):
+            continue
+        consumed_by_source += all_reduce(source_tokens.clone())
+        source_tokens.zero_()
+        elapsed = time.perf_counter() - started
+        metrics = {
+            "train/loss": combine(window),
+            "train/step": steps,
+            "train/lr": optimizer.param_groups[0]["lr"],
+            "train/grad_norm": result.grad_norm,
+            "train/skipped_steps": skipped,
+            "train/tokens_per_s": consumed / elapsed,
+            "budget/tokens": consumed,
+            "budget/selected_tokens": selected_total,
+            "budget/fraction": consumed / budget,
+            "budget/flops_estimate": estimated_flops(model, consumed, selected_total),
+            "compute/wall_seconds": elapsed,
+            "compute/worker_seconds": elapsed * world,
+            **{
+                f"data/observed_share/{name}": float(consumed_by_source[i] / max(consumed, 1))
+                for i, name in enumerate(sources)
+            },
+        }
+        window = []
+        if done:
+            _final_report(model, tokenizer, trial, loop_config, metrics, rank, world)
+            return
+        ray.train.report(metrics)
+    raise RuntimeError(
+        f"worker {rank}: the data stream ended after {consumed:,} of {budget:,} budget tokens "
+        f"({steps} steps); the schedule's margin did not cover this batch size"
+    )
 
 
 def _final_report(model, tokenizer, trial, loop_config, metrics, rank, world) -> None:
@@ -178,9 +184,39 @@ def _final_report(model, tokenizer, trial, loop_config, metrics, rank, world) ->
                 "precision": "fp32",
                 "distributed": {"workers": world, "backend": dist.get_backend() if world > 1 else "none"},
                 "budget": {k: v for k, v in metrics.items() if k.startswith(("budget/", "compute/"))},
+                "mixture": {
+                    "intended_shares": loop_config["intended_shares"],
+                    "observed_token_shares": {
+                        k.removeprefix("data/observed_share/"): v
+                        for k, v in metrics.items() if k.startswith("data/observed_share/")
+                    },
+                    "schedule": loop_config["schedule"],
+                },
             },
         )
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(directory))
+
+
+def trial_schedule(trial: TrialConfig, prepared: PreparedData) -> tuple[Schedule, dict[str, int]]:
+    """The trial's mixture schedule, long enough for the budget plus a margin.
+
+    The margin (10% and four global steps) covers pieces split across rows and padding at
+    the end of each packing window; a worker that still runs out stops with an error
+    rather than re-reading data past the repetition cap.
+    """
+    units, offsets = units_by_source(prepared.pieces_path)
+    step_tokens = (
+        trial.train.num_workers * trial.train.batch_rows * trial.train.microbatches * trial.data.sequence_length
+    )
+    target = int(trial.train.budget_tokens * 1.1) + 4 * step_tokens
+    schedule = sample_schedule(
+        units,
+        prepared.record["mixture"]["shares"],
+        target_units=target,
+        max_epochs=trial.data.mixture.max_epochs,
+        seed=trial.data.mixture.seed,
+    )
+    return schedule, offsets
 
 
 def run_phase1(
@@ -191,12 +227,15 @@ def run_phase1(
     name: str,
     callbacks: list | None = None,
 ):
-    """Fit one phase-1 `TorchTrainer`; returns the Ray Train `Result`."""
-    import ray.data
+    """Fit one phase-1 `TorchTrainer` on the trial's packed Ray Data stream."""
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    rows = ray.data.read_parquet(str(prepared.rows_path), num_cpus=0.25)
+    schedule, offsets = trial_schedule(trial, prepared)
+    rows = packed_dataset(
+        prepared.pieces_path, schedule, offsets,
+        sequence_length=trial.data.sequence_length, pad_id=prepared.tokenizer.pad_id,
+    )
     trainer = TorchTrainer(
         phase1_worker,
         train_loop_config={
@@ -204,6 +243,9 @@ def run_phase1(
             "tokenizer_path": str(prepared.tokenizer_path),
             "tokenizer_hash": prepared.record["tokenizer_hash"],
             "data_revision": prepared.data_revision,
+            "sources": list(schedule.sources),
+            "intended_shares": prepared.record["mixture"]["shares"],
+            "schedule": {"version": schedule.version, "seed": schedule.seed, "pieces": int(len(schedule.item))},
         },
         scaling_config=ScalingConfig(
             num_workers=trial.train.num_workers,

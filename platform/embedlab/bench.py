@@ -1,0 +1,96 @@
+"""`embedlab bench`: measurements against a reference taken in the same run.
+
+Machines here are noisy, so every comparison reports both measured values and their
+ratio, never a number alone.
+
+`bench data`: packed non-padding tokens per second through embedlab's Ray Data pipeline
+(read -> tokenize -> pack, the same UDFs training uses) next to raw `tokenizers`
+`encode_batch` in this process on the same documents. Both are measured after a warm-up
+pass, so Ray worker start-up is excluded; the pipeline's extra work (chunking, packing,
+Arrow conversion, scheduling) is included.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+
+from embedlab.config import DataConfig
+from embedlab.data.prepare import prepare_data
+from embedlab.data.stream import pack_batch, tokenize_pieces
+
+
+def _pipeline_tokens(table, tokenizer_path: str, sequence_length: int, pad_id: int, sources: list[str]) -> tuple[int, int]:
+    import ray.data
+
+    dataset = (
+        ray.data.from_arrow(table)
+        .map_batches(
+            tokenize_pieces,
+            fn_kwargs={"tokenizer_path": tokenizer_path, "sequence_length": sequence_length, "sources": sources},
+            batch_format="pyarrow", batch_size=1024, num_cpus=0.5,
+        )
+        .map_batches(
+            pack_batch, fn_kwargs={"sequence_length": sequence_length, "pad_id": pad_id},
+            batch_format="pyarrow", batch_size=4096, num_cpus=0.5,
+        )
+    )
+    tokens = positions = 0
+    for batch in dataset.iter_batches(batch_size=None, batch_format="numpy"):
+        tokens += int((batch["segment_ids"] > 0).sum())
+        positions += int(batch["segment_ids"].size)
+    return tokens, positions
+
+
+def bench_data(
+    documents: int = 20000, config: DataConfig | None = None, progress: Callable[[str], None] = print
+) -> dict:
+    prepared = prepare_data(config or DataConfig(), progress=progress)
+    sources = list(prepared.record["mixture"]["shares"])
+    table = prepared.corpus.read(split="train", sources=sources).sort_by("hash").slice(0, documents)
+    tokenizer = prepared.tokenizer
+    length = prepared.record["sequence_length"]
+    texts = [f"{t}\n{x}" if t else x for t, x in zip(table["title"].to_pylist(), table["text"].to_pylist())]
+    progress(f"bench data: {table.num_rows:,} training documents, warm-up pass")
+    _pipeline_tokens(table.slice(0, 500), str(tokenizer.path), length, tokenizer.pad_id, sources)
+    tokenizer.tokenizer.encode_batch(texts[:500], add_special_tokens=False)
+
+    started = time.perf_counter()
+    raw_tokens = sum(len(e.ids) for e in tokenizer.tokenizer.encode_batch(texts, add_special_tokens=False))
+    raw_seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    packed_tokens, positions = _pipeline_tokens(table, str(tokenizer.path), length, tokenizer.pad_id, sources)
+    pipeline_seconds = time.perf_counter() - started
+    embedlab_rate, reference_rate = packed_tokens / pipeline_seconds, raw_tokens / raw_seconds
+    return {
+        "documents": table.num_rows,
+        "sequence_length": length,
+        "comparisons": [
+            {
+                "name": "data: tokens per second",
+                "embedlab": embedlab_rate,
+                "embedlab_measures": "Ray Data read -> tokenize -> pack, packed non-padding tokens (SEP included)",
+                "reference": reference_rate,
+                "reference_measures": "tokenizers encode_batch in one process, tokens",
+                "ratio": embedlab_rate / reference_rate,
+                "unit": "tokens/s",
+            }
+        ],
+        "packing_efficiency": packed_tokens / max(positions, 1),
+        "seconds": {"embedlab": pipeline_seconds, "reference": raw_seconds},
+        "tokens": {"embedlab": packed_tokens, "reference": raw_tokens},
+    }
+
+
+def format_bench(result: dict) -> str:
+    lines = [f"{'comparison':<26} {'embedlab':>12} {'reference':>12} {'ratio':>7}  unit"]
+    for c in result["comparisons"]:
+        lines.append(f"{c['name']:<26} {c['embedlab']:>12,.0f} {c['reference']:>12,.0f} {c['ratio']:>7.3f}  {c['unit']}")
+    lines += [
+        "",
+        f"embedlab:  {result['comparisons'][0]['embedlab_measures']}",
+        f"reference: {result['comparisons'][0]['reference_measures']}",
+        f"{result['documents']:,} documents; packing efficiency {result['packing_efficiency']:.4f}",
+    ]
+    return "\n".join(lines)

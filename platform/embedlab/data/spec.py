@@ -1,0 +1,51 @@
+"""Data specs for `embedlab data ...`: a study file, a TOML/JSON data config, or the defaults.
+
+A TOML spec holds DataConfig fields at top level, e.g.
+
+    sources = ["python-docs", "python-docstrings", "fortunes"]
+    sequence_length = 128
+    [mixture]
+    shares = [["python-docs", 0.2], ["python-docstrings", 0.3], ["fortunes", 0.5]]
+    max_epochs = 4
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+from embedlab.config import ConfigError, DataConfig, _build
+
+
+def load_data_configs(spec: str | None) -> list[DataConfig]:
+    """The distinct data configs a spec names (a study's arms may share one)."""
+    if spec is None:
+        return [DataConfig()]
+    path = Path(spec)
+    if not path.is_file():
+        raise FileNotFoundError(f"data spec not found: {path}")
+    if path.suffix == ".py":
+        from embedlab.sweep.study import load_study
+
+        configs: list[DataConfig] = []
+        for arm in load_study(path).arms.values():
+            if arm.data not in configs:
+                configs.append(arm.data)
+        return configs
+    if path.suffix == ".toml":
+        try:
+            raw = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as error:
+            raise ConfigError(f"{path}: {error}") from None
+    elif path.suffix == ".json":
+        try:
+            raw = json.loads(path.read_text())
+        except json.JSONDecodeError as error:
+            raise ConfigError(f"{path}: {error}") from None
+    else:
+        raise ConfigError(f"{path}: unsupported spec type {path.suffix!r}; use .py, .toml or .json")
+    try:
+        return [_build(DataConfig, raw, "data")]
+    except ConfigError as error:
+        raise ConfigError(f"{path}: {error}") from None

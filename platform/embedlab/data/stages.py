@@ -1,0 +1,51 @@
+"""What each training stage reads, as (item id, text) streams for the contamination audit.
+
+    pretraining        training-split documents of the mixture's sources (phase 1)
+    tokenizer-sample   the documents the tokenizer was trained on
+    contrastive-pairs  query and positive texts of the phase 2-3 pairs built from the training split
+    mined-negatives    hard negatives mined for phase 3 (none exist until phase 3 mines them)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from embedlab.data.pairs import PAIR_BUILDERS, build_pairs
+from embedlab.data.prepare import PreparedData
+
+PHASE1_STAGES = ("pretraining", "tokenizer-sample")
+ALL_STAGES = (*PHASE1_STAGES, "contrastive-pairs", "mined-negatives")
+
+
+def _documents(prepared: PreparedData, doc_ids: set[str] | None) -> Iterator[tuple[str, str]]:
+    sources = list(prepared.record["mixture"]["shares"])
+    table = prepared.corpus.read(split="train", sources=sources).select(["doc_id", "title", "text"])
+    if doc_ids is not None:
+        table = table.filter(pc.is_in(table["doc_id"], value_set=pc.cast(list(doc_ids), "string")))
+    for doc_id, title, text in zip(*(table[c].to_pylist() for c in ("doc_id", "title", "text"))):
+        yield doc_id, f"{title}\n{text}" if title else text
+
+
+def _pairs(prepared: PreparedData) -> Iterator[tuple[str, str]]:
+    table = prepared.corpus.read(split="train")
+    for pair in build_pairs(table, list(PAIR_BUILDERS), split="train", seed=0, max_pairs_per_builder=None):
+        yield f"{pair.pair_id}:query", pair.query
+        yield f"{pair.pair_id}:positive", pair.positive
+
+
+def training_stages(prepared: PreparedData, stages: tuple[str, ...] = PHASE1_STAGES) -> dict[str, Iterator[tuple[str, str]]]:
+    """Lazy (id, text) streams for the named stages."""
+    unknown = sorted(set(stages) - set(ALL_STAGES))
+    if unknown:
+        raise ValueError(f"unknown stages {unknown}; valid: {list(ALL_STAGES)}")
+    sample_ids = set(pq.read_table(prepared.tokenizer_sample_path)["doc_id"].to_pylist())
+    streams = {
+        "pretraining": lambda: _documents(prepared, None),
+        "tokenizer-sample": lambda: _documents(prepared, sample_ids),
+        "contrastive-pairs": lambda: _pairs(prepared),
+        "mined-negatives": lambda: iter(()),
+    }
+    return {name: streams[name]() for name in stages}

@@ -1,0 +1,184 @@
+"""The training data stream on Ray Data: read -> tokenize -> sample -> pack -> split.
+
+    read       `ray.data.read_parquet` of the frozen corpus (documents.parquet)
+    tokenize   `map_batches(tokenize_pieces)`: training-split documents of the mixture's
+               sources -> pieces of at most L tokens (tokens + SEP, never truncated);
+               done once per prepared data directory and frozen as `pieces.parquet`
+    sample     `mixture.sample_schedule`: which piece comes next, by share of tokens
+    pack       `map_batches(pack_window)` over windows of the schedule -> rows of L tokens
+               with `segment_ids` (document boundaries) and `source_index` per position
+    split      Ray Train's `streaming_split` hands each worker its shard
+                 (`get_dataset_shard("train")`)
+
+Pieces are stored in a canonical order (source, doc_id, piece), so a schedule of piece
+indices names the same text on every machine and run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from embedlab.data.mixture import Schedule
+from embedlab.data.packing import chunk_document, pack_pieces
+from embedlab.tokenizer import FrozenTokenizer, load_tokenizer
+
+PIECES_FILE = "pieces.parquet"
+WINDOW_PIECES = 2048
+_tokenizers: dict[str, FrozenTokenizer] = {}
+_pieces: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _tokenizer(path: str) -> FrozenTokenizer:
+    if path not in _tokenizers:
+        _tokenizers[path] = load_tokenizer(Path(path))
+    return _tokenizers[path]
+
+
+def tokenize_pieces(
+    batch: pa.Table, *, tokenizer_path: str, sequence_length: int, sources: list[str]
+) -> pa.Table:
+    """Ray Data UDF: training-split documents of `sources` -> one row per piece."""
+    keep = pc.and_(pc.equal(batch["split"], "train"), pc.is_in(batch["source"], pa.array(sources)))
+    batch = batch.filter(keep)
+    tokenizer = _tokenizer(tokenizer_path)
+    texts = [f"{t}\n{x}" if t else x for t, x in zip(batch["title"].to_pylist(), batch["text"].to_pylist())]
+    out: dict[str, list] = {"source": [], "doc_id": [], "piece": [], "ids": [], "doc_tokens": []}
+    for source, doc_id, tokens in zip(
+        batch["source"].to_pylist(), batch["doc_id"].to_pylist(), tokenizer.encode_batch(texts)
+    ):
+        for index, piece in enumerate(
+            chunk_document(tokens, sequence_length=sequence_length, sep_id=tokenizer.sep_id)
+        ):
+            out["source"].append(source)
+            out["doc_id"].append(doc_id)
+            out["piece"].append(index)
+            out["ids"].append(piece)
+            out["doc_tokens"].append(len(tokens) + 1)
+    return pa.table(
+        {
+            "source": pa.array(out["source"], pa.string()),
+            "doc_id": pa.array(out["doc_id"], pa.string()),
+            "piece": pa.array(out["piece"], pa.int32()),
+            "ids": pa.array(out["ids"], pa.list_(pa.int32())),
+            "doc_tokens": pa.array(out["doc_tokens"], pa.int32()),
+        }
+    )
+
+
+def build_pieces(
+    documents_path: Path,
+    tokenizer_path: Path,
+    *,
+    sequence_length: int,
+    sources: list[str],
+    out_path: Path,
+    progress: Callable[[str], None] = print,
+) -> pa.Table:
+    """Tokenise the corpus on Ray Data and freeze the pieces in canonical order."""
+    import ray.data
+
+    dataset = ray.data.read_parquet(str(documents_path), num_cpus=0.5).map_batches(
+        tokenize_pieces,
+        fn_kwargs={"tokenizer_path": str(tokenizer_path), "sequence_length": sequence_length, "sources": sources},
+        batch_format="pyarrow",
+        batch_size=1024,
+        num_cpus=0.5,
+    )
+    tables = [t for t in (ray.get(ref) for ref in dataset.to_arrow_refs()) if t.num_rows]
+    pieces = pa.concat_tables(tables).sort_by(
+        [("source", "ascending"), ("doc_id", "ascending"), ("piece", "ascending")]
+    )
+    pieces = pieces.append_column("tokens", pc.list_value_length(pieces["ids"]).cast(pa.int32()))
+    pq.write_table(pieces, out_path)
+    progress(f"data: {pieces.num_rows:,} pieces of <= {sequence_length} tokens from "
+             f"{len(set(pieces['doc_id'].to_pylist())):,} training documents")
+    return pieces
+
+
+def piece_stats(pieces: pa.Table, sequence_length: int) -> dict[str, dict]:
+    """Per source: documents, pieces, tokens and the share of documents longer than L."""
+    stats: dict[str, dict] = {}
+    first = pieces.filter(pc.equal(pieces["piece"], 0))
+    for source in sorted(set(pieces["source"].to_pylist())):
+        docs = first.filter(pc.equal(first["source"], source))
+        mine = pieces.filter(pc.equal(pieces["source"], source))
+        doc_tokens = docs["doc_tokens"].to_numpy()
+        stats[source] = {
+            "documents": int(docs.num_rows),
+            "pieces": int(mine.num_rows),
+            "tokens": int(pc.sum(mine["tokens"]).as_py()),
+            "truncation_frequency": float((doc_tokens > sequence_length).mean()),
+        }
+    return stats
+
+
+def units_by_source(pieces_path: Path) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+    """Token counts of every piece per source, and each source's first row in the file."""
+    table = pq.read_table(pieces_path, columns=["source", "tokens"])
+    sources = table["source"].to_numpy(zero_copy_only=False)
+    tokens = table["tokens"].to_numpy()
+    units: dict[str, np.ndarray] = {}
+    offsets: dict[str, int] = {}
+    for name in dict.fromkeys(sources.tolist()):
+        rows = np.flatnonzero(sources == name)
+        units[name] = tokens[rows]
+        offsets[name] = int(rows[0])
+    return units, offsets
+
+
+def _piece_arrays(path: str) -> tuple[np.ndarray, np.ndarray]:
+    if path not in _pieces:
+        ids = pq.read_table(path, columns=["ids"])["ids"].combine_chunks()
+        _pieces[path] = (ids.offsets.to_numpy(), ids.values.to_numpy())
+    return _pieces[path]
+
+
+def pack_window(
+    batch: dict[str, np.ndarray], *, pieces_path: str, sequence_length: int, pad_id: int
+) -> dict[str, np.ndarray]:
+    """Ray Data UDF: one schedule window (piece rows + source indices) -> packed rows."""
+    offsets, values = _piece_arrays(pieces_path)
+    rows_out: dict[str, list[np.ndarray]] = {"input_ids": [], "segment_ids": [], "source_index": []}
+    for piece_rows, sources in zip(batch["piece_rows"], batch["source_index"]):
+        pieces = [values[offsets[r] : offsets[r + 1]].tolist() for r in piece_rows]
+        packed = pack_pieces(pieces, sequence_length=sequence_length, pad_id=pad_id)
+        source_of = np.asarray(sources, dtype=np.int32)
+        rows_out["input_ids"].append(packed.input_ids)
+        rows_out["segment_ids"].append(packed.segment_ids)
+        rows_out["source_index"].append(
+            np.where(packed.document_index >= 0, source_of[np.maximum(packed.document_index, 0)], -1)
+        )
+    return {k: np.concatenate(v).astype(np.int32) for k, v in rows_out.items()}
+
+
+def packed_dataset(
+    pieces_path: Path, schedule: Schedule, offsets: dict[str, int], *, sequence_length: int, pad_id: int
+):
+    """The Ray Dataset of packed rows for one trial, in schedule order."""
+    import ray.data
+
+    rows = np.array([offsets[name] for name in schedule.sources], dtype=np.int64)[schedule.source] + schedule.item
+    windows = [
+        {"piece_rows": rows[i : i + WINDOW_PIECES], "source_index": schedule.source[i : i + WINDOW_PIECES].astype(np.int32)}
+        for i in range(0, len(rows), WINDOW_PIECES)
+    ]
+    return ray.data.from_items(windows).map_batches(
+        pack_window,
+        fn_kwargs={"pieces_path": str(pieces_path), "sequence_length": sequence_length, "pad_id": pad_id},
+        batch_size=1,
+        batch_format="numpy",
+        num_cpus=0.25,
+    )
+
+
+def pack_batch(batch: pa.Table, *, sequence_length: int, pad_id: int) -> dict[str, np.ndarray]:
+    """Ray Data UDF: a batch of pieces (in order) -> packed rows, no mixture schedule."""
+    pieces = [list(ids) for ids in batch["ids"].to_pylist()]
+    packed = pack_pieces(pieces, sequence_length=sequence_length, pad_id=pad_id)
+    return {"input_ids": packed.input_ids, "segment_ids": packed.segment_ids}

@@ -1,0 +1,129 @@
+"""`embedlab data build/audit`, `tokenizer compare`, `bench data`, and the contamination gate."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from embedlab.cli import main
+from embedlab.config import DataConfig, MixtureConfig
+from embedlab.data.builtin import iter_documents
+from embedlab.data.external import LocalFiles
+from embedlab.evaluate.beir import Task, write_task
+from embedlab.evaluate.builtin_tasks import split_docstring
+
+from conftest import TEST_DATA, tiny_trial
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def spec(tmp_path_factory, prepared) -> Path:
+    path = tmp_path_factory.mktemp("spec") / "data.json"
+    path.write_text(json.dumps(dataclasses.asdict(TEST_DATA)))
+    return path
+
+
+def test_data_build_reuses_the_prepared_directory(spec, prepared, capsys):
+    """`data build` on a JSON spec equal to the test config finds the same prepared data and its card."""
+    assert main(["data", "build", str(spec)]) == 0
+    out = capsys.readouterr().out
+    assert str(prepared.directory) in out and "data_card.md" in out
+
+
+def test_data_audit_covers_every_stage(spec, capsys):
+    """`data audit --json` checks pretraining, tokenizer sample, contrastive pairs and mined negatives."""
+    assert main(["data", "audit", str(spec), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    stages = report["checked"]["stages"]
+    assert set(stages) == {"pretraining", "tokenizer-sample", "contrastive-pairs", "mined-negatives"}
+    assert stages["pretraining"] > 0 and stages["contrastive-pairs"] > 0 and stages["mined-negatives"] == 0
+    assert not [f for f in report["findings"] if f["split"] == "test"]
+
+
+def test_tokenizer_compare_reports_three_kinds(spec, capsys):
+    """`tokenizer compare --json` trains BPE, unigram and byte-level and reports each on held-out sources."""
+    assert main(["tokenizer", "compare", str(spec), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["kind"] for r in rows] == ["bpe", "unigram", "byte-level"]
+    assert all(r["tokens_per_second"] > 0 and 0 <= r["truncation_rate"] <= 1 for r in rows)
+
+
+def test_bench_data_measures_both_sides(spec, capsys):
+    """`bench data --json` reports the Ray Data pipeline and raw encode_batch from the same run, with their ratio."""
+    assert main(["bench", "data", str(spec), "--documents", "300", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    comparison = result["comparisons"][0]
+    assert comparison["embedlab"] > 0 and comparison["reference"] > 0
+    assert comparison["ratio"] == pytest.approx(comparison["embedlab"] / comparison["reference"])
+
+
+def leaked_setup(tmp_path: Path) -> tuple[Path, DataConfig, Task]:
+    """A BEIR task from real docstrings, and training data that holds one test query verbatim
+    inside a longer text and one test document with two words changed."""
+    docstrings = []
+    for doc in iter_documents("python-docstrings"):
+        parts = split_docstring(doc.text)
+        if parts and len(parts[0].split()) >= 8 and len(parts[1].split()) >= 120:
+            docstrings.append((doc.doc_id, doc.title, *parts))
+        if len(docstrings) == 6:
+            break
+    task = Task(
+        name="leaky",
+        corpus={d: (t, body) for d, t, _, body in docstrings},
+        queries={f"q{i}": summary for i, (_, _, summary, _) in enumerate(docstrings)},
+        qrels={"test": {f"q{i}": {d: 1} for i, (d, _, _, _) in enumerate(docstrings)}},
+    )
+    task_dir = tmp_path / "leaky-task"
+    write_task(task, task_dir)
+    near_copy = docstrings[1][3].split()
+    near_copy[10], near_copy[50] = "changed", "words"
+    leak = tmp_path / "leak.jsonl"
+    leak.write_text("\n".join(json.dumps(r) for r in [
+        {"id": "quote", "text": f"As the manual puts it: {docstrings[0][2]} That is all it says."},
+        {"id": "copy", "text": " ".join(near_copy)},
+    ]) + "\n")
+    config = DataConfig(
+        sources=("python-docs",),
+        local_files=(LocalFiles(name="leak", path=str(leak)),),
+        mixture=MixtureConfig(shares=(("python-docs", 0.5), ("leak", 0.5)), max_epochs=1000),
+        tokenizer_vocab_size=512,
+        sequence_length=64,
+        dev_fraction=0.001,
+        test_fraction=0.001,
+    )
+    return task_dir, config, task
+
+
+def test_training_refuses_final_eval_items_unless_disclosed(tmp_path, ray_session, capsys):
+    """A sweep whose training data holds a test query and a near-copy of a test document is refused
+    before any trial runs; with a disclosed-overlap policy the same data passes the gate."""
+    from embedlab.data.contamination import check_training_data
+    from embedlab.data.prepare import prepare_data
+
+    task_dir, config, _ = leaked_setup(tmp_path)
+    base = dataclasses.replace(tiny_trial(), data=config)
+    base = dataclasses.replace(base, eval=dataclasses.replace(base.eval, task=str(task_dir), split="test"),
+                               model=dataclasses.replace(base.model, vocab_size=512))
+    study = tmp_path / "leaky_study.py"
+    study.write_text(
+        "from dataclasses import replace\n"
+        "from embedlab import Study\nfrom embedlab.config import TrialConfig\n"
+        f"base = TrialConfig.from_dict({base.to_dict()!r})\n"
+        "def study():\n"
+        "    return Study(name='leaky', factor='masking.ratio', seeds=(0,), budget_tokens=1000,\n"
+        "                 arms={'a': base, 'b': replace(base, masking=replace(base.masking, ratio=0.3))})\n"
+    )
+    assert main(["sweep", str(study), "--storage", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert "final-eval" in err and "training refused" in err
+    assert not (tmp_path / "runs").exists()
+    prepared = prepare_data(config, progress=lambda m: None)
+    findings = check_training_data(prepared, task_dir, "overlap disclosed: leak.jsonl quotes the manual",
+                                   progress=lambda m: None)
+    matches = {(f["item_kind"], f["match"]) for f in findings}
+    assert ("query", "contained") in matches and ("document", "near") in matches
+    assert {f["stage"] for f in findings} == {"pretraining", "tokenizer-sample"}
