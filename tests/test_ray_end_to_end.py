@@ -100,3 +100,117 @@ def test_two_arm_sweep_table(ray_session, prepared, tmp_path, capsys):
     assert table["dev/ndcg@10"].between(0, 1).all()
     assert "mask-30" in capsys.readouterr().out
     assert main(["table", str(run_dir)]) == 0
+
+
+@pytest.fixture(scope="module")
+def phase2(trained, prepared, tmp_path_factory):
+    import dataclasses
+
+    from embedlab.config import ContrastiveConfig
+    from embedlab.train.contrastive import run_contrastive
+
+    _, parent = trained
+    trial = dataclasses.replace(
+        tiny_trial(num_workers=2, budget_pairs=64), phase=2, parent=parent.checkpoint.path,
+        contrastive=ContrastiveConfig(pairs=(("title-body", 0.6), ("same-source-spans", 0.4)),
+                                      pair_length=48, mlm_weight=0.3, symmetric=True),
+    )
+    result = run_contrastive(trial, prepared, storage_path=tmp_path_factory.mktemp("phase2"), name="phase2",
+                             progress=lambda m: None)
+    return trial, result
+
+
+def test_phase2_joint_from_phase1_records_lineage(trained, phase2):
+    """A joint phase-2 run on 2 workers starts from the phase-1 checkpoint, reaches its pair budget,
+    reports both component losses and gradient norms, and records its parent and reset optimizer."""
+    _, parent = trained
+    trial, result = phase2
+    assert result.error is None
+    metrics = result.metrics
+    assert 64 <= metrics["budget/pairs"] < 64 + 16
+    for key in ("train/contrastive_loss", "train/mlm_loss", "train/grad_norm_contrastive", "train/grad_norm_mlm"):
+        assert metrics[key] > 0
+    # Forward anchors see 2 workers x 8 positives; reverse anchors see 2 x 8 queries.
+    assert metrics["train/effective_candidates"] == 16
+    shares = {k.rsplit("/", 1)[1]: v for k, v in metrics.items() if k.startswith("data/observed_pair_share/")}
+    assert abs(shares["title-body"] - 0.6) < 0.1
+    manifest = verify_checkpoint(Path(result.checkpoint.path))
+    assert manifest["phase"] == 2 and manifest["parent_phase"] == 1
+    assert manifest["parent_hash"] == verify_checkpoint(Path(parent.checkpoint.path))["content_hash"]
+    assert manifest["optimizer"]["state"] == "reset at phase start"
+    assert manifest["pooling"]["prefixes"] == {"query": "query: ", "passage": "passage: "}
+    assert "mlm_head.safetensors" in manifest["files"]
+
+
+def test_phase3_with_mined_negatives_from_phase2(phase2, prepared, tmp_path_factory):
+    """Phase 3 mines negatives with the phase-2 encoder, trains on them from the phase-2 checkpoint
+    and records the lineage; the mined set never uses dev/test documents or the pairs' own documents."""
+    import dataclasses
+
+    import pyarrow.parquet as pq
+
+    from embedlab.evaluate.beir import load_task
+    from embedlab.evaluate.checkpoint_eval import evaluate_checkpoint
+    from embedlab.train.contrastive import run_contrastive
+
+    trial2, parent = phase2
+    trial = dataclasses.replace(
+        trial2, phase=3, parent=parent.checkpoint.path,
+        contrastive=dataclasses.replace(trial2.contrastive, mlm_weight=0.0, hard_negatives=2, pooling="cls",
+                                        symmetric=False, gradcache_chunk=4, mining_top_k=2000),
+    )
+    result = run_contrastive(trial, prepared, storage_path=tmp_path_factory.mktemp("phase3"), name="phase3",
+                             progress=lambda m: None)
+    assert result.error is None
+    manifest = verify_checkpoint(Path(result.checkpoint.path))
+    assert manifest["phase"] == 3 and manifest["parent_hash"] == verify_checkpoint(Path(parent.checkpoint.path))["content_hash"]
+    assert manifest["objective"]["hard_negatives"] == 2 and manifest["objective"]["mined_set"]
+    assert "mlm_head.safetensors" not in manifest["files"]
+    # Positives of both workers plus the mined negatives the batches carried (a weak phase-2
+    # encoder scores many candidates above its positives, so the margin drops those).
+    assert result.metrics["train/effective_candidates"] > 16
+    mined_path = prepared.directory / "mined" / manifest["objective"]["mined_set"] / "negatives.parquet"
+    mined = pq.read_table(mined_path)
+    corpus = prepared.corpus.read().to_pydict()
+    split = dict(zip(corpus["doc_id"], corpus["split"]))
+    assert mined.num_rows > 0 and {split[d] for d in mined["doc_id"].to_pylist()} == {"train"}
+    # A pair that has mined negatives gets them as non-empty rows in the training stream.
+    from embedlab.data.pair_stream import pair_table_path, tokenize_pair_window
+
+    pairs_path = pair_table_path(prepared, [b for b, _ in trial.contrastive.pairs], progress=lambda m: None)
+    pair_ids = pq.read_table(pairs_path, columns=["pair_id"])["pair_id"].to_pylist()
+    row = pair_ids.index(mined["pair_id"][0].as_py())
+    window = tokenize_pair_window(
+        {"pair_rows": [[row]], "builder_index": [[0]]}, pairs_path=str(pairs_path),
+        tokenizer_path=str(prepared.tokenizer_path), length=48, query_prefix="query: ", passage_prefix="passage: ",
+        negatives_path=str(mined_path), negatives_per_pair=2,
+    )
+    assert (window["negative_len"] > 0).all()
+    metrics = evaluate_checkpoint(Path(result.checkpoint.path), load_task(prepared.task_dir("python-docstrings")), "dev")
+    assert 0 <= metrics["ndcg@10"] <= 1
+
+
+def test_dual_heads_whole_word_phase1(ray_session, prepared, tmp_path):
+    """Phase 1 with 5%/50% masking mixed 4:1 and one head per ratio trains on Ray with whole-word
+    masking, reports per-head losses and counts, and saves both heads apart from the encoder."""
+    import dataclasses
+
+    from safetensors.torch import load_file
+
+    from embedlab.train.phase1 import run_phase1
+
+    trial = tiny_trial(num_workers=1, batch_rows=10)
+    trial = dataclasses.replace(trial, masking=dataclasses.replace(
+        trial.masking, strategy="whole-word", mixed_ratios=((0.05, 4), (0.5, 1)), head_per_ratio=True))
+    result = run_phase1(trial, prepared, storage_path=tmp_path, name="dual")
+    assert result.error is None
+    metrics = result.metrics
+    for head in ("mask5", "mask50"):
+        assert metrics[f"train/selected/head/{head}"] > 0 and metrics[f"train/loss/head/{head}"] > 0
+    # 8 rows at 5% and 2 rows at 50% per batch: the 50% head sees more tokens than the 5% head.
+    assert metrics["train/selected/head/mask50"] > metrics["train/selected/head/mask5"]
+    manifest = verify_checkpoint(Path(result.checkpoint.path))
+    assert manifest["objective"]["heads"] == ["mask5", "mask50"]
+    heads = load_file(str(Path(result.checkpoint.path) / "mlm_head.safetensors"))
+    assert {k.split(".")[0] for k in heads} == {"mask5", "mask50"}
+    encoder, _, _ = load_encoder(Path(result.checkpoint.path))  # the inference package needs no head

@@ -17,10 +17,19 @@ def test_every_ablation_file_loads_and_validates(path):
     """Each study file defines study() returning a valid Study that round-trips through JSON."""
     study = load_study(path)
     assert Study.from_dict(study.to_dict()) == study
+    parent = "/checkpoints/parent" if study.phase > 1 else None
     for arm in study.arms:
-        config = study.trial_config(arm, study.seeds[0])
+        config = study.trial_config(arm, study.seeds[0], parent)
         assert config.train.budget_tokens == study.budget_tokens
+        assert config.phase == 1 or (config.parent == parent and config.train.budget_pairs == study.budget_pairs)
         assert TrialConfig.from_dict(config.to_dict()) == config
+
+
+def test_phase2_study_without_parent_is_refused():
+    """A phase-2 arm cannot become a trial until a parent checkpoint is given."""
+    study = load_study(Path(__file__).parent.parent / "ablations" / "pooling.py")
+    with pytest.raises(ConfigError, match="--parent"):
+        study.trial_config("mean", 0)
 
 
 def test_masking_ratio_study_compares_15_and_30_percent():

@@ -44,7 +44,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from embedlab.sweep.run import run_sweep
     from embedlab.sweep.table import format_table, load_table
 
-    run_dir = run_sweep(args.study, storage=args.storage, address=args.address, progress=_progress)
+    run_dir = run_sweep(args.study, storage=args.storage, address=args.address,
+                        parent=getattr(args, "parent", None), progress=_progress)
     table = load_table(run_dir)
     print()
     print(format_table(table, run_dir))
@@ -183,6 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sweep = sub.add_parser("sweep", help="run a study file with Ray Tune")
     sweep.add_argument("study", help="a study file, e.g. ablations/masking_ratio.py")
+    sweep.add_argument("--parent", default=None, help="phases 2-3: the checkpoint every arm starts from")
     add_run_options(sweep)
     sweep.set_defaults(func=cmd_sweep)
 

@@ -79,19 +79,34 @@ def model_preset(name: str, **overrides: Any) -> ModelConfig:
 
 
 REPLACEMENT_POLICY = "80% mask token / 10% random token / 10% unchanged"
+MASKING_STRATEGIES = ("token", "whole-word", "span")
 
 
 @dataclass(frozen=True, kw_only=True)
 class MaskingConfig:
     """Phase-1 corruption. Selection is over eligible tokens (never PAD or boundary tokens).
 
+    `strategy`: "token" selects tokens independently; "whole-word" selects whole words
+    (every token of a chosen word); "span" selects contiguous spans whose lengths are drawn
+    from a geometric distribution (`span_geometric_p`, clipped at `span_max_length`, as in
+    SpanBERT). In every strategy `ratio` is the expected share of eligible tokens selected.
     Of the selected positions, `mask_fraction` become MASK, `random_fraction` a random
     non-special token, and the rest stay unchanged (BERT's 80/10/10 by default).
+
+    Mixed ratios (the dual-LM-head method): `mixed_ratios` lists (ratio, sequence weight)
+    pairs, e.g. ((0.05, 4), (0.5, 1)) for 5% and 50% masking on sequences in a 4:1 ratio
+    inside every batch; `ratio` is then unused. `head_per_ratio` gives each ratio its own LM
+    head (the dual-head arm); False shares one head (the control arm).
     """
 
     ratio: float = 0.15
     mask_fraction: float = 0.8
     random_fraction: float = 0.1
+    strategy: str = "token"
+    span_geometric_p: float = 0.2
+    span_max_length: int = 10
+    mixed_ratios: tuple[tuple[float, float], ...] = ()
+    head_per_ratio: bool = False
 
     def __post_init__(self) -> None:
         _check(0.0 < self.ratio < 1.0, "masking.ratio", "must be in (0, 1)")
@@ -102,6 +117,16 @@ class MaskingConfig:
             "masking.random_fraction",
             "mask_fraction + random_fraction must be <= 1",
         )
+        _check(self.strategy in MASKING_STRATEGIES, "masking.strategy",
+               f"{self.strategy!r}; valid: {list(MASKING_STRATEGIES)}")
+        _check(0.0 < self.span_geometric_p <= 1.0, "masking.span_geometric_p", "must be in (0, 1]")
+        _check(self.span_max_length >= 1, "masking.span_max_length", "must be >= 1")
+        for ratio, weight in self.mixed_ratios:
+            _check(0.0 < ratio < 1.0, "masking.mixed_ratios", f"ratio {ratio} must be in (0, 1)")
+            _check(weight > 0, "masking.mixed_ratios", f"weight {weight} must be positive")
+        _check(len(self.mixed_ratios) != 1, "masking.mixed_ratios", "needs at least two ratios, or none")
+        _check(not self.head_per_ratio or self.mixed_ratios, "masking.head_per_ratio",
+               "needs masking.mixed_ratios")
 
 
 SAMPLING_SCHEDULES = ("deficit/1",)
@@ -187,6 +212,7 @@ class TrainConfig:
     """
 
     budget_tokens: int = 100_000
+    budget_pairs: int = 2_000  # phases 2 and 3 stop at this many consumed positive pairs
     batch_rows: int = 16
     microbatches: int = 1
     learning_rate: float = 1e-3
@@ -202,10 +228,66 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _check_positive(
-            self, "train", "budget_tokens", "batch_rows", "microbatches", "learning_rate",
+            self, "train", "budget_tokens", "budget_pairs", "batch_rows", "microbatches", "learning_rate",
             "max_grad_norm", "num_workers", "cpus_per_worker", "report_every_steps", "torch_threads",
         )
         _check(0.0 <= self.warmup_fraction < 1.0, "train.warmup_fraction", "must be in [0, 1)")
+
+
+POOLING_METHODS = ("mean", "cls")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContrastiveConfig:
+    """Phases 2 and 3: contrastive training from a parent checkpoint.
+
+    `pairs` gives shares of consumed *positive pairs* per pair builder (embedlab.data.pairs).
+    The loss is the multi-positive InfoNCE at `temperature` (a temperature: logits are
+    divided by it), optionally learnable and optionally symmetric; candidates are gathered
+    across workers when `gather_across_workers`. `gradcache_chunk` > 0 turns on GradCache
+    with that many pairs per chunk. `mlm_weight` > 0 makes the phase joint:
+    mlm_weight * L_MLM + (1 - mlm_weight) * L_contrastive, with MLM on separately corrupted
+    copies of the same texts. `hard_negatives` > 0 (phase 3) adds that many mined negatives
+    per query, searched among the `mining_top_k` nearest training documents, dropping any
+    that scores within `mining_margin` of (or above) the positive. `query_prefix` / `passage_prefix` are prepended to the two sides and recorded.
+    """
+
+    pairs: tuple[tuple[str, float], ...] = (
+        ("same-source-spans", 0.5), ("title-body", 0.3), ("term-definition", 0.2),
+    )
+    pair_length: int = 64
+    temperature: float = 0.05
+    learnable_temperature: bool = False
+    symmetric: bool = False
+    gather_across_workers: bool = True
+    gradcache_chunk: int = 0
+    mlm_weight: float = 0.0
+    hard_negatives: int = 0
+    mining_top_k: int = 100  # candidates searched per query when mining
+    mining_margin: float = 0.05  # drop candidates scoring above (positive score - margin): likely false negatives
+    pooling: str = "mean"
+    query_prefix: str = "query: "
+    passage_prefix: str = "passage: "
+    continue_optimizer: bool = False
+
+    def __post_init__(self) -> None:
+        _check(bool(self.pairs), "contrastive.pairs", "needs at least one pair builder")
+        total = sum(share for _, share in self.pairs)
+        _check(abs(total - 1.0) < 1e-6, "contrastive.pairs", f"shares must sum to 1, got {total:.6f}")
+        _check(self.pair_length >= 8, "contrastive.pair_length", "must be >= 8")
+        _check(self.temperature > 0, "contrastive.temperature", "must be positive")
+        _check(self.gradcache_chunk >= 0, "contrastive.gradcache_chunk", "must be >= 0")
+        _check(not (self.gradcache_chunk and self.mlm_weight), "contrastive.gradcache_chunk",
+               "GradCache covers the contrastive term only; use it with mlm_weight 0")
+        _check(0.0 <= self.mlm_weight < 1.0, "contrastive.mlm_weight", "must be in [0, 1)")
+        _check(self.hard_negatives >= 0, "contrastive.hard_negatives", "must be >= 0")
+        _check(self.mining_top_k >= max(self.hard_negatives, 1), "contrastive.mining_top_k",
+               "must be at least hard_negatives")
+        _check(self.mining_margin >= 0, "contrastive.mining_margin", "must be >= 0")
+        _check(self.pooling in POOLING_METHODS, "contrastive.pooling",
+               f"{self.pooling!r}; valid: {list(POOLING_METHODS)}")
+        _check(not self.continue_optimizer, "contrastive.continue_optimizer",
+               "a changed objective is not an exact resume: optimizer state and schedule clocks reset")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -232,8 +314,18 @@ class TrialConfig:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    phase: int = 1
+    contrastive: ContrastiveConfig = field(default_factory=ContrastiveConfig)
+    parent: str | None = None  # the parent checkpoint directory (phases 2 and 3)
 
     def __post_init__(self) -> None:
+        _check(self.phase in (1, 2, 3), "phase", "must be 1, 2 or 3")
+        # Phases 2-3 need a parent before they train; a study may supply it at sweep time.
+        _check(self.parent is None or self.phase > 1, "parent", "phase 1 starts from scratch; it has no parent")
+        _check(self.phase == 3 or self.contrastive.hard_negatives == 0, "contrastive.hard_negatives",
+               "mined hard negatives belong to phase 3")
+        _check(self.contrastive.mlm_weight == 0 or self.masking.strategy == "token", "masking.strategy",
+               "the joint phase-2 MLM term masks pair texts token by token (they carry no word starts)")
         _check(
             self.data.sequence_length <= self.model.max_length,
             "data.sequence_length",
@@ -254,16 +346,7 @@ class TrialConfig:
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> TrialConfig:
         """Inverse of `to_dict`; unknown keys are errors that name them."""
-        parts = {"model": ModelConfig, "masking": MaskingConfig, "data": DataConfig,
-                 "train": TrainConfig, "eval": EvalConfig}
-        unknown = set(raw) - set(parts)
-        if unknown:
-            raise ConfigError(f"trial config: unknown sections {sorted(unknown)}; valid: {sorted(parts)}")
-        kwargs = {}
-        for name, kind in parts.items():
-            if name in raw:
-                kwargs[name] = _build(kind, raw[name], name)
-        return cls(**kwargs)
+        return _build(cls, raw, "trial")
 
 
 def _build(kind: type, raw: dict[str, Any], section: str) -> Any:

@@ -6,7 +6,9 @@ a cluster study replaces the model preset and budget, nothing else.
 
 from __future__ import annotations
 
-from embedlab.config import MODEL_PRESETS, DataConfig, MaskingConfig, TrainConfig, TrialConfig
+import dataclasses
+
+from embedlab.config import MODEL_PRESETS, ContrastiveConfig, DataConfig, MaskingConfig, TrainConfig, TrialConfig
 
 
 def phase1_baseline() -> TrialConfig:
@@ -16,4 +18,33 @@ def phase1_baseline() -> TrialConfig:
         masking=MaskingConfig(ratio=0.15),
         data=DataConfig(sequence_length=128),
         train=TrainConfig(batch_rows=8, learning_rate=1e-3),
+    )
+
+
+def phase2_baseline() -> TrialConfig:
+    """Phase-2 broad contrastive pretraining from a phase-1 checkpoint (given at sweep time):
+    the recipe's pilot pair mixture mapped onto the built-in builders, mean pooling,
+    temperature 0.05, candidates gathered across workers."""
+    base = phase1_baseline()
+    return dataclasses.replace(
+        base,
+        phase=2,
+        contrastive=ContrastiveConfig(
+            pairs=(("same-source-spans", 0.5), ("title-body", 0.3), ("term-definition", 0.2)),
+            pair_length=64,
+            temperature=0.05,
+        ),
+        train=dataclasses.replace(base.train, batch_rows=16, learning_rate=2e-4),
+    )
+
+
+def phase3_baseline() -> TrialConfig:
+    """Phase-3 supervised fine-tuning from a phase-2 checkpoint with 2 mined negatives per query."""
+    base = phase2_baseline()
+    return dataclasses.replace(
+        base,
+        phase=3,
+        contrastive=dataclasses.replace(base.contrastive, pairs=(("title-body", 0.7), ("term-definition", 0.3)),
+                                        hard_negatives=2),
+        train=dataclasses.replace(base.train, learning_rate=1e-4),
     )

@@ -38,7 +38,7 @@ from embedlab.evaluate.beir import write_task
 from embedlab.evaluate.builtin_tasks import BUILTIN_TASKS, build_builtin_task, decontaminate
 from embedlab.tokenizer import FrozenTokenizer, describe, load_tokenizer, save_tokenizer, train_tokenizer
 
-FORMAT = "embedlab-prepared/2"
+FORMAT = "embedlab-prepared/3"
 
 
 def default_cache_dir() -> Path:

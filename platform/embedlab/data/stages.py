@@ -3,7 +3,7 @@
     pretraining        training-split documents of the mixture's sources (phase 1)
     tokenizer-sample   the documents the tokenizer was trained on
     contrastive-pairs  query and positive texts of the phase 2-3 pairs built from the training split
-    mined-negatives    hard negatives mined for phase 3 (none exist until phase 3 mines them)
+    mined-negatives    hard negatives of every mined set saved with the data (`mined/*/`)
 """
 
 from __future__ import annotations
@@ -36,6 +36,13 @@ def _pairs(prepared: PreparedData) -> Iterator[tuple[str, str]]:
         yield f"{pair.pair_id}:positive", pair.positive
 
 
+def _mined(prepared: PreparedData) -> Iterator[tuple[str, str]]:
+    for path in sorted((prepared.directory / "mined").glob("*/negatives.parquet")):
+        table = pq.read_table(path, columns=["pair_id", "doc_id", "negative"])
+        for pair_id, doc_id, text in zip(*(table[c].to_pylist() for c in ("pair_id", "doc_id", "negative"))):
+            yield f"{path.parent.name}:{pair_id}:{doc_id}", text
+
+
 def training_stages(prepared: PreparedData, stages: tuple[str, ...] = PHASE1_STAGES) -> dict[str, Iterator[tuple[str, str]]]:
     """Lazy (id, text) streams for the named stages."""
     unknown = sorted(set(stages) - set(ALL_STAGES))
@@ -46,6 +53,6 @@ def training_stages(prepared: PreparedData, stages: tuple[str, ...] = PHASE1_STA
         "pretraining": lambda: _documents(prepared, None),
         "tokenizer-sample": lambda: _documents(prepared, sample_ids),
         "contrastive-pairs": lambda: _pairs(prepared),
-        "mined-negatives": lambda: iter(()),
+        "mined-negatives": lambda: _mined(prepared),
     }
     return {name: streams[name]() for name in stages}

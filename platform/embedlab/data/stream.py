@@ -31,7 +31,7 @@ from embedlab.tokenizer import FrozenTokenizer, load_tokenizer
 PIECES_FILE = "pieces.parquet"
 WINDOW_PIECES = 2048
 _tokenizers: dict[str, FrozenTokenizer] = {}
-_pieces: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+_pieces: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
 
 def _tokenizer(path: str) -> FrozenTokenizer:
@@ -48,24 +48,31 @@ def tokenize_pieces(
     batch = batch.filter(keep)
     tokenizer = _tokenizer(tokenizer_path)
     texts = [f"{t}\n{x}" if t else x for t, x in zip(batch["title"].to_pylist(), batch["text"].to_pylist())]
-    out: dict[str, list] = {"source": [], "doc_id": [], "piece": [], "ids": [], "doc_tokens": []}
-    for source, doc_id, tokens in zip(
-        batch["source"].to_pylist(), batch["doc_id"].to_pylist(), tokenizer.encode_batch(texts)
-    ):
-        for index, piece in enumerate(
-            chunk_document(tokens, sequence_length=sequence_length, sep_id=tokenizer.sep_id)
-        ):
+    out: dict[str, list] = {"source": [], "doc_id": [], "piece": [], "ids": [], "word_start": [], "doc_tokens": []}
+    encodings = tokenizer.tokenizer.encode_batch(texts, add_special_tokens=False)
+    for source, doc_id, encoding in zip(batch["source"].to_pylist(), batch["doc_id"].to_pylist(), encodings):
+        tokens = encoding.ids
+        # A token starts a word when its pre-tokenizer word differs from the previous token's;
+        # whole-word and span masking select in units of these words. SEP counts as a start.
+        starts = [int(i == 0 or w != encoding.word_ids[i - 1]) for i, w in enumerate(encoding.word_ids)] + [1]
+        pieces = chunk_document(tokens, sequence_length=sequence_length, sep_id=tokenizer.sep_id)
+        offset = 0
+        for index, piece in enumerate(pieces):
             out["source"].append(source)
             out["doc_id"].append(doc_id)
             out["piece"].append(index)
             out["ids"].append(piece)
+            # A piece that begins inside a word begins a word of its own (a new segment).
+            out["word_start"].append([1] + starts[offset + 1 : offset + len(piece)])
             out["doc_tokens"].append(len(tokens) + 1)
+            offset += len(piece)
     return pa.table(
         {
             "source": pa.array(out["source"], pa.string()),
             "doc_id": pa.array(out["doc_id"], pa.string()),
             "piece": pa.array(out["piece"], pa.int32()),
             "ids": pa.array(out["ids"], pa.list_(pa.int32())),
+            "word_start": pa.array(out["word_start"], pa.list_(pa.int8())),
             "doc_tokens": pa.array(out["doc_tokens"], pa.int32()),
         }
     )
@@ -132,10 +139,13 @@ def units_by_source(pieces_path: Path) -> tuple[dict[str, np.ndarray], dict[str,
     return units, offsets
 
 
-def _piece_arrays(path: str) -> tuple[np.ndarray, np.ndarray]:
+def _piece_arrays(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Offsets, token ids and word-start flags of every piece (ids and flags share offsets)."""
     if path not in _pieces:
-        ids = pq.read_table(path, columns=["ids"])["ids"].combine_chunks()
-        _pieces[path] = (ids.offsets.to_numpy(), ids.values.to_numpy())
+        table = pq.read_table(path, columns=["ids", "word_start"])
+        ids = table["ids"].combine_chunks()
+        starts = table["word_start"].combine_chunks()
+        _pieces[path] = (ids.offsets.to_numpy(), ids.values.to_numpy(), starts.values.to_numpy())
     return _pieces[path]
 
 
@@ -143,12 +153,19 @@ def pack_window(
     batch: dict[str, np.ndarray], *, pieces_path: str, sequence_length: int, pad_id: int
 ) -> dict[str, np.ndarray]:
     """Ray Data UDF: one schedule window (piece rows + source indices) -> packed rows."""
-    offsets, values = _piece_arrays(pieces_path)
-    rows_out: dict[str, list[np.ndarray]] = {"input_ids": [], "segment_ids": [], "source_index": []}
+    offsets, values, starts = _piece_arrays(pieces_path)
+    rows_out: dict[str, list[np.ndarray]] = {"input_ids": [], "segment_ids": [], "source_index": [], "word_start": []}
     for piece_rows, sources in zip(batch["piece_rows"], batch["source_index"]):
         pieces = [values[offsets[r] : offsets[r + 1]].tolist() for r in piece_rows]
         packed = pack_pieces(pieces, sequence_length=sequence_length, pad_id=pad_id)
+        # Packing depends only on piece lengths, so the flags pack into the same positions.
+        flags = pack_pieces([starts[offsets[r] : offsets[r + 1]].tolist() for r in piece_rows],
+                            sequence_length=sequence_length, pad_id=1)
+        word_start = flags.input_ids.copy()
+        # A piece split across rows starts a word (and a segment) where the next row begins.
+        word_start[:, 0] = 1
         source_of = np.asarray(sources, dtype=np.int32)
+        rows_out["word_start"].append(word_start)
         rows_out["input_ids"].append(packed.input_ids)
         rows_out["segment_ids"].append(packed.segment_ids)
         rows_out["source_index"].append(

@@ -19,10 +19,15 @@ def evaluate_checkpoint(
     encoder, tokenizer, manifest = load_encoder(Path(checkpoint_dir))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     encoder.to(device)
+    pooling = manifest["pooling"]
+    prefixes = pooling.get("prefixes", {"query": "", "passage": ""})
     encode = partial(
-        encode_texts, encoder, tokenizer, batch_size=batch_size, max_length=max_length, device=device
+        encode_texts, encoder, tokenizer, batch_size=batch_size, max_length=max_length, device=device,
+        pooling=pooling["method"],
     )
-    metrics = evaluate_encoder(encode, task, split)
+    metrics = evaluate_encoder(
+        partial(encode, prefix=prefixes["query"]), task, split, encode_documents=partial(encode, prefix=prefixes["passage"])
+    )
     return {**metrics, "checkpoint_hash": manifest["content_hash"]}
 
 

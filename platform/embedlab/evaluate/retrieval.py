@@ -77,13 +77,14 @@ def score_embeddings(
     return {**metrics, "docs": len(doc_ids)}
 
 
-def evaluate_encoder(encode, task: Task, split: str) -> dict[str, float]:
-    """`encode(texts) -> (N, d)` embeddings scored on `task`'s `split` qrels."""
+def evaluate_encoder(encode, task: Task, split: str, *, encode_documents=None) -> dict[str, float]:
+    """`encode(texts) -> (N, d)` embeddings scored on `task`'s `split` qrels; documents go
+    through `encode_documents` when the two sides are encoded differently (prefixes)."""
     started = time.perf_counter()
     doc_ids = sorted(task.corpus)
     queries = task.split_queries(split)
     query_ids = list(queries)
-    doc_embeddings = encode([task.doc_text(d) for d in doc_ids])
+    doc_embeddings = (encode_documents or encode)([task.doc_text(d) for d in doc_ids])
     query_embeddings = encode([queries[q] for q in query_ids])
     metrics = score_embeddings(task, split, doc_ids, doc_embeddings, query_ids, query_embeddings)
     return {**metrics, "split": split, "task": task.name, "task_hash": task.hash,

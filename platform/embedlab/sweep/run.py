@@ -89,15 +89,17 @@ def trial_driver(config: dict[str, Any], *, context: dict[str, Any]) -> None:
 
     from embedlab.evaluate.actor import get_evaluator
     from embedlab.evaluate.checkpoint_eval import resolve_task
+    from embedlab.train.contrastive import run_contrastive
     from embedlab.train.phase1 import run_phase1
 
     study = Study.from_dict(context["study"])
     arm, seed = config["arm"], config["seed"]
-    trial = study.trial_config(arm, seed)
+    trial = study.trial_config(arm, seed, context.get("parent"))
     prepared = PreparedData(Path(context["prepared"][arm]["directory"]), context["prepared"][arm])
     trial_id = tune.get_context().get_trial_id()
     run_dir = Path(context["run_dir"])
-    result = run_phase1(
+    run = run_phase1 if trial.phase == 1 else run_contrastive
+    result = run(
         trial, prepared, storage_path=run_dir / "train", name=f"{arm}-seed{seed}-{trial_id}",
         callbacks=[TuneReportCallback()],
     )
@@ -107,6 +109,7 @@ def trial_driver(config: dict[str, Any], *, context: dict[str, Any]) -> None:
     task_dir = str(resolve_task(trial.eval.task, prepared.directory))
     scores = ray.get(get_evaluator().evaluate.remote(checkpoint_dir, task_dir, trial.eval.split))
     train = result.metrics
+    intended = prepared.record["mixture"]["shares"] if trial.phase == 1 else dict(trial.contrastive.pairs)
     row = {
         "trial_id": trial_id,
         "arm": arm,
@@ -114,8 +117,10 @@ def trial_driver(config: dict[str, Any], *, context: dict[str, Any]) -> None:
         "factor": study.factor,
         "factor_value": study.factor_value(arm),
         **{k: train[k] for k in train if k.startswith(("budget/", "compute/"))},
-        **{k: train[k] for k in train if k.startswith("data/observed_share/")},
-        **{f"data/intended_share/{k}": v for k, v in prepared.record["mixture"]["shares"].items()},
+        "phase": trial.phase,
+        "parent": trial.parent,
+        **{k: train[k] for k in train if k.startswith("data/observed")},
+        **{f"data/intended_share/{k}": v for k, v in intended.items()},
         "train/loss": train["train/loss"],
         "train/steps": train["train/step"],
         "train/skipped_steps": train["train/skipped_steps"],
@@ -141,20 +146,32 @@ def run_sweep(
     *,
     storage: str | Path = "runs",
     address: str | None = None,
+    parent: str | None = None,
     progress: Callable[[str], None] = print,
 ) -> Path:
-    """Run every (arm, seed) trial of the study file; returns the run directory."""
+    """Run every (arm, seed) trial of the study file; returns the run directory.
+
+    `parent` (phases 2-3) is the checkpoint every arm starts from, e.g. a phase-1 winner."""
     from ray import tune
 
     study = load_study(study_path)
+    if parent is not None:
+        from embedlab.train.checkpoint import verify_checkpoint
+
+        verify_checkpoint(Path(parent))  # fail before any work on a missing or corrupt parent
+        parent = str(Path(parent).resolve())
+    for arm in study.arms:
+        study.trial_config(arm, study.seeds[0], parent)  # every arm has what its phase needs
     connect(address, progress)
     import ray
 
     from embedlab.evaluate.actor import get_evaluator
 
     concurrency = max_concurrent_trials(next(iter(study.arms.values())), ray.cluster_resources().get("CPU", 0))
-    progress(f"study {study.name}: {len(study.arms)} arms x {len(study.seeds)} seeds "
-             f"at {study.budget_tokens:,} non-padding tokens each")
+    budget = (f"{study.budget_tokens:,} non-padding tokens" if study.phase == 1
+              else f"{study.budget_pairs:,} positive pairs")
+    progress(f"study {study.name} (phase {study.phase}): {len(study.arms)} arms x {len(study.seeds)} seeds "
+             f"at {budget} each")
     prepared = _prepare_arms(study, progress)
     overlap = _check_contamination(study, prepared, progress)
     run_dir = _new_run_dir(Path(storage), study.name)
@@ -167,12 +184,13 @@ def run_sweep(
         "versions": versions(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "final_eval_overlap": overlap,
+        "parent": parent,
     }
     (run_dir / STUDY_FILE).write_text(json.dumps(record, indent=2, sort_keys=True))
     (run_dir / "prepared.json").write_text(json.dumps(prepared, indent=2, sort_keys=True))
     get_evaluator()  # created and owned by this driver, so it outlives every trial
     progress(f"tune: {len(study.arms) * len(study.seeds)} trials, at most {concurrency} at a time")
-    context = {"study": study.to_dict(), "prepared": prepared, "run_dir": str(run_dir)}
+    context = {"study": study.to_dict(), "prepared": prepared, "run_dir": str(run_dir), "parent": parent}
     # A trial driver only waits on its trainer; it reserves memory, not a CPU, so the
     # trainer's workers can start (a CPU-holding driver deadlocks a 2-CPU box).
     driver = tune.with_resources(

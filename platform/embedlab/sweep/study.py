@@ -44,6 +44,7 @@ class Study:
     arms: dict[str, TrialConfig]
     seeds: tuple[int, ...]
     budget_tokens: int
+    budget_pairs: int = 0  # phases 2-3: consumed positive pairs per trial (required there)
     metric: str = "dev/ndcg@10"
     description: str = ""
     # A disclosed-overlap policy: when the contamination audit finds final-eval items in the
@@ -65,6 +66,10 @@ class Study:
             raise ConfigError(f"study.seeds: must be non-empty and distinct, got {self.seeds}")
         if self.budget_tokens <= 0:
             raise ConfigError("study.budget_tokens: must be positive")
+        if any(c.phase > 1 for c in self.arms.values()) and self.budget_pairs <= 0:
+            raise ConfigError("study.budget_pairs: phase 2 and 3 arms train to a budget of positive pairs; set it")
+        if len({c.phase for c in self.arms.values()}) != 1:
+            raise ConfigError("study.arms: all arms must train the same phase")
         if self.disclosed_overlap is not None and not self.disclosed_overlap.strip():
             raise ConfigError("study.disclosed_overlap: must say what the policy is, or be None")
         if self.metric not in METRICS:
@@ -85,7 +90,7 @@ class Study:
                     continue
                 if key == self.factor or key.startswith(f"{self.factor}."):
                     varied = True
-                elif key not in ("train.budget_tokens", "train.seed"):
+                elif key not in ("train.budget_tokens", "train.budget_pairs", "train.seed", "parent"):
                     raise ConfigError(
                         f"study.arms[{arm!r}]: differs from arm {first_arm!r} in {key} "
                         f"({value!r} vs {reference[key]!r}), outside the declared factor {self.factor}"
@@ -93,14 +98,24 @@ class Study:
         if not varied:
             raise ConfigError(f"study.arms: no two arms differ in the declared factor {self.factor}")
 
-    def trial_config(self, arm: str, seed: int) -> TrialConfig:
-        """The arm's config with the study's budget and this seed."""
+    @property
+    def phase(self) -> int:
+        return next(iter(self.arms.values())).phase
+
+    def trial_config(self, arm: str, seed: int, parent: str | None = None) -> TrialConfig:
+        """The arm's config with the study's budget, this seed and (phases 2-3) the parent
+        checkpoint: `parent` when given (`embedlab sweep --parent`), else the arm's own."""
         if arm not in self.arms:
             raise KeyError(f"study {self.name}: no arm {arm!r}; arms: {list(self.arms)}")
         config = self.arms[arm]
-        return dataclasses.replace(
-            config, train=dataclasses.replace(config.train, budget_tokens=self.budget_tokens, seed=seed)
-        )
+        train = dataclasses.replace(config.train, budget_tokens=self.budget_tokens, seed=seed)
+        if self.budget_pairs:
+            train = dataclasses.replace(train, budget_pairs=self.budget_pairs)
+        config = dataclasses.replace(config, train=train, parent=parent or config.parent)
+        if config.phase > 1 and config.parent is None:
+            raise ConfigError(f"study {self.name}: phase {config.phase} needs a parent checkpoint "
+                              "(embedlab sweep --parent CKPT_DIR)")
+        return config
 
     def factor_value(self, arm: str) -> Any:
         flat = flatten(self.arms[arm].to_dict())
@@ -115,6 +130,7 @@ class Study:
             "arms": {arm: config.to_dict() for arm, config in self.arms.items()},
             "seeds": list(self.seeds),
             "budget_tokens": self.budget_tokens,
+            "budget_pairs": self.budget_pairs,
             "metric": self.metric,
             "description": self.description,
             "disclosed_overlap": self.disclosed_overlap,
@@ -132,6 +148,7 @@ class Study:
             arms={arm: TrialConfig.from_dict(config) for arm, config in raw["arms"].items()},
             seeds=tuple(raw["seeds"]),
             budget_tokens=raw["budget_tokens"],
+            budget_pairs=raw.get("budget_pairs", 0),
             metric=raw["metric"],
             description=raw.get("description", ""),
             disclosed_overlap=raw.get("disclosed_overlap"),

@@ -13,9 +13,11 @@ file hash and refuses a mismatch, so a corrupt or truncated file never loads sil
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import platform as stdlib_platform
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +34,6 @@ FORMAT = "embedlab-checkpoint/1"
 ENCODER_FILE = "encoder.safetensors"
 HEAD_FILE = "mlm_head.safetensors"
 MANIFEST_FILE = "manifest.json"
-POOLING = {
-    "method": "mean",
-    "special_tokens": "excluded (CLS and SEP are not averaged)",
-    "normalise": "l2; an all-zero vector stays zero",
-    "input_template": "[CLS] text [SEP]",
-}
 
 
 class CheckpointError(ValueError):
@@ -61,38 +57,57 @@ def versions() -> dict[str, str]:
 
 def save_checkpoint(
     directory: Path,
-    model: MLMModel,
+    encoder: Encoder,
     *,
+    head: torch.nn.Module | None,
     tokenizer: FrozenTokenizer,
     fields: dict[str, Any],
+    pooling: str = "mean",
+    prefixes: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Write weights, tokenizer and manifest into `directory`; returns the manifest."""
+    """Write weights, tokenizer and manifest into `directory`; returns the manifest.
+
+    `head` (an MLM head) is saved apart from the encoder, without its tied decoder, so the
+    inference package is `encoder.safetensors` + `tokenizer.json` + `manifest.json`.
+    """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    encoder_state = {k: v.detach().cpu().contiguous() for k, v in model.encoder.state_dict().items()}
-    # The head's decoder is the embedding table: saved once, in the encoder file.
-    head_state = {
-        k: v.detach().cpu().contiguous()
-        for k, v in model.mlm_head.state_dict().items()
-        if not k.startswith("embedding.")
-    }
+    encoder_state = {k: v.detach().cpu().contiguous() for k, v in encoder.state_dict().items()}
     save_file(encoder_state, str(directory / ENCODER_FILE))
-    save_file(head_state, str(directory / HEAD_FILE))
+    names = [ENCODER_FILE]
+    if head is not None:
+        # The head's decoder is the embedding table: saved once, in the encoder file.
+        head_state = {
+            k: v.detach().cpu().contiguous() for k, v in head.state_dict().items()
+            if not (k.startswith("embedding.") or ".embedding." in k)
+        }
+        save_file(head_state, str(directory / HEAD_FILE))
+        names.append(HEAD_FILE)
     (directory / TOKENIZER_FILE).write_bytes(tokenizer.path.read_bytes())
-    files = {name: _sha256(directory / name) for name in (ENCODER_FILE, HEAD_FILE)}
+    files = {name: _sha256(directory / name) for name in names}
     manifest = {
         "format": FORMAT,
         "content_hash": hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest(),
         "files": files,
         "parent_hash": None,
         "tokenizer_hash": tokenizer.hash,
-        "model": model.encoder.config.__dict__ | {},
-        "pooling": POOLING,
+        "model": dataclasses.asdict(encoder.config),
+        "pooling": pooling_record(pooling, prefixes or {"query": "", "passage": ""}),
         "versions": versions(),
         **fields,
     }
     (directory / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True))
     return manifest
+
+
+def pooling_record(method: str, prefixes: dict[str, str]) -> dict[str, Any]:
+    return {
+        "method": method,
+        "special_tokens": "excluded (CLS and SEP are not averaged)" if method == "mean" else "CLS state only",
+        "normalise": "l2; an all-zero vector stays zero",
+        "input_template": "[CLS] prefix + text [SEP]",
+        "prefixes": prefixes,
+    }
 
 
 def read_manifest(directory: Path) -> dict[str, Any]:
@@ -133,3 +148,37 @@ def load_encoder(directory: Path) -> tuple[Encoder, FrozenTokenizer, dict[str, A
     encoder.load_state_dict(load_file(str(directory / ENCODER_FILE)))
     encoder.eval()
     return encoder, tokenizer, manifest
+
+
+@dataclass(frozen=True)
+class Parent:
+    """A verified parent checkpoint loaded for a child phase."""
+
+    model: torch.nn.Module  # MLMModel when the child needs an MLM head, else Encoder
+    manifest: dict[str, Any]
+    head_restored: bool
+
+
+def load_parent(directory: Path, *, tokenizer_hash: str, need_head: bool) -> Parent:
+    """Load a parent for training; refuses one whose tokenizer differs from the child's data.
+
+    A joint child of a parent without an MLM head gets a freshly initialised head, and the
+    manifest records that (`head_restored` False).
+    """
+    encoder, _, manifest = load_encoder(directory)
+    if manifest["tokenizer_hash"] != tokenizer_hash:
+        raise CheckpointError(
+            f"{directory}: parent tokenizer {manifest['tokenizer_hash'][:12]}... differs from this phase's "
+            f"tokenizer {tokenizer_hash[:12]}...; changing vocabulary needs a documented embedding migration"
+        )
+    encoder.train()
+    if not need_head:
+        return Parent(model=encoder, manifest=manifest, head_restored=False)
+    model = MLMModel(encoder.config)
+    model.encoder.load_state_dict(encoder.state_dict())
+    head_path = Path(directory) / HEAD_FILE
+    if head_path.is_file():
+        missing, unexpected = model.mlm_head.load_state_dict(load_file(str(head_path)), strict=False)
+        if unexpected or [k for k in missing if not k.startswith("embedding.")]:
+            raise CheckpointError(f"{head_path}: unexpected keys {unexpected}, missing {missing}")
+    return Parent(model=model, manifest=manifest, head_restored=head_path.is_file())

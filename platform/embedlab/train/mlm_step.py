@@ -10,12 +10,14 @@ over workers are exactly the gradient of the global loss: no mean of means anywh
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
 
 from embedlab.model.encoder import MLMModel
+from embedlab.model.heads import select_by_head
+from embedlab.objectives.dual_mlm import combined_loss_sum, per_head_loss_sums, per_ratio_loss_sums
 from embedlab.objectives.masking import MaskedBatch
 from embedlab.objectives.mlm import mlm_loss_sum
 
@@ -31,6 +33,9 @@ def no_reduce(tensor: torch.Tensor) -> torch.Tensor:
 class Microbatch:
     masked: MaskedBatch
     segment_ids: torch.Tensor  # (B, T), 0 = PAD
+    # Mixed masking ratios (dual-LM-head method): each row's ratio and the head it goes to.
+    ratio_index: torch.Tensor | None = None  # (B,) long
+    head_index: torch.Tensor | None = None  # (B,) long
 
 
 @dataclass(frozen=True)
@@ -42,10 +47,15 @@ class StepResult:
     tokens: int
     grad_norm: float
     skipped: bool
+    # With mixed ratios: {"head/<name>" or "ratio/<name>": (loss sum, selected count)}, global.
+    groups: dict[str, tuple[float, int]] = field(default_factory=dict)
 
 
 def accumulate_gradients(
-    model: MLMModel, microbatches: list[Microbatch], all_reduce: AllReduce = no_reduce
+    model: MLMModel,
+    microbatches: list[Microbatch],
+    all_reduce: AllReduce = no_reduce,
+    mixed_ratios: tuple[tuple[float, float], ...] = (),
 ) -> StepResult:
     """Forward/backward every microbatch; gradients end up equal to d(global loss)/d(theta)
     on every worker. Returns the global loss sum, selected count and token count."""
@@ -61,17 +71,43 @@ def accumulate_gradients(
         # Documented policy (objectives.mlm): no target anywhere -> no update, step skipped.
         return StepResult(0.0, 0, tokens, 0.0, skipped=True)
     loss_sum = 0.0
+    groups: dict[str, list[float]] = {}
     for mb in microbatches:
-        logits = model(mb.masked.inputs, mb.segment_ids, mb.masked.selected)
-        part_sum, _ = mlm_loss_sum(logits, mb.masked.targets[mb.masked.selected])
+        part_sum, parts = _microbatch_loss(model, mb, mixed_ratios)
         (part_sum / selected).backward()
         loss_sum += float(part_sum.detach())
-    _all_reduce_gradients(model, all_reduce)
-    global_loss_sum = float(all_reduce(torch.tensor([loss_sum], dtype=torch.float64)).item())
-    return StepResult(global_loss_sum, selected, tokens, 0.0, skipped=False)
+        for key, (group_sum, count) in parts.items():
+            totals = groups.setdefault(key, [0.0, 0.0])
+            totals[0] += group_sum
+            totals[1] += count
+    all_reduce_gradients(model, all_reduce)
+    keys = sorted(groups)
+    reduced = all_reduce(torch.tensor([loss_sum] + [v for k in keys for v in groups[k]], dtype=torch.float64))
+    global_groups = {k: (float(reduced[1 + 2 * i]), int(reduced[2 + 2 * i])) for i, k in enumerate(keys)}
+    return StepResult(float(reduced[0]), selected, tokens, 0.0, skipped=False, groups=global_groups)
 
 
-def _all_reduce_gradients(model: nn.Module, all_reduce: AllReduce) -> None:
+def _microbatch_loss(model, mb: Microbatch, mixed_ratios) -> tuple[torch.Tensor, dict[str, tuple[float, int]]]:
+    """The microbatch's NLL sum (graph kept) and, with mixed ratios, per-head and per-ratio figures."""
+    masked = mb.masked
+    if mb.head_index is None:
+        logits = model(masked.inputs, mb.segment_ids, masked.selected)
+        part_sum, _ = mlm_loss_sum(logits, masked.targets[masked.selected])
+        return part_sum, {}
+    logits = model(masked.inputs, mb.segment_ids, masked.selected, mb.head_index)
+    targets = select_by_head(masked.targets, masked.selected, mb.head_index, model.head_names)
+    by_head = per_head_loss_sums(logits, targets)
+    part_sum, _ = combined_loss_sum(by_head)
+    by_ratio = per_ratio_loss_sums(
+        logits, targets, ratio_index=mb.ratio_index, selected=masked.selected, head_index=mb.head_index,
+        mixed_ratios=mixed_ratios,
+    )
+    parts = {f"head/{name}": (float(s.detach()), c) for name, (s, c) in by_head.items()}
+    parts.update({f"ratio/{name}": value for name, value in by_ratio.items()})
+    return part_sum, parts
+
+
+def all_reduce_gradients(model: nn.Module, all_reduce: AllReduce) -> None:
     """Sum gradients over workers in one flat buffer (one collective per step)."""
     if all_reduce is no_reduce:
         return
@@ -98,7 +134,7 @@ def optimizer_step(
     norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm))
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return StepResult(result.loss_sum, result.selected, result.tokens, norm, skipped=False)
+    return replace(result, grad_norm=norm)
 
 
 def build_optimizer(model: nn.Module, learning_rate: float, weight_decay: float) -> torch.optim.AdamW:

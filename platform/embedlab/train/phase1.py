@@ -23,6 +23,8 @@ from embedlab.data.mixture import Schedule, sample_schedule
 from embedlab.data.prepare import PreparedData
 from embedlab.data.stream import packed_dataset, units_by_source
 from embedlab.model.encoder import MLMModel, count_parameters
+from embedlab.model.heads import MultiHeadMLMModel
+from embedlab.objectives.dual_mlm import assign_ratios, head_names, mask_mixed, route_heads
 from embedlab.objectives.masking import MaskedBatch, mask_tokens
 from embedlab.objectives.mlm import combine
 from embedlab.tokenizer import load_tokenizer
@@ -55,12 +57,14 @@ def sum_all_reduce(device: torch.device):
     return reduce
 
 
-def estimated_flops(model: MLMModel, tokens: int, selected: int) -> float:
-    """6 * (non-embedding parameters) per token, plus the vocabulary projection at selected
-    positions only (the head's decoder runs nowhere else). Attention scores are ignored."""
+def estimated_flops(model: torch.nn.Module, tokens: int, selected: int) -> float:
+    """6 * (encoder parameters without the embedding table) per token, plus one head's dense
+    transform and vocabulary projection per selected token (heads run nowhere else; each
+    selected token goes through exactly one head). Attention scores are ignored."""
     config = model.encoder.config
-    non_embedding = count_parameters(model) - config.vocab_size * config.width - config.vocab_size
-    return 6.0 * non_embedding * tokens + 6.0 * config.width * config.vocab_size * selected
+    body = count_parameters(model.encoder) - config.vocab_size * config.width
+    head = config.width * config.width + config.width * config.vocab_size
+    return 6.0 * body * tokens + 6.0 * head * selected
 
 
 def phase1_worker(loop_config: dict[str, Any]) -> None:
@@ -75,7 +79,8 @@ def phase1_worker(loop_config: dict[str, Any]) -> None:
     tokenizer = load_tokenizer(loop_config["tokenizer_path"], expected_hash=loop_config["tokenizer_hash"])
 
     torch.manual_seed(seed_for(trial.train.seed, "init"))  # identical weights on every worker
-    model = MLMModel(trial.model).to(device)
+    mixed = trial.masking.mixed_ratios
+    model = (MultiHeadMLMModel(trial.model, head_names(trial.masking)) if mixed else MLMModel(trial.model)).to(device)
     optimizer = build_optimizer(model, trial.train.learning_rate, trial.train.weight_decay)
     masking_rng = torch.Generator().manual_seed(seed_for(trial.train.seed, "masking", rank))
     torch.manual_seed(seed_for(trial.train.seed, "dropout", rank))
@@ -89,6 +94,7 @@ def phase1_worker(loop_config: dict[str, Any]) -> None:
     consumed_by_source = torch.zeros(len(sources), dtype=torch.float64)  # all workers'
     consumed = selected_total = steps = skipped = 0
     window: list[tuple[float, int]] = []
+    group_window: dict[str, list] = {}  # per head / per ratio (loss sum, count) since the last report
     started = time.perf_counter()
     pending: list[Microbatch] = []
     model.train()
@@ -101,18 +107,25 @@ def phase1_worker(loop_config: dict[str, Any]) -> None:
         source_index = batch["source_index"]
         source_tokens += torch.bincount(source_index[segment_ids > 0], minlength=len(sources)).double()
         eligible = (segment_ids > 0) & ~torch.isin(input_ids, eligible_ban)
-        masked = mask_tokens(
-            input_ids, eligible, trial.masking,
-            mask_id=tokenizer.mask_id, random_token_range=random_range, generator=masking_rng,
-        )
+        word_start = batch["word_start"].bool()
+        masking_ids = dict(mask_id=tokenizer.mask_id, random_token_range=random_range, generator=masking_rng,
+                           word_start=word_start)
+        ratio_index = head_index = None
+        if mixed:
+            ratio_index = assign_ratios(len(input_ids), mixed, masking_rng)
+            masked = mask_mixed(input_ids, eligible, trial.masking, ratio_index, **masking_ids)
+            head_index = route_heads(trial.masking, ratio_index).to(device)
+        else:
+            masked = mask_tokens(input_ids, eligible, trial.masking, **masking_ids)
         # Masking draws on the CPU generator so its stream is the same on any device.
         masked = MaskedBatch(*(t.to(device) for t in (masked.inputs, masked.targets, masked.selected)))
-        pending.append(Microbatch(masked=masked, segment_ids=segment_ids.to(device)))
+        pending.append(Microbatch(masked=masked, segment_ids=segment_ids.to(device),
+                                  ratio_index=ratio_index, head_index=head_index))
         if len(pending) < trial.train.microbatches:
             continue
         for group in optimizer.param_groups:
             group["lr"] = learning_rate_at(consumed, budget, trial.train.learning_rate, trial.train.warmup_fraction)
-        result = accumulate_gradients(model, pending, all_reduce)
+        result = accumulate_gradients(model, pending, all_reduce, mixed)
         result = optimizer_step(model, optimizer, result, trial.train.max_grad_norm)
         pending = []
         steps += 1
@@ -120,6 +133,10 @@ def phase1_worker(loop_config: dict[str, Any]) -> None:
         selected_total += result.selected
         skipped += int(result.skipped)
         window.append((result.loss_sum, result.selected))
+        for key, (group_sum, count) in result.groups.items():
+            totals = group_window.setdefault(key, [0.0, 0])
+            totals[0] += group_sum
+            totals[1] += count
         done = consumed >= budget
         if not (done or steps % trial.train.report_every_steps == 0):
             continue
@@ -143,8 +160,10 @@ def phase1_worker(loop_config: dict[str, Any]) -> None:
                 f"data/observed_share/{name}": float(consumed_by_source[i] / max(consumed, 1))
                 for i, name in enumerate(sources)
             },
+            **{f"train/loss/{key}": combine([tuple(v)]) for key, v in group_window.items()},
+            **{f"train/selected/{key}": v[1] for key, v in group_window.items()},
         }
-        window = []
+        window, group_window = [], {}
         if done:
             _final_report(model, tokenizer, trial, loop_config, metrics, rank, world)
             return
@@ -164,7 +183,8 @@ def _final_report(model, tokenizer, trial, loop_config, metrics, rank, world) ->
     with tempfile.TemporaryDirectory() as directory:
         save_checkpoint(
             Path(directory),
-            model,
+            model.encoder,
+            head=model.heads if isinstance(model, MultiHeadMLMModel) else model.mlm_head,
             tokenizer=tokenizer,
             fields={
                 "phase": 1,
@@ -174,6 +194,9 @@ def _final_report(model, tokenizer, trial, loop_config, metrics, rank, world) ->
                 "objective": {
                     "name": "mlm",
                     "masking_ratio": trial.masking.ratio,
+                    "masking_strategy": trial.masking.strategy,
+                    "mixed_ratios": trial.masking.mixed_ratios,
+                    "heads": list(model.head_names) if isinstance(model, MultiHeadMLMModel) else ["mlm"],
                     "replacement": REPLACEMENT_POLICY,
                     "mask_fraction": trial.masking.mask_fraction,
                     "random_fraction": trial.masking.random_fraction,

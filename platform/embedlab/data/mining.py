@@ -1,0 +1,396 @@
+"""Hard negatives for phase 3, mined from the pinned training corpus with an identified encoder.
+
+Every pair's query is searched (exact inner product: Faiss `IndexFlatIP` over L2-normalised
+embeddings) among the training-split documents of the corpus, each encoded as "title\\ntext"
+(or its text when untitled). Only split "train" is indexed, so a recipe-dev or final-eval
+document can never become a negative. The `top_k` results are checked against these rules
+in order, and a dropped candidate is counted under the first rule that drops it:
+
+    known-positive         one of the pair's own documents (`Pair.doc_ids`)
+    same-group             shares a near-duplicate `group_id` with one of the pair's documents
+    positive-text          its text contains the positive's, compared as the word sequences
+                           of the normalised (content-hash), lower-cased texts; a document
+                           with the positive's content hash is the equal case. Words, as in
+                           the contamination audit, so punctuation around a copy does not
+                           hide it and a short positive ("dog") does not match inside a
+                           longer word ("dogma")
+    false-negative-margin  score > positive_score - margin, where positive_score is
+                           sim(query, positive): too close to the positive to trust as a
+                           negative, so more likely an unlabelled positive
+    skip-top               the first `skip_top` candidates left by the rules above
+
+The next `negatives_per_query` candidates, best first, are the pair's negatives. Every
+candidate is checked, not only as many as the quota needs, so the drop counts describe the
+whole top_k pool and say how hard the negatives could be made.
+
+Re-mining is a new recipe revision: `MinedSet.version` is a hash of the encoder id, corpus
+revision, mining config and pair ids, so mining with anything different gives a new version.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from embedlab.data.document import normalise_text
+from embedlab.data.pairs import Pair
+from embedlab.evaluate.retrieval import search
+
+FORMAT = "embedlab-mined-negatives/1"
+RULES = ("known-positive", "same-group", "positive-text", "false-negative-margin", "skip-top")
+TRAIN_SPLIT = "train"
+CORPUS_COLUMNS = ("doc_id", "title", "text", "group_id", "split")
+NEGATIVES_FILE = "negatives.parquet"
+MANIFEST_FILE = "manifest.json"
+SNIPPET_CHARS = 160
+DEV_TEST_ROW = "dev/test documents (never indexed; documents, not candidates)"  # the report's first drop row
+_WORD = re.compile(r"\w+")
+
+NEGATIVE_SCHEMA = pa.schema([
+    ("pair_id", pa.string()),
+    ("doc_id", pa.string()),
+    ("rank", pa.int32()),
+    ("score", pa.float64()),
+    ("positive_score", pa.float64()),
+    ("query", pa.string()),
+    ("positive", pa.string()),
+    ("negative", pa.string()),
+])
+
+
+@dataclass(frozen=True, kw_only=True)
+class MiningConfig:
+    """How many candidates to search, how many negatives to keep and how far below the positive they must score."""
+
+    top_k: int = 50
+    negatives_per_query: int = 4
+    false_negative_margin: float = 0.05
+    skip_top: int = 0
+
+    def __post_init__(self) -> None:
+        if self.top_k < 1:
+            raise ValueError(f"MiningConfig.top_k must be >= 1, got {self.top_k}")
+        if self.negatives_per_query < 1:
+            raise ValueError(f"MiningConfig.negatives_per_query must be >= 1, got {self.negatives_per_query}")
+        if self.false_negative_margin < 0:
+            raise ValueError(f"MiningConfig.false_negative_margin must be >= 0, got {self.false_negative_margin}")
+        if self.skip_top < 0:
+            raise ValueError(f"MiningConfig.skip_top must be >= 0, got {self.skip_top}")
+        if self.skip_top + self.negatives_per_query > self.top_k:
+            raise ValueError(
+                f"MiningConfig.top_k ({self.top_k}) must be at least skip_top + negatives_per_query "
+                f"({self.skip_top} + {self.negatives_per_query}), or no query could get its negatives"
+            )
+
+
+@dataclass(frozen=True)
+class MinedNegative:
+    """One negative of one pair: `rank` is its 1-based place among all indexed documents for the query."""
+
+    pair_id: str
+    doc_id: str
+    rank: int
+    score: float
+    positive_score: float
+
+
+def document_text(title: str, text: str) -> str:
+    """The text a corpus document is encoded as: "title\\ntext", or the text when it has no title."""
+    return f"{title}\n{text}" if title else text
+
+
+def mining_version(*, encoder_id: str, corpus_revision: str, config: MiningConfig, pair_ids: Iterable[str]) -> str:
+    """sha256 of everything that decides the negatives; pair order does not matter."""
+    identity = {
+        "format": FORMAT,
+        "encoder_id": encoder_id,
+        "corpus_revision": corpus_revision,
+        "config": asdict(config),
+        "pair_ids": sorted(pair_ids),
+    }
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class MinedSet:
+    """Mined negatives with the identity of what mined them.
+
+    `negatives` has an entry, in rank order, for every mined pair (empty when every
+    candidate was dropped); `queries` holds (query, positive) and `documents` the encoded
+    text of every pair and document that appears in a negative, so the set can be reviewed
+    and trained on without the corpus.
+    """
+
+    version: str
+    encoder_id: str
+    corpus_revision: str
+    config: MiningConfig
+    negatives: dict[str, tuple[MinedNegative, ...]]
+    counts: dict[str, Any]
+    queries: dict[str, tuple[str, str]]
+    documents: dict[str, str]
+
+    def to_table(self) -> pa.Table:
+        """One row per negative, by pair id then rank, with the query, positive and negative texts."""
+        rows = [
+            {**asdict(negative), "query": self.queries[pair_id][0], "positive": self.queries[pair_id][1],
+             "negative": self.documents[negative.doc_id]}
+            for pair_id in sorted(self.negatives)
+            for negative in self.negatives[pair_id]
+        ]
+        return pa.Table.from_pylist(rows, schema=NEGATIVE_SCHEMA)
+
+    def save(self, directory: Path | str) -> Path:
+        """Write negatives.parquet and manifest.json into directory; returns the directory."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        pq.write_table(self.to_table(), directory / NEGATIVES_FILE)
+        manifest = {
+            "format": FORMAT,
+            "version": self.version,
+            "encoder_id": self.encoder_id,
+            "corpus_revision": self.corpus_revision,
+            "config": asdict(self.config),
+            "counts": self.counts,
+            # The pair ids restore pairs left without negatives and let `load` recompute the version.
+            "pair_ids": sorted(self.negatives),
+        }
+        # Written last, so a directory with a manifest holds a complete set.
+        (directory / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True))
+        return directory
+
+    @classmethod
+    def load(cls, directory: Path | str) -> MinedSet:
+        """A set written by `save`; a manifest whose version does not match its contents is a ValueError."""
+        directory = Path(directory)
+        manifest_path = directory / MANIFEST_FILE
+        if not manifest_path.is_file() or not (directory / NEGATIVES_FILE).is_file():
+            raise FileNotFoundError(f"no mined negatives in {directory} ({MANIFEST_FILE} + {NEGATIVES_FILE})")
+        manifest = json.loads(manifest_path.read_text())
+        if manifest.get("format") != FORMAT:
+            raise ValueError(f"{manifest_path}: format {manifest.get('format')!r}, expected {FORMAT!r}")
+        config = MiningConfig(**manifest["config"])
+        version = mining_version(
+            encoder_id=manifest["encoder_id"], corpus_revision=manifest["corpus_revision"],
+            config=config, pair_ids=manifest["pair_ids"],
+        )
+        if version != manifest["version"]:
+            raise ValueError(f"{manifest_path}: version {manifest['version']} does not match its contents ({version})")
+        negatives: dict[str, list[MinedNegative]] = {pair_id: [] for pair_id in manifest["pair_ids"]}
+        queries: dict[str, tuple[str, str]] = {}
+        documents: dict[str, str] = {}
+        for row in pq.read_table(directory / NEGATIVES_FILE).to_pylist():
+            negatives[row["pair_id"]].append(MinedNegative(
+                pair_id=row["pair_id"], doc_id=row["doc_id"], rank=row["rank"],
+                score=row["score"], positive_score=row["positive_score"],
+            ))
+            queries[row["pair_id"]] = (row["query"], row["positive"])
+            documents[row["doc_id"]] = row["negative"]
+        return cls(
+            version=version,
+            encoder_id=manifest["encoder_id"],
+            corpus_revision=manifest["corpus_revision"],
+            config=config,
+            negatives={pair_id: tuple(found) for pair_id, found in negatives.items()},
+            counts=manifest["counts"],
+            queries=queries,
+            documents=documents,
+        )
+
+    def report(self, examples: int = 5) -> str:
+        """Markdown: identity, counts, drops per rule and up to `examples` (query, positive, negative) triples."""
+        counts, config = self.counts, self.config
+        lines = [
+            f"# Mined hard negatives {self.version[:12]}",
+            "",
+            f"Encoder `{self.encoder_id}`, corpus revision `{self.corpus_revision}`, top_k {config.top_k}, "
+            f"{config.negatives_per_query} negatives per query, false-negative margin "
+            f"{config.false_negative_margin}, skip_top {config.skip_top}.",
+            "",
+            "| count | value |",
+            "|---|---:|",
+            f"| queries mined | {counts['queries']} |",
+            f"| queries with at least one negative | {counts['queries_with_negatives']} |",
+            f"| negatives | {counts['negatives']} |",
+            f"| training documents indexed | {counts['training_documents_indexed']} |",
+            f"| candidates checked | {counts['candidates']} |",
+            f"| mean positive score | {counts['mean_positive_score']:.4f} |",
+            f"| mean negative score | {_optional(counts['mean_negative_score'])} |",
+            "",
+            "## Negatives per query",
+            "",
+            "| negatives | queries |",
+            "|---:|---:|",
+            *(f"| {n} | {queries} |" for n, queries in counts["negatives_per_query"].items()),
+            "",
+            "## Dropped by each exclusion rule",
+            "",
+            "| rule | dropped |",
+            "|---|---:|",
+            f"| {DEV_TEST_ROW} | {counts['dev_test_documents_left_out']} |",
+            *(f"| {rule} | {counts['dropped'][rule]} |" for rule in RULES),
+            "",
+            "## Examples",
+            "",
+        ]
+        mined = [pair_id for pair_id in sorted(self.negatives) if self.negatives[pair_id]]
+        if not mined:
+            lines.append("No query has a negative.")
+        # Spread over the sorted ids rather than the first few, which often share one document.
+        chosen = mined if len(mined) <= examples else [mined[i * len(mined) // examples] for i in range(examples)]
+        for pair_id in chosen:
+            query, positive = self.queries[pair_id]
+            found = self.negatives[pair_id]
+            lines += [
+                f"**{pair_id}** (positive score {found[0].positive_score:.3f})",
+                "",
+                f"- query: {_snippet(query)}",
+                f"- positive: {_snippet(positive)}",
+                *(f"- negative `{n.doc_id}` (rank {n.rank}, score {n.score:.3f}): {_snippet(self.documents[n.doc_id])}"
+                  for n in found),
+                "",
+            ]
+        return "\n".join(lines).rstrip() + "\n"
+
+
+def _optional(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def _snippet(text: str) -> str:
+    """Whitespace-collapsed text, cut to SNIPPET_CHARS characters."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= SNIPPET_CHARS else flat[: SNIPPET_CHARS - 1] + "…"
+
+
+def _words(text: str) -> str:
+    """The word sequence containment is checked on, space-padded so a match is word-aligned."""
+    return f" {' '.join(_WORD.findall(normalise_text(text).lower()))} "
+
+
+def _unit_rows(vectors: np.ndarray, count: int, what: str) -> np.ndarray:
+    """encode's output as float32 unit rows (zero rows stay zero), checked to have one row per text."""
+    array = np.asarray(vectors, dtype=np.float32)
+    if array.ndim != 2 or array.shape[0] != count:
+        raise ValueError(f"encode returned shape {array.shape} for {count} {what}")
+    norms = np.linalg.norm(array, axis=1, keepdims=True)
+    return array / np.maximum(norms, np.float32(1e-12))
+
+
+def mine_hard_negatives(
+    pairs: list[Pair],
+    corpus: pa.Table,
+    encode: Callable[[list[str]], np.ndarray],
+    *,
+    config: MiningConfig,
+    encoder_id: str,
+    corpus_revision: str,
+    progress: Callable[[str], None] = print,
+) -> MinedSet:
+    """Negatives for every pair from the training split of `corpus`, found with `encode(texts) -> (N, d)`.
+
+    `corpus` is the corpus table (at least doc_id, title, text, group_id, split) of every
+    split: the dev and test rows are never indexed, but the pairs' documents are looked up
+    in it for their groups, so each pair's documents must be in it.
+    """
+    if not pairs:
+        raise ValueError("no pairs to mine negatives for")
+    pair_ids = [pair.pair_id for pair in pairs]
+    repeated = sorted(pair_id for pair_id, n in Counter(pair_ids).items() if n > 1)
+    if repeated:
+        raise ValueError(f"pair ids listed more than once: {repeated[:5]}")
+    missing = [column for column in CORPUS_COLUMNS if column not in corpus.column_names]
+    if missing:
+        raise ValueError(f"corpus table lacks columns {missing}; needs {list(CORPUS_COLUMNS)}")
+    group_of = dict(zip(corpus["doc_id"].to_pylist(), corpus["group_id"].to_pylist()))
+    unknown = sorted({doc_id for pair in pairs for doc_id in pair.doc_ids} - group_of.keys())
+    if unknown:
+        # Without a document's group its near-duplicates could not be excluded.
+        raise ValueError(f"pair documents not in the corpus table: {unknown[:5]}")
+    train = corpus.filter(pc.equal(corpus["split"], TRAIN_SPLIT))
+    if train.num_rows == 0:
+        raise ValueError("the corpus table has no training-split documents to mine from")
+    doc_ids = train["doc_id"].to_pylist()
+    groups = train["group_id"].to_pylist()
+    texts = [document_text(title, text) for title, text in zip(train["title"].to_pylist(), train["text"].to_pylist())]
+
+    progress(f"mining: encoding {len(texts):,} training documents ({corpus.num_rows - len(texts):,} dev/test "
+             f"documents left out) and {len(pairs):,} pairs with {encoder_id}")
+    doc_vectors = _unit_rows(encode(texts), len(texts), "documents")
+    query_vectors = _unit_rows(encode([pair.query for pair in pairs]), len(pairs), "queries")
+    positive_vectors = _unit_rows(encode([pair.positive for pair in pairs]), len(pairs), "positives")
+    positive_scores = np.einsum("ij,ij->i", query_vectors, positive_vectors)
+    scores, rows = search(doc_vectors, query_vectors, config.top_k)
+
+    dropped: Counter[str] = Counter()
+
+    @functools.cache
+    def document_words(row: int) -> str:
+        # Once per document, and only for documents that turn up as candidates.
+        return _words(texts[row])
+
+    mined: dict[str, tuple[MinedNegative, ...]] = {}
+    for i, pair in enumerate(pairs):
+        own = set(pair.doc_ids)
+        own_groups = {group_of[doc_id] for doc_id in pair.doc_ids}
+        positive = _words(pair.positive)
+        positive_score = float(positive_scores[i])
+        ceiling = positive_score - config.false_negative_margin
+        survivors: list[MinedNegative] = []
+        for rank, (score, row) in enumerate(zip(scores[i].tolist(), rows[i].tolist()), start=1):
+            if doc_ids[row] in own:
+                dropped["known-positive"] += 1
+            elif groups[row] in own_groups:
+                dropped["same-group"] += 1
+            elif positive in document_words(row):
+                dropped["positive-text"] += 1
+            elif score > ceiling:
+                dropped["false-negative-margin"] += 1
+            else:
+                survivors.append(MinedNegative(pair_id=pair.pair_id, doc_id=doc_ids[row], rank=rank,
+                                               score=score, positive_score=positive_score))
+        dropped["skip-top"] += min(config.skip_top, len(survivors))
+        mined[pair.pair_id] = tuple(survivors[config.skip_top : config.skip_top + config.negatives_per_query])
+
+    negatives = {pair_id: mined[pair_id] for pair_id in sorted(mined)}
+    found = [negative for pair_negatives in negatives.values() for negative in pair_negatives]
+    text_of = dict(zip(doc_ids, texts))
+    per_query = Counter(len(pair_negatives) for pair_negatives in negatives.values())
+    counts = {
+        "queries": len(pairs),
+        "queries_with_negatives": sum(1 for pair_negatives in negatives.values() if pair_negatives),
+        "negatives": len(found),
+        # String keys, as JSON stores them, so a loaded set equals the mined one.
+        "negatives_per_query": {str(n): per_query[n] for n in sorted(per_query)},
+        "training_documents_indexed": len(texts),
+        "dev_test_documents_left_out": corpus.num_rows - len(texts),
+        "candidates": int(rows.size),
+        "dropped": {rule: dropped[rule] for rule in RULES},
+        "mean_positive_score": float(positive_scores.mean()),
+        "mean_negative_score": float(np.mean([n.score for n in found])) if found else None,
+    }
+    progress(f"mining: {counts['negatives']:,} negatives for {counts['queries_with_negatives']:,} of "
+             f"{len(pairs):,} queries; dropped {counts['dropped']}")
+    return MinedSet(
+        version=mining_version(encoder_id=encoder_id, corpus_revision=corpus_revision, config=config,
+                               pair_ids=pair_ids),
+        encoder_id=encoder_id,
+        corpus_revision=corpus_revision,
+        config=config,
+        negatives=negatives,
+        counts=counts,
+        queries={pair.pair_id: (pair.query, pair.positive) for pair in pairs if negatives[pair.pair_id]},
+        documents={negative.doc_id: text_of[negative.doc_id] for negative in found},
+    )

@@ -1,0 +1,193 @@
+"""The phase 2-3 data stream on Ray Data: pairs -> sample by pair share -> tokenize -> split.
+
+Pairs are built once per prepared data directory and builder set from the training split
+only (`pairs/<key>.parquet`). The mixture is over pair builders with shares of consumed
+*positive pairs* (each pair is one unit), drawn by the same `deficit/1` schedule and
+repetition cap as phase-1 tokens. Each stream row is one pair: `[CLS] prefix + query [SEP]`
+and `[CLS] prefix + positive [SEP]`, truncated and padded to `pair_length`, its positive
+group as an int64 hash, its builder index and its non-padding token counts; phase 3 adds
+`hard_negatives` mined negatives per pair.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from embedlab.data.mixture import Schedule, sample_schedule
+from embedlab.data.pairs import build_pairs, pairs_to_table
+from embedlab.data.prepare import PreparedData
+from embedlab.data.stream import WINDOW_PIECES, _tokenizer
+
+
+def group_hash(group: str) -> int:
+    """A positive group id as a signed 64-bit integer (equal strings, equal numbers)."""
+    return int.from_bytes(hashlib.sha256(group.encode()).digest()[:8], "big", signed=True)
+
+
+def pair_table_path(prepared: PreparedData, builders: list[str], progress: Callable[[str], None] = print) -> Path:
+    """Build (once) and freeze every pair the builders make from the training split."""
+    key = hashlib.sha256(json.dumps(sorted(builders)).encode()).hexdigest()[:12]
+    path = prepared.directory / "pairs" / f"{key}.parquet"
+    if path.is_file():
+        return path
+    progress(f"data: building pairs ({', '.join(builders)}) from the training split")
+    pairs = build_pairs(prepared.corpus.read(split="train"), builders, split="train", seed=0)
+    table = pairs_to_table(pairs).sort_by([("builder", "ascending"), ("pair_id", "ascending")])
+    path.parent.mkdir(exist_ok=True)
+    staging = path.with_suffix(".tmp")
+    pq.write_table(table, staging)
+    staging.rename(path)
+    progress(f"data: {table.num_rows:,} pairs frozen in {path}")
+    return path
+
+
+def pair_schedule(
+    pairs_path: Path, shares: dict[str, float], *, target_pairs: int, max_epochs: float, seed: int
+) -> tuple[Schedule, dict[str, int]]:
+    """Schedule of pair rows by builder share; returns it and each builder's first row."""
+    builders = pq.read_table(pairs_path, columns=["builder"])["builder"].to_numpy(zero_copy_only=False)
+    units: dict[str, np.ndarray] = {}
+    offsets: dict[str, int] = {}
+    for name in shares:
+        rows = np.flatnonzero(builders == name)
+        if len(rows):
+            units[name] = np.ones(len(rows), dtype=np.int64)
+            offsets[name] = int(rows[0])
+    schedule = sample_schedule(units, shares, target_units=target_pairs, max_epochs=max_epochs, seed=seed)
+    return schedule, offsets
+
+
+def _encode(tokenizer, texts: list[str], length: int) -> tuple[np.ndarray, np.ndarray]:
+    ids = np.full((len(texts), length), tokenizer.pad_id, dtype=np.int32)
+    lengths = np.zeros(len(texts), dtype=np.int32)
+    for row, tokens in enumerate(tokenizer.encode_batch(texts)):
+        sequence = [tokenizer.cls_id, *tokens[: length - 2], tokenizer.sep_id]
+        ids[row, : len(sequence)] = sequence
+        lengths[row] = len(sequence)
+    return ids, lengths
+
+
+def tokenize_pair_window(
+    batch: dict[str, np.ndarray],
+    *,
+    pairs_path: str,
+    tokenizer_path: str,
+    length: int,
+    query_prefix: str,
+    passage_prefix: str,
+    negatives_path: str | None,
+    negatives_per_pair: int,
+) -> dict[str, np.ndarray]:
+    """Ray Data UDF: a window of scheduled pair rows -> tokenised training rows."""
+    table = _pair_rows(pairs_path)
+    tokenizer = _tokenizer(tokenizer_path)
+    rows = np.concatenate([np.asarray(r, dtype=np.int64) for r in batch["pair_rows"]])
+    builder = np.concatenate([np.asarray(b, dtype=np.int32) for b in batch["builder_index"]])
+    picked = table.take(pa.array(rows))
+    query_ids, query_len = _encode(tokenizer, [query_prefix + q for q in picked["query"].to_pylist()], length)
+    positive_ids, positive_len = _encode(
+        tokenizer, [passage_prefix + p for p in picked["positive"].to_pylist()], length
+    )
+    out = {
+        "query_ids": query_ids,
+        "positive_ids": positive_ids,
+        "group": np.array([group_hash(g) for g in picked["positive_group"].to_pylist()], dtype=np.int64),
+        "builder_index": builder,
+        "tokens": query_len + positive_len,
+    }
+    if negatives_path is not None:
+        negatives = _negatives(negatives_path)
+        texts, groups = [], []
+        for pair_id, fallback in zip(picked["pair_id"].to_pylist(), picked["positive"].to_pylist()):
+            mined = negatives.get(pair_id, [])[:negatives_per_pair]
+            # A pair with too few mined negatives repeats its last one (or, with none, is
+            # given padding rows that are masked out as ineligible by an empty length).
+            for k in range(negatives_per_pair):
+                if mined:
+                    doc_id, text = mined[min(k, len(mined) - 1)]
+                    texts.append(passage_prefix + text)
+                    groups.append(group_hash(doc_id))
+                else:
+                    texts.append("")
+                    groups.append(0)
+        negative_ids, negative_len = _encode(tokenizer, texts, length)
+        empty = np.array([t == "" for t in texts])
+        negative_len[empty] = 0
+        out["negative_ids"] = negative_ids.reshape(len(rows), negatives_per_pair, length)
+        out["negative_len"] = negative_len.reshape(len(rows), negatives_per_pair)
+        out["negative_group"] = np.array(groups, dtype=np.int64).reshape(len(rows), negatives_per_pair)
+        out["tokens"] = out["tokens"] + out["negative_len"].sum(axis=1).astype(np.int32)
+    return out
+
+
+_pair_tables: dict[str, pa.Table] = {}
+_negative_maps: dict[str, dict[str, list[tuple[str, str]]]] = {}
+
+
+def _pair_rows(path: str) -> pa.Table:
+    if path not in _pair_tables:
+        _pair_tables[path] = pq.read_table(path, columns=["pair_id", "query", "positive", "positive_group"])
+    return _pair_tables[path]
+
+
+def _negatives(path: str) -> dict[str, list[tuple[str, str]]]:
+    """pair_id -> [(doc_id, text)] in mined rank order, from a mined set's `negatives.parquet`."""
+    if path not in _negative_maps:
+        table = pq.read_table(path).sort_by([("pair_id", "ascending"), ("rank", "ascending")])
+        mapping: dict[str, list[tuple[str, str]]] = {}
+        for pair_id, doc_id, text in zip(
+            table["pair_id"].to_pylist(), table["doc_id"].to_pylist(), table["negative"].to_pylist()
+        ):
+            mapping.setdefault(pair_id, []).append((doc_id, text))
+        _negative_maps[path] = mapping
+    return _negative_maps[path]
+
+
+def pair_dataset(
+    pairs_path: Path,
+    schedule: Schedule,
+    offsets: dict[str, int],
+    *,
+    tokenizer_path: Path,
+    length: int,
+    query_prefix: str,
+    passage_prefix: str,
+    negatives_path: Path | None = None,
+    negatives_per_pair: int = 0,
+):
+    """The Ray Dataset of tokenised pairs for one trial, in schedule order."""
+    import ray.data
+
+    rows = np.array([offsets[name] for name in schedule.sources], dtype=np.int64)[schedule.source] + schedule.item
+    windows = [
+        {"pair_rows": rows[i : i + WINDOW_PIECES], "builder_index": schedule.source[i : i + WINDOW_PIECES].astype(np.int32)}
+        for i in range(0, len(rows), WINDOW_PIECES)
+    ]
+    return ray.data.from_items(windows).map_batches(
+        tokenize_pair_window,
+        fn_kwargs={
+            "pairs_path": str(pairs_path),
+            "tokenizer_path": str(tokenizer_path),
+            "length": length,
+            "query_prefix": query_prefix,
+            "passage_prefix": passage_prefix,
+            "negatives_path": None if negatives_path is None else str(negatives_path),
+            "negatives_per_pair": negatives_per_pair,
+        },
+        batch_size=1,
+        batch_format="numpy",
+        num_cpus=0.25,
+    )
+
+
+def builder_counts(pairs_path: Path) -> dict[str, int]:
+    builders = pq.read_table(pairs_path, columns=["builder"])["builder"]
+    return {k["values"]: k["counts"] for k in pc.value_counts(builders).to_pylist()}

@@ -1,0 +1,193 @@
+"""Mixed masking ratios inside every batch, with one MLM head per ratio or one shared head.
+
+The dual-LM-head method (shared/recipe/dual-lm-heads.md): `MaskingConfig.mixed_ratios`,
+e.g. ((0.05, 4), (0.5, 1)), masks 5% of the tokens of four sequences for every sequence
+masked at 50%. Each row gets one ratio (`assign_ratios`), is masked at it (`mask_mixed`) and
+is predicted by its ratio's head (`head_per_ratio=True`, the dual-head arm) or by the one
+shared head (`head_per_ratio=False`, the control arm). Both arms use the same ratio
+assignment and masking, so they differ only in the heads.
+
+Loss rule, the same as `objectives.mlm`:
+
+    L = sum_h sum_{i in S_h} -log p_h(x_i | x~)  /  sum_h |S_h|
+
+S_h = selected positions of the rows routed to head h. Every selected token weighs the
+same whichever head predicts it, so microbatches and workers still reduce one
+(sum, count) pair. The recipe leaves the weighting open; with this rule the 50% rows carry
+most of the loss (at 4:1, 0.5 / (4 * 0.05 + 0.5) = 71% of the selected tokens), which is
+why per-head and per-ratio mean losses and selected counts are reported next to L.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from fractions import Fraction
+
+import torch
+import torch.nn.functional as F
+
+from embedlab.config import MaskingConfig
+from embedlab.model.heads import select_by_head
+from embedlab.objectives.masking import MaskedBatch, mask_tokens
+from embedlab.objectives.mlm import combine, mlm_loss_sum
+
+SHARED_HEAD = "mlm"
+
+LossSums = Mapping[str, tuple[float, int]]
+
+
+def ratio_names(mixed_ratios: Sequence[tuple[float, float]]) -> tuple[str, ...]:
+    """One name per ratio, the percentage: ((0.05, 4), (0.5, 1)) -> ("mask5", "mask50").
+
+    The names serve as head names (module names, hence "_" for a decimal point) and as
+    metric keys.
+    """
+    names = tuple(f"mask{ratio * 100:g}".replace(".", "_") for ratio, _ in mixed_ratios)
+    if len(set(names)) != len(names):
+        raise ValueError(f"masking.mixed_ratios: ratios must differ, got {list(mixed_ratios)}")
+    return names
+
+
+def head_names(config: MaskingConfig) -> tuple[str, ...]:
+    """The heads a model needs: one per ratio if `head_per_ratio`, else the shared "mlm"."""
+    return ratio_names(config.mixed_ratios) if config.head_per_ratio else (SHARED_HEAD,)
+
+
+def route_heads(config: MaskingConfig, ratio_index: torch.Tensor) -> torch.Tensor:
+    """(B,) ratio per row -> (B,) head per row: the ratio's own head, or head 0 when shared."""
+    return ratio_index if config.head_per_ratio else torch.zeros_like(ratio_index)
+
+
+def apportion(batch_rows: int, weights: Sequence[float]) -> list[int]:
+    """Rows per ratio by largest remainder: floor(B * w_k / sum w) each, then one more row to
+    each of the largest fractional remainders until B rows are given out.
+
+    Exact (rational) arithmetic; equal remainders go to the ratio listed first. When B is a
+    multiple of sum w (after scaling to integers) the proportion is exact: 4:1 with 10 rows
+    -> [8, 2]. Otherwise it is the closest whole split: 4:1 with 8 rows (quotas 6.4, 1.6)
+    -> [6, 2]. A quota below one row can round to zero, so a small batch may hold no row of
+    a light-weight ratio: at 4:1, 2 rows -> [2, 0]; 3 rows or more give both ratios a row.
+    """
+    exact = [Fraction(str(weight)) for weight in weights]
+    quotas = [batch_rows * weight / sum(exact) for weight in exact]
+    rows = [int(quota) for quota in quotas]  # floor: quotas are non-negative
+    by_remainder = sorted(range(len(quotas)), key=lambda k: (-(quotas[k] - rows[k]), k))
+    for k in by_remainder[: batch_rows - sum(rows)]:
+        rows[k] += 1
+    return rows
+
+
+def assign_ratios(
+    batch_rows: int, mixed_ratios: Sequence[tuple[float, float]], generator: torch.Generator
+) -> torch.Tensor:
+    """(B,) long (CPU): the index into `mixed_ratios` of each row's masking ratio.
+
+    Row counts per ratio follow `apportion` in every batch, so no batch drifts from the
+    sequence proportion. Which rows get which ratio is a permutation drawn from `generator`
+    (one `randperm`): rows arrive in packing order, and a fixed row-to-ratio map would tie a
+    ratio to whatever the packer puts in a given row (e.g. the short leftover documents).
+    """
+    counts = apportion(batch_rows, [weight for _, weight in mixed_ratios])
+    ordered = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
+    return ordered[torch.randperm(batch_rows, generator=generator)]
+
+
+def mask_mixed(
+    input_ids: torch.Tensor,
+    eligible: torch.Tensor,
+    masking_config: MaskingConfig,
+    ratio_index: torch.Tensor,
+    *,
+    mask_id: int,
+    random_token_range: tuple[int, int],
+    generator: torch.Generator,
+    word_start: torch.Tensor | None = None,
+) -> MaskedBatch:
+    """Mask each row of (B, T) `input_ids` at its own ratio, `mixed_ratios[ratio_index[b]][0]`.
+
+    Rows of one ratio go through `mask_tokens` together, with `masking_config` changed only
+    in the ratio (strategy and the 80/10/10 replacement split are shared by all ratios).
+    Ratios are processed in `mixed_ratios` order and a ratio with no row draws nothing, so
+    the result is a function of the generator state and `ratio_index`. `word_start` (B, T)
+    bool, for word-level strategies, is sliced to the same rows and passed on; None passes
+    nothing. Targets are the clean ids everywhere; `selected` is False outside the draws.
+    """
+    inputs = input_ids.clone()
+    selected = torch.zeros_like(eligible, dtype=torch.bool)
+    for index, (ratio, _) in enumerate(masking_config.mixed_ratios):
+        rows = (ratio_index == index).nonzero().squeeze(1)
+        if rows.numel() == 0:
+            continue
+        single = dataclasses.replace(masking_config, ratio=ratio, mixed_ratios=(), head_per_ratio=False)
+        words = {} if word_start is None else {"word_start": word_start[rows]}
+        part = mask_tokens(
+            input_ids[rows], eligible[rows], single,
+            mask_id=mask_id, random_token_range=random_token_range, generator=generator, **words,
+        )
+        inputs[rows] = part.inputs
+        selected[rows] = part.selected
+    return MaskedBatch(inputs=inputs, targets=input_ids, selected=selected)
+
+
+def per_head_loss_sums(
+    logits_by_head: Mapping[str, torch.Tensor], targets_by_head: Mapping[str, torch.Tensor]
+) -> dict[str, tuple[torch.Tensor, int]]:
+    """{name: (N_h, V) logits}, {name: (N_h,) clean targets} -> {name: (NLL sum, N_h)}.
+
+    `mlm_loss_sum` per head: fp32-or-wider sums that keep the graph; an empty head gives
+    (0, 0) still attached to its logits. Gather targets with `select_by_head(masked.targets,
+    masked.selected, head_index, names)` so they follow the model's order.
+    """
+    return {name: mlm_loss_sum(logits, targets_by_head[name]) for name, logits in logits_by_head.items()}
+
+
+def combined_loss_sum(sums_by_head: Mapping[str, tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, int]:
+    """(sum over heads of the NLL sums, sum over heads of the counts): the same (sum, count)
+    contract as `mlm_loss_sum`, so the step divides by the global selected count."""
+    parts = list(sums_by_head.values())
+    return torch.stack([loss for loss, _ in parts]).sum(), sum(count for _, count in parts)
+
+
+@torch.no_grad()
+def per_ratio_loss_sums(
+    logits_by_head: Mapping[str, torch.Tensor],
+    targets_by_head: Mapping[str, torch.Tensor],
+    *,
+    ratio_index: torch.Tensor,
+    selected: torch.Tensor,
+    head_index: torch.Tensor,
+    mixed_ratios: Sequence[tuple[float, float]],
+) -> dict[str, tuple[float, int]]:
+    """{ratio name: (NLL sum, selected count)} over the rows masked at that ratio; for reports.
+
+    Groups every selected token by its row's ratio, whichever head predicted it: in the
+    control arm this splits the one shared head's loss by ratio; in the dual-head arm it
+    equals the per-head figures. `logits_by_head` must keep the model's head order (as
+    `forward` returns it): position k is head index k. Detached, summed in float64.
+    """
+    names = ratio_names(mixed_ratios)
+    row_ratio = ratio_index[:, None].expand(selected.shape)  # (B, T): each token's row ratio
+    ratio_by_head = select_by_head(row_ratio, selected, head_index, tuple(logits_by_head))
+    sums = torch.zeros(len(names), dtype=torch.float64, device=selected.device)
+    counts = torch.zeros(len(names), dtype=torch.long, device=selected.device)
+    for name, logits in logits_by_head.items():
+        nll = F.cross_entropy(logits.float(), targets_by_head[name], reduction="none")  # (N_h,)
+        sums.index_add_(0, ratio_by_head[name], nll.double())
+        counts += torch.bincount(ratio_by_head[name], minlength=len(names))
+    return {name: (float(s), int(c)) for name, s, c in zip(names, sums.tolist(), counts.tolist())}
+
+
+def loss_metrics(head_sums: LossSums, ratio_sums: LossSums) -> dict[str, float]:
+    """Report keys from (sum, count) pairs already reduced over microbatches and workers.
+
+    `train/loss` is the token-weighted loss over all heads; `train/loss/head/<name>` and
+    `train/loss/ratio/<name>` are mean selected-token losses (nan when nothing was
+    selected) and `train/selected/...` their counts.
+    """
+    metrics = {"train/loss": combine(list(head_sums.values()))}
+    for group, sums in (("head", head_sums), ("ratio", ratio_sums)):
+        for name, (loss_sum, count) in sums.items():
+            metrics[f"train/loss/{group}/{name}"] = combine([(loss_sum, count)])
+            metrics[f"train/selected/{group}/{name}"] = float(count)
+    return metrics
