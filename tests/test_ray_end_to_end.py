@@ -181,7 +181,7 @@ def test_phase3_with_mined_negatives_from_phase2(phase2, prepared, tmp_path_fact
     pair_ids = pq.read_table(pairs_path, columns=["pair_id"])["pair_id"].to_pylist()
     row = pair_ids.index(mined["pair_id"][0].as_py())
     window = tokenize_pair_window(
-        {"pair_rows": [[row]], "builder_index": [[0]]}, pairs_path=str(pairs_path),
+        {"rows": [[row]], "source_index": [[0]]}, pairs_path=str(pairs_path),
         tokenizer_path=str(prepared.tokenizer_path), length=48, query_prefix="query: ", passage_prefix="passage: ",
         negatives_path=str(mined_path), negatives_per_pair=2,
     )
@@ -214,3 +214,41 @@ def test_dual_heads_whole_word_phase1(ray_session, prepared, tmp_path):
     heads = load_file(str(Path(result.checkpoint.path) / "mlm_head.safetensors"))
     assert {k.split(".")[0] for k in heads} == {"mask5", "mask50"}
     encoder, _, _ = load_encoder(Path(result.checkpoint.path))  # the inference package needs no head
+
+
+PHASE2_STUDY = """
+from dataclasses import replace
+from embedlab import Study
+from embedlab.config import TrialConfig
+
+def study():
+    base = TrialConfig.from_dict({config!r})
+    return Study(
+        name="tiny-pooling", factor="contrastive.pooling",
+        arms={{"mean": base, "cls": replace(base, contrastive=replace(base.contrastive, pooling="cls"))}},
+        seeds=(0,), budget_tokens=4_000, budget_pairs=32,
+    )
+"""
+
+
+def test_phase2_sweep_from_parent(trained, tmp_path, capsys):
+    """`embedlab sweep --parent` runs a phase-2 study (CLS vs mean pooling) at an equal pair budget
+    and the table records each trial's phase, parent and consumed pairs."""
+    import dataclasses
+
+    from embedlab.config import ContrastiveConfig
+
+    _, parent = trained
+    base = dataclasses.replace(
+        tiny_trial(num_workers=1), phase=2,
+        contrastive=ContrastiveConfig(pairs=(("title-body", 0.5), ("same-source-spans", 0.5)), pair_length=48),
+    )
+    study_file = tmp_path / "tiny_pooling.py"
+    study_file.write_text(PHASE2_STUDY.format(config=base.to_dict()))
+    code = main(["sweep", str(study_file), "--storage", str(tmp_path / "runs"), "--parent", parent.checkpoint.path])
+    assert code == 0, capsys.readouterr().err
+    table = load_table(next((tmp_path / "runs").iterdir()))
+    assert list(table["arm"]) == ["mean", "cls"] and set(table["phase"]) == {2}
+    assert table["budget/pairs"].nunique() == 1 and table["budget/pairs"].iloc[0] >= 32
+    assert set(table["parent"]) == {str(Path(parent.checkpoint.path).resolve())}
+    assert table["dev/ndcg@10"].between(0, 1).all()

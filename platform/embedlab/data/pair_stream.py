@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 from embedlab.data.mixture import Schedule, sample_schedule
 from embedlab.data.pairs import build_pairs, pairs_to_table
 from embedlab.data.prepare import PreparedData
-from embedlab.data.stream import WINDOW_PIECES, _tokenizer
+from embedlab.data.stream import _tokenizer, schedule_windows
 
 
 def group_hash(group: str) -> int:
@@ -89,8 +89,8 @@ def tokenize_pair_window(
     """Ray Data UDF: a window of scheduled pair rows -> tokenised training rows."""
     table = _pair_rows(pairs_path)
     tokenizer = _tokenizer(tokenizer_path)
-    rows = np.concatenate([np.asarray(r, dtype=np.int64) for r in batch["pair_rows"]])
-    builder = np.concatenate([np.asarray(b, dtype=np.int32) for b in batch["builder_index"]])
+    rows = np.concatenate([np.asarray(r, dtype=np.int64) for r in batch["rows"]])
+    builder = np.concatenate([np.asarray(b, dtype=np.int32) for b in batch["source_index"]])
     picked = table.take(pa.array(rows))
     query_ids, query_len = _encode(tokenizer, [query_prefix + q for q in picked["query"].to_pylist()], length)
     positive_ids, positive_len = _encode(
@@ -166,12 +166,7 @@ def pair_dataset(
     """The Ray Dataset of tokenised pairs for one trial, in schedule order."""
     import ray.data
 
-    rows = np.array([offsets[name] for name in schedule.sources], dtype=np.int64)[schedule.source] + schedule.item
-    windows = [
-        {"pair_rows": rows[i : i + WINDOW_PIECES], "builder_index": schedule.source[i : i + WINDOW_PIECES].astype(np.int32)}
-        for i in range(0, len(rows), WINDOW_PIECES)
-    ]
-    return ray.data.from_items(windows).map_batches(
+    return ray.data.from_items(schedule_windows(schedule, offsets)).map_batches(
         tokenize_pair_window,
         fn_kwargs={
             "pairs_path": str(pairs_path),

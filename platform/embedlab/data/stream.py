@@ -155,7 +155,7 @@ def pack_window(
     """Ray Data UDF: one schedule window (piece rows + source indices) -> packed rows."""
     offsets, values, starts = _piece_arrays(pieces_path)
     rows_out: dict[str, list[np.ndarray]] = {"input_ids": [], "segment_ids": [], "source_index": [], "word_start": []}
-    for piece_rows, sources in zip(batch["piece_rows"], batch["source_index"]):
+    for piece_rows, sources in zip(batch["rows"], batch["source_index"]):
         pieces = [values[offsets[r] : offsets[r + 1]].tolist() for r in piece_rows]
         packed = pack_pieces(pieces, sequence_length=sequence_length, pad_id=pad_id)
         # Packing depends only on piece lengths, so the flags pack into the same positions.
@@ -174,18 +174,23 @@ def pack_window(
     return {k: np.concatenate(v).astype(np.int32) for k, v in rows_out.items()}
 
 
+def schedule_windows(schedule: Schedule, offsets: dict[str, int]) -> list[dict[str, np.ndarray]]:
+    """The schedule as windows of file rows (`rows`) and source indices (`source_index`),
+    `WINDOW_PIECES` draws each: the unit one Ray Data task packs or tokenises."""
+    rows = np.array([offsets[name] for name in schedule.sources], dtype=np.int64)[schedule.source] + schedule.item
+    return [
+        {"rows": rows[i : i + WINDOW_PIECES], "source_index": schedule.source[i : i + WINDOW_PIECES].astype(np.int32)}
+        for i in range(0, len(rows), WINDOW_PIECES)
+    ]
+
+
 def packed_dataset(
     pieces_path: Path, schedule: Schedule, offsets: dict[str, int], *, sequence_length: int, pad_id: int
 ):
     """The Ray Dataset of packed rows for one trial, in schedule order."""
     import ray.data
 
-    rows = np.array([offsets[name] for name in schedule.sources], dtype=np.int64)[schedule.source] + schedule.item
-    windows = [
-        {"piece_rows": rows[i : i + WINDOW_PIECES], "source_index": schedule.source[i : i + WINDOW_PIECES].astype(np.int32)}
-        for i in range(0, len(rows), WINDOW_PIECES)
-    ]
-    return ray.data.from_items(windows).map_batches(
+    return ray.data.from_items(schedule_windows(schedule, offsets)).map_batches(
         pack_window,
         fn_kwargs={"pieces_path": str(pieces_path), "sequence_length": sequence_length, "pad_id": pad_id},
         batch_size=1,

@@ -178,6 +178,7 @@ def run_sweep(
     progress(f"results in {run_dir}")
     record = {
         "study": study.to_dict(),
+        "arm_order": list(study.arms),  # the JSON below sorts keys; the study's order is kept here
         "study_hash": study.hash,
         "study_file": str(Path(study_path).resolve()),
         "study_source": Path(study_path).read_text(),

@@ -29,12 +29,12 @@ def read_study_record(run_dir: Path) -> dict:
 def load_table(run_dir: str | Path) -> pd.DataFrame:
     """The trial table of a run directory as a DataFrame, one row per finished trial."""
     run_dir = Path(run_dir)
-    study = read_study_record(run_dir)["study"]
+    record = read_study_record(run_dir)
     rows = [json.loads(p.read_text()) for p in sorted((run_dir / TRIALS_DIR).glob("*.json"))]
     if not rows:
         return pd.DataFrame(columns=list(SUMMARY_COLUMNS))
     table = pd.DataFrame(rows)
-    arm_order = {arm: i for i, arm in enumerate(study["arms"])}
+    arm_order = {arm: i for i, arm in enumerate(record.get("arm_order", record["study"]["arms"]))}
     table["_arm_order"] = table["arm"].map(arm_order)
     table = table.sort_values(["_arm_order", "seed"]).drop(columns="_arm_order")
     return table.reset_index(drop=True)

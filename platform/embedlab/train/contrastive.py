@@ -36,6 +36,7 @@ from embedlab.objectives.gradcache import gradcache_step
 from embedlab.objectives.masking import mask_tokens
 from embedlab.objectives.mlm import mlm_loss_sum
 from embedlab.tokenizer import load_tokenizer
+from embedlab.train.launch import fit
 from embedlab.train.checkpoint import load_parent, save_checkpoint
 from embedlab.train.mlm_step import all_reduce_gradients, build_optimizer, learning_rate_at, no_reduce
 from embedlab.train.phase1 import seed_for, sum_all_reduce
@@ -321,9 +322,6 @@ def mine_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, schedule, of
 def run_contrastive(trial: TrialConfig, prepared, *, storage_path: Path, name: str, callbacks: list | None = None,
                     progress=print):
     """Fit one phase-2 or phase-3 `TorchTrainer` on the trial's pair stream."""
-    from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
-
     from embedlab.data.pair_stream import pair_dataset, pair_schedule, pair_table_path
 
     settings = trial.contrastive
@@ -343,9 +341,9 @@ def run_contrastive(trial: TrialConfig, prepared, *, storage_path: Path, name: s
         negatives_path=None if mined is None else mined / "negatives.parquet",
         negatives_per_pair=settings.hard_negatives,
     )
-    trainer = TorchTrainer(
+    return fit(
         contrastive_worker,
-        train_loop_config={
+        {
             "trial": trial.to_dict(),
             "tokenizer_path": str(prepared.tokenizer_path),
             "tokenizer_hash": prepared.record["tokenizer_hash"],
@@ -355,13 +353,9 @@ def run_contrastive(trial: TrialConfig, prepared, *, storage_path: Path, name: s
             "schedule": {"version": schedule.version, "seed": schedule.seed, "pairs": int(len(schedule.item))},
             "mined_version": None if mined is None else mined.name,
         },
-        scaling_config=ScalingConfig(
-            num_workers=trial.train.num_workers,
-            use_gpu=trial.train.use_gpu,
-            resources_per_worker={"CPU": trial.train.cpus_per_worker},
-        ),
-        torch_config=TorchConfig(backend="nccl" if trial.train.use_gpu else "gloo"),
-        datasets={"train": rows},
-        run_config=RunConfig(name=name, storage_path=str(storage_path), callbacks=callbacks or []),
+        trial,
+        rows,
+        storage_path=storage_path,
+        name=name,
+        callbacks=callbacks,
     )
-    return trainer.fit()

@@ -28,6 +28,7 @@ from embedlab.objectives.dual_mlm import assign_ratios, head_names, mask_mixed, 
 from embedlab.objectives.masking import MaskedBatch, mask_tokens
 from embedlab.objectives.mlm import combine
 from embedlab.tokenizer import load_tokenizer
+from embedlab.train.launch import fit
 from embedlab.train.checkpoint import save_checkpoint
 from embedlab.train.mlm_step import (
     NO_DECAY_RULE,
@@ -251,17 +252,14 @@ def run_phase1(
     callbacks: list | None = None,
 ):
     """Fit one phase-1 `TorchTrainer` on the trial's packed Ray Data stream."""
-    from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
-
     schedule, offsets = trial_schedule(trial, prepared)
     rows = packed_dataset(
         prepared.pieces_path, schedule, offsets,
         sequence_length=trial.data.sequence_length, pad_id=prepared.tokenizer.pad_id,
     )
-    trainer = TorchTrainer(
+    return fit(
         phase1_worker,
-        train_loop_config={
+        {
             "trial": trial.to_dict(),
             "tokenizer_path": str(prepared.tokenizer_path),
             "tokenizer_hash": prepared.record["tokenizer_hash"],
@@ -270,13 +268,9 @@ def run_phase1(
             "intended_shares": prepared.record["mixture"]["shares"],
             "schedule": {"version": schedule.version, "seed": schedule.seed, "pieces": int(len(schedule.item))},
         },
-        scaling_config=ScalingConfig(
-            num_workers=trial.train.num_workers,
-            use_gpu=trial.train.use_gpu,
-            resources_per_worker={"CPU": trial.train.cpus_per_worker},
-        ),
-        torch_config=TorchConfig(backend="nccl" if trial.train.use_gpu else "gloo"),
-        datasets={"train": rows},
-        run_config=RunConfig(name=name, storage_path=str(storage_path), callbacks=callbacks or []),
+        trial,
+        rows,
+        storage_path=storage_path,
+        name=name,
+        callbacks=callbacks,
     )
-    return trainer.fit()
