@@ -5,6 +5,7 @@
     embedlab table RUN_DIR              print a run's trial table
     embedlab evaluate --encoder CKPT_DIR --task TASK [--split test] [--json]
     embedlab model params PRESET [--json]
+    embedlab export CKPT_DIR OUT_DIR    the inference package: encoder + tokenizer, no MLM heads
     embedlab data build [SPEC]          prepare data: corpus, dedup, splits, tokenizer, pieces, data card
     embedlab data audit [SPEC] [--task DIR] [--json]   contamination audit of every training stage
     embedlab tokenizer compare [SPEC] [--json]         BPE vs unigram vs byte-level on held-out text
@@ -170,6 +171,15 @@ def cmd_bench_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from embedlab.train.checkpoint import export_inference
+
+    manifest = export_inference(Path(args.checkpoint), Path(args.out))
+    print(f"exported {args.out}: encoder {manifest['content_hash'][:16]} (from {manifest['exported_from'][:16]}), "
+          f"pooling {manifest['pooling']['method']}, prefixes {manifest['pooling'].get('prefixes')}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="embedlab", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -199,6 +209,11 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--split", default="test", help="qrels split to score (default test)")
     evaluate.add_argument("--json", action="store_true")
     evaluate.set_defaults(func=cmd_evaluate)
+
+    export = sub.add_parser("export", help="the inference package of a checkpoint (encoder, tokenizer, manifest)")
+    export.add_argument("checkpoint")
+    export.add_argument("out")
+    export.set_defaults(func=cmd_export)
 
     model = sub.add_parser("model", help="model utilities")
     model_sub = model.add_subparsers(dest="model_command", required=True)

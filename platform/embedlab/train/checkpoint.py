@@ -182,3 +182,26 @@ def load_parent(directory: Path, *, tokenizer_hash: str, need_head: bool) -> Par
         if unexpected or [k for k in missing if not k.startswith("embedding.")]:
             raise CheckpointError(f"{head_path}: unexpected keys {unexpected}, missing {missing}")
     return Parent(model=model, manifest=manifest, head_restored=head_path.is_file())
+
+
+def export_inference(directory: Path, out: Path) -> dict[str, Any]:
+    """Copy the inference package of a checkpoint: encoder weights, tokenizer and a manifest
+    that keeps the consumer contract (pooling, prefixes, tokenizer hash) and the lineage, and
+    drops every MLM head. Refuses an existing non-empty `out`."""
+    manifest = verify_checkpoint(Path(directory))
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise CheckpointError(f"{out}: exists and is not empty")
+    out.mkdir(parents=True, exist_ok=True)
+    for name in (ENCODER_FILE, TOKENIZER_FILE):
+        (out / name).write_bytes((Path(directory) / name).read_bytes())
+    files = {ENCODER_FILE: manifest["files"][ENCODER_FILE]}
+    exported = {
+        **manifest,
+        "files": files,
+        "content_hash": hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest(),
+        "exported_from": manifest["content_hash"],
+        "package": "inference (encoder only; MLM heads dropped)",
+    }
+    (out / MANIFEST_FILE).write_text(json.dumps(exported, indent=2, sort_keys=True))
+    return exported
