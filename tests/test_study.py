@@ -72,3 +72,17 @@ def test_config_unknown_keys_are_named():
         TrialConfig.from_dict({"masking": {"ratioo": 0.2}})
     with pytest.raises(ConfigError, match="masking.ratio"):
         TrialConfig.from_dict({"masking": {"ratio": 1.5}})
+
+
+def test_contrastive_phase_config_rules():
+    """Phases 2-3 refuse gradient accumulation, GradCache with a joint MLM term, and negatives outside phase 3."""
+    from embedlab.config import ContrastiveConfig, TrainConfig
+
+    with pytest.raises(ConfigError, match="train.microbatches"):
+        TrialConfig(phase=2, parent="p", train=TrainConfig(microbatches=2))
+    with pytest.raises(ConfigError, match="gradcache_chunk"):
+        ContrastiveConfig(gradcache_chunk=4, mlm_weight=0.3)
+    with pytest.raises(ConfigError, match="hard_negatives"):
+        TrialConfig(phase=2, parent="p", contrastive=ContrastiveConfig(hard_negatives=2))
+    with pytest.raises(ConfigError, match="continue_optimizer"):
+        ContrastiveConfig(continue_optimizer=True)

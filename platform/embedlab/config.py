@@ -322,6 +322,9 @@ class TrialConfig:
         _check(self.phase in (1, 2, 3), "phase", "must be 1, 2 or 3")
         # Phases 2-3 need a parent before they train; a study may supply it at sweep time.
         _check(self.parent is None or self.phase > 1, "parent", "phase 1 starts from scratch; it has no parent")
+        _check(self.phase == 1 or self.train.microbatches == 1, "train.microbatches",
+               "phases 2-3 take no gradient accumulation: it would not enlarge the contrastive "
+               "denominator; use contrastive.gradcache_chunk for large batches under a memory limit")
         _check(self.phase == 3 or self.contrastive.hard_negatives == 0, "contrastive.hard_negatives",
                "mined hard negatives belong to phase 3")
         _check(self.contrastive.mlm_weight == 0 or self.masking.strategy == "token", "masking.strategy",
