@@ -1,18 +1,16 @@
 """Cross-device candidates: two gloo workers equal one process in loss and gradients."""
 
-import os
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 from embedlab.model.pooling import l2_normalise
 from embedlab.objectives.contrastive import LearnableTemperature, multi_positive_infonce, pair_masks
 from embedlab.objectives.gather import gather_no_grad, gather_with_grad
 from embedlab.objectives.gradcache import gradcache_step
+
+from gloo import run_on_two_workers
 
 # 9 queries and 11 candidates, split unequally: rank 0 holds 5 queries and 7 candidates.
 QUERY_SPLIT, CANDIDATE_SPLIT = 5, 7
@@ -54,15 +52,7 @@ def test_one_process_gather_is_the_identity():
     assert gather_with_grad(x) is x and gather_no_grad(x) is x
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker(rank: int, port: int, queue) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+def _worker(rank: int):
     model, queries, candidates, exclude = build()
     mine_q = slice(0, QUERY_SPLIT) if rank == 0 else slice(QUERY_SPLIT, None)
     mine_c = slice(0, CANDIDATE_SPLIT) if rank == 0 else slice(CANDIDATE_SPLIT, None)
@@ -89,23 +79,13 @@ def _worker(rank: int, port: int, queue) -> None:
                    global_valid=int(global_valid))
     figures = torch.tensor([float(local.loss_sum), local.valid, local.candidate_sum], dtype=torch.float64)
     dist.all_reduce(figures)
-    queue.put((rank, figures.tolist(), torch.equal(all_candidate_groups, CANDIDATE_GROUPS),
-               plain_grads, sum_gradients()))
-    dist.destroy_process_group()
+    return rank, figures.tolist(), torch.equal(all_candidate_groups, CANDIDATE_GROUPS), plain_grads, sum_gradients()
 
 
 @pytest.mark.timeout(120)
 def test_two_gloo_workers_with_unequal_batches_equal_one_process():
     """Two gloo workers (5+4 queries, 7+4 candidates) gathering candidates, plain or with GradCache, give the one-process loss, counts and gradients."""
-    context = mp.get_context("spawn")
-    queue = context.Queue()
-    port = _free_port()
-    processes = [context.Process(target=_worker, args=(r, port, queue)) for r in range(2)]
-    for p in processes:
-        p.start()
-    results = sorted(queue.get(timeout=100) for _ in range(2))
-    for p in processes:
-        p.join(timeout=30)
+    results = run_on_two_workers(_worker)
 
     model, queries, candidates, exclude = build()
     masks = pair_masks(QUERY_GROUPS, CANDIDATE_GROUPS, exclude=exclude)

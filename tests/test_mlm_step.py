@@ -1,18 +1,16 @@
 """The MLM loss is sum/count over microbatches and workers, never a mean of means."""
 
-import os
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from embedlab.config import MaskingConfig, ModelConfig
 from embedlab.model.encoder import MLMModel
 from embedlab.objectives.masking import MaskedBatch, mask_tokens
 from embedlab.objectives.mlm import combine, mlm_loss_sum
 from embedlab.train.mlm_step import Microbatch, accumulate_gradients, no_reduce
+
+from gloo import run_on_two_workers
 
 CONFIG = ModelConfig(layers=2, width=32, heads=2, ffn_width=64, vocab_size=101)
 
@@ -88,15 +86,7 @@ def test_no_selected_token_skips_the_step():
     assert result.skipped and all(p.grad is None for p in model.parameters())
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker(rank: int, port: int, queue) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+def _worker(rank: int):
     torch.manual_seed(0)
     model = MLMModel(CONFIG).double()
     parts = [make_batch(2, 1, 0.05), make_batch(5, 2, 0.5)] if rank == 0 else [make_batch(1, 3, 0.15)]
@@ -106,22 +96,13 @@ def _worker(rank: int, port: int, queue) -> None:
         return tensor
 
     result = accumulate_gradients(model, parts, reduce)
-    queue.put((rank, result.loss_sum, result.selected, [g.numpy() for g in gradients(model)]))
-    dist.destroy_process_group()
+    return rank, result.loss_sum, result.selected, [g.numpy() for g in gradients(model)]
 
 
 @pytest.mark.timeout(120)
 def test_two_gloo_workers_equal_one_process():
     """Two gloo workers with unequal selected counts give the one-process loss and gradients."""
-    context = mp.get_context("spawn")
-    queue = context.Queue()
-    port = _free_port()
-    processes = [context.Process(target=_worker, args=(r, port, queue)) for r in range(2)]
-    for p in processes:
-        p.start()
-    results = sorted(queue.get(timeout=100) for _ in range(2))
-    for p in processes:
-        p.join(timeout=30)
+    results = run_on_two_workers(_worker)
     torch.manual_seed(0)
     model = MLMModel(CONFIG).double()
     whole = concat([make_batch(2, 1, 0.05), make_batch(5, 2, 0.5), make_batch(1, 3, 0.15)])
