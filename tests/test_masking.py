@@ -197,3 +197,30 @@ def test_word_strategies_are_reproducible_from_their_generator(strategy: str):
     first, second = masked_words(strategy, 0.15), masked_words.__wrapped__(strategy, 0.15)
     assert torch.equal(first.inputs, second.inputs) and torch.equal(first.selected, second.selected)
     assert not torch.equal(first.selected, masked_words(strategy, 0.15, seed=8).selected)
+
+
+def test_spans_stop_at_segment_starts_without_a_boundary_token():
+    """With segment_ids, every selected token lies in the same segment as its span's start, even
+    where no SEP separates segments; without them, spans do run across (the check is not vacuous)."""
+    from embedlab.config import MaskingConfig as Config
+    from embedlab.objectives.masking import _select_spans
+
+    generator = torch.Generator().manual_seed(11)
+    rows, length = 512, 128
+    segments = torch.ones(rows, length, dtype=torch.long)
+    for row in range(rows):  # segments of 3-9 tokens back to back, no SEP between them
+        position, segment = 0, 1
+        while position < length:
+            size = int(torch.randint(3, 10, (1,), generator=generator))
+            segments[row, position : position + size] = segment
+            position, segment = position + size, segment + 1
+    eligible = torch.ones(rows, length, dtype=torch.bool)
+    config = Config(ratio=0.3, strategy="span")
+
+    def crossings(segment_ids):
+        selected, span_start = _select_spans(eligible, None, segment_ids, config, torch.Generator().manual_seed(3))
+        assert abs(float(selected.sum() / eligible.sum()) - 0.3) < 0.005
+        return int((segments.gather(1, span_start)[selected] != segments[selected]).sum())
+
+    assert crossings(segments) == 0
+    assert crossings(None) > 0

@@ -103,6 +103,7 @@ def mask_mixed(
     random_token_range: tuple[int, int],
     generator: torch.Generator,
     word_start: torch.Tensor | None = None,
+    segment_ids: torch.Tensor | None = None,
 ) -> MaskedBatch:
     """Mask each row of (B, T) `input_ids` at its own ratio, `mixed_ratios[ratio_index[b]][0]`.
 
@@ -110,8 +111,8 @@ def mask_mixed(
     in the ratio (strategy and the 80/10/10 replacement split are shared by all ratios).
     Ratios are processed in `mixed_ratios` order and a ratio with no row draws nothing, so
     the result is a function of the generator state and `ratio_index`. `word_start` (B, T)
-    bool, for word-level strategies, is sliced to the same rows and passed on; None passes
-    nothing. Targets are the clean ids everywhere; `selected` is False outside the draws.
+    bool, for word-level strategies, and `segment_ids` (B, T), for spans, are sliced to the
+    same rows and passed on; None passes nothing. Targets are the clean ids everywhere; `selected` is False outside the draws.
     """
     inputs = input_ids.clone()
     selected = torch.zeros_like(eligible, dtype=torch.bool)
@@ -121,6 +122,8 @@ def mask_mixed(
             continue
         single = dataclasses.replace(masking_config, ratio=ratio, mixed_ratios=(), head_per_ratio=False)
         words = {} if word_start is None else {"word_start": word_start[rows]}
+        if segment_ids is not None:
+            words["segment_ids"] = segment_ids[rows]
         part = mask_tokens(
             input_ids[rows], eligible[rows], single,
             mask_id=mask_id, random_token_range=random_token_range, generator=generator, **words,

@@ -72,6 +72,7 @@ def mask_tokens(
     random_token_range: tuple[int, int],
     generator: torch.Generator,
     word_start: torch.Tensor | None = None,
+    segment_ids: torch.Tensor | None = None,
 ) -> MaskedBatch:
     """Corrupt (B, T) `input_ids` at a random subset of the (B, T) bool `eligible` positions.
 
@@ -79,6 +80,8 @@ def mask_tokens(
     `word_start` (B, T) bool marks the first token of every word (a position after a
     segment boundary or PAD starts a word; SEP and PAD belong to no word). "whole-word"
     requires it, "span" uses it to mask complete words, "token" ignores it.
+    `segment_ids` (B, T), when given, stops spans at every segment start too: in packed
+    rows a document cut into pieces continues without a SEP between its pieces.
     The draws come only from `generator`, so the masking RNG is a stream of its own.
     """
     shape = input_ids.shape
@@ -87,7 +90,7 @@ def mask_tokens(
         raise ValueError(f"word_start has shape {tuple(word_start.shape)}, input_ids {tuple(shape)}")
 
     if config.strategy == "span":
-        selected, unit_start_index = _select_spans(eligible, word_start, config, generator)
+        selected, unit_start_index = _select_spans(eligible, word_start, segment_ids, config, generator)
     else:
         # Token and whole-word share one draw per position; a token reads the draw at its
         # unit's first position. For "token" that is itself, so the draw order and the
@@ -124,6 +127,7 @@ def _word_start_index(word_start: torch.Tensor) -> torch.Tensor:
 def _select_spans(
     eligible: torch.Tensor,
     word_start: torch.Tensor | None,
+    segment_ids: torch.Tensor | None,
     config: MaskingConfig,
     generator: torch.Generator,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -140,10 +144,18 @@ def _select_spans(
     # A token right after an ineligible one always opens a unit, so every eligible token
     # can be reached from a unit start even if `word_start` misses a boundary.
     unit_start = (word_start if word_start is not None else torch.ones_like(eligible)) | after_ineligible
-    # Non-decreasing along each row, so a span's end is a binary search for its last unit + 1.
-    unit_index = unit_start.int().cumsum(dim=1, dtype=torch.int32)
     # First ineligible position at or after each position (T if none): where a span must stop.
     next_barrier = torch.where(eligible, length, positions).flip(1).cummin(dim=1).values.flip(1)
+    if segment_ids is not None:
+        segment_start = torch.zeros_like(eligible)
+        segment_start[:, 1:] = segment_ids[:, 1:] != segment_ids[:, :-1]
+        unit_start = unit_start | segment_start
+        # First segment start strictly after each position: a span starting there may run to it.
+        at_or_after = torch.where(segment_start, positions, length).flip(1).cummin(dim=1).values.flip(1)
+        strictly_after = torch.nn.functional.pad(at_or_after[:, 1:], (0, 1), value=length)
+        next_barrier = torch.minimum(next_barrier, strictly_after)
+    # Non-decreasing along each row, so a span's end is a binary search for its last unit + 1.
+    unit_index = unit_start.int().cumsum(dim=1, dtype=torch.int32)
     budget = torch.round(config.ratio * eligible.sum(dim=1).double()).long()
     cdf = span_length_probabilities(config).cumsum(0).to(device)
 

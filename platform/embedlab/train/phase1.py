@@ -110,7 +110,7 @@ def phase1_worker(loop_config: dict[str, Any]) -> None:
         eligible = (segment_ids > 0) & ~torch.isin(input_ids, eligible_ban)
         word_start = batch["word_start"].bool()
         masking_ids = dict(mask_id=tokenizer.mask_id, random_token_range=random_range, generator=masking_rng,
-                           word_start=word_start)
+                           word_start=word_start, segment_ids=segment_ids)
         ratio_index = head_index = None
         if mixed:
             ratio_index = assign_ratios(len(input_ids), mixed, masking_rng)
