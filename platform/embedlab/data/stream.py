@@ -54,7 +54,9 @@ def tokenize_pieces(
         tokens = encoding.ids
         # A token starts a word when its pre-tokenizer word differs from the previous token's;
         # whole-word and span masking select in units of these words. SEP counts as a start.
-        starts = [int(i == 0 or w != encoding.word_ids[i - 1]) for i, w in enumerate(encoding.word_ids)] + [1]
+        words = np.asarray(encoding.word_ids, dtype=np.int64)
+        starts = np.ones(len(tokens) + 1, dtype=np.int8)
+        starts[1 : len(tokens)] = words[1:] != words[:-1]
         pieces = chunk_document(tokens, sequence_length=sequence_length, sep_id=tokenizer.sep_id)
         offset = 0
         for index, piece in enumerate(pieces):
@@ -63,7 +65,9 @@ def tokenize_pieces(
             out["piece"].append(index)
             out["ids"].append(piece)
             # A piece that begins inside a word begins a word of its own (a new segment).
-            out["word_start"].append([1] + starts[offset + 1 : offset + len(piece)])
+            flags = starts[offset : offset + len(piece)].copy()
+            flags[0] = 1
+            out["word_start"].append(flags)
             out["doc_tokens"].append(len(tokens) + 1)
             offset += len(piece)
     return pa.table(
