@@ -71,6 +71,21 @@ def test_evaluate_cli_json(trained, prepared, capsys):
     assert out["split"] == "test"
 
 
+def test_evaluate_cli_builtin_task_uses_the_checkpoints_data(trained, prepared, capsys):
+    """`evaluate --task python-docstrings` rebuilds nothing: it finds the task of the data the checkpoint trained on."""
+    import ray
+
+    from embedlab.evaluate.actor import get_evaluator
+
+    _, result = trained
+    assert main(["evaluate", "--encoder", result.checkpoint.path, "--task", "python-docstrings",
+                 "--split", "dev", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    task_dir = str(prepared.task_dir("python-docstrings"))
+    via_actor = ray.get(get_evaluator().evaluate.remote(result.checkpoint.path, task_dir, "dev"))
+    assert out["task_hash"] == via_actor["task_hash"] and out["ndcg@10"] == via_actor["ndcg@10"]
+
+
 STUDY = """
 from dataclasses import replace
 from embedlab import Study

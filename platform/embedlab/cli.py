@@ -87,7 +87,6 @@ def cmd_table(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from embedlab.config import DataConfig
     from embedlab.data.prepare import prepare_data
     from embedlab.evaluate.beir import load_task
     from embedlab.evaluate.builtin_tasks import BUILTIN_TASKS
@@ -97,9 +96,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     manifest = verify_checkpoint(Path(args.encoder))
     prepared_dir = None
     if args.task in BUILTIN_TASKS and not Path(args.task).is_dir():
+        from embedlab.config import TrialConfig
+
         # The built-in task comes from the same corpus split the checkpoint trained on.
-        data = DataConfig(**{k: tuple(v) if isinstance(v, list) else v
-                             for k, v in manifest["config"]["data"].items()})
+        data = TrialConfig.from_dict(manifest["config"]).data
         prepared_dir = prepare_data(data, progress=lambda m: print(m, file=sys.stderr)).directory
     task = load_task(resolve_task(args.task, prepared_dir))
     metrics = evaluate_checkpoint(Path(args.encoder), task, args.split)
