@@ -95,3 +95,32 @@ def test_unknown_preset_lists_valid_names():
     """An unknown preset name fails with the valid names in the message."""
     with pytest.raises(ValueError, match="300m"):
         model_preset("nope")
+
+
+def test_varlen_path_equals_dense_mask_path():
+    """The variable-length attention path (real tokens only, cut at segments; CPU reference kernel)
+    gives the dense block-diagonal path's states and gradients at every non-padding position."""
+    import dataclasses
+
+    torch.manual_seed(2)
+    dense = Encoder(TINY).double().eval()
+    varlen = Encoder(dataclasses.replace(TINY, attention="varlen")).double().eval()
+    varlen.load_state_dict(dense.state_dict())
+    ids = torch.randint(5, 97, (3, 16))
+    segments = torch.tensor([[1] * 5 + [2] * 9 + [0] * 2, [1] * 16, [1] * 3 + [2] * 3 + [3] * 4 + [0] * 6])
+    real = segments > 0
+    out_dense, out_varlen = dense(ids, segments), varlen(ids, segments)
+    torch.testing.assert_close(out_varlen[real], out_dense[real], atol=1e-10, rtol=1e-10)
+    out_dense[real].square().sum().backward()
+    out_varlen[real].square().sum().backward()
+    for a, b in zip(dense.parameters(), varlen.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, atol=1e-9, rtol=1e-9)
+
+
+def test_segment_layout_cuts_rows_and_segments():
+    """cu_seqlens restart at every segment and every row; padding is left out."""
+    from embedlab.model.encoder import segment_layout
+
+    layout = segment_layout(torch.tensor([[1, 1, 2, 0], [1, 1, 1, 1]]))
+    assert layout.token_index.tolist() == [0, 1, 2, 4, 5, 6, 7]
+    assert layout.cu_seqlens.tolist() == [0, 2, 3, 7] and layout.max_length == 4

@@ -30,6 +30,9 @@ def _check_positive(config: object, section: str, *names: str) -> None:
         _check(getattr(config, name) > 0, f"{section}.{name}", "must be positive")
 
 
+ATTENTION_PATHS = ("auto", "dense", "varlen")
+
+
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     """Encoder shape: a bidirectional pre-LayerNorm Transformer with RoPE.
@@ -48,8 +51,13 @@ class ModelConfig:
     rope_base: float = 10000.0
     dropout: float = 0.0
     layer_norm_eps: float = 1e-5
+    # "auto": the variable-length (flash) kernel for packed rows on CUDA in bf16/fp16, the
+    # dense block-diagonal mask elsewhere; "dense" or "varlen" force one path.
+    attention: str = "auto"
 
     def __post_init__(self) -> None:
+        _check(self.attention in ATTENTION_PATHS, "model.attention",
+               f"{self.attention!r}; valid: {list(ATTENTION_PATHS)}")
         _check_positive(self, "model", "layers", "width", "heads", "ffn_width", "vocab_size", "max_length")
         _check(self.width % self.heads == 0, "model.heads", f"must divide width={self.width}")
         _check((self.width // self.heads) % 2 == 0, "model.heads", "head width must be even for RoPE")

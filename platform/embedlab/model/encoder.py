@@ -11,10 +11,16 @@ matrices with a GELU between; positions come only from RoPE, so the parameter co
 Packed rows: `segment_ids` (B, T) numbers the documents inside each row from 1 and marks
 padding with 0. A token attends only to tokens of its own segment, and RoPE positions
 restart at 0 at every document start, so a packed row computes exactly what the same
-documents would compute one per row.
+documents would compute one per row. Two attention paths compute it: a dense
+block-diagonal boolean mask for `scaled_dot_product_attention` (any device), or the
+variable-length path that computes real tokens only, cut into segments (`cu_seqlens`), with
+torch's flash `varlen_attn` on CUDA (`ModelConfig.attention`; "auto" picks varlen on CUDA
+under bf16/fp16). Dropout inside attention applies on the dense path only.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -42,6 +48,55 @@ def segment_attention_mask(segment_ids: torch.Tensor) -> torch.Tensor:
     return (segment_ids[:, :, None] == segment_ids[:, None, :])[:, None, :, :]
 
 
+@dataclass(frozen=True)
+class SegmentLayout:
+    """Packed rows as variable-length sequences: the non-padding positions of the flattened
+    (B*T) batch in row-major order (`token_index`, (N,)), and the cumulative segment lengths
+    over them (`cu_seqlens`, (S+1,) int32, starting at 0) with the longest segment."""
+
+    token_index: torch.Tensor
+    cu_seqlens: torch.Tensor
+    max_length: int
+
+
+def segment_layout(segment_ids: torch.Tensor) -> SegmentLayout:
+    """(B, T) segment ids -> the variable-length layout of their non-padding tokens."""
+    length = segment_ids.shape[1]
+    flat = segment_ids.reshape(-1)
+    token_index = (flat > 0).nonzero().squeeze(1)
+    row, segment = token_index // length, flat[token_index]
+    starts = torch.ones_like(token_index, dtype=torch.bool)
+    starts[1:] = (row[1:] != row[:-1]) | (segment[1:] != segment[:-1])
+    cu_seqlens = torch.cat([starts.nonzero().squeeze(1), token_index.new_tensor([len(token_index)])]).int()
+    max_length = int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) if len(token_index) else 0
+    return SegmentLayout(token_index=token_index, cu_seqlens=cu_seqlens, max_length=max_length)
+
+
+def reference_varlen_attention(q, k, v, cu_seqlens: torch.Tensor, max_length: int) -> torch.Tensor:
+    """(N, H, Dh) packed queries/keys/values -> (N, H, Dh): plain attention inside each
+    sequence of `cu_seqlens`. The CPU stand-in for the flash kernel, and its test oracle."""
+    out = torch.empty_like(q)
+    bounds = cu_seqlens.tolist()
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        part = [t[start:end].transpose(0, 1)[None] for t in (q, k, v)]  # (1, H, L, Dh)
+        out[start:end] = F.scaled_dot_product_attention(*part)[0].transpose(0, 1)
+    return out
+
+
+def flash_varlen_attention(q, k, v, cu_seqlens: torch.Tensor, max_length: int) -> torch.Tensor:
+    """torch's variable-length flash attention (CUDA, bf16/fp16)."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    return varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_length, max_length)
+
+
+def use_varlen(config: ModelConfig, x: torch.Tensor) -> bool:
+    """The flash kernel takes bf16/fp16 only: "auto" uses it on CUDA under autocast or half weights."""
+    if config.attention != "auto":
+        return config.attention == "varlen"
+    return x.is_cuda and (x.dtype in (torch.float16, torch.bfloat16) or torch.is_autocast_enabled("cuda"))
+
+
 class Rotary(nn.Module):
     """Rotary position embedding applied to (B, H, T, Dh) queries and keys."""
 
@@ -62,6 +117,7 @@ class Rotary(nn.Module):
 class SelfAttention(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
+        self.config = config
         self.heads = config.heads
         self.head_width = config.head_width
         self.qkv = nn.Linear(config.width, 3 * config.width, bias=False)
@@ -69,15 +125,28 @@ class SelfAttention(nn.Module):
         self.rotary = Rotary(config.head_width, config.rope_base)
         self.dropout = config.dropout
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, layout: SegmentLayout | None = None
+    ) -> torch.Tensor:
         batch, length, width = x.shape
         qkv = self.qkv(x).view(batch, length, 3, self.heads, self.head_width)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (B, H, T, Dh)
         q, k = self.rotary(q, positions), self.rotary(k, positions)
-        attended = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0
-        )  # (B, H, T, Dh)
-        return self.out(attended.transpose(1, 2).reshape(batch, length, width))
+        if layout is None:
+            attended = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0
+            ).transpose(1, 2)  # (B, T, H, Dh)
+        else:
+            # Only real tokens are computed: (N, H, Dh) sequences cut at segment boundaries;
+            # padding positions get zeros (nothing downstream reads them).
+            packed = [t.transpose(1, 2).reshape(batch * length, self.heads, self.head_width)[layout.token_index]
+                      for t in (q, k, v)]
+            kernel = flash_varlen_attention if x.is_cuda else reference_varlen_attention
+            result = kernel(*packed, layout.cu_seqlens, layout.max_length)
+            attended = result.new_zeros(batch * length, self.heads, self.head_width)
+            attended[layout.token_index] = result
+            attended = attended.view(batch, length, self.heads, self.head_width)
+        return self.out(attended.reshape(batch, length, width))
 
 
 class FeedForward(nn.Module):
@@ -99,8 +168,10 @@ class Block(nn.Module):
         self.ffn_norm = nn.LayerNorm(config.width, eps=config.layer_norm_eps)
         self.ffn = FeedForward(config)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), positions, mask)
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, layout: SegmentLayout | None
+    ) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), positions, mask, layout)
         return x + self.ffn(self.ffn_norm(x))
 
 
@@ -118,10 +189,12 @@ class Encoder(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, segment_ids: torch.Tensor) -> torch.Tensor:
         positions = segment_positions(segment_ids)
-        mask = segment_attention_mask(segment_ids)
         x = self.embed_dropout(self.embed(input_ids))
+        varlen = use_varlen(self.config, x)
+        layout = segment_layout(segment_ids) if varlen else None
+        mask = None if varlen else segment_attention_mask(segment_ids)
         for block in self.blocks:
-            x = block(x, positions, mask)
+            x = block(x, positions, mask, layout)
         return self.final_norm(x)
 
 
