@@ -60,6 +60,34 @@ def test_evaluation_actor_scores_and_caches(trained, prepared):
     }
 
 
+def test_actor_serves_two_concurrent_trials_loading_the_task_once(trained, prepared, tmp_path):
+    """Two trials asking the actor at once (two checkpoints) are both answered, from one load of the task."""
+    import shutil
+
+    import ray
+
+    from embedlab.evaluate.actor import get_evaluator
+    from embedlab.train.checkpoint import export_inference
+
+    _, result = trained
+    export_inference(Path(result.checkpoint.path), tmp_path / "exported")  # a second checkpoint hash
+    task_dir = tmp_path / "task"
+    shutil.copytree(prepared.task_dir("python-docstrings"), task_dir)
+    evaluator = get_evaluator()
+    before = ray.get(evaluator.stats.remote())
+    first = evaluator.evaluate.remote(result.checkpoint.path, str(task_dir), "dev")
+    second = evaluator.evaluate.remote(str(tmp_path / "exported"), str(task_dir), "dev")
+    first, second = ray.get([first, second])
+    after = ray.get(evaluator.stats.remote())
+    assert after["tasks_loaded"] == before["tasks_loaded"] + 1
+    # Results are cached by content (checkpoint hash, task hash), so an earlier test may have
+    # scored the first checkpoint on this task's content already.
+    assert after["results_cached"] == before["results_cached"] + sum(not r["cached"] for r in (first, second))
+    assert not second["cached"]
+    assert first["checkpoint_hash"] != second["checkpoint_hash"]
+    assert first["ndcg@10"] == second["ndcg@10"]  # the same encoder weights, exported
+
+
 def test_evaluate_cli_json(trained, prepared, capsys):
     """`embedlab evaluate --json` prints the contract's keys for a BEIR directory."""
     _, result = trained

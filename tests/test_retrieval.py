@@ -28,3 +28,22 @@ def test_two_faiss_distributions_are_refused():
         check_one_faiss(["faiss-cpu", "faiss-gpu"])
     with pytest.raises(ImportError, match="extras"):
         check_one_faiss([])
+
+
+@pytest.mark.parametrize("kind", ["ivf", "hnsw"])
+def test_approximate_indexes_find_nearly_what_flat_finds(kind):
+    """IVF and HNSW (unit vectors, 20k docs) recover at least 90% of the exact top-10."""
+    rng = np.random.default_rng(1)
+    docs = rng.standard_normal((20_000, 32)).astype(np.float32)
+    docs /= np.linalg.norm(docs, axis=1, keepdims=True)
+    queries = docs[:200] + 0.1 * rng.standard_normal((200, 32)).astype(np.float32)
+    _, exact = search(docs, queries, 10)
+    _, approximate = search(docs, queries, 10, kind)
+    overlap = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(exact, approximate)])
+    assert overlap >= 0.9
+
+
+def test_unknown_index_kind_lists_valid_ones():
+    """An unknown index kind is a ValueError naming the valid kinds."""
+    with pytest.raises(ValueError, match="hnsw"):
+        search(np.ones((5, 4), np.float32), np.ones((1, 4), np.float32), 3, "lsh")

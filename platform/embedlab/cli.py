@@ -102,7 +102,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         data = TrialConfig.from_dict(manifest["config"]).data
         prepared_dir = prepare_data(data, progress=lambda m: print(m, file=sys.stderr)).directory
     task = load_task(resolve_task(args.task, prepared_dir))
-    metrics = evaluate_checkpoint(Path(args.encoder), task, args.split)
+    metrics = evaluate_checkpoint(Path(args.encoder), task, args.split, index=args.index)
     if args.json:
         print(json.dumps(metrics, sort_keys=True))
     else:
@@ -207,6 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--encoder", required=True, help="a checkpoint directory")
     evaluate.add_argument("--task", required=True, help="a BEIR directory or a built-in task name")
     evaluate.add_argument("--split", default="test", help="qrels split to score (default test)")
+    evaluate.add_argument("--index", default="flat", choices=["flat", "ivf", "hnsw"],
+                          help="Faiss index: exact flat (default) or approximate ivf/hnsw")
     evaluate.add_argument("--json", action="store_true")
     evaluate.set_defaults(func=cmd_evaluate)
 

@@ -306,9 +306,11 @@ class EvalConfig:
     split: str = "dev"
     batch_size: int = 64
     max_length: int = 128
+    index: str = "flat"  # Faiss index: exact "flat", or approximate "ivf" / "hnsw" for large corpora
 
     def __post_init__(self) -> None:
         _check(self.split in ("dev", "test"), "eval.split", "must be 'dev' or 'test'")
+        _check(self.index in ("flat", "ivf", "hnsw"), "eval.index", f"{self.index!r}; valid: flat, ivf, hnsw")
         _check_positive(self, "eval", "batch_size")
         _check(self.max_length >= 8, "eval.max_length", "must be >= 8")
 

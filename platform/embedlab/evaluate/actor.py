@@ -1,7 +1,9 @@
 """The evaluation actor: one per cluster, shared by every trial of every study.
 
 It loads each task once, scores a checkpoint on a split, and caches results by
-(checkpoint content hash, task hash, split), so asking twice costs nothing. Trials never
+(checkpoint content hash, task hash, split, index kind), so asking twice costs nothing.
+Calls are served one at a time (an actor's default), so two trials asking at once are
+both answered, in turn, from one copy of each task. Trials never
 load a corpus themselves; they send a checkpoint path and a task directory.
 """
 
@@ -25,7 +27,7 @@ class Evaluator:
 
         torch.set_num_threads(torch_threads)
         self._tasks: dict[str, Task] = {}
-        self._results: dict[tuple[str, str, str], dict] = {}
+        self._results: dict[tuple[str, str, str, str], dict] = {}
 
     def task(self, task_dir: str) -> Task:
         key = str(Path(task_dir).resolve())
@@ -33,12 +35,12 @@ class Evaluator:
             self._tasks[key] = load_task(key)
         return self._tasks[key]
 
-    def evaluate(self, checkpoint_dir: str, task_dir: str, split: str) -> dict:
+    def evaluate(self, checkpoint_dir: str, task_dir: str, split: str, index: str = "flat") -> dict:
         task = self.task(task_dir)
-        key = (read_manifest(Path(checkpoint_dir))["content_hash"], task.hash, split)
+        key = (read_manifest(Path(checkpoint_dir))["content_hash"], task.hash, split, index)
         cached = key in self._results
         if not cached:
-            self._results[key] = evaluate_checkpoint(Path(checkpoint_dir), task, split)
+            self._results[key] = evaluate_checkpoint(Path(checkpoint_dir), task, split, index=index)
         return dict(self._results[key], cached=cached)
 
     def stats(self) -> dict:

@@ -14,7 +14,8 @@ from embedlab.train.checkpoint import load_encoder
 
 
 def evaluate_checkpoint(
-    checkpoint_dir: Path, task: Task, split: str, *, batch_size: int = 64, max_length: int = 128
+    checkpoint_dir: Path, task: Task, split: str, *, batch_size: int = 64, max_length: int = 128,
+    index: str = "flat",
 ) -> dict:
     encoder, tokenizer, manifest = load_encoder(Path(checkpoint_dir))
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -26,7 +27,8 @@ def evaluate_checkpoint(
         pooling=pooling["method"],
     )
     metrics = evaluate_encoder(
-        partial(encode, prefix=prefixes["query"]), task, split, encode_documents=partial(encode, prefix=prefixes["passage"])
+        partial(encode, prefix=prefixes["query"]), task, split,
+        encode_documents=partial(encode, prefix=prefixes["passage"]), index=index,
     )
     return {**metrics, "checkpoint_hash": manifest["content_hash"]}
 

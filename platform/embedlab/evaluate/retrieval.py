@@ -51,11 +51,45 @@ def faiss_module():
     return faiss
 
 
-def search(doc_embeddings: np.ndarray, query_embeddings: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Exact inner-product top-k with `faiss.IndexFlatIP`: (Q, k) scores and doc rows."""
+INDEX_KINDS = ("flat", "ivf", "hnsw")
+
+
+def build_index(doc_embeddings: np.ndarray, kind: str = "flat", *, use_gpu: bool | None = None):
+    """A Faiss inner-product index over (N, d) unit rows.
+
+    "flat": exact (`IndexFlatIP`, the default). "ivf": `IndexIVFFlat` with about 4*sqrt(N)
+    lists trained on the corpus and nprobe = lists/4 (at least 16), for large corpora.
+    "hnsw": `IndexHNSWFlat` (M=32, efSearch=128). Approximate kinds trade a little recall
+    for speed; reports must say which was used. With faiss-gpu and a visible GPU the index
+    moves to all GPUs (`use_gpu=None` decides by what is available); HNSW stays on the CPU.
+    """
     faiss = faiss_module()
-    index = faiss.IndexFlatIP(doc_embeddings.shape[1])
-    index.add(np.ascontiguousarray(doc_embeddings, dtype=np.float32))
+    if kind not in INDEX_KINDS:
+        raise ValueError(f"index kind {kind!r}; valid: {list(INDEX_KINDS)}")
+    vectors = np.ascontiguousarray(doc_embeddings, dtype=np.float32)
+    count, dim = vectors.shape
+    if kind == "flat":
+        index = faiss.IndexFlatIP(dim)
+    elif kind == "ivf":
+        lists = max(1, min(count // 39, int(4 * np.sqrt(count))))  # faiss wants >= 39 points per list
+        index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, lists, faiss.METRIC_INNER_PRODUCT)
+        index.train(vectors)
+        index.nprobe = max(16, lists // 4)
+    else:
+        index = faiss.IndexHNSWFlat(dim, 32, faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efSearch = 128
+    gpus = faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
+    if kind != "hnsw" and gpus > 0 and use_gpu is not False:
+        index = faiss.index_cpu_to_all_gpus(index)
+    index.add(vectors)
+    return index
+
+
+def search(
+    doc_embeddings: np.ndarray, query_embeddings: np.ndarray, k: int, kind: str = "flat"
+) -> tuple[np.ndarray, np.ndarray]:
+    """Inner-product top-k: (Q, k) scores and doc rows (row -1 where fewer were found)."""
+    index = build_index(doc_embeddings, kind)
     return index.search(np.ascontiguousarray(query_embeddings, dtype=np.float32), min(k, index.ntotal))
 
 
@@ -66,18 +100,19 @@ def score_embeddings(
     doc_embeddings: np.ndarray,
     query_ids: list[str],
     query_embeddings: np.ndarray,
+    index: str = "flat",
 ) -> dict[str, float]:
     """Metrics of one split from precomputed embeddings (rows aligned with the id lists)."""
-    scores, rows = search(doc_embeddings, query_embeddings, TOP_K)
+    scores, rows = search(doc_embeddings, query_embeddings, TOP_K, index)
     run = {
         qid: {doc_ids[r]: float(s) for s, r in zip(scores[i], rows[i]) if r >= 0}
         for i, qid in enumerate(query_ids)
     }
     metrics = retrieval_metrics(task.qrels[split], rank_run(run, TOP_K))
-    return {**metrics, "docs": len(doc_ids)}
+    return {**metrics, "docs": len(doc_ids), "index": index}
 
 
-def evaluate_encoder(encode, task: Task, split: str, *, encode_documents=None) -> dict[str, float]:
+def evaluate_encoder(encode, task: Task, split: str, *, encode_documents=None, index: str = "flat") -> dict[str, float]:
     """`encode(texts) -> (N, d)` embeddings scored on `task`'s `split` qrels; documents go
     through `encode_documents` when the two sides are encoded differently (prefixes)."""
     started = time.perf_counter()
@@ -86,6 +121,6 @@ def evaluate_encoder(encode, task: Task, split: str, *, encode_documents=None) -
     query_ids = list(queries)
     doc_embeddings = (encode_documents or encode)([task.doc_text(d) for d in doc_ids])
     query_embeddings = encode([queries[q] for q in query_ids])
-    metrics = score_embeddings(task, split, doc_ids, doc_embeddings, query_ids, query_embeddings)
+    metrics = score_embeddings(task, split, doc_ids, doc_embeddings, query_ids, query_embeddings, index)
     return {**metrics, "split": split, "task": task.name, "task_hash": task.hash,
             "seconds": time.perf_counter() - started}

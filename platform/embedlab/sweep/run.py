@@ -107,7 +107,7 @@ def trial_driver(config: dict[str, Any], *, context: dict[str, Any]) -> None:
         raise result.error
     checkpoint_dir = result.checkpoint.path
     task_dir = str(resolve_task(trial.eval.task, prepared.directory))
-    scores = ray.get(get_evaluator().evaluate.remote(checkpoint_dir, task_dir, trial.eval.split))
+    scores = ray.get(get_evaluator().evaluate.remote(checkpoint_dir, task_dir, trial.eval.split, trial.eval.index))
     train = result.metrics
     intended = prepared.record["mixture"]["shares"] if trial.phase == 1 else dict(trial.contrastive.pairs)
     row = {
@@ -128,6 +128,7 @@ def trial_driver(config: dict[str, Any], *, context: dict[str, Any]) -> None:
         "eval/task": scores["task"],
         "eval/task_hash": scores["task_hash"],
         "eval/seconds": scores["seconds"],
+        "eval/index": scores["index"],
         "checkpoint": checkpoint_dir,
         "checkpoint_hash": scores["checkpoint_hash"],
         "data_revision": prepared.data_revision,
