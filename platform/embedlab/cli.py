@@ -93,16 +93,22 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from embedlab.evaluate.checkpoint_eval import evaluate_checkpoint, resolve_task
     from embedlab.train.checkpoint import verify_checkpoint
 
-    manifest = verify_checkpoint(Path(args.encoder))
+    baseline = args.encoder.removeprefix("baseline:") if args.encoder.startswith("baseline:") else None
     prepared_dir = None
     if args.task in BUILTIN_TASKS and not Path(args.task).is_dir():
-        from embedlab.config import TrialConfig
+        from embedlab.config import DataConfig, TrialConfig
 
-        # The built-in task comes from the same corpus split the checkpoint trained on.
-        data = TrialConfig.from_dict(manifest["config"]).data
+        # The built-in task comes from the same corpus split the checkpoint trained on
+        # (baselines: the default data config, the one `make demo` trains on).
+        data = DataConfig() if baseline else TrialConfig.from_dict(verify_checkpoint(Path(args.encoder))["config"]).data
         prepared_dir = prepare_data(data, progress=lambda m: print(m, file=sys.stderr)).directory
     task = load_task(resolve_task(args.task, prepared_dir))
-    metrics = evaluate_checkpoint(Path(args.encoder), task, args.split, index=args.index)
+    if baseline is not None:
+        from embedlab.evaluate.baselines import evaluate_baseline
+
+        metrics = evaluate_baseline(baseline, task, args.split)
+    else:
+        metrics = evaluate_checkpoint(Path(args.encoder), task, args.split, index=args.index)
     if args.json:
         print(json.dumps(metrics, sort_keys=True))
     else:
@@ -204,7 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
     table.set_defaults(func=cmd_table)
 
     evaluate = sub.add_parser("evaluate", help="score a checkpoint on a retrieval task")
-    evaluate.add_argument("--encoder", required=True, help="a checkpoint directory")
+    evaluate.add_argument("--encoder", required=True,
+                          help="a checkpoint directory, baseline:bm25 or baseline:all-MiniLM-L6-v2")
     evaluate.add_argument("--task", required=True, help="a BEIR directory or a built-in task name")
     evaluate.add_argument("--split", default="test", help="qrels split to score (default test)")
     evaluate.add_argument("--index", default="flat", choices=["flat", "ivf", "hnsw"],

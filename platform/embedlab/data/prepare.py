@@ -10,6 +10,7 @@ under a temporary name and renamed when complete, so a half-built one is never u
     tokenizer.json       trained on that sample only
     pieces.parquet       training documents tokenised into pieces of <= L tokens (Ray Data)
     tasks/<name>/        the built-in retrieval task in BEIR format
+    retention/           the retention panel (probe passages, graded pairs) from recipe-dev text
     prepared.json        hashes, resolved mixture, tokens and truncation per source
 """
 
@@ -38,7 +39,7 @@ from embedlab.evaluate.beir import write_task
 from embedlab.evaluate.builtin_tasks import BUILTIN_TASKS, build_builtin_task, decontaminate
 from embedlab.tokenizer import FrozenTokenizer, describe, load_tokenizer, save_tokenizer, train_tokenizer
 
-FORMAT = "embedlab-prepared/3"
+FORMAT = "embedlab-prepared/4"
 
 
 def default_cache_dir() -> Path:
@@ -136,6 +137,10 @@ def _prepare_into(config: DataConfig, directory: Path, progress: Callable[[str],
         sources=list(mixture.shares), out_path=directory / PIECES_FILE, progress=progress,
     )
     tasks = _build_tasks(corpus, directory / "tasks", config, progress)
+    from embedlab.evaluate.retention import build_panel
+
+    retention = build_panel(corpus.read(), directory / "retention")
+    progress(f"data: retention panel: {retention}")
     progress(f"data: prepared in {time.perf_counter() - started:.1f}s")
     return {
         "format": FORMAT,
@@ -159,6 +164,7 @@ def _prepare_into(config: DataConfig, directory: Path, progress: Callable[[str],
         },
         "pieces": piece_stats(pieces, config.sequence_length),
         "tasks": tasks,
+        "retention": retention,
     }
 
 

@@ -27,7 +27,7 @@ class Evaluator:
 
         torch.set_num_threads(torch_threads)
         self._tasks: dict[str, Task] = {}
-        self._results: dict[tuple[str, str, str, str], dict] = {}
+        self._results: dict[tuple, dict] = {}
 
     def task(self, task_dir: str) -> Task:
         key = str(Path(task_dir).resolve())
@@ -35,12 +35,17 @@ class Evaluator:
             self._tasks[key] = load_task(key)
         return self._tasks[key]
 
-    def evaluate(self, checkpoint_dir: str, task_dir: str, split: str, index: str = "flat") -> dict:
+    def evaluate(
+        self, checkpoint_dir: str, task_dir: str, split: str, index: str = "flat", retention_dir: str | None = None
+    ) -> dict:
         task = self.task(task_dir)
-        key = (read_manifest(Path(checkpoint_dir))["content_hash"], task.hash, split, index)
+        key = (read_manifest(Path(checkpoint_dir))["content_hash"], task.hash, split, index, retention_dir)
         cached = key in self._results
         if not cached:
-            self._results[key] = evaluate_checkpoint(Path(checkpoint_dir), task, split, index=index)
+            self._results[key] = evaluate_checkpoint(
+                Path(checkpoint_dir), task, split, index=index,
+                retention_dir=None if retention_dir is None else Path(retention_dir),
+            )
         return dict(self._results[key], cached=cached)
 
     def stats(self) -> dict:

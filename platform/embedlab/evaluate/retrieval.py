@@ -7,6 +7,7 @@ import time
 import numpy as np
 
 from embedlab.evaluate.beir import Task
+from embedlab.evaluate.health import health_report
 from embedlab.evaluate.metrics import rank_run, retrieval_metrics
 
 TOP_K = 100
@@ -122,5 +123,9 @@ def evaluate_encoder(encode, task: Task, split: str, *, encode_documents=None, i
     doc_embeddings = (encode_documents or encode)([task.doc_text(d) for d in doc_ids])
     query_embeddings = encode([queries[q] for q in query_ids])
     metrics = score_embeddings(task, split, doc_ids, doc_embeddings, query_ids, query_embeddings, index)
-    return {**metrics, "split": split, "task": task.name, "task_hash": task.hash,
+    row_of = {doc_id: row for row, doc_id in enumerate(doc_ids)}
+    positives = [[row_of[d] for d, grade in task.qrels[split][q].items() if grade > 0 and d in row_of]
+                 for q in query_ids]
+    health = health_report(doc_embeddings, queries=query_embeddings, positives=positives)
+    return {**metrics, **health, "split": split, "task": task.name, "task_hash": task.hash,
             "seconds": time.perf_counter() - started}

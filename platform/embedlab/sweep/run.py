@@ -107,7 +107,9 @@ def trial_driver(config: dict[str, Any], *, context: dict[str, Any]) -> None:
         raise result.error
     checkpoint_dir = result.checkpoint.path
     task_dir = str(resolve_task(trial.eval.task, prepared.directory))
-    scores = ray.get(get_evaluator().evaluate.remote(checkpoint_dir, task_dir, trial.eval.split, trial.eval.index))
+    scores = ray.get(get_evaluator().evaluate.remote(
+        checkpoint_dir, task_dir, trial.eval.split, trial.eval.index, str(prepared.directory / "retention")
+    ))
     train = result.metrics
     intended = prepared.record["mixture"]["shares"] if trial.phase == 1 else dict(trial.contrastive.pairs)
     row = {
@@ -129,6 +131,9 @@ def trial_driver(config: dict[str, Any], *, context: dict[str, Any]) -> None:
         "eval/task_hash": scores["task_hash"],
         "eval/seconds": scores["seconds"],
         "eval/index": scores["index"],
+        **{f"{trial.eval.split}/{k}": v for k, v in scores.items()
+           if k.startswith("health/") and not isinstance(v, list)},
+        **{k: v for k, v in scores.items() if k.startswith("retention/")},
         "checkpoint": checkpoint_dir,
         "checkpoint_hash": scores["checkpoint_hash"],
         "data_revision": prepared.data_revision,

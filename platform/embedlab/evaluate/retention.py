@@ -1,0 +1,187 @@
+"""The retention panel: a fixed, general check run on every checkpoint of every phase.
+
+Built once per prepared data directory from recipe-dev documents (never final-eval, never
+training text), so the same panel scores phase 1, 2 and 3:
+
+- `probe`: which source a passage comes from. A multinomial logistic regression (full
+  batch, L-BFGS, L2 1e-3) is fitted on frozen embeddings of 75% of the passages and scored
+  on the other 25% (split by a hash of the doc id): accuracy.
+- `similarity`: passage pairs graded 2 (two spans of one document), 1 (two documents of
+  one source) and 0 (two sources); the Spearman rank correlation between cosine
+  similarity and grade.
+- `mlm`: masked-token accuracy on passages (15% of tokens, fixed seed, 80/10/10) for
+  checkpoints that still carry an MLM head; None otherwise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import torch
+
+PER_SOURCE = 60
+PAIRS_PER_GRADE = 150
+SEED = 0
+
+
+def _bucket(doc_id: str) -> float:
+    return int.from_bytes(hashlib.sha256(doc_id.encode()).digest()[:8], "big") / 2**64
+
+
+def build_panel(corpus_table: pa.Table, directory: Path) -> dict:
+    """Write probe.parquet and pairs.parquet from the recipe-dev split; returns counts."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    dev = corpus_table.filter(pc.equal(corpus_table["split"], "dev")).sort_by("hash")
+    rows: dict[str, list] = {"doc_id": [], "source": [], "text": [], "fold": []}
+    halves: list[tuple[str, str, str]] = []
+    for source in sorted(set(dev["source"].to_pylist())):
+        mine = dev.filter(pc.equal(dev["source"], source)).slice(0, PER_SOURCE).to_pydict()
+        for doc_id, text in zip(mine["doc_id"], mine["text"]):
+            words = text.split()
+            if len(words) < 8:
+                continue
+            passage = " ".join(words[:96])
+            rows["doc_id"].append(doc_id)
+            rows["source"].append(source)
+            rows["text"].append(passage)
+            rows["fold"].append("fit" if _bucket(doc_id) < 0.75 else "score")
+            if len(words) >= 24:
+                middle = len(words) // 2
+                halves.append((source, " ".join(words[: min(middle, 64)]), " ".join(words[middle : middle + 64])))
+    pq.write_table(pa.table(rows), directory / "probe.parquet")
+    pairs = _graded_pairs(rows, halves)
+    pq.write_table(pa.table(pairs), directory / "pairs.parquet")
+    counts = {"probe_passages": len(rows["doc_id"]), "sources": len(set(rows["source"])),
+              "pairs": len(pairs["grade"])}
+    (directory / "panel.json").write_text(json.dumps(counts, indent=2))
+    return counts
+
+
+def _graded_pairs(rows: dict[str, list], halves: list[tuple[str, str, str]]) -> dict[str, list]:
+    rng = np.random.default_rng(SEED)
+    pairs: dict[str, list] = {"a": [], "b": [], "grade": []}
+    for index in rng.permutation(len(halves))[:PAIRS_PER_GRADE]:
+        _, first, second = halves[index]
+        pairs["a"].append(first)
+        pairs["b"].append(second)
+        pairs["grade"].append(2)
+    sources = np.array(rows["source"])
+    texts = rows["text"]
+    for grade, same in ((1, True), (0, False)):
+        made = attempts = 0
+        while made < PAIRS_PER_GRADE and attempts < 50 * PAIRS_PER_GRADE:
+            attempts += 1
+            i, j = rng.integers(0, len(texts), size=2)
+            if i == j or (sources[i] == sources[j]) != same:
+                continue
+            pairs["a"].append(texts[i])
+            pairs["b"].append(texts[j])
+            pairs["grade"].append(grade)
+            made += 1
+    return pairs
+
+
+def _spearman(x: np.ndarray, y: np.ndarray) -> float:
+    """Spearman's rho: Pearson correlation of average ranks (ties share their mean rank)."""
+
+    def ranks(values: np.ndarray) -> np.ndarray:
+        order = np.argsort(values, kind="stable")
+        ranked = np.empty(len(values))
+        ranked[order] = np.arange(len(values), dtype=np.float64)
+        for value in np.unique(values):
+            tied = values == value
+            ranked[tied] = ranked[tied].mean()
+        return ranked
+
+    rx, ry = ranks(x), ranks(y)
+    rx, ry = rx - rx.mean(), ry - ry.mean()
+    return float((rx * ry).sum() / np.sqrt((rx**2).sum() * (ry**2).sum()))
+
+
+def probe_accuracy(embeddings: np.ndarray, labels: list[str], fit: np.ndarray) -> float:
+    """Multinomial logistic regression fitted on rows `fit`, accuracy on the others."""
+    classes = sorted(set(labels))
+    y = torch.tensor([classes.index(label) for label in labels])
+    x = torch.from_numpy(np.asarray(embeddings, dtype=np.float64))
+    fit_rows, score_rows = torch.from_numpy(fit), torch.from_numpy(~fit)
+    weight = torch.zeros(x.shape[1], len(classes), dtype=torch.float64, requires_grad=True)
+    bias = torch.zeros(len(classes), dtype=torch.float64, requires_grad=True)
+    optimizer = torch.optim.LBFGS([weight, bias], max_iter=200, line_search_fn="strong_wolfe")
+
+    def closure():
+        optimizer.zero_grad()
+        logits = x[fit_rows] @ weight + bias
+        loss = torch.nn.functional.cross_entropy(logits, y[fit_rows]) + 1e-3 * weight.square().sum()
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+    with torch.no_grad():
+        predicted = (x[score_rows] @ weight + bias).argmax(dim=1)
+    return float((predicted == y[score_rows]).double().mean())
+
+
+def retention_scores(
+    directory: Path,
+    encode: Callable[[list[str]], np.ndarray],
+    mlm_accuracy: Callable[[list[str]], float] | None = None,
+) -> dict[str, float | None]:
+    """The panel's three scores for one encoder (`encode` gives L2-normalised rows)."""
+    probe = pq.read_table(Path(directory) / "probe.parquet").to_pydict()
+    pairs = pq.read_table(Path(directory) / "pairs.parquet").to_pydict()
+    embeddings = encode(probe["text"])
+    fit = np.array([fold == "fit" for fold in probe["fold"]])
+    a, b = encode(pairs["a"]), encode(pairs["b"])
+    cosine = (a * b).sum(axis=1)
+    return {
+        "retention/probe_accuracy": probe_accuracy(embeddings, probe["source"], fit),
+        "retention/similarity_spearman": _spearman(cosine, np.asarray(pairs["grade"], dtype=np.float64)),
+        "retention/mlm_accuracy": None if mlm_accuracy is None else mlm_accuracy(probe["text"]),
+    }
+
+
+def mlm_accuracy_function(checkpoint_dir: Path, max_length: int = 128) -> Callable[[list[str]], float] | None:
+    """Masked-token accuracy of a checkpoint's single MLM head (None without one; dual-head
+    checkpoints are not scored here, their heads answer different masking ratios)."""
+    from safetensors.torch import load_file
+
+    from embedlab.config import MaskingConfig
+    from embedlab.model.encoder import MLMModel
+    from embedlab.objectives.masking import mask_tokens
+    from embedlab.train.checkpoint import HEAD_FILE, load_encoder
+
+    head_path = Path(checkpoint_dir) / HEAD_FILE
+    if not head_path.is_file():
+        return None
+    head_state = load_file(str(head_path))
+    if not all(key.startswith(("dense.", "norm.", "bias")) for key in head_state):
+        return None
+    encoder, tokenizer, _ = load_encoder(Path(checkpoint_dir))
+    model = MLMModel(encoder.config).eval()
+    model.encoder.load_state_dict(encoder.state_dict())
+    model.mlm_head.load_state_dict(head_state, strict=False)
+
+    @torch.inference_mode()
+    def accuracy(texts: list[str]) -> float:
+        rows = [[tokenizer.cls_id, *ids[: max_length - 2], tokenizer.sep_id] for ids in tokenizer.encode_batch(texts)]
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), tokenizer.pad_id, dtype=torch.long)
+        for i, row in enumerate(rows):
+            ids[i, : len(row)] = torch.tensor(row)
+        segments = (ids != tokenizer.pad_id).long()
+        eligible = (segments > 0) & ~torch.isin(ids, torch.tensor(tokenizer.special_ids))
+        masked = mask_tokens(ids, eligible, MaskingConfig(ratio=0.15), mask_id=tokenizer.mask_id,
+                             random_token_range=(len(tokenizer.special_ids), tokenizer.vocab_size),
+                             generator=torch.Generator().manual_seed(SEED))
+        logits = model(masked.inputs, segments, masked.selected)
+        return float((logits.argmax(dim=1) == ids[masked.selected]).double().mean())
+
+    return accuracy
