@@ -185,3 +185,29 @@ def test_minilm_metrics_have_all_keys(minilm):
 def test_baselines_are_the_two_named():
     """BASELINES names BM25 and all-MiniLM-L6-v2."""
     assert BASELINES == ("bm25", "all-MiniLM-L6-v2")
+
+
+def test_evaluate_cli_on_a_graded_beir_directory_with_odd_ids(tmp_path, capsys):
+    """`embedlab evaluate --encoder baseline:bm25 --task DIR --json` works on graded relevance (0/1/2),
+    non-numeric ids and untitled documents, and a qrel naming an unknown id is a clear error."""
+    import json
+
+    from embedlab.cli import main
+    from embedlab.evaluate.beir import Task, write_task
+
+    task = Task(
+        name="graded",
+        corpus={"doc-α": ("", "the quick brown fox jumps over the lazy dog"),
+                "doc/β": ("Foxes", "a fox is a small omnivorous mammal"),
+                "doc γ": ("", "databases store rows in tables")},
+        queries={"q-one": "quick fox", "q#two": "tables of rows"},
+        qrels={"test": {"q-one": {"doc-α": 2, "doc/β": 1, "doc γ": 0}, "q#two": {"doc γ": 2}}},
+    )
+    write_task(task, tmp_path / "graded")
+    assert main(["evaluate", "--encoder", "baseline:bm25", "--task", str(tmp_path / "graded"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["queries"] == 2 and out["docs"] == 3 and out["ndcg@10"] > 0.9
+    qrels = tmp_path / "graded" / "qrels" / "test.tsv"
+    qrels.write_text(qrels.read_text() + "q-one\tno-such-doc\t1\n")
+    assert main(["evaluate", "--encoder", "baseline:bm25", "--task", str(tmp_path / "graded"), "--json"]) == 2
+    assert "no-such-doc" in capsys.readouterr().err

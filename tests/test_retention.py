@@ -37,3 +37,17 @@ def test_prepared_panel_comes_from_recipe_dev_text(prepared):
     split = dict(zip(corpus["doc_id"], corpus["split"]))
     assert {split[d] for d in probe["doc_id"]} == {"dev"}
     assert set(pairs["grade"]) == {0, 1, 2}
+
+
+def test_a_panel_from_almost_no_dev_text_scores_none_not_an_error(tmp_path):
+    """With one recipe-dev document the panel is built, and its missing parts score None."""
+    import pyarrow as pa
+
+    from embedlab.evaluate.retention import build_panel, retention_scores
+
+    corpus = pa.table({"doc_id": ["a"], "source": ["s"], "title": [""], "hash": ["h"], "split": ["dev"],
+                       "text": ["one two three four five six seven eight nine ten"]})
+    build_panel(corpus, tmp_path)
+    scores = retention_scores(tmp_path, lambda texts: np.ones((len(texts), 4)) / 2)
+    assert scores == {"retention/probe_accuracy": None, "retention/similarity_spearman": None,
+                      "retention/mlm_accuracy": None}

@@ -10,6 +10,7 @@
     embedlab data audit [SPEC] [--task DIR] [--json]   contamination audit of every training stage
     embedlab tokenizer compare [SPEC] [--json]         BPE vs unigram vs byte-level on held-out text
     embedlab bench data [SPEC] [--json] packed tokens/s through Ray Data vs raw encode_batch
+    embedlab bench eval [--json]        evaluator time vs sentence-transformers' IR evaluator
 
 `main(argv)` returns an exit code, so tests call it in-process.
 """
@@ -186,6 +187,16 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_eval(args: argparse.Namespace) -> int:
+    from embedlab.bench import bench_eval, format_bench_eval
+    from embedlab.sweep.run import connect
+
+    connect(args.address, _stderr)
+    result = bench_eval(split=args.split, progress=_stderr)
+    print(json.dumps(result, sort_keys=True) if args.json else format_bench_eval(result))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="embedlab", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -261,6 +272,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench_data_parser.add_argument("--documents", type=int, default=20000)
     bench_data_parser.add_argument("--json", action="store_true")
     bench_data_parser.set_defaults(func=cmd_bench_data)
+    bench_eval_parser = bench_sub.add_parser(
+        "eval", help="evaluator time vs sentence-transformers' InformationRetrievalEvaluator (all-MiniLM-L6-v2)")
+    bench_eval_parser.add_argument("--split", default="dev", choices=["dev", "test"])
+    bench_eval_parser.add_argument("--address", default=None)
+    bench_eval_parser.add_argument("--json", action="store_true")
+    bench_eval_parser.set_defaults(func=cmd_bench_eval)
     return parser
 
 

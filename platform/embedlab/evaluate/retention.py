@@ -26,6 +26,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
+PROBE_SCHEMA = pa.schema([("doc_id", pa.string()), ("source", pa.string()), ("text", pa.string()), ("fold", pa.string())])
+PAIRS_SCHEMA = pa.schema([("a", pa.string()), ("b", pa.string()), ("grade", pa.int64())])
 PER_SOURCE = 60
 PAIRS_PER_GRADE = 150
 SEED = 0
@@ -56,9 +58,9 @@ def build_panel(corpus_table: pa.Table, directory: Path) -> dict:
             if len(words) >= 24:
                 middle = len(words) // 2
                 halves.append((source, " ".join(words[: min(middle, 64)]), " ".join(words[middle : middle + 64])))
-    pq.write_table(pa.table(rows), directory / "probe.parquet")
+    pq.write_table(pa.table(rows, schema=PROBE_SCHEMA), directory / "probe.parquet")
     pairs = _graded_pairs(rows, halves)
-    pq.write_table(pa.table(pairs), directory / "pairs.parquet")
+    pq.write_table(pa.table(pairs, schema=PAIRS_SCHEMA), directory / "pairs.parquet")
     counts = {"probe_passages": len(rows["doc_id"]), "sources": len(set(rows["source"])),
               "pairs": len(pairs["grade"])}
     (directory / "panel.json").write_text(json.dumps(counts, indent=2))
@@ -75,6 +77,8 @@ def _graded_pairs(rows: dict[str, list], halves: list[tuple[str, str, str]]) -> 
         pairs["grade"].append(2)
     sources = np.array(rows["source"])
     texts = rows["text"]
+    if len(texts) < 2:
+        return pairs  # too little recipe-dev text for cross-document pairs
     for grade, same in ((1, True), (0, False)):
         made = attempts = 0
         while made < PAIRS_PER_GRADE and attempts < 50 * PAIRS_PER_GRADE:
@@ -137,14 +141,19 @@ def retention_scores(
     """The panel's three scores for one encoder (`encode` gives L2-normalised rows)."""
     probe = pq.read_table(Path(directory) / "probe.parquet").to_pydict()
     pairs = pq.read_table(Path(directory) / "pairs.parquet").to_pydict()
-    embeddings = encode(probe["text"])
-    fit = np.array([fold == "fit" for fold in probe["fold"]])
-    a, b = encode(pairs["a"]), encode(pairs["b"])
-    cosine = (a * b).sum(axis=1)
+    fit = np.array([fold == "fit" for fold in probe["fold"]], dtype=bool)
+    # A panel from very little recipe-dev text may lack a part; that score is then None.
+    probe_ready = len(set(probe["source"])) >= 2 and fit.any() and (~fit).any()
+    pairs_ready = len(set(pairs["grade"])) >= 2
+    probe_score = probe_accuracy(encode(probe["text"]), probe["source"], fit) if probe_ready else None
+    spearman = None
+    if pairs_ready:
+        cosine = (encode(pairs["a"]) * encode(pairs["b"])).sum(axis=1)
+        spearman = _spearman(cosine, np.asarray(pairs["grade"], dtype=np.float64))
     return {
-        "retention/probe_accuracy": probe_accuracy(embeddings, probe["source"], fit),
-        "retention/similarity_spearman": _spearman(cosine, np.asarray(pairs["grade"], dtype=np.float64)),
-        "retention/mlm_accuracy": None if mlm_accuracy is None else mlm_accuracy(probe["text"]),
+        "retention/probe_accuracy": probe_score,
+        "retention/similarity_spearman": spearman,
+        "retention/mlm_accuracy": None if mlm_accuracy is None or not probe["text"] else mlm_accuracy(probe["text"]),
     }
 
 
