@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 
 from embedlab.config import DataConfig
+from embedlab.data.document import document_texts
 from embedlab.data.prepare import prepare_data
 from embedlab.data.stream import pack_batch, tokenize_pieces
 
@@ -51,7 +52,7 @@ def bench_data(
     table = prepared.corpus.read(split="train", sources=sources).sort_by("hash").slice(0, documents)
     tokenizer = prepared.tokenizer
     length = prepared.record["sequence_length"]
-    texts = [f"{t}\n{x}" if t else x for t, x in zip(table["title"].to_pylist(), table["text"].to_pylist())]
+    texts = document_texts(table)
     progress(f"bench data: {table.num_rows:,} training documents, warm-up pass")
     _pipeline_tokens(table.slice(0, 500), str(tokenizer.path), length, tokenizer.pad_id, sources)
     tokenizer.tokenizer.encode_batch(texts[:500], add_special_tokens=False)

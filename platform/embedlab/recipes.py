@@ -37,14 +37,3 @@ def phase2_baseline() -> TrialConfig:
         train=dataclasses.replace(base.train, batch_rows=16, learning_rate=2e-4),
     )
 
-
-def phase3_baseline() -> TrialConfig:
-    """Phase-3 supervised fine-tuning from a phase-2 checkpoint with 2 mined negatives per query."""
-    base = phase2_baseline()
-    return dataclasses.replace(
-        base,
-        phase=3,
-        contrastive=dataclasses.replace(base.contrastive, pairs=(("title-body", 0.7), ("term-definition", 0.3)),
-                                        hard_negatives=2),
-        train=dataclasses.replace(base.train, learning_rate=1e-4),
-    )

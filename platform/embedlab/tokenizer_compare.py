@@ -242,16 +242,18 @@ def compare_corpus_tokenizers(prepared, *, eval_documents_per_source: int = 500,
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
+    from embedlab.data.document import document_texts
+
     config = prepared.record["config"]
     corpus = prepared.corpus
     sample_ids = pq.read_table(prepared.tokenizer_sample_path)["doc_id"]
     train = corpus.read(split="train").filter(pc.is_in(corpus.read(split="train")["doc_id"], value_set=sample_ids))
-    train_texts = [f"{t}\n{x}" if t else x for t, x in zip(train["title"].to_pylist(), train["text"].to_pylist())]
+    train_texts = document_texts(train)
     dev = corpus.read(split="dev").sort_by([("source", "ascending"), ("hash", "ascending")])
     eval_texts: dict[str, list[str]] = {}
     for source in prepared.record["mixture"]["shares"]:
         rows = dev.filter(pc.equal(dev["source"], source)).slice(0, eval_documents_per_source)
-        texts = [f"{t}\n{x}" if t else x for t, x in zip(rows["title"].to_pylist(), rows["text"].to_pylist())]
+        texts = document_texts(rows)
         if texts:
             eval_texts[source] = texts
     return compare_tokenizers(

@@ -1,7 +1,7 @@
 """The contamination audit of a prepared data directory, and the gate training passes through.
 
 `prepare_data` audits the phase-1 stages (pretraining text, tokenizer sample) against every
-task built with the data and saves the report as `audit.json` / `audit.md`; `embedlab data
+task built with the data and saves each report under `audits/<task hash>.json`; `embedlab data
 audit` also covers contrastive pairs and mined negatives, and extra BEIR tasks. Before a
 sweep trains, `check_training_data` refuses data in which final-eval (test-split) items
 were found, unless the study declares a disclosed-overlap policy; the policy is then
@@ -19,8 +19,15 @@ from embedlab.data.prepare import PreparedData
 from embedlab.data.stages import PHASE1_STAGES, training_stages
 from embedlab.evaluate.beir import load_task
 
-AUDIT_JSON = "audit.json"
-AUDIT_MD = "audit.md"
+def _audit_tasks(
+    prepared: PreparedData, tasks: list, stages: Sequence[str], progress: Callable[[str], None]
+) -> AuditReport:
+    return audit(
+        tasks,
+        training_stages(prepared, tuple(stages)),
+        threshold=prepared.record["config"]["near_duplicate_threshold"],
+        progress=progress,
+    )
 
 
 def run_audit(
@@ -30,38 +37,22 @@ def run_audit(
     extra_tasks: Sequence[str | Path] = (),
     progress: Callable[[str], None] = print,
 ) -> AuditReport:
+    """Every task built with the data plus `extra_tasks` against the named stages."""
     task_dirs = sorted((prepared.directory / "tasks").glob("*")) + [Path(p) for p in extra_tasks]
     tasks = [load_task(d) for d in task_dirs]
     progress(f"audit: {len(tasks)} task(s) against stages {', '.join(stages)}")
-    return audit(
-        tasks,
-        training_stages(prepared, tuple(stages)),
-        threshold=prepared.record["config"]["near_duplicate_threshold"],
-        progress=progress,
-    )
-
-
-def save_audit(prepared: PreparedData, report: AuditReport, name: str = "audit") -> dict:
-    """Write <name>.json and <name>.md next to the data; returns the JSON content."""
-    content = {**report.to_dict(), "markdown": report.to_markdown()}
-    (prepared.directory / f"{name}.json").write_text(json.dumps(content, indent=2, sort_keys=True))
-    (prepared.directory / f"{name}.md").write_text(content["markdown"])
-    return content
+    return _audit_tasks(prepared, tasks, stages, progress)
 
 
 def task_audit(prepared: PreparedData, task_dir: Path, progress: Callable[[str], None] = print) -> dict:
-    """The phase-1 audit of one task against this data, computed once per task content."""
+    """The phase-1 audit of one task against this data, computed once per task content and
+    saved as `audits/<task hash>.json` (findings, counts and the markdown report)."""
     task = load_task(task_dir)
     path = prepared.directory / "audits" / f"{task.hash}.json"
     if path.is_file():
         return json.loads(path.read_text())
     progress(f"audit: task {task.name} ({task_dir}) against stages {', '.join(PHASE1_STAGES)}")
-    report = audit(
-        [task],
-        training_stages(prepared, PHASE1_STAGES),
-        threshold=prepared.record["config"]["near_duplicate_threshold"],
-        progress=progress,
-    )
+    report = _audit_tasks(prepared, [task], PHASE1_STAGES, progress)
     content = {**report.to_dict(), "markdown": report.to_markdown()}
     path.parent.mkdir(exist_ok=True)
     staging = path.with_suffix(".tmp")

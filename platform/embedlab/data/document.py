@@ -17,6 +17,17 @@ def content_hash(text: str) -> str:
     return hashlib.sha256(normalise_text(text).encode("utf-8")).hexdigest()
 
 
+def document_text(title: str, text: str) -> str:
+    """What a document is trained, tokenised, mined and audited as: "title\ntext", or the
+    text alone when it has no title."""
+    return f"{title}\n{text}" if title else text
+
+
+def document_texts(table) -> list[str]:
+    """`document_text` of every row of a table (pyarrow) with `title` and `text` columns."""
+    return [document_text(t, x) for t, x in zip(table["title"].to_pylist(), table["text"].to_pylist())]
+
+
 @dataclass(frozen=True, kw_only=True)
 class Document:
     """One document.

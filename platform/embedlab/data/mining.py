@@ -44,6 +44,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from embedlab.data.document import document_text
 from embedlab.data.document import normalise_text
 from embedlab.data.pairs import Pair
 from embedlab.evaluate.retrieval import search
@@ -104,11 +105,6 @@ class MinedNegative:
     rank: int
     score: float
     positive_score: float
-
-
-def document_text(title: str, text: str) -> str:
-    """The text a corpus document is encoded as: "title\\ntext", or the text when it has no title."""
-    return f"{title}\n{text}" if title else text
 
 
 def mining_version(*, encoder_id: str, corpus_revision: str, config: MiningConfig, pair_ids: Iterable[str]) -> str:

@@ -167,6 +167,16 @@ def sample_schedule(
     )
 
 
+def schedule_target(budget: int, step_units: int) -> int:
+    """Units to schedule for a budget: 10% and four global steps more.
+
+    The margin covers pieces split across rows, padding at the end of each packing window
+    and the step that crosses the budget; a worker that still runs out stops with an error
+    rather than re-reading data past the repetition cap.
+    """
+    return int(budget * 1.1) + 4 * step_units
+
+
 def _check_feasible(names, share, units_by_source, max_epochs, target_units) -> None:
     """Refuse up front when a source's capped supply cannot cover its share of the target."""
     for name, fraction in zip(names, share):

@@ -18,13 +18,12 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from embedlab.data.mixture import Schedule, sample_schedule
 from embedlab.data.pairs import build_pairs, pairs_to_table
 from embedlab.data.prepare import PreparedData
-from embedlab.data.stream import _tokenizer, schedule_windows
+from embedlab.data.stream import cached_tokenizer, schedule_windows
 
 
 def group_hash(group: str) -> int:
@@ -88,7 +87,7 @@ def tokenize_pair_window(
 ) -> dict[str, np.ndarray]:
     """Ray Data UDF: a window of scheduled pair rows -> tokenised training rows."""
     table = _pair_rows(pairs_path)
-    tokenizer = _tokenizer(tokenizer_path)
+    tokenizer = cached_tokenizer(tokenizer_path)
     rows = np.concatenate([np.asarray(r, dtype=np.int64) for r in batch["rows"]])
     builder = np.concatenate([np.asarray(b, dtype=np.int32) for b in batch["source_index"]])
     picked = table.take(pa.array(rows))
@@ -182,7 +181,3 @@ def pair_dataset(
         num_cpus=0.25,
     )
 
-
-def builder_counts(pairs_path: Path) -> dict[str, int]:
-    builders = pq.read_table(pairs_path, columns=["builder"])["builder"]
-    return {k["values"]: k["counts"] for k in pc.value_counts(builders).to_pylist()}

@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 from embedlab.config import DataConfig
 from embedlab.data import builtin
 from embedlab.data.corpus import Corpus, build_corpus, load_corpus, resolve_sources
+from embedlab.data.document import document_text
 from embedlab.data.external import external_provenance
 from embedlab.data.mixture import resolve_mixture
 from embedlab.data.stream import PIECES_FILE, build_pieces, piece_stats
@@ -127,7 +128,7 @@ def _prepare_into(config: DataConfig, directory: Path, progress: Callable[[str],
     pq.write_table(pa.table({"doc_id": sample["doc_id"]}), directory / "tokenizer_sample.parquet")
     progress(f"data: training tokenizer ({config.tokenizer_kind}, vocab {config.tokenizer_vocab_size}) "
              f"on {len(sample['doc_id']):,} training-split documents")
-    texts = [_training_text(t, x) for t, x in zip(sample["title"], sample["text"])]
+    texts = [document_text(t, x) for t, x in zip(sample["title"], sample["text"])]
     tokenizer = save_tokenizer(
         train_tokenizer(texts, config.tokenizer_vocab_size, kind=config.tokenizer_kind), directory
     )
@@ -178,7 +179,7 @@ def _build_tasks(corpus: Corpus, directory: Path, config: DataConfig, progress: 
             continue
         task = build_builtin_task(name, corpus)
         train = corpus.read(split="train").select(["doc_id", "title", "text"]).to_pydict()
-        stage = ((d, f"{t}\n{x}" if t else x) for d, t, x in zip(train["doc_id"], train["title"], train["text"]))
+        stage = ((d, document_text(t, x)) for d, t, x in zip(train["doc_id"], train["title"], train["text"]))
         report = audit([task], {"training-split": stage}, threshold=config.near_duplicate_threshold, progress=None)
         task, summary = decontaminate(task, report.findings)
         write_task(task, directory / name)
@@ -225,10 +226,6 @@ def _tokenizer_sample(corpus: Corpus, sources: list[str], config: DataConfig) ->
         kept["title"].append(title)
         kept["text"].append(text)
     return kept
-
-
-def _training_text(title: str, text: str) -> str:
-    return f"{title}\n{text}" if title else text
 
 
 def _file_hash(path: Path) -> str:

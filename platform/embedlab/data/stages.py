@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from embedlab.data.document import document_text
 from embedlab.data.pairs import PAIR_BUILDERS, build_pairs
 from embedlab.data.prepare import PreparedData
 
@@ -26,7 +27,7 @@ def _documents(prepared: PreparedData, doc_ids: set[str] | None) -> Iterator[tup
     if doc_ids is not None:
         table = table.filter(pc.is_in(table["doc_id"], value_set=pc.cast(list(doc_ids), "string")))
     for doc_id, title, text in zip(*(table[c].to_pylist() for c in ("doc_id", "title", "text"))):
-        yield doc_id, f"{title}\n{text}" if title else text
+        yield doc_id, document_text(title, text)
 
 
 def _pairs(prepared: PreparedData) -> Iterator[tuple[str, str]]:

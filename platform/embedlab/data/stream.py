@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from embedlab.data.document import document_texts
 from embedlab.data.mixture import Schedule
 from embedlab.data.packing import chunk_document, pack_pieces
 from embedlab.tokenizer import FrozenTokenizer, load_tokenizer
@@ -34,7 +35,8 @@ _tokenizers: dict[str, FrozenTokenizer] = {}
 _pieces: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
 
-def _tokenizer(path: str) -> FrozenTokenizer:
+def cached_tokenizer(path: str) -> FrozenTokenizer:
+    """The tokenizer at `path`, loaded once per worker process."""
     if path not in _tokenizers:
         _tokenizers[path] = load_tokenizer(Path(path))
     return _tokenizers[path]
@@ -46,8 +48,8 @@ def tokenize_pieces(
     """Ray Data UDF: training-split documents of `sources` -> one row per piece."""
     keep = pc.and_(pc.equal(batch["split"], "train"), pc.is_in(batch["source"], pa.array(sources)))
     batch = batch.filter(keep)
-    tokenizer = _tokenizer(tokenizer_path)
-    texts = [f"{t}\n{x}" if t else x for t, x in zip(batch["title"].to_pylist(), batch["text"].to_pylist())]
+    tokenizer = cached_tokenizer(tokenizer_path)
+    texts = document_texts(batch)
     out: dict[str, list] = {"source": [], "doc_id": [], "piece": [], "ids": [], "word_start": [], "doc_tokens": []}
     encodings = tokenizer.tokenizer.encode_batch(texts, add_special_tokens=False)
     for source, doc_id, encoding in zip(batch["source"].to_pylist(), batch["doc_id"].to_pylist(), encodings):

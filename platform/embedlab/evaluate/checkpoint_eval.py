@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from embedlab.evaluate.beir import Task, load_task
+from embedlab.evaluate.beir import Task
 from embedlab.evaluate.encode import encode_texts
 from embedlab.evaluate.retrieval import evaluate_encoder
 from embedlab.train.checkpoint import load_encoder
@@ -57,5 +57,3 @@ def resolve_task(name_or_path: str, prepared_dir: Path | None = None) -> Path:
         f"qrels/test.tsv) nor a built-in task ({', '.join(BUILTIN_TASKS)})"
     )
 
-
-__all__ = ["evaluate_checkpoint", "load_task", "resolve_task"]

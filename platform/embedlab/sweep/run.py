@@ -23,6 +23,7 @@ from typing import Any
 from embedlab.config import TrialConfig
 from embedlab.data.prepare import PreparedData, prepare_data
 from embedlab.evaluate.beir import load_task
+from embedlab.evaluate.checkpoint_eval import resolve_task
 from embedlab.sweep.study import Study, load_study
 from embedlab.sweep.table import STUDY_FILE, TRIALS_DIR
 from embedlab.train.checkpoint import versions
@@ -88,7 +89,6 @@ def trial_driver(config: dict[str, Any], *, context: dict[str, Any]) -> None:
     from ray.tune.integration.ray_train import TuneReportCallback
 
     from embedlab.evaluate.actor import get_evaluator
-    from embedlab.evaluate.checkpoint_eval import resolve_task
     from embedlab.train.contrastive import run_contrastive
     from embedlab.train.phase1 import run_phase1
 
@@ -220,8 +220,6 @@ def _check_contamination(study: Study, prepared: dict[str, dict], progress: Call
     """Refuse training data holding final-eval items unless the study discloses its policy."""
     from embedlab.data.contamination import check_training_data
 
-    from embedlab.evaluate.checkpoint_eval import resolve_task
-
     findings: list[dict] = []
     checked: set[tuple[str, str]] = set()
     for arm, config in study.arms.items():
@@ -263,8 +261,6 @@ def _prepare_arms(study: Study, progress: Callable[[str], None]) -> dict[str, di
             by_config[key] = prepare_data(config.data, progress=progress)
         prepared = by_config[key]
         out[arm] = {**prepared.record, "directory": str(prepared.directory)}
-    from embedlab.evaluate.checkpoint_eval import resolve_task
-
     scored_on = set()
     for arm, config in study.arms.items():
         task_dir = resolve_task(config.eval.task, Path(out[arm]["directory"]))

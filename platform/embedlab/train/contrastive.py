@@ -322,6 +322,7 @@ def mine_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, schedule, of
 def run_contrastive(trial: TrialConfig, prepared, *, storage_path: Path, name: str, callbacks: list | None = None,
                     progress=print):
     """Fit one phase-2 or phase-3 `TorchTrainer` on the trial's pair stream."""
+    from embedlab.data.mixture import schedule_target
     from embedlab.data.pair_stream import pair_dataset, pair_schedule, pair_table_path
 
     settings = trial.contrastive
@@ -329,7 +330,7 @@ def run_contrastive(trial: TrialConfig, prepared, *, storage_path: Path, name: s
     pairs_path = pair_table_path(prepared, list(shares), progress)
     step_pairs = trial.train.num_workers * trial.train.batch_rows
     schedule, offsets = pair_schedule(
-        pairs_path, shares, target_pairs=int(trial.train.budget_pairs * 1.1) + 4 * step_pairs,
+        pairs_path, shares, target_pairs=schedule_target(trial.train.budget_pairs, step_pairs),
         max_epochs=trial.data.mixture.max_epochs, seed=trial.data.mixture.seed,
     )
     mined = None

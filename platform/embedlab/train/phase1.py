@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from embedlab.config import REPLACEMENT_POLICY, TrialConfig
-from embedlab.data.mixture import Schedule, sample_schedule
+from embedlab.data.mixture import Schedule, sample_schedule, schedule_target
 from embedlab.data.prepare import PreparedData
 from embedlab.data.stream import packed_dataset, units_by_source
 from embedlab.model.encoder import MLMModel, count_parameters
@@ -222,17 +222,12 @@ def _final_report(model, tokenizer, trial, loop_config, metrics, rank, world) ->
 
 
 def trial_schedule(trial: TrialConfig, prepared: PreparedData) -> tuple[Schedule, dict[str, int]]:
-    """The trial's mixture schedule, long enough for the budget plus a margin.
-
-    The margin (10% and four global steps) covers pieces split across rows and padding at
-    the end of each packing window; a worker that still runs out stops with an error
-    rather than re-reading data past the repetition cap.
-    """
+    """The trial's mixture schedule, long enough for the budget plus a margin (`schedule_target`)."""
     units, offsets = units_by_source(prepared.pieces_path)
     step_tokens = (
         trial.train.num_workers * trial.train.batch_rows * trial.train.microbatches * trial.data.sequence_length
     )
-    target = int(trial.train.budget_tokens * 1.1) + 4 * step_tokens
+    target = schedule_target(trial.train.budget_tokens, step_tokens)
     schedule = sample_schedule(
         units,
         prepared.record["mixture"]["shares"],
