@@ -36,6 +36,30 @@ def tiny_trial(**train) -> TrialConfig:
     )
 
 
+STUDY_TEMPLATE = """
+from dataclasses import replace
+from embedlab import Search, Study
+from embedlab.config import TrialConfig
+
+def study(profile=None):
+    base = TrialConfig.from_dict({config!r})
+    return Study(name={name!r}, factor={factor!r}, seeds={seeds!r},
+                 arms={{"{first}": base, "{second}": replace(base, {field}=replace(base.{field}, {change}))}},
+                 {extra})
+"""
+
+
+def write_study(path: Path, config: TrialConfig, *, name: str = "tiny", arms: tuple[str, str] = ("mask-15", "mask-30"),
+                change: str = "masking.ratio=0.3", seeds: tuple[int, ...] = (0,), extra: str = "budget_tokens=4_000") -> str:
+    """A two-arm study file over `config`: the second arm sets `change` ("section.field=value")."""
+    section, assignment = change.split(".", 1)
+    field, value = assignment.split("=", 1)
+    path.write_text(STUDY_TEMPLATE.format(
+        config=config.to_dict(), name=name, factor=f"{section}.{field}", seeds=seeds, first=arms[0],
+        second=arms[1], field=section, change=f"{field}={value}", extra=extra))
+    return str(path)
+
+
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory, monkeypatch_session):
     path = tmp_path_factory.mktemp("embedlab-cache")
@@ -66,3 +90,18 @@ def ray_session():
     connect(None, progress=lambda message: None)
     yield
     ray.shutdown()
+
+
+# The in-process training oracles (test_resume, test_faults): a frozen tokenizer and a parent.
+@pytest.fixture(scope="module")
+def frozen(tmp_path_factory):
+    import synthetic
+
+    return synthetic.tokenizer(tmp_path_factory.mktemp("tokenizer"))
+
+
+@pytest.fixture(scope="module")
+def parent(frozen, tmp_path_factory):
+    import synthetic
+
+    return synthetic.write_parent(tmp_path_factory.mktemp("parent") / "checkpoint", frozen)

@@ -217,10 +217,18 @@ class TrainConfig:
     `budget_tokens` counts consumed non-padding input tokens summed over all workers;
     training stops at the first step that reaches it. `batch_rows` is rows per worker per
     microbatch; a step is `microbatches` of them on every worker.
+
+    Reliability (`embedlab.train.state`, `embedlab.train.nonfinite`): every
+    `checkpoint_every_steps` steps (0: only the final checkpoint) a checkpoint holds the
+    complete training state, and a run resumes from it exactly; Ray Train restarts a failed
+    worker group up to `max_failures` times from the latest one. A step whose loss or
+    gradient is not finite is rejected (no update); `max_rejected_steps` rejections in a
+    row stop the trial with `NonFiniteError`.
     """
 
     budget_tokens: int = 100_000
     budget_pairs: int = 2_000  # phases 2 and 3 stop at this many consumed positive pairs
+    budget_flops: float = 0.0  # > 0: stop at this many estimated training FLOPs instead
     batch_rows: int = 16
     microbatches: int = 1
     learning_rate: float = 1e-3
@@ -233,6 +241,9 @@ class TrainConfig:
     use_gpu: bool = False
     report_every_steps: int = 10
     torch_threads: int = 1
+    checkpoint_every_steps: int = 200
+    max_failures: int = 2
+    max_rejected_steps: int = 8
 
     def __post_init__(self) -> None:
         _check_positive(
@@ -240,6 +251,11 @@ class TrainConfig:
             "max_grad_norm", "num_workers", "cpus_per_worker", "report_every_steps", "torch_threads",
         )
         _check(0.0 <= self.warmup_fraction < 1.0, "train.warmup_fraction", "must be in [0, 1)")
+        _check(self.budget_flops >= 0, "train.budget_flops", "must be >= 0 (0: budget in tokens or pairs)")
+        _check(self.checkpoint_every_steps >= 0, "train.checkpoint_every_steps",
+               "must be >= 0 (0: only the final checkpoint)")
+        _check(self.max_failures >= 0, "train.max_failures", "must be >= 0 (0: no restart)")
+        _check(self.max_rejected_steps >= 1, "train.max_rejected_steps", "must be >= 1")
 
 
 POOLING_METHODS = ("mean", "cls")

@@ -1,4 +1,4 @@
-"""The phase 2-3 data stream on Ray Data: pairs -> sample by pair share -> tokenize -> split.
+"""The phase 2-3 data stream on Ray Data: pairs -> sample by pair share -> tokenize -> assign.
 
 Pairs are built once per prepared data directory and builder set from the training split
 only (`pairs/<key>.parquet`). The mixture is over pair builders with shares of consumed
@@ -6,7 +6,8 @@ only (`pairs/<key>.parquet`). The mixture is over pair builders with shares of c
 repetition cap as phase-1 tokens. Each stream row is one pair: `[CLS] prefix + query [SEP]`
 and `[CLS] prefix + positive [SEP]`, truncated and padded to `pair_length`, its positive
 group as an int64 hash, its builder index and its non-padding token counts; phase 3 adds
-`hard_negatives` mined negatives per pair.
+`hard_negatives` mined negatives per pair. Workers take their rows of each global batch as
+in phase 1 (`embedlab.data.stream.worker_rows`).
 """
 
 from __future__ import annotations

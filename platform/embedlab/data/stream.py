@@ -7,8 +7,10 @@
     sample     `mixture.sample_schedule`: which piece comes next, by share of tokens
     pack       `map_batches(pack_window)` over windows of the schedule -> rows of L tokens
                with `segment_ids` (document boundaries) and `source_index` per position
-    split      Ray Train's `streaming_split` hands each worker its shard
-                 (`get_dataset_shard("train")`)
+    assign     every worker reads the whole stream in order (`preserve_order`, not split by
+               Ray Train) in global batches of W x batch_rows rows and takes its own rows
+               (`worker_rows`), so which worker trains on which row is fixed, never decided
+               by task timing, and a resumed run skips exactly the batches already consumed
 
 Pieces are stored in a canonical order (source, doc_id, piece), so a schedule of piece
 indices names the same text on every machine and run.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -28,6 +31,9 @@ from embedlab.data.document import document_texts
 from embedlab.data.mixture import Schedule
 from embedlab.data.packing import chunk_document, pack_pieces
 from embedlab.tokenizer import FrozenTokenizer, load_tokenizer
+
+if TYPE_CHECKING:
+    import torch
 
 PIECES_FILE = "pieces.parquet"
 WINDOW_PIECES = 2048
@@ -203,6 +209,13 @@ def packed_dataset(
         batch_format="numpy",
         num_cpus=0.25,
     )
+
+
+def worker_rows(batch: dict[str, torch.Tensor], rank: int, world: int) -> dict[str, torch.Tensor]:
+    """Worker `rank`'s rows of a global batch: rows rank, rank + world, rank + 2 world, ..."""
+    if world == 1:
+        return batch
+    return {name: column[rank::world].contiguous() for name, column in batch.items()}
 
 
 def pack_batch(batch: pa.Table, *, sequence_length: int, pad_id: int) -> dict[str, np.ndarray]:

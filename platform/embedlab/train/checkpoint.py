@@ -9,6 +9,11 @@
 
 The content hash is the sha256 of the weight files' hashes; loading recomputes every
 file hash and refuses a mismatch, so a corrupt or truncated file never loads silently.
+
+A training checkpoint adds the complete training state (`embedlab.train.state`): optimizer,
+progress counters and every worker's RNG states, recorded with their hashes under the
+manifest's `training_state`; readers of the weights need none of it. A checkpoint is
+written into a staging directory and renamed into place, so it is whole or absent.
 """
 
 from __future__ import annotations
@@ -17,9 +22,12 @@ import dataclasses
 import hashlib
 import json
 import platform as stdlib_platform
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -29,6 +37,9 @@ from embedlab.config import ModelConfig
 from embedlab.model.encoder import Encoder, MLMModel
 from embedlab.tokenizer import FILE_NAME as TOKENIZER_FILE
 from embedlab.tokenizer import FrozenTokenizer, load_tokenizer
+
+if TYPE_CHECKING:
+    from embedlab.train.state import TrainingState
 
 FORMAT = "embedlab-checkpoint/1"
 ENCODER_FILE = "encoder.safetensors"
@@ -40,8 +51,13 @@ class CheckpointError(ValueError):
     """A checkpoint directory is missing, incomplete or corrupt; the message names the file."""
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def content_hash(files: dict[str, str]) -> str:
+    """The checkpoint's identity: the sha256 of its weight files' hashes (name -> sha256)."""
+    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
 
 
 def versions() -> dict[str, str]:
@@ -64,30 +80,52 @@ def save_checkpoint(
     fields: dict[str, Any],
     pooling: str = "mean",
     prefixes: dict[str, str] | None = None,
+    training_state: TrainingState | None = None,
 ) -> dict[str, Any]:
-    """Write weights, tokenizer and manifest into `directory`; returns the manifest.
+    """Write weights, tokenizer, manifest and (optionally) the training state into a new or
+    empty `directory`; returns the manifest.
 
     `head` (an MLM head) is saved apart from the encoder, without its tied decoder, so the
     inference package is `encoder.safetensors` + `tokenizer.json` + `manifest.json`.
+    Everything is written next to `directory` and renamed into place at the end.
     """
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    with staged_directory(Path(directory), "a checkpoint goes into a new directory") as staging:
+        return _write_checkpoint(staging, encoder, head, tokenizer, fields, pooling, prefixes, training_state)
+
+
+@contextmanager
+def staged_directory(directory: Path, rule: str) -> Iterator[Path]:
+    """A sibling staging directory, renamed to `directory` when the block succeeds and removed
+    when it fails, so `directory` is whole or absent. `directory` must be new or empty (else
+    a CheckpointError ending in `rule`); a staging left by a killed writer is cleared first."""
+    if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
+        raise CheckpointError(f"{directory}: exists and is not empty; {rule}")
+    staging = directory.with_name(f".{directory.name}.partial")
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True)
+    try:
+        yield staging
+        if directory.exists():
+            directory.rmdir()  # empty, checked above
+        staging.rename(directory)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def _write_checkpoint(directory, encoder, head, tokenizer, fields, pooling, prefixes, training_state):
     encoder_state = {k: v.detach().cpu().contiguous() for k, v in encoder.state_dict().items()}
     save_file(encoder_state, str(directory / ENCODER_FILE))
     names = [ENCODER_FILE]
     if head is not None:
-        # The head's decoder is the embedding table: saved once, in the encoder file.
-        head_state = {
-            k: v.detach().cpu().contiguous() for k, v in head.state_dict().items()
-            if not (k.startswith("embedding.") or ".embedding." in k)
-        }
-        save_file(head_state, str(directory / HEAD_FILE))
+        save_file(_head_state(head), str(directory / HEAD_FILE))
         names.append(HEAD_FILE)
     (directory / TOKENIZER_FILE).write_bytes(tokenizer.path.read_bytes())
-    files = {name: _sha256(directory / name) for name in names}
+    files = {name: file_sha256(directory / name) for name in names}
     manifest = {
         "format": FORMAT,
-        "content_hash": hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest(),
+        "content_hash": content_hash(files),
         "files": files,
         "parent_hash": None,
         "tokenizer_hash": tokenizer.hash,
@@ -96,8 +134,23 @@ def save_checkpoint(
         "versions": versions(),
         **fields,
     }
+    if training_state is not None:
+        from embedlab.train.state import write_training_state  # the state module builds on this one
+
+        manifest["training_state"] = write_training_state(directory, training_state)
+    # Written last: a directory without a manifest is not a checkpoint.
     (directory / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True))
     return manifest
+
+
+def _head_state(head: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The head's tensors without its decoder, which is the embedding table (saved once, in
+    the encoder file)."""
+    return {k: v.detach().cpu().contiguous() for k, v in head.state_dict().items() if not _is_embedding(k)}
+
+
+def _is_embedding(key: str) -> bool:
+    return key.startswith("embedding.") or ".embedding." in key
 
 
 def pooling_record(method: str, prefixes: dict[str, str]) -> dict[str, Any]:
@@ -134,7 +187,7 @@ def verify_checkpoint(directory: Path) -> dict[str, Any]:
         path = directory / name
         if not path.is_file():
             raise CheckpointError(f"{path}: missing")
-        if _sha256(path) != expected:
+        if file_sha256(path) != expected:
             raise CheckpointError(f"{path}: content hash mismatch (corrupt or truncated file)")
     return manifest
 
@@ -159,7 +212,7 @@ class Parent:
     head_restored: bool
 
 
-def load_parent(directory: Path, *, tokenizer_hash: str, need_head: bool) -> Parent:
+def load_parent(directory: Path, *, tokenizer_hash: str, need_head: bool, masking_ratio: float = 0.15) -> Parent:
     """Load a parent for training; refuses one whose tokenizer differs from the child's data.
 
     A joint child of a parent without an MLM head gets a freshly initialised head, and the
@@ -178,30 +231,41 @@ def load_parent(directory: Path, *, tokenizer_hash: str, need_head: bool) -> Par
     model.encoder.load_state_dict(encoder.state_dict())
     head_path = Path(directory) / HEAD_FILE
     if head_path.is_file():
-        missing, unexpected = model.mlm_head.load_state_dict(load_file(str(head_path)), strict=False)
-        if unexpected or [k for k in missing if not k.startswith("embedding.")]:
-            raise CheckpointError(f"{head_path}: unexpected keys {unexpected}, missing {missing}")
+        state = load_file(str(head_path))
+        heads = [h for h in manifest.get("objective", {}).get("heads", []) if h != "mlm"]
+        if heads:
+            # A dual-head parent (one head per masking ratio, named mask<percent>): the child's
+            # single MLM term continues with the head trained nearest its own masking ratio.
+            chosen = min(heads, key=lambda h: abs(int(h.removeprefix("mask")) / 100 - masking_ratio))
+            state = {k.split(".", 1)[1]: v for k, v in state.items() if k.startswith(f"{chosen}.")}
+        _check_head(head_path, *model.mlm_head.load_state_dict(state, strict=False))
     return Parent(model=model, manifest=manifest, head_restored=head_path.is_file())
 
 
+def load_weights(directory: Path, encoder: Encoder, head: torch.nn.Module | None) -> dict[str, Any]:
+    """Copy a verified checkpoint's encoder (and head) weights into existing modules, in place
+    (the resume path: the optimizer keeps pointing at the same parameters); returns the manifest."""
+    directory = Path(directory)
+    manifest = verify_checkpoint(directory)
+    encoder.load_state_dict(load_file(str(directory / ENCODER_FILE)))
+    if head is not None:
+        if HEAD_FILE not in manifest["files"]:
+            raise CheckpointError(f"{directory / HEAD_FILE}: missing; the checkpoint holds no MLM head")
+        _load_head(directory / HEAD_FILE, head)
+    return manifest
+
+
+def _load_head(path: Path, head: torch.nn.Module) -> None:
+    _check_head(path, *head.load_state_dict(load_file(str(path)), strict=False))
+
+
+def _check_head(path: Path, missing: list[str], unexpected: list[str]) -> None:
+    if unexpected or [k for k in missing if not _is_embedding(k)]:
+        raise CheckpointError(f"{path}: unexpected keys {unexpected}, missing {missing}")
+
+
 def export_inference(directory: Path, out: Path) -> dict[str, Any]:
-    """Copy the inference package of a checkpoint: encoder weights, tokenizer and a manifest
-    that keeps the consumer contract (pooling, prefixes, tokenizer hash) and the lineage, and
-    drops every MLM head. Refuses an existing non-empty `out`."""
-    manifest = verify_checkpoint(Path(directory))
-    out = Path(out)
-    if out.exists() and any(out.iterdir()):
-        raise CheckpointError(f"{out}: exists and is not empty")
-    out.mkdir(parents=True, exist_ok=True)
-    for name in (ENCODER_FILE, TOKENIZER_FILE):
-        (out / name).write_bytes((Path(directory) / name).read_bytes())
-    files = {ENCODER_FILE: manifest["files"][ENCODER_FILE]}
-    exported = {
-        **manifest,
-        "files": files,
-        "content_hash": hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest(),
-        "exported_from": manifest["content_hash"],
-        "package": "inference (encoder only; MLM heads dropped)",
-    }
-    (out / MANIFEST_FILE).write_text(json.dumps(exported, indent=2, sort_keys=True))
-    return exported
+    """The release package of a checkpoint: `embedlab.release.export_release` under its older name."""
+    from embedlab.release import export_release  # imported here: release builds on this module
+
+    return export_release(Path(directory), Path(out))

@@ -14,14 +14,14 @@ MLM on separately corrupted copies of the same texts and contrastive on clean vi
 component losses and the norms of their gradients are reported.
 
 Lineage: the child records its parent's content hash and refuses a parent whose tokenizer
-hash differs from its own data's. Optimizer state and schedule clocks reset (recorded),
-since a changed objective is not an exact resume.
+hash differs from its own data's. Optimizer state and schedule clocks reset at the phase
+start (recorded), since a changed objective is not an exact resume; within the phase a run
+resumes exactly from its own checkpoints (`embedlab.train.loop`).
 """
 
 from __future__ import annotations
 
-import tempfile
-import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +36,14 @@ from embedlab.objectives.gradcache import gradcache_step
 from embedlab.objectives.masking import mask_tokens
 from embedlab.objectives.mlm import mlm_loss_sum
 from embedlab.tokenizer import load_tokenizer
+from embedlab.train.budget import body_parameters, consumption, training_flops
+from embedlab.train.checkpoint import load_parent
 from embedlab.train.launch import fit
-from embedlab.train.checkpoint import load_parent, save_checkpoint
+from embedlab.train.loop import Progress, RunOptions, TrainingLoop, run_on_ray
 from embedlab.train.mlm_step import all_reduce_gradients, build_optimizer, learning_rate_at, no_reduce
-from embedlab.train.phase1 import seed_for, sum_all_reduce
+from embedlab.train.nonfinite import finite_update
+from embedlab.train.phase1 import data_seed, seed_for, sum_all_reduce
+from embedlab.train.state import seed_everything
 
 
 def embed(encoder: Encoder, ids: torch.Tensor, pad_id: int, pooling: str) -> torch.Tensor:
@@ -64,51 +68,78 @@ def _grad_vector(model: torch.nn.Module) -> torch.Tensor:
     ])
 
 
-def contrastive_worker(loop_config: dict[str, Any]) -> None:
-    import ray.train
-    import ray.train.torch
+@dataclass
+class ContrastiveProgress(Progress):
+    pairs: int = 0  # consumed positive pairs, all workers
+    tokens: int = 0  # their non-padding tokens (queries, positives, negatives)
+    candidate_sum: int = 0  # candidates over all anchors, for train/effective_candidates
+    anchors: int = 0
+    flops: float = 0.0
+    consumed_pairs: list[float] = field(default_factory=list)  # per builder, as of the last report
+    consumed_tokens: list[float] = field(default_factory=list)
 
-    trial = TrialConfig.from_dict(loop_config["trial"])
-    settings = trial.contrastive
-    context = ray.train.get_context()
-    rank, world = context.get_world_rank(), context.get_world_size()
-    torch.set_num_threads(trial.train.torch_threads)
-    device = ray.train.torch.get_device()
-    tokenizer = load_tokenizer(loop_config["tokenizer_path"], expected_hash=loop_config["tokenizer_hash"])
-    joint = settings.mlm_weight > 0
-    parent = load_parent(Path(trial.parent), tokenizer_hash=tokenizer.hash, need_head=joint)
-    model = parent.model.to(device)  # MLMModel when joint, else an Encoder
-    encoder = model.encoder if joint else model
-    temperature = LearnableTemperature(settings.temperature).to(device) if settings.learnable_temperature else None
-    parameters = torch.nn.ModuleList([model] + ([temperature] if temperature is not None else []))
-    optimizer = build_optimizer(parameters, trial.train.learning_rate, trial.train.weight_decay)
-    masking_rng = torch.Generator().manual_seed(seed_for(trial.train.seed, "masking", rank))
-    torch.manual_seed(seed_for(trial.train.seed, "dropout", rank))
-    all_reduce = sum_all_reduce(device) if world > 1 else no_reduce
-    gather = gather_with_grad if settings.gather_across_workers and world > 1 else (lambda x: x)
-    gather_ids = gather_no_grad if settings.gather_across_workers and world > 1 else (lambda x: x)
-    eligible_ban = torch.tensor(tokenizer.special_ids, device=device)
-    random_range = (len(tokenizer.special_ids), tokenizer.vocab_size)
 
-    budget = trial.train.budget_pairs
-    builders = loop_config["sources"]
-    builder_pairs = torch.zeros(len(builders), dtype=torch.float64)  # this worker's, since the last report
-    builder_tokens = torch.zeros(len(builders), dtype=torch.float64)
-    consumed_pairs = torch.zeros(len(builders), dtype=torch.float64)  # all workers'
-    consumed_tokens = torch.zeros(len(builders), dtype=torch.float64)
-    pairs_seen = tokens_seen = steps = 0
-    candidate_sum = anchors = 0
-    window: list[float] = []
-    window_mlm: list[float] = []
-    started = time.perf_counter()
-    model.train()
-    for batch in ray.train.get_dataset_shard("train").iter_torch_batches(
-        batch_size=trial.train.batch_rows, drop_last=True, dtypes=torch.long
-    ):
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate_at(pairs_seen, budget, trial.train.learning_rate, trial.train.warmup_fraction)
-        builder_pairs += torch.bincount(batch["builder_index"], minlength=len(builders)).double()
-        builder_tokens += torch.bincount(batch["builder_index"], weights=batch["tokens"].double(), minlength=len(builders))
+class ContrastiveLoop(TrainingLoop):
+    """Phase 2 or 3 on one worker, from the trial's parent checkpoint (module docstring)."""
+
+    def __init__(self, loop_config: dict[str, Any], *, rank: int, world: int, device: torch.device) -> None:
+        trial = TrialConfig.from_dict(loop_config["trial"])
+        self.trial, self.loop_config, self.rank, self.world, self.device = trial, loop_config, rank, world, device
+        settings = self.settings = trial.contrastive
+        torch.set_num_threads(trial.train.torch_threads)
+        self.tokenizer = load_tokenizer(loop_config["tokenizer_path"], expected_hash=loop_config["tokenizer_hash"])
+        self.joint = settings.mlm_weight > 0
+        self.parent = load_parent(Path(trial.parent), tokenizer_hash=self.tokenizer.hash, need_head=self.joint,
+                                  masking_ratio=trial.masking.ratio)
+        self.model = self.parent.model.to(device)  # MLMModel when joint, else an Encoder
+        self.encoder = self.model.encoder if self.joint else self.model
+        self.temperature = (
+            LearnableTemperature(settings.temperature).to(device) if settings.learnable_temperature else None
+        )
+        trained = [self.model] + ([self.temperature] if self.temperature is not None else [])
+        self.parameters = torch.nn.ModuleList(trained)
+        self.optimizer = build_optimizer(self.parameters, trial.train.learning_rate, trial.train.weight_decay)
+        self.masking_rng = torch.Generator().manual_seed(seed_for(trial.train.seed, "masking", rank))
+        torch.manual_seed(seed_for(trial.train.seed, "dropout", rank))
+        seed_everything(seed_for(trial.train.seed, "python", rank))
+        gathered = settings.gather_across_workers and world > 1
+        self.all_reduce = sum_all_reduce(device) if world > 1 else no_reduce
+        self.gather = gather_with_grad if gathered else (lambda x: x)
+        self.gather_ids = gather_no_grad if gathered else (lambda x: x)
+        self.eligible_ban = torch.tensor(self.tokenizer.special_ids, device=device)
+        self.random_range = (len(self.tokenizer.special_ids), self.tokenizer.vocab_size)
+        self.body = body_parameters(trial.model)
+        self.builders = loop_config["sources"]
+        self.progress = ContrastiveProgress(consumed_pairs=[0.0] * len(self.builders),
+                                            consumed_tokens=[0.0] * len(self.builders))
+        # Since the last report (empty at every checkpoint, which always reports):
+        self.builder_pairs = torch.zeros(len(self.builders), dtype=torch.float64)  # this worker's
+        self.builder_tokens = torch.zeros(len(self.builders), dtype=torch.float64)
+        self.window: list[float] = []
+        self.window_mlm: list[float] = []
+        self.last: dict[str, float] = {}
+        self.model.train()
+
+    def clock(self) -> tuple[float, float]:
+        p = self.progress
+        return consumption(self.trial.train, self.trial.phase, tokens=p.tokens, pairs=p.pairs, flops=p.flops)
+
+    def done(self) -> bool:
+        clock, budget = self.clock()
+        return clock >= budget
+
+    def _encode(self, ids: torch.Tensor) -> torch.Tensor:
+        return embed(self.encoder, ids, self.tokenizer.pad_id, self.settings.pooling)
+
+    def step(self, batches: list[dict[str, torch.Tensor]]) -> None:
+        (batch,) = batches
+        settings, train, device = self.settings, self.trial.train, self.device
+        clock, budget = self.clock()
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate_at(clock, budget, train.learning_rate, train.warmup_fraction)
+        self.builder_pairs += torch.bincount(batch["builder_index"], minlength=len(self.builders)).double()
+        self.builder_tokens += torch.bincount(batch["builder_index"], weights=batch["tokens"].double(),
+                                              minlength=len(self.builders))
         sides = [batch["positive_ids"].to(device)]
         groups = [batch["group"].to(device)]
         exclude = [torch.zeros(len(batch["group"]), dtype=torch.bool, device=device)]
@@ -118,137 +149,166 @@ def contrastive_worker(loop_config: dict[str, Any]) -> None:
             groups.append(batch["negative_group"].reshape(-1).to(device))
             exclude.append((batch["negative_len"].reshape(-1) == 0).to(device))
         query_groups = batch["group"].to(device)
-        candidate_groups = gather_ids(torch.cat(groups))
-        ineligible = gather_ids(torch.cat(exclude).long()).bool()
-        tau = temperature() if temperature is not None else settings.temperature
+        candidate_groups = self.gather_ids(torch.cat(groups))
+        ineligible = self.gather_ids(torch.cat(exclude).long()).bool()
+        tau = self.temperature() if self.temperature is not None else settings.temperature
 
         def contrastive_term(queries: torch.Tensor, local_candidates: torch.Tensor):
             """This worker's queries against every worker's candidates (+ the reverse direction)."""
             masks = pair_masks(query_groups, candidate_groups,
                                exclude=ineligible[None, :].expand(len(queries), -1).contiguous())
-            term = multi_positive_infonce(queries, gather(local_candidates), masks.positive, masks.eligible,
+            term = multi_positive_infonce(queries, self.gather(local_candidates), masks.positive, masks.eligible,
                                           temperature=tau)
             if settings.symmetric:
                 # Reverse direction: this worker's positives against every worker's queries,
                 # pooled with the forward term so sums and counts stay exact across workers.
-                reverse = pair_masks(query_groups, gather_ids(query_groups))
+                reverse = pair_masks(query_groups, self.gather_ids(query_groups))
                 term = pooled([term, multi_positive_infonce(
-                    local_candidates[: len(queries)], gather(queries), reverse.positive, reverse.eligible,
+                    local_candidates[: len(queries)], self.gather(queries), reverse.positive, reverse.eligible,
                     temperature=tau,
                 )])
             return term
 
-        def encode(ids: torch.Tensor) -> torch.Tensor:
-            return embed(encoder, ids, tokenizer.pad_id, settings.pooling)
-
         # Every query's own positive is a candidate, so every anchor is valid and the global
         # count is known before the forward pass (GradCache needs it up front).
         anchors_per_query = 2 if settings.symmetric else 1
-        valid = anchors_per_query * int(all_reduce(torch.tensor([float(len(query_groups))], dtype=torch.float64)).item())
+        valid = anchors_per_query * int(self.all_reduce(
+            torch.tensor([float(len(query_groups))], dtype=torch.float64)).item())
         weight = 1.0 - settings.mlm_weight
         if settings.gradcache_chunk:
             term = gradcache_step(
-                encode, batch["query_ids"].to(device).split(settings.gradcache_chunk),
+                self._encode, batch["query_ids"].to(device).split(settings.gradcache_chunk),
                 torch.cat(sides).split(settings.gradcache_chunk), contrastive_term, global_valid=valid,
             )
         else:
-            term = contrastive_term(encode(batch["query_ids"].to(device)), encode(torch.cat(sides)))
+            term = contrastive_term(self._encode(batch["query_ids"].to(device)), self._encode(torch.cat(sides)))
             (weight * term.loss_sum / valid).backward()
         if term.valid != anchors_per_query * len(query_groups):
-            raise RuntimeError(f"worker {rank}: {term.anchors - term.valid} anchors without a positive")
-        queries_in_batch = len(query_groups)
+            raise RuntimeError(f"worker {self.rank}: {term.anchors - term.valid} anchors without a positive")
+        # Every encoded text's non-padding tokens (queries, positives, negatives), for FLOPs.
+        encoded = float((batch["query_ids"] != self.tokenizer.pad_id).sum()) + float(
+            sum((side != self.tokenizer.pad_id).sum() for side in sides))
+        mlm_selected, mlm_mean = 0.0, 0.0
         grad_norms: dict[str, float] = {}
-        if joint:
-            contrastive_grad = _grad_vector(parameters)
+        if self.joint:
+            contrastive_grad = _grad_vector(self.parameters)
             texts = torch.cat([batch["query_ids"], batch["positive_ids"]]).to(device)
-            segments = (texts != tokenizer.pad_id).long()
-            eligible = (segments > 0) & ~torch.isin(texts, eligible_ban)
-            masked = mask_tokens(texts.cpu(), eligible.cpu(), trial.masking, mask_id=tokenizer.mask_id,
-                                 random_token_range=random_range, generator=masking_rng)
+            segments = (texts != self.tokenizer.pad_id).long()
+            eligible = (segments > 0) & ~torch.isin(texts, self.eligible_ban)
+            masked = mask_tokens(texts.cpu(), eligible.cpu(), self.trial.masking, mask_id=self.tokenizer.mask_id,
+                                 random_token_range=self.random_range, generator=self.masking_rng)
             selected = masked.selected.to(device)
-            mlm_sum, mlm_count = mlm_loss_sum(model(masked.inputs.to(device), segments, selected), texts[selected])
-            global_count = int(all_reduce(torch.tensor([float(mlm_count)], dtype=torch.float64)).item())
+            encoded += float(segments.sum())
+            mlm_selected = float(selected.sum())
+            mlm_sum, mlm_count = mlm_loss_sum(self.model(masked.inputs.to(device), segments, selected), texts[selected])
+            global_count = int(self.all_reduce(torch.tensor([float(mlm_count)], dtype=torch.float64)).item())
             if global_count:
                 (settings.mlm_weight * mlm_sum / global_count).backward()
-            mlm_loss = float(all_reduce(torch.tensor([float(mlm_sum.detach())], dtype=torch.float64)).item())
-            window_mlm.append(mlm_loss / max(global_count, 1))
+            mlm_total = float(self.all_reduce(torch.tensor([float(mlm_sum.detach())], dtype=torch.float64)).item())
+            mlm_mean = mlm_total / max(global_count, 1)
             grad_norms = {
                 "train/grad_norm_contrastive": float(contrastive_grad.norm()),
-                "train/grad_norm_mlm": float((_grad_vector(parameters) - contrastive_grad).norm()),
+                "train/grad_norm_mlm": float((_grad_vector(self.parameters) - contrastive_grad).norm()),
             }
-        all_reduce_gradients(parameters, all_reduce)
-        norm = float(torch.nn.utils.clip_grad_norm_(parameters.parameters(), trial.train.max_grad_norm))
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        steps += 1
-        counts = all_reduce(torch.tensor(
-            [float(queries_in_batch), float(batch["tokens"].sum()), float(term.candidate_sum), float(term.anchors)],
+        all_reduce_gradients(self.parameters, self.all_reduce)
+        loss_total = float(self.all_reduce(torch.tensor([float(term.loss_sum.detach())], dtype=torch.float64)).item())
+        norm = float(torch.nn.utils.clip_grad_norm_(self.parameters.parameters(), train.max_grad_norm))
+        # All three figures are global, so every worker takes the same decision.
+        rejected = not finite_update(loss_total, mlm_mean, norm)
+        if not rejected:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        counts = self.all_reduce(torch.tensor(
+            [float(len(query_groups)), float(batch["tokens"].sum()), float(term.candidate_sum), float(term.anchors),
+             encoded, mlm_selected],
             dtype=torch.float64,
         ))
-        pairs_seen += int(counts[0])
-        tokens_seen += int(counts[1])
-        candidate_sum += int(counts[2])
-        anchors += int(counts[3])
-        loss_total = float(all_reduce(torch.tensor([float(term.loss_sum.detach())], dtype=torch.float64)).item())
-        window.append(loss_total / max(valid, 1))
-        done = pairs_seen >= budget
-        if not (done or steps % trial.train.report_every_steps == 0):
-            continue
-        consumed_pairs += all_reduce(builder_pairs.clone())
-        consumed_tokens += all_reduce(builder_tokens.clone())
-        builder_pairs.zero_()
-        builder_tokens.zero_()
-        elapsed = time.perf_counter() - started
+        # A rejected step's batch counts as consumed (embedlab.train.nonfinite).
+        progress = self.progress
+        progress.steps += 1
+        progress.batches += 1
+        progress.pairs += int(counts[0])
+        progress.tokens += int(counts[1])
+        progress.candidate_sum += int(counts[2])
+        progress.anchors += int(counts[3])
+        progress.flops += training_flops(self.trial.model, float(counts[4]), float(counts[5]), self.body)
+        if not rejected:
+            self.window.append(loss_total / max(valid, 1))
+            if self.joint:
+                self.window_mlm.append(mlm_mean)
+        self.last = {"train/grad_norm": norm, "train/temperature": float(tau) if isinstance(tau, float)
+                     else float(tau.detach()), **grad_norms}
+        self.count_rejection(rejected)
+
+    def metrics(self) -> dict[str, Any]:
+        progress = self.progress
+        pairs = self.all_reduce(self.builder_pairs.clone())
+        tokens = self.all_reduce(self.builder_tokens.clone())
+        progress.consumed_pairs = (torch.tensor(progress.consumed_pairs, dtype=torch.float64) + pairs).tolist()
+        progress.consumed_tokens = (torch.tensor(progress.consumed_tokens, dtype=torch.float64) + tokens).tolist()
+        self.builder_pairs.zero_()
+        self.builder_tokens.zero_()
+        clock, budget = self.clock()
+        elapsed = self.elapsed()
+        loss = sum(self.window) / len(self.window) if self.window else float("nan")
         metrics = {
-            **{f"data/observed_pair_share/{name}": float(consumed_pairs[i] / max(pairs_seen, 1))
-               for i, name in enumerate(builders)},
-            **{f"data/observed_token_share/{name}": float(consumed_tokens[i] / max(tokens_seen, 1))
-               for i, name in enumerate(builders)},
-            "train/loss": sum(window) / len(window),
-            "train/contrastive_loss": sum(window) / len(window),
-            **({"train/mlm_loss": sum(window_mlm) / len(window_mlm)} if window_mlm else {}),
-            **grad_norms,
-            "train/step": steps,
-            "train/lr": optimizer.param_groups[0]["lr"],
-            "train/grad_norm": norm,
-            "train/skipped_steps": 0,
-            "train/temperature": float(tau),
-            "train/effective_candidates": candidate_sum / max(anchors, 1),
-            "budget/pairs": pairs_seen,
-            "budget/tokens": tokens_seen,
-            "budget/fraction": pairs_seen / budget,
+            **{f"data/observed_pair_share/{name}": progress.consumed_pairs[i] / max(progress.pairs, 1)
+               for i, name in enumerate(self.builders)},
+            **{f"data/observed_token_share/{name}": progress.consumed_tokens[i] / max(progress.tokens, 1)
+               for i, name in enumerate(self.builders)},
+            "train/loss": loss,
+            "train/contrastive_loss": loss,
+            **({"train/mlm_loss": sum(self.window_mlm) / len(self.window_mlm)} if self.window_mlm else {}),
+            **self.last,
+            "train/step": progress.steps,
+            "train/lr": self.optimizer.param_groups[0]["lr"],
+            "train/skipped_steps": progress.skipped,
+            "train/nonfinite_steps": progress.nonfinite,
+            "train/rejected_in_a_row": progress.rejected_in_a_row,
+            "train/effective_candidates": progress.candidate_sum / max(progress.anchors, 1),
+            "budget/pairs": progress.pairs,
+            "budget/tokens": progress.tokens,
+            "budget/fraction": clock / budget,
+            "budget/flops": progress.flops,
             "compute/wall_seconds": elapsed,
-            "compute/worker_seconds": elapsed * world,
+            "compute/worker_seconds": elapsed * self.world,
+            "compute/device_seconds": elapsed * self.world,
         }
-        window, window_mlm = [], []
-        if done:
-            _final_report(model, encoder, parent, tokenizer, trial, loop_config, metrics, rank, world)
-            return
-        ray.train.report(metrics)
-    raise RuntimeError(
-        f"worker {rank}: the pair stream ended after {pairs_seen:,} of {budget:,} budget pairs"
-    )
+        self.window, self.window_mlm = [], []
+        return metrics
 
+    def stream_ended(self) -> Exception:
+        clock, budget = self.clock()
+        return RuntimeError(
+            f"worker {self.rank}: the pair stream ended after {self.progress.pairs:,} pairs, {clock / budget:.1%} "
+            "of the budget" + (" (a FLOPs budget: raise budget_pairs, the pair schedule's length)"
+                               if self.trial.train.budget_flops else "")
+        )
 
-def _final_report(model, encoder, parent, tokenizer, trial, loop_config, metrics, rank, world) -> None:
-    import ray.train
+    def weights(self) -> tuple[torch.nn.Module, torch.nn.Module | None]:
+        return self.encoder, self.model.mlm_head if isinstance(self.model, MLMModel) else None
 
-    if rank != 0:
-        ray.train.report(metrics)
-        return
-    settings = trial.contrastive
-    with tempfile.TemporaryDirectory() as directory:
-        save_checkpoint(
-            Path(directory),
-            encoder,
-            head=model.mlm_head if isinstance(model, MLMModel) else None,
-            tokenizer=tokenizer,
-            pooling=settings.pooling,
-            prefixes={"query": settings.query_prefix, "passage": settings.passage_prefix},
-            fields={
+    def extra_tensors(self) -> dict[str, torch.Tensor]:
+        return {} if self.temperature is None else {"log_temperature": self.temperature.log_temperature}
+
+    def load_extra(self, tensors: dict[str, torch.Tensor]) -> None:
+        if self.temperature is not None:
+            with torch.no_grad():
+                self.temperature.log_temperature.copy_(tensors["log_temperature"])
+
+    def checkpoint_contents(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        trial, settings, loop_config = self.trial, self.settings, self.loop_config
+        encoder, head = self.weights()
+        return {
+            "encoder": encoder,
+            "head": head,
+            "tokenizer": self.tokenizer,
+            "pooling": settings.pooling,
+            "prefixes": {"query": settings.query_prefix, "passage": settings.passage_prefix},
+            "fields": {
                 "phase": trial.phase,
-                "parent_hash": parent.manifest["content_hash"],
-                "parent_phase": parent.manifest.get("phase"),
+                "parent_hash": self.parent.manifest["content_hash"],
+                "parent_phase": self.parent.manifest.get("phase"),
                 "config": trial.to_dict(),
                 "seed": trial.train.seed,
                 "data_revision": loop_config["data_revision"],
@@ -267,7 +327,8 @@ def _final_report(model, encoder, parent, tokenizer, trial, loop_config, metrics
                 },
                 "optimizer": {"name": "AdamW", "state": "reset at phase start", "schedule_clock": "reset"},
                 "precision": "fp32",
-                "distributed": {"workers": world, "backend": "gloo" if world > 1 else "none"},
+                "distributed": {"workers": self.world, "backend": "gloo" if self.world > 1 else "none"},
+                "reliability": self.reliability_fields(),
                 "budget": {k: v for k, v in metrics.items() if k.startswith(("budget/", "compute/"))},
                 "mixture": {
                     "intended_pair_shares": loop_config["intended_shares"],
@@ -278,8 +339,12 @@ def _final_report(model, encoder, parent, tokenizer, trial, loop_config, metrics
                     "schedule": loop_config["schedule"],
                 },
             },
-        )
-        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(directory))
+        }
+
+
+def contrastive_worker(loop_config: dict[str, Any]) -> dict[str, Any] | None:
+    """Ray Train's `train_loop_per_worker` for phases 2 and 3."""
+    return run_on_ray(ContrastiveLoop, loop_config)
 
 
 def mine_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, schedule, offsets, progress=print) -> Path:
@@ -320,8 +385,11 @@ def mine_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, schedule, of
 
 
 def run_contrastive(trial: TrialConfig, prepared, *, storage_path: Path, name: str, callbacks: list | None = None,
-                    progress=print):
-    """Fit one phase-2 or phase-3 `TorchTrainer` on the trial's pair stream."""
+                    progress=print, options: RunOptions = RunOptions()):
+    """Fit one phase-2 or phase-3 `TorchTrainer` on the trial's pair stream.
+
+    A run of a `name` that has checkpoints under `storage_path` resumes from the latest.
+    """
     from embedlab.data.mixture import schedule_target
     from embedlab.data.pair_stream import pair_dataset, pair_schedule, pair_table_path
 
@@ -331,7 +399,7 @@ def run_contrastive(trial: TrialConfig, prepared, *, storage_path: Path, name: s
     step_pairs = trial.train.num_workers * trial.train.batch_rows
     schedule, offsets = pair_schedule(
         pairs_path, shares, target_pairs=schedule_target(trial.train.budget_pairs, step_pairs),
-        max_epochs=trial.data.mixture.max_epochs, seed=trial.data.mixture.seed,
+        max_epochs=trial.data.mixture.max_epochs, seed=data_seed(trial),
     )
     mined = None
     if trial.phase == 3 and settings.hard_negatives:
@@ -353,6 +421,7 @@ def run_contrastive(trial: TrialConfig, prepared, *, storage_path: Path, name: s
             "intended_shares": shares,
             "schedule": {"version": schedule.version, "seed": schedule.seed, "pairs": int(len(schedule.item))},
             "mined_version": None if mined is None else mined.name,
+            "run": options.to_dict(),
         },
         trial,
         rows,

@@ -1,4 +1,5 @@
-"""Build and fit the `TorchTrainer` every phase runs on (one place for scaling and storage)."""
+"""Build and fit the `TorchTrainer` every phase runs on (one place for scaling, data
+assignment, storage, checkpoints and restarts)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from embedlab.config import TrialConfig
+from embedlab.train.nonfinite import NonFiniteError
+
+CHECKPOINTS_KEPT = 2  # the latest (what a restart restores, or the final one) and the one before
 
 
 def fit(
@@ -15,15 +19,27 @@ def fit(
     trial: TrialConfig,
     dataset,
     *,
-    storage_path: Path,
+    storage_path: Path | str,
     name: str,
     callbacks: list | None = None,
 ):
     """Fit `worker` on `trial.train.num_workers` workers (gloo on CPU, NCCL on GPU) with
-    `dataset` as the "train" shard source; returns the Ray Train `Result`."""
-    from ray.train import RunConfig, ScalingConfig
+    `dataset` as the "train" stream; returns the Ray Train `Result`.
+
+    Every worker gets the whole dataset in order (not split: `embedlab.data.stream`). A
+    worker group that fails is restarted from the latest checkpoint up to
+    `train.max_failures` times; a run whose `name` already has checkpoints under
+    `storage_path` resumes from the latest. A trial its workers stopped for non-finite
+    steps raises `NonFiniteError` here. Every report is logged in
+    `<storage_path>/<name>/metrics.jsonl` (`embedlab.train.metrics_log`).
+    """
+    from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    from embedlab.train.metrics_log import MetricsLog, log_location
+
+    execution = DataConfig.default_ingest_options()
+    execution.preserve_order = True
     trainer = TorchTrainer(
         worker,
         train_loop_config=loop_config,
@@ -34,6 +50,22 @@ def fit(
         ),
         torch_config=TorchConfig(backend="nccl" if trial.train.use_gpu else "gloo"),
         datasets={"train": dataset},
-        run_config=RunConfig(name=name, storage_path=str(storage_path), callbacks=callbacks or []),
+        dataset_config=DataConfig(datasets_to_split=[], execution_options=execution),
+        run_config=RunConfig(
+            name=name,
+            storage_path=str(storage_path),
+            callbacks=[*(callbacks or []), MetricsLog(log_location(storage_path, name))],
+            checkpoint_config=CheckpointConfig(num_to_keep=CHECKPOINTS_KEPT),
+            failure_config=FailureConfig(max_failures=trial.train.max_failures),
+        ),
     )
-    return trainer.fit()
+    result = trainer.fit()
+    raise_if_stopped(result)
+    return result
+
+
+def raise_if_stopped(result) -> None:
+    """Raise the `NonFiniteError` that stopped the run's workers (returned by rank 0), if any."""
+    error = NonFiniteError.from_return_value(getattr(result, "return_value", None))
+    if result.error is None and error is not None:
+        raise error

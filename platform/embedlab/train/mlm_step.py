@@ -20,6 +20,7 @@ from embedlab.model.heads import select_by_head
 from embedlab.objectives.dual_mlm import combined_loss_sum, per_head_loss_sums, per_ratio_loss_sums
 from embedlab.objectives.masking import MaskedBatch
 from embedlab.objectives.mlm import mlm_loss_sum
+from embedlab.train.nonfinite import finite_update
 
 AllReduce = Callable[[torch.Tensor], torch.Tensor]
 
@@ -46,9 +47,10 @@ class StepResult:
     selected: int
     tokens: int
     grad_norm: float
-    skipped: bool
+    skipped: bool  # no selected token anywhere: no update
     # With mixed ratios: {"head/<name>" or "ratio/<name>": (loss sum, selected count)}, global.
     groups: dict[str, tuple[float, int]] = field(default_factory=dict)
+    rejected: bool = False  # non-finite loss or gradient: no update (embedlab.train.nonfinite)
 
 
 def accumulate_gradients(
@@ -127,14 +129,20 @@ def all_reduce_gradients(model: nn.Module, all_reduce: AllReduce) -> None:
 def optimizer_step(
     model: nn.Module, optimizer: torch.optim.Optimizer, result: StepResult, max_grad_norm: float
 ) -> StepResult:
-    """Clip by global norm (the pre-clip norm is returned), step, zero gradients."""
+    """Clip by global norm (the pre-clip norm is returned), step, zero gradients.
+
+    The update is rejected (no step; `rejected` set) when the global loss or the norm of the
+    all-reduced gradients is not finite: the same figures on every worker, so all agree.
+    """
     if result.skipped:
         optimizer.zero_grad(set_to_none=True)
         return result
     norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm))
-    optimizer.step()
+    rejected = not finite_update(result.loss_sum, norm)
+    if not rejected:
+        optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return replace(result, grad_norm=norm)
+    return replace(result, grad_norm=norm, rejected=rejected)
 
 
 def build_optimizer(model: nn.Module, learning_rate: float, weight_decay: float) -> torch.optim.AdamW:

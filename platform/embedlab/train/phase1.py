@@ -1,17 +1,18 @@
 """Phase 1 (masked language modelling) on Ray Train.
 
-`phase1_worker` is the `train_loop_per_worker` that `TorchTrainer` runs on every worker;
-`run_phase1` builds the trainer. Workers read packed rows from their Ray Data shard
-(`get_dataset_shard("train")`), mask them with a per-worker masking RNG, and step until
-the global count of consumed non-padding tokens reaches the budget. Every worker sees the
-same all-reduced counts, so all stop at the same step.
+`Phase1Loop` is one worker's phase-1 training (model, optimizer, masking generator, step,
+metrics, checkpoint contents); `phase1_worker` runs it as Ray Train's
+`train_loop_per_worker` through `embedlab.train.loop`, which resumes, reports, checkpoints
+and stops; `run_phase1` builds the trainer. Each worker masks its rows of every global batch
+with its own masking generator and steps until the global count of consumed non-padding
+tokens reaches the budget. Every worker sees the same all-reduced counts, so all stop at
+the same step.
 """
 
 from __future__ import annotations
 
 import hashlib
-import tempfile
-import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,29 +23,40 @@ from embedlab.config import REPLACEMENT_POLICY, TrialConfig
 from embedlab.data.mixture import Schedule, sample_schedule, schedule_target
 from embedlab.data.prepare import PreparedData
 from embedlab.data.stream import packed_dataset, units_by_source
-from embedlab.model.encoder import MLMModel, count_parameters
+from embedlab.model.encoder import MLMModel
 from embedlab.model.heads import MultiHeadMLMModel
 from embedlab.objectives.dual_mlm import assign_ratios, head_names, mask_mixed, route_heads
 from embedlab.objectives.masking import MaskedBatch, mask_tokens
 from embedlab.objectives.mlm import combine
 from embedlab.tokenizer import load_tokenizer
+from embedlab.train.budget import body_parameters, consumption, tokens_for, training_flops
 from embedlab.train.launch import fit
-from embedlab.train.checkpoint import save_checkpoint
+from embedlab.train.loop import Progress, RunOptions, TrainingLoop, run_on_ray
 from embedlab.train.mlm_step import (
     NO_DECAY_RULE,
     Microbatch,
+    StepResult,
     accumulate_gradients,
     build_optimizer,
     learning_rate_at,
     no_reduce,
     optimizer_step,
 )
+from embedlab.train.state import seed_everything
 
 
 def seed_for(seed: int, stream: str, rank: int = 0) -> int:
     """Independent RNG streams (init, masking, ...) derived from one trial seed."""
     digest = hashlib.sha256(f"{seed}:{stream}:{rank}".encode()).digest()
     return int.from_bytes(digest[:8], "big") & 0x7FFF_FFFF_FFFF_FFFF
+
+
+def data_seed(trial: TrialConfig) -> int:
+    """The seed of the order documents (phase 1) or pairs (phases 2-3) are drawn in: the
+    mixture's seed with the trial seed, so seeds replicate over data order as well as
+    initialisation and masking, while every arm sees the same order at one seed (paired).
+    A phase-2 arm from one parent would otherwise train identically at every seed."""
+    return seed_for(trial.data.mixture.seed, f"data-order:{trial.train.seed}")
 
 
 def sum_all_reduce(device: torch.device):
@@ -58,136 +70,152 @@ def sum_all_reduce(device: torch.device):
     return reduce
 
 
-def estimated_flops(model: torch.nn.Module, tokens: int, selected: int) -> float:
-    """6 * (encoder parameters without the embedding table) per token, plus one head's dense
-    transform and vocabulary projection per selected token (heads run nowhere else; each
-    selected token goes through exactly one head). Attention scores are ignored."""
-    config = model.encoder.config
-    body = count_parameters(model.encoder) - config.vocab_size * config.width
-    head = config.width * config.width + config.width * config.vocab_size
-    return 6.0 * body * tokens + 6.0 * head * selected
+@dataclass
+class Phase1Progress(Progress):
+    tokens: int = 0  # consumed non-padding tokens, all workers
+    selected: int = 0  # selected (masked) tokens, all workers
+    consumed_by_source: list[float] = field(default_factory=list)  # tokens per source, as of the last report
 
 
-def phase1_worker(loop_config: dict[str, Any]) -> None:
-    import ray.train
-    import ray.train.torch
+class Phase1Loop(TrainingLoop):
+    """Phase-1 MLM on one worker: masks its rows with its own masking generator and steps
+    until the all-reduced count of consumed non-padding tokens reaches the budget."""
 
-    trial = TrialConfig.from_dict(loop_config["trial"])
-    context = ray.train.get_context()
-    rank, world = context.get_world_rank(), context.get_world_size()
-    torch.set_num_threads(trial.train.torch_threads)
-    device = ray.train.torch.get_device()
-    tokenizer = load_tokenizer(loop_config["tokenizer_path"], expected_hash=loop_config["tokenizer_hash"])
+    def __init__(self, loop_config: dict[str, Any], *, rank: int, world: int, device: torch.device) -> None:
+        trial = TrialConfig.from_dict(loop_config["trial"])
+        self.trial, self.loop_config, self.rank, self.world, self.device = trial, loop_config, rank, world, device
+        torch.set_num_threads(trial.train.torch_threads)
+        self.tokenizer = load_tokenizer(loop_config["tokenizer_path"], expected_hash=loop_config["tokenizer_hash"])
+        torch.manual_seed(seed_for(trial.train.seed, "init"))  # identical weights on every worker
+        self.mixed = trial.masking.mixed_ratios
+        self.model = (
+            MultiHeadMLMModel(trial.model, head_names(trial.masking)) if self.mixed else MLMModel(trial.model)
+        ).to(device)
+        self.optimizer = build_optimizer(self.model, trial.train.learning_rate, trial.train.weight_decay)
+        self.masking_rng = torch.Generator().manual_seed(seed_for(trial.train.seed, "masking", rank))
+        torch.manual_seed(seed_for(trial.train.seed, "dropout", rank))
+        seed_everything(seed_for(trial.train.seed, "python", rank))
+        self.all_reduce = sum_all_reduce(device) if world > 1 else no_reduce
+        self.eligible_ban = torch.tensor(self.tokenizer.special_ids)
+        self.random_range = (len(self.tokenizer.special_ids), self.tokenizer.vocab_size)
+        self.sources = loop_config["sources"]
+        self.batches_per_step = trial.train.microbatches
+        self.body = body_parameters(trial.model)
+        self.progress = Phase1Progress(consumed_by_source=[0.0] * len(self.sources))
+        # Since the last report (empty at every checkpoint, which always reports):
+        self.source_tokens = torch.zeros(len(self.sources), dtype=torch.float64)  # this worker's
+        self.window: list[tuple[float, int]] = []
+        self.group_window: dict[str, list] = {}  # per head / per ratio (loss sum, count)
+        self.last: StepResult | None = None
+        self.model.train()
 
-    torch.manual_seed(seed_for(trial.train.seed, "init"))  # identical weights on every worker
-    mixed = trial.masking.mixed_ratios
-    model = (MultiHeadMLMModel(trial.model, head_names(trial.masking)) if mixed else MLMModel(trial.model)).to(device)
-    optimizer = build_optimizer(model, trial.train.learning_rate, trial.train.weight_decay)
-    masking_rng = torch.Generator().manual_seed(seed_for(trial.train.seed, "masking", rank))
-    torch.manual_seed(seed_for(trial.train.seed, "dropout", rank))
-    all_reduce = sum_all_reduce(device) if world > 1 else no_reduce
-    eligible_ban = torch.tensor(tokenizer.special_ids)
-    random_range = (len(tokenizer.special_ids), tokenizer.vocab_size)
+    def clock(self) -> tuple[float, float]:
+        progress = self.progress
+        flops = training_flops(self.trial.model, progress.tokens, progress.selected, self.body)
+        return consumption(self.trial.train, 1, tokens=progress.tokens, pairs=0, flops=flops)
 
-    budget = trial.train.budget_tokens
-    sources = loop_config["sources"]
-    source_tokens = torch.zeros(len(sources), dtype=torch.float64)  # this worker's, since the last report
-    consumed_by_source = torch.zeros(len(sources), dtype=torch.float64)  # all workers'
-    consumed = selected_total = steps = skipped = 0
-    window: list[tuple[float, int]] = []
-    group_window: dict[str, list] = {}  # per head / per ratio (loss sum, count) since the last report
-    started = time.perf_counter()
-    pending: list[Microbatch] = []
-    model.train()
-    # One pass over the shard: the schedule is long enough for the budget, and a second
-    # pass would repeat data past the mixture's repetition cap.
-    for batch in ray.train.get_dataset_shard("train").iter_torch_batches(
-        batch_size=trial.train.batch_rows, drop_last=True, dtypes=torch.long
-    ):
+    def done(self) -> bool:
+        clock, budget = self.clock()
+        return clock >= budget
+
+    def _microbatch(self, batch: dict[str, torch.Tensor]) -> Microbatch:
         input_ids, segment_ids = batch["input_ids"], batch["segment_ids"]
-        source_index = batch["source_index"]
-        source_tokens += torch.bincount(source_index[segment_ids > 0], minlength=len(sources)).double()
-        eligible = (segment_ids > 0) & ~torch.isin(input_ids, eligible_ban)
-        word_start = batch["word_start"].bool()
-        masking_ids = dict(mask_id=tokenizer.mask_id, random_token_range=random_range, generator=masking_rng,
-                           word_start=word_start, segment_ids=segment_ids)
+        self.source_tokens += torch.bincount(
+            batch["source_index"][segment_ids > 0], minlength=len(self.sources)).double()
+        eligible = (segment_ids > 0) & ~torch.isin(input_ids, self.eligible_ban)
+        masking_ids = dict(mask_id=self.tokenizer.mask_id, random_token_range=self.random_range,
+                           generator=self.masking_rng, word_start=batch["word_start"].bool(), segment_ids=segment_ids)
         ratio_index = head_index = None
-        if mixed:
-            ratio_index = assign_ratios(len(input_ids), mixed, masking_rng)
-            masked = mask_mixed(input_ids, eligible, trial.masking, ratio_index, **masking_ids)
-            head_index = route_heads(trial.masking, ratio_index).to(device)
+        if self.mixed:
+            ratio_index = assign_ratios(len(input_ids), self.mixed, self.masking_rng)
+            masked = mask_mixed(input_ids, eligible, self.trial.masking, ratio_index, **masking_ids)
+            head_index = route_heads(self.trial.masking, ratio_index).to(self.device)
         else:
-            masked = mask_tokens(input_ids, eligible, trial.masking, **masking_ids)
+            masked = mask_tokens(input_ids, eligible, self.trial.masking, **masking_ids)
         # Masking draws on the CPU generator so its stream is the same on any device.
-        masked = MaskedBatch(*(t.to(device) for t in (masked.inputs, masked.targets, masked.selected)))
-        pending.append(Microbatch(masked=masked, segment_ids=segment_ids.to(device),
-                                  ratio_index=ratio_index, head_index=head_index))
-        if len(pending) < trial.train.microbatches:
-            continue
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate_at(consumed, budget, trial.train.learning_rate, trial.train.warmup_fraction)
-        result = accumulate_gradients(model, pending, all_reduce, mixed)
-        result = optimizer_step(model, optimizer, result, trial.train.max_grad_norm)
-        pending = []
-        steps += 1
-        consumed += result.tokens
-        selected_total += result.selected
-        skipped += int(result.skipped)
-        window.append((result.loss_sum, result.selected))
-        for key, (group_sum, count) in result.groups.items():
-            totals = group_window.setdefault(key, [0.0, 0])
-            totals[0] += group_sum
-            totals[1] += count
-        done = consumed >= budget
-        if not (done or steps % trial.train.report_every_steps == 0):
-            continue
-        consumed_by_source += all_reduce(source_tokens.clone())
-        source_tokens.zero_()
-        elapsed = time.perf_counter() - started
+        masked = MaskedBatch(*(t.to(self.device) for t in (masked.inputs, masked.targets, masked.selected)))
+        return Microbatch(masked=masked, segment_ids=segment_ids.to(self.device),
+                          ratio_index=ratio_index, head_index=head_index)
+
+    def step(self, batches: list[dict[str, torch.Tensor]]) -> None:
+        pending = [self._microbatch(batch) for batch in batches]
+        train = self.trial.train
+        clock, budget = self.clock()
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate_at(clock, budget, train.learning_rate, train.warmup_fraction)
+        result = accumulate_gradients(self.model, pending, self.all_reduce, self.mixed)
+        result = optimizer_step(self.model, self.optimizer, result, train.max_grad_norm)
+        progress = self.progress
+        progress.steps += 1
+        progress.batches += len(batches)
+        # A rejected step's batch counts as consumed (embedlab.train.nonfinite).
+        progress.tokens += result.tokens
+        progress.selected += result.selected
+        progress.skipped += int(result.skipped)
+        self.last = result
+        if not result.rejected:
+            self.window.append((result.loss_sum, result.selected))
+            for key, (group_sum, count) in result.groups.items():
+                totals = self.group_window.setdefault(key, [0.0, 0])
+                totals[0] += group_sum
+                totals[1] += count
+        self.count_rejection(result.rejected)
+
+    def metrics(self) -> dict[str, Any]:
+        progress = self.progress
+        reduced = self.all_reduce(self.source_tokens.clone())
+        consumed = torch.tensor(progress.consumed_by_source, dtype=torch.float64) + reduced
+        progress.consumed_by_source = consumed.tolist()
+        self.source_tokens.zero_()
+        clock, budget = self.clock()
+        elapsed = self.elapsed()
         metrics = {
-            "train/loss": combine(window),
-            "train/step": steps,
-            "train/lr": optimizer.param_groups[0]["lr"],
-            "train/grad_norm": result.grad_norm,
-            "train/skipped_steps": skipped,
-            "train/tokens_per_s": consumed / elapsed,
-            "budget/tokens": consumed,
-            "budget/selected_tokens": selected_total,
-            "budget/fraction": consumed / budget,
-            "budget/flops_estimate": estimated_flops(model, consumed, selected_total),
+            "train/loss": combine(self.window),
+            "train/step": progress.steps,
+            "train/lr": self.optimizer.param_groups[0]["lr"],
+            "train/grad_norm": self.last.grad_norm,
+            "train/skipped_steps": progress.skipped,
+            "train/nonfinite_steps": progress.nonfinite,
+            "train/rejected_in_a_row": progress.rejected_in_a_row,
+            "train/tokens_per_s": progress.tokens / elapsed,
+            "budget/tokens": progress.tokens,
+            "budget/selected_tokens": progress.selected,
+            "budget/fraction": clock / budget,
+            "budget/flops": training_flops(self.trial.model, progress.tokens, progress.selected, self.body),
             "compute/wall_seconds": elapsed,
-            "compute/worker_seconds": elapsed * world,
+            "compute/worker_seconds": elapsed * self.world,
+            # One device per worker (a GPU, or a CPU share on CPU clusters).
+            "compute/device_seconds": elapsed * self.world,
             **{
-                f"data/observed_share/{name}": float(consumed_by_source[i] / max(consumed, 1))
-                for i, name in enumerate(sources)
+                f"data/observed_share/{name}": progress.consumed_by_source[i] / max(progress.tokens, 1)
+                for i, name in enumerate(self.sources)
             },
-            **{f"train/loss/{key}": combine([tuple(v)]) for key, v in group_window.items()},
-            **{f"train/selected/{key}": v[1] for key, v in group_window.items()},
+            **{f"train/loss/{key}": combine([tuple(v)]) for key, v in self.group_window.items()},
+            **{f"train/selected/{key}": v[1] for key, v in self.group_window.items()},
         }
-        window, group_window = [], {}
-        if done:
-            _final_report(model, tokenizer, trial, loop_config, metrics, rank, world)
-            return
-        ray.train.report(metrics)
-    raise RuntimeError(
-        f"worker {rank}: the data stream ended after {consumed:,} of {budget:,} budget tokens "
-        f"({steps} steps); the schedule's margin did not cover this batch size"
-    )
+        self.window, self.group_window = [], {}
+        return metrics
 
+    def stream_ended(self) -> Exception:
+        clock, budget = self.clock()
+        return RuntimeError(
+            f"worker {self.rank}: the data stream ended after {self.progress.tokens:,} tokens, "
+            f"{clock / budget:.1%} of the budget ({self.progress.steps} steps); the schedule's margin did not "
+            "cover this batch size"
+        )
 
-def _final_report(model, tokenizer, trial, loop_config, metrics, rank, world) -> None:
-    import ray.train
+    def weights(self) -> tuple[torch.nn.Module, torch.nn.Module]:
+        model = self.model
+        return model.encoder, model.heads if isinstance(model, MultiHeadMLMModel) else model.mlm_head
 
-    if rank != 0:
-        ray.train.report(metrics)
-        return
-    with tempfile.TemporaryDirectory() as directory:
-        save_checkpoint(
-            Path(directory),
-            model.encoder,
-            head=model.heads if isinstance(model, MultiHeadMLMModel) else model.mlm_head,
-            tokenizer=tokenizer,
-            fields={
+    def checkpoint_contents(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        trial, model, loop_config = self.trial, self.model, self.loop_config
+        encoder, head = self.weights()
+        return {
+            "encoder": encoder,
+            "head": head,
+            "tokenizer": self.tokenizer,
+            "fields": {
                 "phase": 1,
                 "config": trial.to_dict(),
                 "seed": trial.train.seed,
@@ -206,7 +234,8 @@ def _final_report(model, tokenizer, trial, loop_config, metrics, rank, world) ->
                 },
                 "optimizer": {"name": "AdamW", "no_decay": NO_DECAY_RULE},
                 "precision": "fp32",
-                "distributed": {"workers": world, "backend": dist.get_backend() if world > 1 else "none"},
+                "distributed": {"workers": self.world, "backend": dist.get_backend() if self.world > 1 else "none"},
+                "reliability": self.reliability_fields(),
                 "budget": {k: v for k, v in metrics.items() if k.startswith(("budget/", "compute/"))},
                 "mixture": {
                     "intended_shares": loop_config["intended_shares"],
@@ -217,8 +246,12 @@ def _final_report(model, tokenizer, trial, loop_config, metrics, rank, world) ->
                     "schedule": loop_config["schedule"],
                 },
             },
-        )
-        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(directory))
+        }
+
+
+def phase1_worker(loop_config: dict[str, Any]) -> dict[str, Any] | None:
+    """Ray Train's `train_loop_per_worker` for phase 1."""
+    return run_on_ray(Phase1Loop, loop_config)
 
 
 def trial_schedule(trial: TrialConfig, prepared: PreparedData) -> tuple[Schedule, dict[str, int]]:
@@ -227,13 +260,13 @@ def trial_schedule(trial: TrialConfig, prepared: PreparedData) -> tuple[Schedule
     step_tokens = (
         trial.train.num_workers * trial.train.batch_rows * trial.train.microbatches * trial.data.sequence_length
     )
-    target = schedule_target(trial.train.budget_tokens, step_tokens)
+    target = schedule_target(tokens_for(trial.train, trial.model), step_tokens)
     schedule = sample_schedule(
         units,
         prepared.record["mixture"]["shares"],
         target_units=target,
         max_epochs=trial.data.mixture.max_epochs,
-        seed=trial.data.mixture.seed,
+        seed=data_seed(trial),
     )
     return schedule, offsets
 
@@ -245,8 +278,12 @@ def run_phase1(
     storage_path: Path,
     name: str,
     callbacks: list | None = None,
+    options: RunOptions = RunOptions(),
 ):
-    """Fit one phase-1 `TorchTrainer` on the trial's packed Ray Data stream."""
+    """Fit one phase-1 `TorchTrainer` on the trial's packed Ray Data stream.
+
+    A run of a `name` that has checkpoints under `storage_path` resumes from the latest.
+    """
     schedule, offsets = trial_schedule(trial, prepared)
     rows = packed_dataset(
         prepared.pieces_path, schedule, offsets,
@@ -262,6 +299,7 @@ def run_phase1(
             "sources": list(schedule.sources),
             "intended_shares": prepared.record["mixture"]["shares"],
             "schedule": {"version": schedule.version, "seed": schedule.seed, "pieces": int(len(schedule.item))},
+            "run": options.to_dict(),
         },
         trial,
         rows,

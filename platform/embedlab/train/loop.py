@@ -1,0 +1,239 @@
+"""The loop every phase runs on a session: resume, step, report, checkpoint, stop.
+
+    resume      restore the latest checkpoint of the run, if any (weights, optimizer,
+                progress counters, every RNG), then skip the global batches it had consumed
+    step        the phase's optimizer step on this worker's rows of the next global batches;
+                rejected (no update) when its loss or gradient is not finite
+    report      every `train.report_every_steps` steps, at every checkpoint and at the end
+    checkpoint  every `train.checkpoint_every_steps` steps and at the end: the complete
+                training state (`embedlab.train.state`) next to the weights
+    stop        at the budget; after `stop_after_step` (a planned interruption: a later run of
+                the same name resumes); or with `NonFiniteError` after too many rejections
+
+A phase subclasses `TrainingLoop`: it builds its model, optimizer and generators, and
+implements `step`, `metrics` and what its checkpoint holds.
+"""
+
+from __future__ import annotations
+
+import itertools
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from embedlab.config import TrialConfig
+from embedlab.data.stream import worker_rows
+from embedlab.train.checkpoint import load_weights, read_manifest, save_checkpoint
+from embedlab.train.nonfinite import REJECTED_UPDATE_POLICY, STOPPED_KEY, NonFiniteError
+from embedlab.train.session import Batch, FaultDrill, Session
+from embedlab.train.state import (
+    DATA_ASSIGNMENT,
+    RESUME_POLICY,
+    TrainingState,
+    capture_rng,
+    config_hash,
+    gather_rank_states,
+    load_optimizer_state,
+    read_training_state,
+    restore_rng,
+)
+
+
+@dataclass
+class Progress:
+    """Counters every phase keeps: global figures, the same on every worker (but `elapsed`)."""
+
+    steps: int = 0
+    batches: int = 0  # global batches consumed: the data position
+    skipped: int = 0  # steps without an update (no masked token, or rejected)
+    nonfinite: int = 0  # steps rejected for a non-finite loss or gradient
+    rejected_in_a_row: int = 0
+    elapsed: float = 0.0  # wall seconds of the attempts before this one
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How one attempt runs, beside the trial config (not part of a trial's identity)."""
+
+    stop_after_step: int | None = None
+    fault_drill: FaultDrill | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any] | None) -> RunOptions:
+        raw = raw or {}
+        drill = raw.get("fault_drill")
+        return cls(stop_after_step=raw.get("stop_after_step"), fault_drill=FaultDrill(**drill) if drill else None)
+
+
+class TrainingLoop:
+    """A phase's model, optimizer, generators and counters; see the module docstring."""
+
+    trial: TrialConfig
+    rank: int
+    world: int
+    device: torch.device
+    optimizer: torch.optim.Optimizer
+    masking_rng: torch.Generator
+    progress: Progress
+    batches_per_step: int = 1
+
+    def step(self, batches: list[Batch]) -> None:
+        """One optimizer step (or a rejected one) on this worker's rows of `batches`."""
+        raise NotImplementedError
+
+    def metrics(self) -> dict[str, Any]:
+        """The report since the last one (a collective: every rank calls it)."""
+        raise NotImplementedError
+
+    def done(self) -> bool:
+        raise NotImplementedError
+
+    def stream_ended(self) -> Exception:
+        raise NotImplementedError
+
+    def checkpoint_contents(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        """`save_checkpoint` keyword arguments: encoder, head, tokenizer, fields, pooling, prefixes."""
+        raise NotImplementedError
+
+    def weights(self) -> tuple[torch.nn.Module, torch.nn.Module | None]:
+        """(encoder, head or None): the modules the checkpoint's weight files hold."""
+        raise NotImplementedError
+
+    def extra_tensors(self) -> dict[str, torch.Tensor]:
+        """Trained tensors outside the weight files."""
+        return {}
+
+    def load_extra(self, tensors: dict[str, torch.Tensor]) -> None:
+        pass
+
+    # Shared by every phase.
+
+    def start_clock(self) -> None:
+        self.started = time.perf_counter()
+
+    def elapsed(self) -> float:
+        return self.progress.elapsed + time.perf_counter() - self.started
+
+    def count_rejection(self, rejected: bool) -> None:
+        """Count a rejected step; raise once `train.max_rejected_steps` are rejected in a row."""
+        progress = self.progress
+        if not rejected:
+            progress.rejected_in_a_row = 0
+            return
+        progress.skipped += 1
+        progress.nonfinite += 1
+        progress.rejected_in_a_row += 1
+        if progress.rejected_in_a_row >= self.trial.train.max_rejected_steps:
+            raise NonFiniteError(progress.rejected_in_a_row, progress.steps)
+
+    def reliability_fields(self) -> dict[str, Any]:
+        train = self.trial.train
+        return {
+            "rejected_update": REJECTED_UPDATE_POLICY,
+            "max_rejected_steps": train.max_rejected_steps,
+            "resume": RESUME_POLICY,
+            "checkpoint_every_steps": train.checkpoint_every_steps,
+            "max_failures": train.max_failures,
+            "data_assignment": DATA_ASSIGNMENT,
+        }
+
+    def save(self, directory: Path, metrics: dict[str, Any], *, final: bool) -> Path | None:
+        """Write a checkpoint with the complete training state on rank 0 (every rank calls it:
+        the RNG states are gathered); returns the directory on rank 0, None elsewhere."""
+        ranks = gather_rank_states(capture_rng(self.masking_rng, self.device), self.world, self.device)
+        if self.rank != 0:
+            return None
+        state = TrainingState(
+            step=self.progress.steps,
+            progress={**asdict(self.progress), "elapsed": self.elapsed()},
+            optimizer=self.optimizer,
+            ranks=ranks,
+            config_hash=config_hash(self.trial.to_json()),
+            extra=self.extra_tensors(),
+            final=final,
+        )
+        save_checkpoint(directory, **self.checkpoint_contents(metrics), training_state=state)
+        return directory
+
+    def restore(self, directory: Path) -> None:
+        """Continue from a checkpoint of this trial: weights in place, optimizer, counters, RNG."""
+        manifest = read_manifest(directory)
+        loaded = read_training_state(directory, manifest, rank=self.rank, world=self.world,
+                                     expected_config_hash=config_hash(self.trial.to_json()))
+        load_weights(directory, *self.weights())
+        self.load_extra(loaded.extra)
+        load_optimizer_state(self.optimizer, loaded.optimizer_tensors, loaded.optimizer_record)
+        self.progress = type(self.progress)(**loaded.progress)
+        restore_rng(loaded.rank, self.masking_rng, self.device)
+
+
+def run(loop: TrainingLoop, session: Session, options: RunOptions = RunOptions()) -> None:
+    """Train `loop` to its budget (or `options.stop_after_step`) on `session`."""
+    with session.resume_point() as directory:
+        if directory is not None:
+            loop.restore(directory)
+    stop_after = options.stop_after_step
+    if loop.done() or (stop_after is not None and loop.progress.steps >= stop_after):
+        return  # resumed from a checkpoint that already ends this run
+    loop.start_clock()
+    batches = session.global_batches(loop.world * loop.trial.train.batch_rows)
+    for _ in range(loop.progress.batches):
+        if next(batches, None) is None:
+            raise RuntimeError(f"the data stream is shorter than the checkpoint's position "
+                               f"({loop.progress.batches} global batches)")
+    train = loop.trial.train
+    while True:
+        group = list(itertools.islice(batches, loop.batches_per_step))
+        if len(group) < loop.batches_per_step:
+            raise loop.stream_ended()
+        try:
+            loop.step([worker_rows(batch, loop.rank, loop.world) for batch in group])
+        except NonFiniteError:
+            _report(loop, session, checkpoint=False, final=False, stopped=True)
+            raise
+        step, done = loop.progress.steps, loop.done()
+        stop = done or (stop_after is not None and step >= stop_after)
+        checkpoint = stop or (train.checkpoint_every_steps > 0 and step % train.checkpoint_every_steps == 0)
+        if checkpoint or step % train.report_every_steps == 0:
+            _report(loop, session, checkpoint=checkpoint, final=done)
+        if stop:
+            return
+        if options.fault_drill is not None:
+            options.fault_drill.fire_if_due(session, step)
+
+
+def _report(loop: TrainingLoop, session: Session, *, checkpoint: bool, final: bool, stopped: bool = False) -> None:
+    metrics = loop.metrics()
+    if stopped:
+        metrics[STOPPED_KEY] = 1.0
+    if not checkpoint:
+        session.report(metrics, None)
+        return
+    with tempfile.TemporaryDirectory() as directory:
+        session.report(metrics, loop.save(Path(directory) / "checkpoint", metrics, final=final))
+
+
+def run_on_ray(make_loop: Callable[..., TrainingLoop], loop_config: dict[str, Any]) -> dict[str, Any] | None:
+    """The body of a `train_loop_per_worker`: build the phase's loop and run it on Ray Train.
+
+    A `NonFiniteError` ends the worker normally, returning what `launch.fit` needs to raise
+    it on the driver: Ray Train restarts a failed worker group, and a restart would only
+    repeat the same rejections.
+    """
+    from embedlab.train.session import RaySession
+
+    session = RaySession()
+    loop = make_loop(loop_config, rank=session.rank, world=session.world, device=session.device)
+    try:
+        run(loop, session, RunOptions.from_dict(loop_config.get("run")))
+    except NonFiniteError as error:
+        return {"stopped": "non-finite", "rejected_in_a_row": error.rejected_in_a_row, "step": error.step}
+    return None

@@ -1,0 +1,141 @@
+"""Where a training loop runs: on Ray Train (`RaySession`) or in this process (`LocalSession`).
+
+A session gives the loop its rank, world size and device, the stream of global batches,
+the checkpoint to resume from, and a way to report metrics with an optional checkpoint.
+The loop itself (`embedlab.train.loop`) knows nothing of Ray, so the exact-resume and
+rejected-update guarantees are tested in-process with the same code Ray Train runs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+Batch = dict[str, torch.Tensor]
+
+
+class Session(Protocol):
+    rank: int
+    world: int
+    device: torch.device
+
+    def global_batches(self, rows: int) -> Iterator[Batch]:
+        """The whole stream in order, `rows` rows a batch (the last partial batch dropped)."""
+
+    def resume_point(self):
+        """A context manager giving the directory of the latest checkpoint, or None."""
+
+    def report(self, metrics: dict[str, Any], checkpoint: Path | None) -> None:
+        """Every rank calls it at the same steps; rank 0 passes the checkpoint directory."""
+
+    def settle(self) -> None:
+        """Return once every report so far is stored (checkpoints registered)."""
+
+
+class RaySession:
+    """Ray Train's worker context (call from inside `train_loop_per_worker`)."""
+
+    def __init__(self) -> None:
+        import ray.train
+        import ray.train.torch
+
+        context = ray.train.get_context()
+        self.rank, self.world = context.get_world_rank(), context.get_world_size()
+        self.device = ray.train.torch.get_device()
+
+    def global_batches(self, rows: int) -> Iterator[Batch]:
+        import ray.train
+
+        # Not split across workers (`launch.fit`): each worker iterates the whole dataset in
+        # order and takes its own rows, so who gets which row never depends on timing.
+        shard = ray.train.get_dataset_shard("train")
+        return iter(shard.iter_torch_batches(batch_size=rows, drop_last=True, dtypes=torch.long))
+
+    @contextmanager
+    def resume_point(self):
+        import ray.train
+
+        checkpoint = ray.train.get_checkpoint()
+        if checkpoint is None:
+            yield None
+            return
+        with checkpoint.as_directory() as directory:
+            yield Path(directory)
+
+    def report(self, metrics: dict[str, Any], checkpoint: Path | None) -> None:
+        import ray.train
+
+        ray.train.report(metrics, checkpoint=None if checkpoint is None else ray.train.Checkpoint.from_directory(
+            str(checkpoint)))
+
+    def settle(self) -> None:
+        import ray.train
+
+        # The controller registers reports when it polls the workers; until then a report
+        # (and its checkpoint) dies with its worker.
+        ray.train.get_all_reported_checkpoints()
+
+
+class LocalSession:
+    """One process (or one rank of a process group) reading in-memory rows; rank 0 stores
+    checkpoints in `root/checkpoint_<n>` (a root every rank sees) and a new session on the
+    same `root` resumes from the latest, as a Ray Train run of the same name does."""
+
+    def __init__(self, rows: dict[str, np.ndarray | torch.Tensor], root: Path, *, rank: int = 0, world: int = 1,
+                 device: torch.device = torch.device("cpu")) -> None:
+        self.rows = {k: torch.as_tensor(v).long() for k, v in rows.items()}
+        self.root, self.rank, self.world, self.device = Path(root), rank, world, device
+        self.reports: list[dict[str, Any]] = []
+        self.checkpoints: list[Path] = []
+
+    def global_batches(self, rows: int) -> Iterator[Batch]:
+        total = len(next(iter(self.rows.values())))
+        for start in range(0, total - rows + 1, rows):
+            yield {k: v[start : start + rows] for k, v in self.rows.items()}
+
+    @contextmanager
+    def resume_point(self):
+        existing = sorted(self.root.glob("checkpoint_*")) if self.root.is_dir() else []
+        yield existing[-1] if existing else None
+
+    def report(self, metrics: dict[str, Any], checkpoint: Path | None) -> None:
+        self.reports.append(dict(metrics))
+        if checkpoint is not None:
+            target = self.root / f"checkpoint_{len(sorted(self.root.glob('checkpoint_*'))):06d}"
+            staging = target.with_name(f".{target.name}.partial")
+            shutil.copytree(checkpoint, staging)
+            staging.rename(target)
+            self.checkpoints.append(target)
+        if self.world > 1:
+            torch.distributed.barrier()  # as Ray Train's report: every rank leaves once the checkpoint is stored
+
+    def settle(self) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class FaultDrill:
+    """Worker `rank` kills its own process with SIGKILL after step `step` (once its reports
+    are stored), once: the `marker` file (on storage every worker sees) records that the
+    drill fired, so the restarted worker trains on. For tests of Ray Train's restart and
+    exact restore."""
+
+    rank: int
+    step: int
+    marker: str
+
+    def fire_if_due(self, session: Session, step: int) -> None:
+        marker = Path(self.marker)
+        if session.rank == self.rank and step == self.step and not marker.exists():
+            session.settle()
+            marker.write_text(f"pid {os.getpid()} killed after step {step}\n")
+            os.kill(os.getpid(), signal.SIGKILL)
