@@ -1,7 +1,7 @@
 """Dual LM heads: 5% and 50% masking mixed 4:1 in every batch, one shared head vs one head per
-ratio, against a single-ratio arm, at an equal non-padding-token budget.
+ratio, against the best single ratio, at an equal non-padding-token budget.
 
-Run:  embedlab sweep ablations/dual_heads.py
+Run:  embedlab sweep ablations/dual_heads.py [--profile demo]
 """
 
 from dataclasses import replace
@@ -9,21 +9,27 @@ from dataclasses import replace
 from embedlab import Study, recipes
 
 MIXED = ((0.05, 4), (0.5, 1))
+# The single-ratio reference: the masking-ratio study's promoted ratio.
+BEST_SINGLE_RATIO = 0.15
+TOUR = ("single-15", "mixed-dual-heads")
 
 
-def study() -> Study:
-    base = recipes.phase1_baseline()
+def study(profile: str = recipes.DEFAULT_PROFILE) -> Study:
+    p = recipes.profile(profile)
+    base = recipes.phase1_baseline(profile)
+    single = replace(base, masking=replace(base.masking, ratio=BEST_SINGLE_RATIO))
+    arms = {
+        f"single-{round(BEST_SINGLE_RATIO * 100)}": single,
+        "mixed-shared-head": replace(base, masking=replace(base.masking, mixed_ratios=MIXED)),
+        "mixed-dual-heads": replace(base, masking=replace(base.masking, mixed_ratios=MIXED, head_per_ratio=True)),
+    }
     return Study(
         name="dual-heads",
         factor="masking",
-        arms={
-            # The single-ratio reference: set it to the masking-ratio study's winner.
-            "single-15": base,
-            "mixed-shared-head": replace(base, masking=replace(base.masking, mixed_ratios=MIXED)),
-            "mixed-dual-heads": replace(base, masking=replace(base.masking, mixed_ratios=MIXED, head_per_ratio=True)),
-        },
-        seeds=(0, 1),
-        budget_tokens=300_000,
+        arms={name: config for name, config in arms.items() if p.all_arms or name in TOUR},
+        seeds=p.seeds,
+        **recipes.budget_for(p, phase=1),
         metric="dev/ndcg@10",
+        profile=p.name,
         description="Do ratio-specific LM heads recover both regimes that a shared head mixes?",
     )

@@ -1,7 +1,8 @@
 """Phase 2: contrastive-only continuation vs joint MLM + contrastive (weights 0.3 / 0.7, MLM on
 separately corrupted copies, contrastive on clean views), at an equal budget of positive pairs.
+The joint arm also encodes its MLM copies, so its FLOPs are recorded next to the pairs.
 
-Run:  embedlab sweep ablations/joint_vs_contrastive.py --parent PHASE1_CHECKPOINT_DIR
+Run:  embedlab sweep ablations/joint_vs_contrastive.py --parent PHASE1_CHECKPOINT_DIR [--profile demo]
 """
 
 from dataclasses import replace
@@ -9,8 +10,9 @@ from dataclasses import replace
 from embedlab import Study, recipes
 
 
-def study() -> Study:
-    base = recipes.phase2_baseline()
+def study(profile: str = recipes.DEFAULT_PROFILE) -> Study:
+    p = recipes.profile(profile)
+    base = recipes.phase2_baseline(profile)
     return Study(
         name="joint-vs-contrastive",
         factor="contrastive.mlm_weight",
@@ -18,9 +20,9 @@ def study() -> Study:
             "contrastive-only": base,
             "joint-mlm-30": replace(base, contrastive=replace(base.contrastive, mlm_weight=0.3)),
         },
-        seeds=(0, 1),
-        budget_tokens=300_000,
-        budget_pairs=2_000,
+        seeds=p.seeds,
+        **recipes.budget_for(p, phase=2),
         metric="dev/ndcg@10",
+        profile=p.name,
         description="Does keeping an MLM term during contrastive pretraining help retrieval or retention?",
     )

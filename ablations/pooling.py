@@ -1,7 +1,7 @@
 """Pooling: mean over content tokens vs the CLS state, in phase-2 contrastive training at an
 equal budget of positive pairs, from one phase-1 checkpoint.
 
-Run:  embedlab sweep ablations/pooling.py --parent PHASE1_CHECKPOINT_DIR
+Run:  embedlab sweep ablations/pooling.py --parent PHASE1_CHECKPOINT_DIR [--profile demo]
 """
 
 from dataclasses import replace
@@ -9,8 +9,9 @@ from dataclasses import replace
 from embedlab import Study, recipes
 
 
-def study() -> Study:
-    base = recipes.phase2_baseline()
+def study(profile: str = recipes.DEFAULT_PROFILE) -> Study:
+    p = recipes.profile(profile)
+    base = recipes.phase2_baseline(profile)
     return Study(
         name="pooling",
         factor="contrastive.pooling",
@@ -18,9 +19,9 @@ def study() -> Study:
             "mean": replace(base, contrastive=replace(base.contrastive, pooling="mean")),
             "cls": replace(base, contrastive=replace(base.contrastive, pooling="cls")),
         },
-        seeds=(0, 1),
-        budget_tokens=300_000,
-        budget_pairs=2_000,
+        seeds=p.seeds,
+        **recipes.budget_for(p, phase=2),
         metric="dev/ndcg@10",
+        profile=p.name,
         description="Is CLS pooling as good as mean pooling once the encoder is trained contrastively?",
     )

@@ -114,7 +114,7 @@ def test_training_refuses_final_eval_items_unless_disclosed(tmp_path, ray_sessio
         "from embedlab import Study\nfrom embedlab.config import TrialConfig\n"
         f"base = TrialConfig.from_dict({base.to_dict()!r})\n"
         "def study():\n"
-        "    return Study(name='leaky', factor='masking.ratio', seeds=(0,), budget_tokens=1000,\n"
+        "    return Study(name='leaky', factor='masking.ratio', seeds=(0,), budget_tokens=10_000,\n"
         "                 arms={'a': base, 'b': replace(base, masking=replace(base.masking, ratio=0.3))})\n"
     )
     assert main(["sweep", str(study), "--storage", str(tmp_path / "runs")]) == 2

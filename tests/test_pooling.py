@@ -60,23 +60,3 @@ def test_cls_pooling_is_the_first_state(model):
     state = encoder(ids, torch.ones_like(ids))[0, 0]
     np.testing.assert_allclose(encode_texts(encoder, tokenizer, [TEXTS[0]], pooling="cls")[0],
                                (state / state.norm()).detach().numpy(), atol=1e-5)
-
-
-def test_export_drops_heads_and_keeps_the_contract(model, tmp_path):
-    """`export` writes encoder + tokenizer + manifest without MLM heads; the package loads and encodes alike."""
-    from embedlab.model.encoder import MLMModel
-    from embedlab.train.checkpoint import CheckpointError, export_inference, load_encoder, save_checkpoint
-
-    encoder, tokenizer = model
-    mlm = MLMModel(encoder.config)
-    mlm.encoder.load_state_dict(encoder.state_dict())
-    save_checkpoint(tmp_path / "ckpt", mlm.encoder, head=mlm.mlm_head, tokenizer=tokenizer, fields={},
-                    pooling="cls", prefixes={"query": "q: ", "passage": "p: "})
-    manifest = export_inference(tmp_path / "ckpt", tmp_path / "out")
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["encoder.safetensors", "manifest.json", "tokenizer.json"]
-    assert manifest["pooling"]["prefixes"] == {"query": "q: ", "passage": "p: "}
-    loaded, loaded_tokenizer, _ = load_encoder(tmp_path / "out")
-    np.testing.assert_allclose(encode_texts(loaded, loaded_tokenizer, TEXTS[:3], pooling="cls"),
-                               encode_texts(encoder, tokenizer, TEXTS[:3], pooling="cls"), atol=1e-6)
-    with pytest.raises(CheckpointError, match="not empty"):
-        export_inference(tmp_path / "ckpt", tmp_path / "out")

@@ -11,7 +11,7 @@ from embedlab import load_table
 from embedlab.cli import main
 from embedlab.train.checkpoint import load_encoder, verify_checkpoint
 
-from conftest import tiny_trial
+from conftest import tiny_trial, write_study
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -114,35 +114,59 @@ def test_evaluate_cli_builtin_task_uses_the_checkpoints_data(trained, prepared, 
     assert out["task_hash"] == via_actor["task_hash"] and out["ndcg@10"] == via_actor["ndcg@10"]
 
 
-STUDY = """
-from dataclasses import replace
-from embedlab import Study
-from embedlab.config import TrialConfig
+def test_optuna_sweep_promotion_and_child_phase(ray_session, prepared, tmp_path, capsys):
+    """A phase-1 study tunes the learning rate with Optuna (one trial per arm, kept in an SQLite
+    storage), runs its grid at equal consumed tokens, promotes the dev winner, and the promoted
+    phase-2 study records the winner's hash as every trial's parent, with the parent scored
+    under the same evaluator."""
+    import dataclasses
 
-def study():
-    base = TrialConfig.from_dict({config!r})
-    return Study(
-        name="tiny-masking", factor="masking.ratio",
-        arms={{"mask-15": base, "mask-30": replace(base, masking=replace(base.masking, ratio=0.3))}},
-        seeds=(0,), budget_tokens=4_000,
-    )
-"""
+    import optuna
 
+    from embedlab.config import ContrastiveConfig
+    from embedlab.sweep.table import check_equal_compute
 
-def test_two_arm_sweep_table(ray_session, prepared, tmp_path, capsys):
-    """`embedlab sweep` runs both arms on Ray Tune at equal consumed tokens and the table reads back."""
-    study_file = tmp_path / "tiny_study.py"
-    study_file.write_text(STUDY.format(config=tiny_trial(num_workers=1).to_dict()))
-    code = main(["sweep", str(study_file), "--storage", str(tmp_path / "runs")])
-    assert code == 0
+    study_file = write_study(tmp_path / "tiny_study.py", tiny_trial(num_workers=1), name="tiny-masking", extra=(
+        "budget_tokens=4_000, search=(Search('train.learning_rate', low=1e-4, high=1e-2, log=True),), search_trials=1"))
+    assert main(["sweep", str(study_file), "--dry-run"]) == 0
+    assert "trials: 4 (2 arms x (1 tuning + 1 seeds))" in capsys.readouterr().out
+    # A filesystem URI (any pyarrow filesystem) as the storage: the run's records and Ray's state.
+    assert main(["sweep", str(study_file), "--storage", f"file://{tmp_path / 'runs'}"]) == 0
     run_dir = next((tmp_path / "runs").iterdir())
-    table = load_table(run_dir)
-    assert list(table["arm"]) == ["mask-15", "mask-30"]
-    assert list(table["factor_value"]) == [0.15, 0.3]
-    assert table["budget/tokens"].nunique() == 1 and table["budget/tokens"].iloc[0] >= 4_000
-    assert table["dev/ndcg@10"].between(0, 1).all()
+    table = load_table(f"file://{run_dir}")
+    assert sorted(table["stage"]) == ["final", "final", "tune", "tune"]
+    final = table[table["stage"] == "final"]
+    assert list(final["arm"]) == ["mask-15", "mask-30"] and list(final["factor_value"]) == [0.15, 0.3]
+    for arm in ("mask-15", "mask-30"):
+        tuned = table[(table["stage"] == "tune") & (table["arm"] == arm)]["param/train.learning_rate"].item()
+        assert final[final["arm"] == arm]["param/train.learning_rate"].item() == tuned
+        stored = optuna.load_study(study_name=f"tiny-masking-{arm}", storage=f"sqlite:///{run_dir / 'optuna.db'}")
+        assert [t.state.name for t in stored.trials] == ["COMPLETE"] and stored.trials[0].params == {
+            "train.learning_rate": tuned}
+    assert check_equal_compute(final, "tokens") <= 0.01
+    assert final["budget/flops"].gt(0).all() and final["compute/device_seconds"].gt(0).all()
     assert "mask-30" in capsys.readouterr().out
-    assert main(["table", str(run_dir)]) == 0
+    assert main(["table", str(run_dir), "--format", "markdown"]) == 0
+
+    # Promote into a phase-2 study of one's own (--next), then run it from the promotion.
+    base = dataclasses.replace(
+        tiny_trial(num_workers=1), phase=2,
+        contrastive=ContrastiveConfig(pairs=(("title-body", 0.5), ("same-source-spans", 0.5)), pair_length=48),
+    )
+    next_file = write_study(tmp_path / "tiny_pooling.py", base, name="tiny-pooling", arms=("mean", "cls"),
+                            change="contrastive.pooling='cls'", extra="budget_tokens=4_000, budget_pairs=32")
+    assert main(["promote", str(run_dir), "--next", str(next_file), "--run"]) == 0, capsys.readouterr().err
+    promotion = json.loads((run_dir / "promotion.json").read_text())
+    winner = final.loc[final["dev/ndcg@10"].idxmax()]
+    assert promotion["winner"]["arm"] == winner["arm"] and promotion["checkpoint"] == winner["checkpoint"]
+    child_dir = next(p for p in (tmp_path / "runs").iterdir() if p.name.startswith("tiny-pooling"))
+    child = load_table(child_dir)
+    assert list(child["arm"]) == ["mean", "cls"] and set(child["phase"]) == {2}
+    assert set(child["parent_hash"]) == {winner["checkpoint_hash"]} == {promotion["lineage"]["content_hash"]}
+    assert child["budget/pairs"].nunique() == 1 and child["budget/pairs"].iloc[0] >= 32
+    record = json.loads((child_dir / "study.json").read_text())
+    assert record["parent_scores"]["dev/ndcg@10"] == pytest.approx(winner["dev/ndcg@10"])
+    assert "parent (same evaluator)" in capsys.readouterr().out
 
 
 @pytest.fixture(scope="module")
@@ -257,41 +281,3 @@ def test_dual_heads_whole_word_phase1(ray_session, prepared, tmp_path):
     heads = load_file(str(Path(result.checkpoint.path) / "mlm_head.safetensors"))
     assert {k.split(".")[0] for k in heads} == {"mask5", "mask50"}
     encoder, _, _ = load_encoder(Path(result.checkpoint.path))  # the inference package needs no head
-
-
-PHASE2_STUDY = """
-from dataclasses import replace
-from embedlab import Study
-from embedlab.config import TrialConfig
-
-def study():
-    base = TrialConfig.from_dict({config!r})
-    return Study(
-        name="tiny-pooling", factor="contrastive.pooling",
-        arms={{"mean": base, "cls": replace(base, contrastive=replace(base.contrastive, pooling="cls"))}},
-        seeds=(0,), budget_tokens=4_000, budget_pairs=32,
-    )
-"""
-
-
-def test_phase2_sweep_from_parent(trained, tmp_path, capsys):
-    """`embedlab sweep --parent` runs a phase-2 study (CLS vs mean pooling) at an equal pair budget
-    and the table records each trial's phase, parent and consumed pairs."""
-    import dataclasses
-
-    from embedlab.config import ContrastiveConfig
-
-    _, parent = trained
-    base = dataclasses.replace(
-        tiny_trial(num_workers=1), phase=2,
-        contrastive=ContrastiveConfig(pairs=(("title-body", 0.5), ("same-source-spans", 0.5)), pair_length=48),
-    )
-    study_file = tmp_path / "tiny_pooling.py"
-    study_file.write_text(PHASE2_STUDY.format(config=base.to_dict()))
-    code = main(["sweep", str(study_file), "--storage", str(tmp_path / "runs"), "--parent", parent.checkpoint.path])
-    assert code == 0, capsys.readouterr().err
-    table = load_table(next((tmp_path / "runs").iterdir()))
-    assert list(table["arm"]) == ["mean", "cls"] and set(table["phase"]) == {2}
-    assert table["budget/pairs"].nunique() == 1 and table["budget/pairs"].iloc[0] >= 32
-    assert set(table["parent"]) == {str(Path(parent.checkpoint.path).resolve())}
-    assert table["dev/ndcg@10"].between(0, 1).all()

@@ -12,10 +12,17 @@ from embedlab.sweep.study import load_study
 ABLATIONS = sorted((Path(__file__).parent.parent / "ablations").glob("*.py"))
 
 
-@pytest.mark.parametrize("path", ABLATIONS, ids=lambda p: p.name)
-def test_every_ablation_file_loads_and_validates(path):
-    """Each study file defines study() returning a valid Study that round-trips through JSON."""
-    study = load_study(path)
+TOURS = [p for p in ABLATIONS if "def tour(" in p.read_text()]
+STUDIES = [p for p in ABLATIONS if p not in TOURS]
+
+
+@pytest.mark.parametrize("profile", ["demo", "full"])
+@pytest.mark.parametrize("path", STUDIES, ids=lambda p: p.name)
+def test_every_ablation_file_loads_and_validates(path, profile):
+    """Each study file defines study(profile) returning a valid Study that round-trips through
+    JSON, at both profiles; every arm becomes a trial with the study's budget and seed."""
+    study = load_study(path, profile)
+    assert study.profile == profile and len(study.seeds) >= 2
     assert Study.from_dict(study.to_dict()) == study
     parent = "/checkpoints/parent" if study.phase > 1 else None
     for arm in study.arms:
@@ -23,6 +30,76 @@ def test_every_ablation_file_loads_and_validates(path):
         assert config.train.budget_tokens == study.budget_tokens
         assert config.phase == 1 or (config.parent == parent and config.train.budget_pairs == study.budget_pairs)
         assert TrialConfig.from_dict(config.to_dict()) == config
+    # The demo profile keeps a subset of the full study's arms.
+    assert set(study.arms) <= set(load_study(path, "full").arms)
+
+
+@pytest.mark.parametrize("path", TOURS, ids=lambda p: p.name)
+def test_every_tour_file_loads(path):
+    """A tour's stages load and train consecutive phases (the recipe: 1, 2, 3)."""
+    from embedlab.sweep.tour import load_tour, stage_path
+
+    for profile in ("demo", "full"):
+        tour = load_tour(path, profile)
+        assert [load_study(stage_path(path, s), profile).phase for s in tour.stages] == [1, 2, 3]
+
+
+def test_the_recipe_studies_the_issue_names_exist():
+    """The base recipe, mixture, masking ratio (5/15/30/50), dual heads, pooling and joint studies."""
+    names = {p.name for p in ABLATIONS}
+    assert {"recipe.py", "mixture.py", "masking_ratio.py", "dual_heads.py", "pooling.py",
+            "joint_vs_contrastive.py"} <= names
+    ratios = sorted(load_study(ABLATIONS[0].parent / "masking_ratio.py", "full").factor_value(a)
+                    for a in load_study(ABLATIONS[0].parent / "masking_ratio.py", "full").arms)
+    assert ratios == [0.05, 0.15, 0.30, 0.50]
+
+
+def test_dry_run_prints_the_plan_and_starts_nothing(capsys, monkeypatch):
+    """`sweep --dry-run` prints arms, seeds, budget, search and the trial count without Ray."""
+    import embedlab.sweep.run as run
+    from embedlab.cli import main
+
+    monkeypatch.setattr(run, "connect", lambda *a, **k: pytest.fail("a dry run connected to Ray"))
+    monkeypatch.setattr(run, "prepare_data", lambda *a, **k: pytest.fail("a dry run prepared data"))
+
+    assert main(["sweep", str(ABLATIONS[0].parent / "masking_ratio.py"), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    for text in ("mask-5", "mask-50", "seeds: 0, 1, 2", "5,000,000 non-padding tokens",
+                 "train.learning_rate: 0.0003 .. 0.003 (log)", "trials: 28 (4 arms x (4 tuning + 3 seeds))"):
+        assert text in out
+    assert main(["sweep", str(ABLATIONS[0].parent / "masking_ratio.py"), "--dry-run", "--profile", "big"]) == 2
+    assert "unknown profile 'big'" in capsys.readouterr().err
+
+
+def test_search_and_budget_unit_rules():
+    """Search may not tune the factor, a budget or a seed; ranges must be valid; a FLOPs unit
+    needs a FLOPs budget; a searched value that breaks a config rule is named."""
+    from embedlab import Search
+
+    base = recipes.phase1_baseline()
+    arms = {"a": base, "b": replace(base, masking=replace(base.masking, ratio=0.3))}
+    ok = Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget_tokens=10_000,
+               search=(Search("train.learning_rate", low=1e-4, high=1e-2, log=True),), search_trials=2)
+    assert ok.trials == 2 * (2 + 1)
+    for search, match in [
+        (Search("masking.ratio", low=0.1, high=0.2), "factor"),
+        (Search("train.seed", choices=(0, 1)), "seed"),
+        (Search("train.nope", low=0.1, high=0.2), "not a config path"),
+        (Search("train.learning_rate", low=0.0, high=0.1, log=True), "low > 0"),
+        (Search("train.warmup_fraction", low=0.5, high=1.5), "train.warmup_fraction"),
+    ]:
+        with pytest.raises(ConfigError, match=match):
+            Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget_tokens=10_000, search=(search,),
+                  search_trials=1)
+    with pytest.raises(ConfigError, match="search_trials"):
+        Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget_tokens=10_000, search_trials=3)
+    with pytest.raises(ConfigError, match="budget_flops"):
+        Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget_tokens=10_000, budget_unit="flops")
+    flops = Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget_tokens=10_000, budget_unit="flops",
+                  budget_flops=1e12)
+    assert flops.trial_config("a", 0).train.budget_flops == 1e12 and flops.unit == "flops"
+    with pytest.raises(ConfigError, match="phase 1 trains on tokens"):
+        Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget_tokens=10_000, budget_unit="pairs")
 
 
 def test_phase2_study_without_parent_is_refused():
@@ -32,9 +109,9 @@ def test_phase2_study_without_parent_is_refused():
         study.trial_config("mean", 0)
 
 
-def test_masking_ratio_study_compares_15_and_30_percent():
-    """The demo study has two arms that differ only in masking.ratio (0.15 vs 0.30)."""
-    study = load_study(Path(__file__).parent.parent / "ablations" / "masking_ratio.py")
+def test_masking_ratio_demo_profile_compares_15_and_30_percent():
+    """The demo profile keeps two arms that differ only in masking.ratio (0.15 vs 0.30)."""
+    study = load_study(Path(__file__).parent.parent / "ablations" / "masking_ratio.py", "demo")
     assert sorted(study.factor_value(a) for a in study.arms) == [0.15, 0.30]
 
 
@@ -43,7 +120,7 @@ def test_arm_differing_outside_the_factor_is_refused():
     base = recipes.phase1_baseline()
     other = replace(base, masking=replace(base.masking, ratio=0.3), train=replace(base.train, learning_rate=5e-4))
     with pytest.raises(ConfigError, match="train.learning_rate"):
-        Study(name="x", factor="masking.ratio", arms={"a": base, "b": other}, seeds=(0,), budget_tokens=10)
+        Study(name="x", factor="masking.ratio", arms={"a": base, "b": other}, seeds=(0,), budget_tokens=10_000)
 
 
 def test_study_errors_name_the_field():
@@ -51,11 +128,11 @@ def test_study_errors_name_the_field():
     base = recipes.phase1_baseline()
     arms = {"a": base, "b": replace(base, masking=replace(base.masking, ratio=0.3))}
     with pytest.raises(ConfigError, match="study.seeds"):
-        Study(name="x", factor="masking.ratio", arms=arms, seeds=(), budget_tokens=10)
+        Study(name="x", factor="masking.ratio", arms=arms, seeds=(), budget_tokens=10_000)
     with pytest.raises(ConfigError, match="study.metric"):
-        Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget_tokens=10, metric="loss")
+        Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget_tokens=10_000, metric="loss")
     with pytest.raises(ConfigError, match="study.factor"):
-        Study(name="x", factor="masking.nope", arms=arms, seeds=(0,), budget_tokens=10)
+        Study(name="x", factor="masking.nope", arms=arms, seeds=(0,), budget_tokens=10_000)
 
 
 def test_study_file_without_study_function(tmp_path):

@@ -2,7 +2,7 @@
 
 __version__ = "0.1.0"
 
-from embedlab.sweep.study import Study  # noqa: E402
+from embedlab.sweep.study import Search, Study  # noqa: E402
 from embedlab.sweep.table import load_table  # noqa: E402
 
-__all__ = ["Study", "load_table", "__version__"]
+__all__ = ["Search", "Study", "load_table", "__version__"]

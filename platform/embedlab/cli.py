@@ -1,8 +1,11 @@
 """The `embedlab` command.
 
-    embedlab demo                       the masking-ratio study on a local Ray cluster, then its table
-    embedlab sweep STUDY_FILE           run a study (arms x seeds) with Ray Tune
-    embedlab table RUN_DIR              print a run's trial table
+    embedlab demo                       the three-phase tour (demo profile) on a local Ray cluster
+    embedlab sweep STUDY_FILE           run a study (arms x seeds, Optuna per arm) with Ray Tune
+                   [--profile P] [--parent CKPT] [--dry-run] [--resume RUN_DIR] [--address A]
+    embedlab tour TOUR_FILE [--profile P]   studies of consecutive phases, winners promoted between
+    embedlab table RUN_DIR [--format text|csv|markdown|json]   per-arm mean ± 95% CI, paired differences
+    embedlab promote RUN_DIR [--metric dev/ndcg@10] [--max-retention-drop X] [--run]
     embedlab evaluate --encoder CKPT_DIR --task TASK [--split test] [--json]
     embedlab model params PRESET [--json]
     embedlab export CKPT_DIR OUT_DIR    the inference package: encoder + tokenizer, no MLM heads
@@ -22,7 +25,8 @@ import json
 import sys
 from pathlib import Path
 
-DEMO_STUDY = Path("ablations") / "masking_ratio.py"
+DEMO_TOUR = Path("ablations") / "recipe.py"
+DEMO_PROFILE = "demo"
 
 
 def _progress(message: str) -> None:
@@ -43,19 +47,34 @@ def cmd_model_params(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from embedlab.sweep.run import run_sweep
-    from embedlab.sweep.table import format_table, load_table
+    from embedlab.sweep.run import dry_run, run_sweep
 
-    run_dir = run_sweep(args.study, storage=args.storage, address=args.address,
-                        parent=getattr(args, "parent", None), progress=_progress)
-    table = load_table(run_dir)
+    if args.dry_run:
+        print(dry_run(args.study, profile=args.profile, parent=args.parent))
+        return 0
+    run_dir = run_sweep(args.study, storage=args.storage, address=args.address, parent=args.parent,
+                        profile=args.profile, resume=args.resume, progress=_progress)
+    return _show_run(run_dir)
+
+
+def _show_run(run_dir: Path) -> int:
+    """Print a finished run's table; 1 when trials are missing."""
+    from embedlab.sweep.table import final_trials, load_table, read_study_record, render
+
     print()
-    print(format_table(table, run_dir))
+    print(render(run_dir, "text"))
+    parent = read_study_record(run_dir).get("parent_scores")
+    if parent:
+        keys = [k for k in parent if k.startswith(("dev/ndcg@10", "dev/recall@100", "retention/"))
+                and isinstance(parent[k], (int, float))]
+        print("parent (same evaluator): " + ", ".join(f"{k} {parent[k]:.4f}" for k in sorted(keys)))
     print(f"\nrun directory: {run_dir}")
     print(f"trial table:   embedlab table {run_dir}   (or embedlab.load_table(...) in Python)")
+    finished = final_trials(load_table(run_dir))
     expected = _expected_trials(run_dir)
-    if len(table) < expected:
-        print(f"error: {expected - len(table)} of {expected} trials did not finish", file=sys.stderr)
+    if len(finished) < expected:
+        print(f"error: {expected - len(finished)} of {expected} trials did not finish; "
+              f"continue with: embedlab sweep STUDY --resume {run_dir}", file=sys.stderr)
         return 1
     return 0
 
@@ -68,22 +87,49 @@ def _expected_trials(run_dir: Path) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    if not DEMO_STUDY.is_file():
-        print(f"error: {DEMO_STUDY} not found; run `embedlab demo` from the repository root",
-              file=sys.stderr)
+    if not DEMO_TOUR.is_file():
+        print(f"error: {DEMO_TOUR} not found; run `embedlab demo` from the repository root", file=sys.stderr)
         return 2
-    args.study = str(DEMO_STUDY)
-    return cmd_sweep(args)
+    args.tour, args.profile = str(DEMO_TOUR), DEMO_PROFILE
+    return cmd_tour(args)
+
+
+def cmd_tour(args: argparse.Namespace) -> int:
+    from embedlab.sweep.tour import run_tour
+
+    failed = []
+    run_dirs = run_tour(args.tour, profile=args.profile, storage=args.storage, address=args.address,
+                        show=lambda run_dir: failed.append(_show_run(run_dir)), progress=_progress)
+    print("\ntour finished; run directories:")
+    for run_dir in run_dirs:
+        print(f"  {run_dir}")
+    return max(failed, default=0)
 
 
 def cmd_table(args: argparse.Namespace) -> int:
-    from embedlab.sweep.table import format_table, load_table
+    from embedlab.sweep.table import load_table, render
 
-    table = load_table(args.run_dir)
-    if args.json:
-        print(table.to_json(orient="records"))
+    if args.json:  # every column of every trial, as records
+        print(load_table(args.run_dir).to_json(orient="records"))
     else:
-        print(format_table(table, args.run_dir))
+        print(render(Path(args.run_dir), args.format))
+    return 0
+
+
+def cmd_promote(args: argparse.Namespace) -> int:
+    from embedlab.sweep.promote import DEFAULT_MAX_RETENTION_DROP, promote
+
+    margin = DEFAULT_MAX_RETENTION_DROP if args.max_retention_drop is None else args.max_retention_drop
+    promotion = promote(args.run_dir, metric=args.metric, max_retention_drop=margin,
+                        arm=args.arm, next_study=args.next, progress=_progress)
+    if args.run and "next_study" in promotion:
+        from embedlab.sweep.run import run_sweep
+
+        from embedlab.sweep import store
+
+        child = run_sweep(promotion["next_study"], storage=store.parent(store.resolve(args.run_dir)),
+                          address=args.address, progress=_progress)
+        return _show_run(child)
     return 0
 
 
@@ -205,20 +251,48 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--storage", default="runs", help="where run directories go (default ./runs)")
         p.add_argument("--address", default=None, help="an existing Ray cluster (default: start a local one)")
 
-    demo = sub.add_parser("demo", help="run the masking-ratio study locally and print its table")
+    demo = sub.add_parser("demo", help="the three-phase tour on the demo profile, on a local Ray cluster")
     add_run_options(demo)
     demo.set_defaults(func=cmd_demo)
+
+    def add_profile(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--profile", default=None,
+                       help="sizes to run at: demo (2-core CPU) or full (GPU cluster; the study files' default)")
 
     sweep = sub.add_parser("sweep", help="run a study file with Ray Tune")
     sweep.add_argument("study", help="a study file, e.g. ablations/masking_ratio.py")
     sweep.add_argument("--parent", default=None, help="phases 2-3: the checkpoint every arm starts from")
+    add_profile(sweep)
+    sweep.add_argument("--dry-run", action="store_true",
+                       help="validate the study and print its arms, seeds, budget and trials; start nothing")
+    sweep.add_argument("--resume", default=None, metavar="RUN_DIR",
+                       help="continue an interrupted run of the same study: finished trials are kept")
     add_run_options(sweep)
     sweep.set_defaults(func=cmd_sweep)
 
-    table = sub.add_parser("table", help="print a run's trial table")
+    tour = sub.add_parser("tour", help="run a tour file: consecutive phases with promotion between them")
+    tour.add_argument("tour", help="a tour file, e.g. ablations/recipe.py")
+    add_profile(tour)
+    add_run_options(tour)
+    tour.set_defaults(func=cmd_tour)
+
+    table = sub.add_parser("table", help="per-arm mean ± 95%% CI, paired differences from the control, trials")
     table.add_argument("run_dir")
-    table.add_argument("--json", action="store_true", help="all columns as JSON records")
+    table.add_argument("--format", default="text", choices=["text", "csv", "markdown", "json"])
+    table.add_argument("--json", action="store_true", help="every column of every trial as JSON records")
     table.set_defaults(func=cmd_table)
+
+    promote = sub.add_parser("promote", help="pick a study's winner on recipe-dev and write the next phase's study")
+    promote.add_argument("run_dir")
+    promote.add_argument("--metric", default=None, help="a dev/ metric (default: the study's)")
+    promote.add_argument("--max-retention-drop", type=float, default=None,
+                         help="refuse a winner whose retention panel falls more than this below its parent's "
+                              "(absolute; default 0.05)")
+    promote.add_argument("--arm", default=None, help="promote this arm instead of the dev winner (margin still applies)")
+    promote.add_argument("--next", default=None, help="the next phase's study file (default: the recipe's next)")
+    promote.add_argument("--run", action="store_true", help="launch the next phase's study after promoting")
+    promote.add_argument("--address", default=None, help="with --run: an existing Ray cluster")
+    promote.set_defaults(func=cmd_promote)
 
     evaluate = sub.add_parser("evaluate", help="score a checkpoint on a retrieval task")
     evaluate.add_argument("--encoder", required=True,

@@ -1,31 +1,82 @@
-"""Base recipes that study files derive their arms from.
+"""Base recipes that study files derive their arms from, at the sizes of a profile.
 
-Sizes fit a 2-core CPU (a `small` 2-layer, width-128 encoder, about 10^5 tokens a trial);
-a cluster study replaces the model preset and budget, nothing else.
+A profile fixes what a study runs at (model preset, workers, budgets, seeds, how many arms);
+the study file fixes what it compares. `demo` fits a 2-core CPU in minutes (a `small`
+2-layer, width-128 encoder, a few 10^5 tokens a trial); `full` is the size the studies are
+declared for on a GPU cluster (the `5m` preset, every arm, three seeds, budgets the built-in
+corpus can feed without passing its repetition cap).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
-from embedlab.config import MODEL_PRESETS, ContrastiveConfig, DataConfig, MaskingConfig, TrainConfig, TrialConfig
+from embedlab.config import MODEL_PRESETS, ConfigError, ContrastiveConfig, DataConfig, MaskingConfig, TrainConfig, TrialConfig
 
 
-def phase1_baseline() -> TrialConfig:
+@dataclass(frozen=True, kw_only=True)
+class Profile:
+    """The sizes a study runs at. Budgets are per trial, summed over workers."""
+
+    name: str
+    model: str
+    seeds: tuple[int, ...]
+    phase1_tokens: int
+    phase2_pairs: int
+    phase3_pairs: int
+    num_workers: int
+    cpus_per_worker: float
+    use_gpu: bool
+    phase1_batch_rows: int
+    contrastive_batch_rows: int
+    sequence_length: int
+    all_arms: bool  # False: a study keeps only the arms it marks for a short tour
+
+
+PROFILES: dict[str, Profile] = {
+    "demo": Profile(
+        name="demo", model="small", seeds=(0, 1), phase1_tokens=300_000, phase2_pairs=2_048, phase3_pairs=1_024,
+        num_workers=2, cpus_per_worker=0.5, use_gpu=False, phase1_batch_rows=8, contrastive_batch_rows=16,
+        sequence_length=128, all_arms=False,
+    ),
+    "full": Profile(
+        name="full", model="5m", seeds=(0, 1, 2), phase1_tokens=5_000_000, phase2_pairs=200_000,
+        phase3_pairs=50_000, num_workers=4, cpus_per_worker=2.0, use_gpu=True, phase1_batch_rows=32,
+        contrastive_batch_rows=64, sequence_length=256, all_arms=True,
+    ),
+}
+DEFAULT_PROFILE = "full"
+
+
+def profile(name: str = DEFAULT_PROFILE) -> Profile:
+    if name not in PROFILES:
+        raise ConfigError(f"profile: unknown profile {name!r}; valid: {sorted(PROFILES)}")
+    return PROFILES[name]
+
+
+def _train(p: Profile, batch_rows: int, learning_rate: float) -> TrainConfig:
+    return TrainConfig(batch_rows=batch_rows, learning_rate=learning_rate, num_workers=p.num_workers,
+                       cpus_per_worker=p.cpus_per_worker, use_gpu=p.use_gpu)
+
+
+def phase1_baseline(profile_name: str = "demo") -> TrialConfig:
     """Phase-1 MLM at the recipe's pilot setting: 15% selection, 80/10/10 replacement."""
+    p = profile(profile_name)
     return TrialConfig(
-        model=MODEL_PRESETS["small"],
+        model=MODEL_PRESETS[p.model],
         masking=MaskingConfig(ratio=0.15),
-        data=DataConfig(sequence_length=128),
-        train=TrainConfig(batch_rows=8, learning_rate=1e-3),
+        data=DataConfig(sequence_length=p.sequence_length),
+        train=_train(p, p.phase1_batch_rows, 1e-3),
     )
 
 
-def phase2_baseline() -> TrialConfig:
+def phase2_baseline(profile_name: str = "demo") -> TrialConfig:
     """Phase-2 broad contrastive pretraining from a phase-1 checkpoint (given at sweep time):
     the recipe's pilot pair mixture mapped onto the built-in builders, mean pooling,
     temperature 0.05, candidates gathered across workers."""
-    base = phase1_baseline()
+    p = profile(profile_name)
+    base = phase1_baseline(profile_name)
     return dataclasses.replace(
         base,
         phase=2,
@@ -34,6 +85,32 @@ def phase2_baseline() -> TrialConfig:
             pair_length=64,
             temperature=0.05,
         ),
-        train=dataclasses.replace(base.train, batch_rows=16, learning_rate=2e-4),
+        train=_train(p, p.contrastive_batch_rows, 2e-4),
     )
 
+
+def phase3_baseline(profile_name: str = "demo") -> TrialConfig:
+    """Phase-3 supervised contrastive fine-tuning from a phase-2 checkpoint: the recipe's
+    pilot pair mixture (target query-document, semantic, general retrieval) mapped onto the
+    built-in builders, with mined hard negatives and a smaller learning rate."""
+    base = phase2_baseline(profile_name)
+    return dataclasses.replace(
+        base,
+        phase=3,
+        contrastive=dataclasses.replace(
+            base.contrastive,
+            pairs=(("title-body", 0.6), ("synonyms", 0.25), ("same-source-spans", 0.15)),
+            hard_negatives=2,
+            mining_top_k=200,
+        ),
+        train=dataclasses.replace(base.train, learning_rate=1e-4),
+    )
+
+
+def budget_for(p: Profile, phase: int) -> dict[str, int]:
+    """The profile's study budget for a phase, as Study keyword arguments."""
+    if phase == 1:
+        return {"budget_tokens": p.phase1_tokens}
+    pairs = p.phase2_pairs if phase == 2 else p.phase3_pairs
+    # Phases 2-3 stop at positive pairs; budget_tokens stays the phase-1 figure for the record.
+    return {"budget_tokens": p.phase1_tokens, "budget_pairs": pairs}

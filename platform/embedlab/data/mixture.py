@@ -54,23 +54,28 @@ class ResolvedMixture:
     notes: tuple[str, ...] = ()
 
 
-def pilot_mixture(available: Sequence[str]) -> ResolvedMixture:
-    """The recipe's phase-1 pilot family shares, mapped onto the available built-in sources."""
+def pilot_mixture(available: Sequence[str], families: dict[str, float] | None = None) -> ResolvedMixture:
+    """Family shares (the recipe's phase-1 pilot by default) mapped onto the available
+    built-in sources, split evenly within a family."""
+    families = PHASE1_PILOT if families is None else families
+    if set(families) != set(PHASE1_FAMILIES) or abs(sum(families.values()) - 1.0) > 1e-9:
+        raise MixtureError(f"family shares must cover {sorted(PHASE1_FAMILIES)} and sum to 1, got {families}")
     present = {family: [s for s in sources if s in available] for family, sources in PHASE1_FAMILIES.items()}
-    usable = {family: share for family, share in PHASE1_PILOT.items() if present[family]}
+    usable = {family: share for family, share in families.items() if present[family] and share > 0}
     if not usable:
         raise MixtureError(f"no source of any pilot family is available (have {list(available)})")
     notes = [
         f"family {family!r} ({share:.0%}) has no available source; its share is redistributed "
         "over the other families in proportion to their shares"
-        for family, share in PHASE1_PILOT.items() if family not in usable
+        for family, share in families.items() if family not in usable and share > 0
     ]
     scale = 1.0 / sum(usable.values())
     shares: dict[str, float] = {}
     for family, share in usable.items():
         for source in present[family]:
             shares[source] = share * scale / len(present[family])
-    return ResolvedMixture(shares=shares, origin="recipe phase-1 pilot families", notes=tuple(notes))
+    origin = "recipe phase-1 pilot families" if families == PHASE1_PILOT else f"family shares {families}"
+    return ResolvedMixture(shares=shares, origin=origin, notes=tuple(notes))
 
 
 def resolve_mixture(configured: dict[str, float], available: Sequence[str]) -> ResolvedMixture:

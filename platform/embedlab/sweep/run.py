@@ -11,6 +11,7 @@ Run directory (`<storage>/<study>-<timestamp>/`):
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -24,15 +25,24 @@ from embedlab.config import TrialConfig
 from embedlab.data.prepare import PreparedData, prepare_data
 from embedlab.evaluate.beir import load_task
 from embedlab.evaluate.checkpoint_eval import resolve_task
-from embedlab.sweep.study import Study, load_study
-from embedlab.sweep.table import STUDY_FILE, TRIALS_DIR
+from embedlab.sweep import store
+from embedlab.sweep.study import Study, load_study, set_path, study_origin
+from embedlab.sweep.table import STUDY_FILE, TRIALS_DIR, read_study_record
 from embedlab.train.checkpoint import versions
 
 # Each Ray Train report waits for the controller's poll; 2 s by default (RAY-NOTES.md).
-RAY_ENV = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2"}
+RAY_ENV = {
+    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2",
+    # Training progress reaches Tune before the trial's dev metric exists (it comes from the
+    # evaluator at the end); Optuna only reads the final result, which has it.
+    "TUNE_DISABLE_STRICT_METRIC_CHECKING": "1",
+}
 # CPUs left free for Ray Data's read tasks and the evaluation actor (RAY-NOTES.md: a
 # trainer that takes every CPU starves its own data pipeline and hangs).
 RESERVED_CPUS = 1.0
+LOCAL_HOST = "127.0.0.1"
+TRIAL_RETRIES = 1
+OPTUNA_FILE = "optuna.db"
 
 
 def connect(address: str | None, progress: Callable[[str], None] = print) -> None:
@@ -52,9 +62,29 @@ def connect(address: str | None, progress: Callable[[str], None] = print) -> Non
             raise ConnectionError(f"cannot reach the Ray cluster at {address!r}: {error}") from None
     else:
         progress("ray: starting a local cluster")
-        ray.init(runtime_env=runtime_env, log_to_driver=False, include_dashboard=False)
+        require_token_auth()
+        # Loopback only: the head, its workers and the dashboard are unreachable from the
+        # network; Ray's token authentication (on by default in 2.60) guards the rest.
+        # ray.init maps 127.0.0.1 to the machine's routable address unless Ray runs in its
+        # single-machine mode, chosen by this variable (read by Ray's constants at import, so
+        # the module value is set too; started processes inherit the environment).
+        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+        import ray._private.ray_constants as ray_constants
+
+        ray_constants.ENABLE_RAY_CLUSTER = False
+        context = ray.init(runtime_env=runtime_env, log_to_driver=False, include_dashboard=True,
+                           dashboard_host=LOCAL_HOST)
+        if context.dashboard_url:
+            progress(f"ray: dashboard at http://{context.dashboard_url}")
     resources = ray.cluster_resources()
     progress(f"ray: {resources.get('CPU', 0):g} CPUs, {resources.get('GPU', 0):g} GPUs")
+
+
+def require_token_auth() -> None:
+    """Refuse to start a cluster with Ray's token authentication switched off."""
+    if os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
+        raise ConnectionError("RAY_AUTH_MODE=disabled: embedlab keeps Ray's token authentication on; "
+                              "unset it to start a local cluster")
 
 
 def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
@@ -71,38 +101,72 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
         raise ConnectionError(f"cannot reach the Ray cluster at {address!r}: {error}") from None
 
 
-def max_concurrent_trials(trial: TrialConfig, cluster_cpus: float) -> int:
+def max_concurrent_trials(trial: TrialConfig, resources: dict[str, float]) -> int:
+    """Trials that fit side by side, keeping `RESERVED_CPUS` free for data and evaluation
+    (trial drivers reserve no CPU: they only wait on their trainers)."""
+    cluster_cpus, cluster_gpus = resources.get("CPU", 0), resources.get("GPU", 0)
     per_trial = trial.train.num_workers * trial.train.cpus_per_worker
     if per_trial + RESERVED_CPUS > cluster_cpus:
         raise ValueError(
             f"a trial needs {per_trial:g} CPUs for its workers plus {RESERVED_CPUS:g} kept free "
             f"for data and evaluation, but the cluster has {cluster_cpus:g}: lower "
-            "train.num_workers or train.cpus_per_worker"
+            "train.num_workers or train.cpus_per_worker, or use a smaller --profile"
         )
-    return max(1, math.floor((cluster_cpus - RESERVED_CPUS) / per_trial))
+    fit = math.floor((cluster_cpus - RESERVED_CPUS) / per_trial)
+    if trial.train.use_gpu:
+        if cluster_gpus < trial.train.num_workers:
+            raise ValueError(
+                f"a trial needs {trial.train.num_workers} GPUs (train.use_gpu, one per worker), but the "
+                f"cluster has {cluster_gpus:g}: run on a GPU cluster (--address) or use --profile demo"
+            )
+        fit = min(fit, math.floor(cluster_gpus / trial.train.num_workers))
+    return max(1, fit)
 
 
 def trial_driver(config: dict[str, Any], *, context: dict[str, Any]) -> None:
-    """One Tune trial: train, evaluate through the actor, write the trial's row."""
+    """One Tune trial: train, evaluate through the actor, write the trial's row.
+
+    `config` holds the arm, the seed, the stage ("tune": an Optuna trial; "final": a grid
+    trial) and any tuned values as dotted config paths."""
     import ray
     from ray import tune
     from ray.tune.integration.ray_train import TuneReportCallback
 
     from embedlab.evaluate.actor import get_evaluator
+    from embedlab.train.checkpoint import read_manifest
     from embedlab.train.contrastive import run_contrastive
+    from embedlab.train.nonfinite import NonFiniteError
     from embedlab.train.phase1 import run_phase1
 
+    if "trial" in config:  # a grid entry: the whole trial as one value
+        config = config["trial"]
     study = Study.from_dict(context["study"])
-    arm, seed = config["arm"], config["seed"]
-    trial = study.trial_config(arm, seed, context.get("parent"))
+    arm, seed, stage = config["arm"], config["seed"], config.get("stage", "final")
+    params = {k: v for k, v in config.items() if "." in k}
+    params.update(config.get("params", {}))
+    trial = set_path(study.trial_config(arm, seed, context.get("parent")), params)
     prepared = PreparedData(Path(context["prepared"][arm]["directory"]), context["prepared"][arm])
     trial_id = tune.get_context().get_trial_id()
-    run_dir = Path(context["run_dir"])
+    run_dir = context["run_dir"]
     run = run_phase1 if trial.phase == 1 else run_contrastive
-    result = run(
-        trial, prepared, storage_path=run_dir / "train", name=f"{arm}-seed{seed}-{trial_id}",
-        callbacks=[TuneReportCallback()],
-    )
+    identity = {
+        "study": study.name, "trial_id": trial_id, "stage": stage, "arm": arm, "seed": seed,
+        "factor": study.factor, "factor_value": study.factor_value(arm),
+        **{f"param/{k}": v for k, v in params.items()},
+        "config_hash": hashlib.sha256(trial.to_json().encode()).hexdigest(),
+        "phase": trial.phase, "parent": trial.parent,
+        "parent_hash": read_manifest(Path(trial.parent))["content_hash"] if trial.parent else None,
+    }
+    try:
+        result = run(
+            trial, prepared, storage_path=store.join(run_dir, "train"), name=f"{stage}-{arm}-seed{seed}-{trial_id}",
+            callbacks=[TuneReportCallback()],
+        )
+    except NonFiniteError as error:
+        # Deterministic: retrying would stop the same way. The table shows why it has no metrics.
+        write_row(run_dir, {**identity, "status": "nonfinite", "error": str(error)})
+        tune.report({study.metric: float("nan")})
+        return
     if result.error is not None:
         raise result.error
     checkpoint_dir = result.checkpoint.path
@@ -113,38 +177,77 @@ def trial_driver(config: dict[str, Any], *, context: dict[str, Any]) -> None:
     train = result.metrics
     intended = prepared.record["mixture"]["shares"] if trial.phase == 1 else dict(trial.contrastive.pairs)
     row = {
-        "trial_id": trial_id,
-        "arm": arm,
-        "seed": seed,
-        "factor": study.factor,
-        "factor_value": study.factor_value(arm),
+        **identity,
         **{k: train[k] for k in train if k.startswith(("budget/", "compute/"))},
-        "phase": trial.phase,
-        "parent": trial.parent,
         **{k: train[k] for k in train if k.startswith("data/observed")},
         **{f"data/intended_share/{k}": v for k, v in intended.items()},
-        "train/loss": train["train/loss"],
+        **{k: train[k] for k in train if k.startswith("train/loss")},
+        **{k: train[k] for k in ("train/mlm_loss", "train/contrastive_loss") if k in train},
         "train/steps": train["train/step"],
         "train/skipped_steps": train["train/skipped_steps"],
-        **{f"{trial.eval.split}/{k}": scores[k] for k in ("ndcg@10", "recall@100", "mrr@10", "map", "queries", "docs")},
-        "eval/task": scores["task"],
-        "eval/task_hash": scores["task_hash"],
-        "eval/seconds": scores["seconds"],
-        "eval/index": scores["index"],
-        **{f"{trial.eval.split}/{k}": v for k, v in scores.items()
-           if k.startswith("health/") and not isinstance(v, list)},
-        **{k: v for k, v in scores.items() if k.startswith("retention/")},
+        **_score_columns(scores, trial.eval.split),
         "checkpoint": checkpoint_dir,
         "checkpoint_hash": scores["checkpoint_hash"],
         "data_revision": prepared.data_revision,
         "status": "finished",
     }
-    trials = run_dir / TRIALS_DIR
-    trials.mkdir(exist_ok=True)
-    staging = trials / f".{trial_id}.json.tmp"
-    staging.write_text(json.dumps(row, indent=2, sort_keys=True))
-    staging.rename(trials / f"{trial_id}.json")  # atomic: a row is whole or absent
-    tune.report({k: v for k, v in row.items() if isinstance(v, (int, float))})
+    if stage == "final" and any(r.get("stage", "final") == "final" and (r["arm"], r["seed"]) == (arm, seed)
+                                for r in _finished_rows(run_dir)):
+        # A trial of an interrupted pass finished after its driver died: one row per (arm, seed).
+        row["status"] = "duplicate"
+        row["trial_id"] = f"{trial_id}-duplicate"
+    write_row(run_dir, row)
+    tune.report({k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
+
+
+def _score_columns(scores: dict[str, Any], split: str) -> dict[str, Any]:
+    """An evaluation's numbers as table columns: `<split>/...` metrics and health, `retention/...`."""
+    return {
+        **{f"{split}/{k}": scores[k] for k in ("ndcg@10", "recall@100", "mrr@10", "map", "queries", "docs")},
+        "eval/task": scores["task"],
+        "eval/task_hash": scores["task_hash"],
+        "eval/seconds": scores["seconds"],
+        "eval/index": scores["index"],
+        **{f"{split}/{k}": v for k, v in scores.items() if k.startswith("health/") and not isinstance(v, list)},
+        **{k: v for k, v in scores.items() if k.startswith("retention/")},
+    }
+
+
+def write_row(run_dir: str, row: dict[str, Any]) -> None:
+    """Write one trial's row atomically: a row is whole or absent, never half-written."""
+    store.write_text(store.join(run_dir, TRIALS_DIR, f"{row['trial_id']}.json"), json.dumps(row, indent=2, sort_keys=True))
+
+
+def dry_run(study_path: str | Path, *, profile: str | None = None, parent: str | None = None) -> str:
+    """What `embedlab sweep` would run, without starting Ray or touching data."""
+    study = load_study(study_path, profile)
+    for arm in study.arms:
+        study.trial_config(arm, study.seeds[0], (parent or "PARENT") if study.phase > 1 else parent)
+    first = next(iter(study.arms.values()))
+    budget = {"tokens": f"{study.budget_tokens:,} non-padding tokens", "pairs": f"{study.budget_pairs:,} positive pairs",
+              "flops": f"{study.budget_flops:.3g} estimated training FLOPs"}[study.unit]
+    lines = [
+        f"study {study.name} ({study_path}), profile {study.profile or '-'}, phase {study.phase}",
+        f"  {study.description}" if study.description else "",
+        f"  factor {study.factor}; metric {study.metric} (recipe-dev)",
+        f"  budget per trial: {budget}",
+        f"  model {first.model.preset}: {first.model.layers} layers, width {first.model.width}; "
+        f"{first.train.num_workers} workers x {first.train.cpus_per_worker:g} CPU"
+        + (" + 1 GPU" if first.train.use_gpu else "") + " per trial",
+        "  arms:",
+        *[f"    {arm:<22} {study.factor} = {study.factor_value(arm)}" for arm in study.arms],
+        f"  seeds: {', '.join(map(str, study.seeds))}",
+    ]
+    if study.search:
+        lines.append(f"  Optuna search, {study.search_trials} trials per arm (seed {study.seeds[0]}):")
+        lines += [f"    {s.path}: " + (f"one of {list(s.choices)}" if s.choices else
+                                          f"{s.low:g} .. {s.high:g}" + (" (log)" if s.log else "")) for s in study.search]
+    if study.phase > 1:
+        lines.append(f"  parent: {parent or 'required: --parent CKPT_DIR or a promoted study'}")
+    lines.append(f"  trials: {study.trials} ({len(study.arms)} arms x "
+                 + (f"({study.search_trials} tuning + {len(study.seeds)} seeds))" if study.search
+                    else f"{len(study.seeds)} seeds)"))
+    return "\n".join(line for line in lines if line)
 
 
 def run_sweep(
@@ -153,14 +256,35 @@ def run_sweep(
     storage: str | Path = "runs",
     address: str | None = None,
     parent: str | None = None,
+    profile: str | None = None,
+    resume: str | Path | None = None,
     progress: Callable[[str], None] = print,
 ) -> Path:
-    """Run every (arm, seed) trial of the study file; returns the run directory.
+    """Run every trial of the study file; returns the run directory.
 
-    `parent` (phases 2-3) is the checkpoint every arm starts from, e.g. a phase-1 winner."""
+    `parent` (phases 2-3) is the checkpoint every arm starts from, e.g. a phase-1 winner.
+    `resume` is an earlier run directory of the same study: its finished trials are kept
+    and only the missing ones run."""
     from ray import tune
 
-    study = load_study(study_path)
+    where = resume if resume is not None else storage
+    if store.local_path(where) is None:
+        raise ValueError(
+            f"storage {where}: checkpoints on a remote filesystem are not yet fetched for evaluation and "
+            "promotion; use a local path or file:// URI (on a multi-node cluster, a shared mount)")
+    study = load_study(study_path, profile)
+    if resume is not None:
+        run_dir = store.resolve(resume)
+        record = read_study_record(run_dir)
+        if record["study_hash"] != study.hash:
+            raise ValueError(
+                f"{run_dir} holds study {record['study']['name']!r} (hash {record['study_hash'][:12]}), not "
+                f"{study_path} as loaded now (hash {study.hash[:12]}): the study file or --profile changed; "
+                "resume refused so the two are never mixed"
+            )
+        parent = record["parent"] if parent is None else parent
+    if parent is None and study.phase > 1:
+        parent = study.parent  # a promoted study names its parent itself
     if parent is not None:
         from embedlab.train.checkpoint import verify_checkpoint
 
@@ -173,47 +297,191 @@ def run_sweep(
 
     from embedlab.evaluate.actor import get_evaluator
 
-    concurrency = max_concurrent_trials(next(iter(study.arms.values())), ray.cluster_resources().get("CPU", 0))
-    budget = (f"{study.budget_tokens:,} non-padding tokens" if study.phase == 1
-              else f"{study.budget_pairs:,} positive pairs")
-    progress(f"study {study.name} (phase {study.phase}): {len(study.arms)} arms x {len(study.seeds)} seeds "
-             f"at {budget} each")
+    concurrency = max_concurrent_trials(next(iter(study.arms.values())), ray.cluster_resources())
+    budget = {"tokens": f"{study.budget_tokens:,} non-padding tokens", "pairs": f"{study.budget_pairs:,} positive pairs",
+              "flops": f"{study.budget_flops:.3g} estimated FLOPs"}[study.unit]
+    progress(f"study {study.name} (phase {study.phase}, profile {study.profile or '-'}): {len(study.arms)} arms x "
+             f"{len(study.seeds)} seeds at {budget} each")
     prepared = _prepare_arms(study, progress)
     overlap = _check_contamination(study, prepared, progress)
-    run_dir = _new_run_dir(Path(storage), study.name)
+    if resume is None:
+        run_dir = _new_run_dir(store.resolve(storage), study.name)
+        record = {
+            "study": study.to_dict(),
+            "arm_order": list(study.arms),  # the JSON below sorts keys; the study's order is kept here
+            "study_hash": study.hash,
+            "study_file": store.resolve(study_path),
+            "study_source": store.read_text(study_path),
+            "study_origin": str(study_origin(study_path)),
+            "versions": versions(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "final_eval_overlap": overlap,
+            "parent": parent,
+        }
+        _write_json(store.join(run_dir, STUDY_FILE), record)
+        _write_json(store.join(run_dir, "prepared.json"), prepared)
     progress(f"results in {run_dir}")
-    record = {
-        "study": study.to_dict(),
-        "arm_order": list(study.arms),  # the JSON below sorts keys; the study's order is kept here
-        "study_hash": study.hash,
-        "study_file": str(Path(study_path).resolve()),
-        "study_source": Path(study_path).read_text(),
-        "versions": versions(),
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "final_eval_overlap": overlap,
-        "parent": parent,
-    }
-    (run_dir / STUDY_FILE).write_text(json.dumps(record, indent=2, sort_keys=True))
-    (run_dir / "prepared.json").write_text(json.dumps(prepared, indent=2, sort_keys=True))
-    get_evaluator()  # created and owned by this driver, so it outlives every trial
-    progress(f"tune: {len(study.arms) * len(study.seeds)} trials, at most {concurrency} at a time")
-    context = {"study": study.to_dict(), "prepared": prepared, "run_dir": str(run_dir), "parent": parent}
+    evaluator = get_evaluator()  # created and owned by this driver, so it outlives every trial
+    if parent is not None and "parent_scores" not in record:
+        # The parent under the same evaluator, so gains and forgetting show side by side.
+        arm = next(iter(study.arms))
+        config = study.trial_config(arm, study.seeds[0], parent)
+        directory = Path(prepared[arm]["directory"])
+        scores = ray.get(evaluator.evaluate.remote(
+            parent, str(resolve_task(config.eval.task, directory)), config.eval.split, config.eval.index,
+            str(directory / "retention"),
+        ))
+        record["parent_scores"] = _score_columns(scores, config.eval.split)
+        _write_json(store.join(run_dir, STUDY_FILE), record)
+        progress(f"parent {Path(parent).name}: {study.metric} {record['parent_scores'][study.metric]:.4f}")
+    context = {"study": study.to_dict(), "prepared": prepared, "run_dir": run_dir, "parent": parent}
     # A trial driver only waits on its trainer; it reserves memory, not a CPU, so the
     # trainer's workers can start (a CPU-holding driver deadlocks a 2-CPU box).
     driver = tune.with_resources(
         tune.with_parameters(trial_driver, context=context), {"CPU": 0, "memory": 200 * 1024**2}
     )
+    rows = _finished_rows(run_dir)
+    if resume is not None:
+        progress(f"resume: {len(rows)} finished trial(s) kept, {study.trials - len(rows)} to run")
+    best: dict[str, dict[str, Any]] = {arm: {} for arm in study.arms}
+    if study.search:
+        best = _tune_arms(study, driver, run_dir, rows, concurrency, progress)
+        _write_json(store.join(run_dir, "search.json"), best)
+    done = {(r["arm"], r["seed"]) for r in rows if r.get("stage", "final") == "final"}
+    todo = [{"arm": arm, "seed": seed, "stage": "final", "params": best[arm]}
+            for arm in study.arms for seed in study.seeds if (arm, seed) not in done]
+    if todo:
+        progress(f"tune: {len(todo)} trials, at most {concurrency} at a time")
+        _fit(driver, {"trial": tune.grid_search(todo)}, run_dir, "grid", concurrency, progress, metric=study.metric)
+    return run_dir
+
+
+def _tune_arms(study: Study, driver, run_dir: str, rows: list[dict], concurrency: int,
+               progress: Callable[[str], None]) -> dict[str, dict[str, Any]]:
+    """Optuna's search per arm, `study.search_trials` trials each at the first seed (equal
+    tuning effort); returns each arm's best values on the study metric (recipe-dev)."""
+    import optuna
+
+    from embedlab.sweep.optuna_search import FinalResultOptuna, SearchSpace
+
+    database = _optuna_database(run_dir)
+    storage_url = f"sqlite:///{database}"
+    best: dict[str, dict[str, Any]] = {}
+    for arm in study.arms:
+        finished = [r for r in rows if r.get("stage") == "tune" and r["arm"] == arm]
+        remaining = study.search_trials - len(finished)
+        if remaining > 0:
+            progress(f"optuna: arm {arm}: {remaining} of {study.search_trials} tuning trials "
+                     f"(storage {storage_url}, study {study.name}-{arm})")
+
+            searcher = FinalResultOptuna(
+                space=SearchSpace(study.search, arm, study.seeds[0]), metric=study.metric, mode="max", seed=study.seeds[0],
+                study_name=f"{study.name}-{arm}", storage=optuna.storages.RDBStorage(storage_url),
+            )
+            _fit(driver, None, run_dir, f"optuna-{arm}", concurrency, progress,
+                 searcher=searcher, num_samples=remaining, metric=study.metric)
+            if store.local_path(run_dir) is None:  # keep the run directory's copy current
+                store.write_bytes(store.join(run_dir, OPTUNA_FILE), database.read_bytes())
+        finished = [r for r in _finished_rows(run_dir) if r.get("stage") == "tune" and r["arm"] == arm]
+        if not finished:
+            raise RuntimeError(f"optuna: no tuning trial of arm {arm} finished; see {run_dir}")
+        top = max(finished, key=lambda r: r[study.metric])
+        best[arm] = {k.removeprefix("param/"): v for k, v in top.items() if k.startswith("param/")}
+        progress(f"optuna: arm {arm}: best {study.metric} {top[study.metric]:.4f} at {best[arm]}")
+    return best
+
+
+def _trial_progress(total: int, metric: str, progress: Callable[[str], None]):
+    """A Tune callback that prints one line per trial event and at each quarter of a trial's
+    budget, instead of Tune's periodic status tables."""
+    from ray import tune
+
+    class TrialProgress(tune.Callback):
+        def __init__(self) -> None:
+            self.done = 0
+            self.quarter: dict[str, int] = {}
+
+        @staticmethod
+        def _name(trial) -> str:
+            config = trial.config.get("trial", trial.config)
+            tuned = {k: v for k, v in config.items() if "." in k} or config.get("params") or {}
+            extra = " " + ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in tuned.items())
+            return f"{config.get('stage', 'final')} {config['arm']} seed {config['seed']}" + (extra if tuned else "")
+
+        def on_trial_start(self, iteration, trials, trial, **info):
+            progress(f"trial {self._name(trial)}: started")
+
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            fraction = result.get("budget/fraction")
+            if fraction is None:
+                return
+            quarter = min(int(fraction * 4), 4)
+            if 0 < quarter < 4 and quarter > self.quarter.get(trial.trial_id, 0):
+                self.quarter[trial.trial_id] = quarter
+                rate = result.get("train/tokens_per_s")
+                progress(f"trial {self._name(trial)}: {quarter * 25}% of budget, loss {result.get('train/loss', float('nan')):.3f}"
+                         + (f", {rate:,.0f} tokens/s" if rate else ""))
+
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            self.done += 1
+            value = trial.last_result.get(metric)
+            progress(f"trial {self._name(trial)}: finished ({self.done}/{total})"
+                     + (f", {metric} {value:.4f}" if value is not None else ""))
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            self.done += 1
+            progress(f"trial {self._name(trial)}: FAILED ({self.done}/{total}); see {trial.local_path}")
+
+    return TrialProgress()
+
+
+def _optuna_database(run_dir: str) -> Path:
+    """The run's Optuna SQLite file: in the run directory when that is local, else a local
+    working copy (SQLite needs a local file) fetched from and written back to the run's."""
+    local = store.local_path(run_dir)
+    if local is not None:
+        return local / OPTUNA_FILE
+    from embedlab.data.prepare import default_cache_dir
+
+    path = default_cache_dir() / "optuna" / f"{store.name(run_dir)}-{hashlib.sha256(run_dir.encode()).hexdigest()[:8]}.db"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    remote = store.join(run_dir, OPTUNA_FILE)
+    if store.is_file(remote):
+        path.write_bytes(store.read_bytes(remote))
+    return path
+
+
+def _fit(driver, param_space, run_dir: str, name: str, concurrency: int, progress: Callable[[str], None], *,
+         searcher=None, num_samples: int = 1, metric: str = "dev/ndcg@10") -> None:
+    from ray import tune
+
+    total = num_samples if param_space is None else len(param_space["trial"]["grid_search"])
+    # Each pass of a resumed run gets its own Tune experiment next to the earlier ones.
+    base, n = name, 1
+    while store.exists(store.join(run_dir, "tune", name)):
+        name, n = f"{base}-{n}", n + 1
     tuner = tune.Tuner(
         driver,
-        param_space={"arm": tune.grid_search(list(study.arms)), "seed": tune.grid_search(list(study.seeds))},
-        tune_config=tune.TuneConfig(max_concurrent_trials=concurrency),
-        run_config=tune.RunConfig(name="tune", storage_path=str(run_dir), verbose=1),
+        param_space=param_space,
+        tune_config=tune.TuneConfig(max_concurrent_trials=concurrency, search_alg=searcher, num_samples=num_samples),
+        run_config=tune.RunConfig(name=name, storage_path=store.join(run_dir, "tune"), verbose=0,
+                                  callbacks=[_trial_progress(total, metric, progress)],
+                                  # A trial whose trainer died (a lost node, a removed placement
+                                  # group) runs once more before it counts as failed.
+                                  failure_config=tune.FailureConfig(max_failures=TRIAL_RETRIES)),
     )
     results = tuner.fit()
     failed = [r for r in results if r.error is not None]
     if failed:
-        progress(f"tune: {len(failed)} trial(s) failed; see {run_dir / 'tune'}")
-    return run_dir
+        progress(f"tune: {len(failed)} trial(s) failed; see {store.join(run_dir, 'tune', name)}")
+
+
+def _finished_rows(run_dir: str) -> list[dict[str, Any]]:
+    return [json.loads(store.read_text(p)) for p in store.list_files(store.join(run_dir, TRIALS_DIR), ".json")]
+
+
+def _write_json(location: str, value: Any) -> None:
+    store.write_text(location, json.dumps(value, indent=2, sort_keys=True))
 
 
 def _check_contamination(study: Study, prepared: dict[str, dict], progress: Callable[[str], None]) -> list[dict]:
@@ -238,17 +506,17 @@ def _check_contamination(study: Study, prepared: dict[str, dict], progress: Call
     return findings
 
 
-def _new_run_dir(storage: Path, name: str) -> Path:
+def _new_run_dir(storage: str, name: str) -> str:
     """A fresh `<storage>/<name>-<timestamp>[-n]`; an earlier run is never written into."""
-    base = storage.resolve() / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    base = f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     for attempt in range(1, 100):
-        run_dir = base if attempt == 1 else base.with_name(f"{base.name}-{attempt}")
+        run_dir = store.join(storage, base if attempt == 1 else f"{base}-{attempt}")
         try:
-            run_dir.mkdir(parents=True)
+            store.make_dir(run_dir, exist_ok=False)
             return run_dir
         except FileExistsError:
             continue
-    raise FileExistsError(f"could not create a new run directory next to {base}")
+    raise FileExistsError(f"could not create a new run directory next to {store.join(storage, base)}")
 
 
 def _prepare_arms(study: Study, progress: Callable[[str], None]) -> dict[str, dict]:

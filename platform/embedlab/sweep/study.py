@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib.util
+import inspect
 import json
 import re
 from dataclasses import dataclass
@@ -21,7 +22,46 @@ from typing import Any
 from embedlab.config import ConfigError, TrialConfig
 
 METRICS = ("dev/ndcg@10", "dev/recall@100", "dev/mrr@10", "dev/map")
+BUDGET_UNITS = ("tokens", "pairs", "flops")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
+# Config paths a search may not touch: the factor is what the study compares, and the
+# budget and seed belong to the study, so tuning them would break equal compute.
+_UNSEARCHABLE = ("train.budget_tokens", "train.budget_pairs", "train.budget_flops", "train.seed", "parent", "phase")
+
+
+@dataclass(frozen=True)
+class Search:
+    """One nuisance hyperparameter Optuna tunes per arm: a float range (log-uniform when
+    `log`), or a categorical over `choices`."""
+
+    path: str  # a dotted config path, e.g. "train.learning_rate"
+    low: float = 0.0
+    high: float = 0.0
+    log: bool = False
+    choices: tuple = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "low": self.low, "high": self.high, "log": self.log, "choices": list(self.choices)}
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> Search:
+        return cls(path=raw["path"], low=raw["low"], high=raw["high"], log=raw["log"], choices=tuple(raw["choices"]))
+
+
+def set_path(config: TrialConfig, values: dict[str, Any]) -> TrialConfig:
+    """The config with dotted paths replaced (validated again, so a bad value names its field)."""
+    raw = config.to_dict()
+    for path, value in values.items():
+        node = raw
+        *parents, leaf = path.split(".")
+        for key in parents:
+            if not isinstance(node.get(key), dict):
+                raise ConfigError(f"{path}: not a config path")
+            node = node[key]
+        if leaf not in node:
+            raise ConfigError(f"{path}: not a config path")
+        node[leaf] = value
+    return TrialConfig.from_dict(raw)
 
 
 def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -37,7 +77,15 @@ def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 @dataclass(frozen=True, kw_only=True)
 class Study:
-    """Arms x seeds at one budget of consumed non-padding tokens, ranked by `metric`."""
+    """Arms x seeds at one measured budget, ranked by `metric` on recipe-dev.
+
+    `budget_unit` is what every trial trains to: consumed non-padding `tokens` (phase-1
+    default), positive `pairs` (phases 2-3 default) or estimated training `flops`
+    (`budget_flops`, e.g. to compare a joint MLM+contrastive arm with a contrastive-only one
+    at equal arithmetic). `search` names nuisance hyperparameters that Optuna tunes with
+    `search_trials` trials for every arm (equal tuning effort); each arm's seeds then run
+    with that arm's best values. `profile` records the sizes the file was built at.
+    """
 
     name: str
     factor: str
@@ -45,8 +93,13 @@ class Study:
     seeds: tuple[int, ...]
     budget_tokens: int
     budget_pairs: int = 0  # phases 2-3: consumed positive pairs per trial (required there)
+    budget_unit: str = ""  # "" = tokens in phase 1, pairs in phases 2-3
+    budget_flops: float = 0.0
     metric: str = "dev/ndcg@10"
     description: str = ""
+    search: tuple[Search, ...] = ()
+    search_trials: int = 0
+    profile: str = ""
     # A disclosed-overlap policy: when the contamination audit finds final-eval items in the
     # training data, training is refused unless this says how the overlap is handled; it is
     # then printed with every table.
@@ -74,7 +127,17 @@ class Study:
             raise ConfigError("study.disclosed_overlap: must say what the policy is, or be None")
         if self.metric not in METRICS:
             raise ConfigError(f"study.metric: {self.metric!r}; valid: {list(METRICS)}")
+        if self.budget_unit not in ("", *BUDGET_UNITS):
+            raise ConfigError(f"study.budget_unit: {self.budget_unit!r}; valid: {list(BUDGET_UNITS)}")
+        # Resolved once, so a study and its JSON round trip compare equal.
+        object.__setattr__(self, "budget_unit", self.budget_unit or ("tokens" if self.phase == 1 else "pairs"))
+        if self.unit == "pairs" and self.phase == 1:
+            raise ConfigError("study.budget_unit: phase 1 trains on tokens, not pairs")
+        if (self.unit == "flops") != (self.budget_flops > 0):
+            raise ConfigError("study.budget_flops: set it exactly when budget_unit is 'flops'")
         self._check_controlled()
+        self._check_search()
+        self._check_budget()
 
     def _check_controlled(self) -> None:
         flat = {arm: flatten(config.to_dict()) for arm, config in self.arms.items()}
@@ -90,13 +153,61 @@ class Study:
                     continue
                 if key == self.factor or key.startswith(f"{self.factor}."):
                     varied = True
-                elif key not in ("train.budget_tokens", "train.budget_pairs", "train.seed", "parent"):
+                elif key not in ("train.budget_tokens", "train.budget_pairs", "train.budget_flops", "train.seed", "parent"):
                     raise ConfigError(
                         f"study.arms[{arm!r}]: differs from arm {first_arm!r} in {key} "
                         f"({value!r} vs {reference[key]!r}), outside the declared factor {self.factor}"
                     )
         if not varied:
             raise ConfigError(f"study.arms: no two arms differ in the declared factor {self.factor}")
+
+    def _check_search(self) -> None:
+        if self.search_trials < 0 or (self.search_trials > 0) != bool(self.search):
+            raise ConfigError("study.search_trials: must be > 0 exactly when study.search names parameters")
+        keys = flatten(next(iter(self.arms.values())).to_dict())
+        paths = [s.path for s in self.search]
+        if len(set(paths)) != len(paths):
+            raise ConfigError(f"study.search: a path repeats: {paths}")
+        for item in self.search:
+            if item.path not in keys:
+                raise ConfigError(f"study.search: {item.path!r} is not a config path")
+            if item.path in _UNSEARCHABLE or item.path == self.factor or item.path.startswith(f"{self.factor}."):
+                raise ConfigError(f"study.search: {item.path!r} is the factor, a budget or a seed; it cannot be tuned")
+            if not item.choices and not (item.low < item.high and (not item.log or item.low > 0)):
+                raise ConfigError(f"study.search[{item.path!r}]: needs low < high (and low > 0 when log) or choices")
+            for arm, config in self.arms.items():
+                value = item.choices[0] if item.choices else item.low
+                set_path(config, {item.path: value})  # the range's ends are valid configs
+                if not item.choices:
+                    set_path(config, {item.path: item.high})
+
+    def _check_budget(self) -> None:
+        """A budget below one optimizer step would stop every arm after a single step,
+        overshooting it by up to 100%: refuse it, naming the step size."""
+        for arm, config in self.arms.items():
+            train = config.train
+            if self.unit == "tokens":
+                step = train.num_workers * train.batch_rows * train.microbatches * config.data.sequence_length
+                if self.budget_tokens < step:
+                    raise ConfigError(
+                        f"study.budget_tokens: {self.budget_tokens:,} is less than one step of arm {arm!r} "
+                        f"(up to {step:,} tokens = {train.num_workers} workers x {train.batch_rows} rows x "
+                        f"{train.microbatches} microbatches x {config.data.sequence_length} tokens)")
+            elif self.unit == "pairs":
+                step = train.num_workers * train.batch_rows
+                if self.budget_pairs < step:
+                    raise ConfigError(
+                        f"study.budget_pairs: {self.budget_pairs:,} is less than one step of arm {arm!r} "
+                        f"({step:,} pairs = {train.num_workers} workers x {train.batch_rows} rows)")
+
+    @property
+    def unit(self) -> str:
+        return self.budget_unit
+
+    @property
+    def trials(self) -> int:
+        """Trials the study runs: Optuna's tuning trials plus the arms x seeds grid."""
+        return len(self.arms) * (self.search_trials + len(self.seeds))
 
     @property
     def phase(self) -> int:
@@ -108,7 +219,8 @@ class Study:
         if arm not in self.arms:
             raise KeyError(f"study {self.name}: no arm {arm!r}; arms: {list(self.arms)}")
         config = self.arms[arm]
-        train = dataclasses.replace(config.train, budget_tokens=self.budget_tokens, seed=seed)
+        train = dataclasses.replace(config.train, budget_tokens=self.budget_tokens, seed=seed,
+                                    budget_flops=self.budget_flops)
         if self.budget_pairs:
             train = dataclasses.replace(train, budget_pairs=self.budget_pairs)
         config = dataclasses.replace(config, train=train, parent=parent or config.parent)
@@ -117,11 +229,34 @@ class Study:
                               "(embedlab sweep --parent CKPT_DIR)")
         return config
 
+    def with_parent(self, parent: str | Path, expected_hash: str | None = None) -> Study:
+        """The study with `parent` as every arm's parent checkpoint (a promoted winner);
+        with `expected_hash`, a checkpoint whose content changed since promotion is refused."""
+        if expected_hash is not None:
+            from embedlab.train.checkpoint import verify_checkpoint
+
+            found = verify_checkpoint(Path(parent))["content_hash"]
+            if found != expected_hash:
+                raise ConfigError(f"parent {parent}: content hash {found[:16]} is not the promoted {expected_hash[:16]}")
+        arms = {arm: dataclasses.replace(config, parent=str(parent)) for arm, config in self.arms.items()}
+        return dataclasses.replace(self, arms=arms)
+
+    @property
+    def parent(self) -> str | None:
+        """The parent checkpoint all arms declare, if they share one."""
+        parents = {config.parent for config in self.arms.values()}
+        return parents.pop() if len(parents) == 1 else None
+
     def factor_value(self, arm: str) -> Any:
+        """The arm's value of the factor; for a factor that is a config section, the fields
+        of it that differ between arms (as JSON)."""
         flat = flatten(self.arms[arm].to_dict())
         if self.factor in flat:
             return flat[self.factor]
-        return json.dumps({k: v for k, v in flat.items() if k.startswith(f"{self.factor}.")})
+        others = [flatten(config.to_dict()) for config in self.arms.values()]
+        varied = {k: v for k, v in flat.items()
+                  if k.startswith(f"{self.factor}.") and any(o[k] != v for o in others)}
+        return json.dumps(varied)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -131,9 +266,14 @@ class Study:
             "seeds": list(self.seeds),
             "budget_tokens": self.budget_tokens,
             "budget_pairs": self.budget_pairs,
+            "budget_unit": self.unit,
+            "budget_flops": self.budget_flops,
             "metric": self.metric,
             "description": self.description,
             "disclosed_overlap": self.disclosed_overlap,
+            "search": [s.to_dict() for s in self.search],
+            "search_trials": self.search_trials,
+            "profile": self.profile,
         }
 
     @property
@@ -149,30 +289,66 @@ class Study:
             seeds=tuple(raw["seeds"]),
             budget_tokens=raw["budget_tokens"],
             budget_pairs=raw.get("budget_pairs", 0),
+            budget_unit=raw.get("budget_unit", ""),
+            budget_flops=raw.get("budget_flops", 0.0),
             metric=raw["metric"],
             description=raw.get("description", ""),
             disclosed_overlap=raw.get("disclosed_overlap"),
+            search=tuple(Search.from_dict(s) for s in raw.get("search", ())),
+            search_trials=raw.get("search_trials", 0),
+            profile=raw.get("profile", ""),
         )
 
 
-def load_study(path: str | Path) -> Study:
-    """Import a study file by path and call its `study()`; errors name the file."""
+def _import(path: Path):
+    spec = importlib.util.spec_from_file_location(f"embedlab_study_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def study_origin(path: str | Path) -> str:
+    """The study file a generated one (a promotion's next_study.py) stands for."""
+    from embedlab.sweep import store
+
+    origin = getattr(_import(store.fetch(path)), "ORIGIN", None)
+    return str(Path(origin).resolve()) if origin else store.resolve(path)
+
+
+def load_study(path: str | Path, profile: str | None = None) -> Study:
+    """Import a study file by path and call its `study()` (with `profile` when the file takes
+    one: `study(profile="demo")`); errors name the file."""
+    from embedlab.sweep import store
+
+    if store.is_uri(path):  # a promoted study in a remote run directory
+        if not store.is_file(path):
+            raise FileNotFoundError(f"study file not found: {path}")
+        path = store.fetch(path)
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"study file not found: {path}")
-    spec = importlib.util.spec_from_file_location(f"embedlab_study_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
     try:
-        spec.loader.exec_module(module)
+        module = _import(path)
     except ConfigError as error:
         raise ConfigError(f"{path}: {error}") from None
+    except SyntaxError as error:
+        raise ConfigError(f"{path}:{error.lineno}: syntax error: {error.msg}") from None
+    except (ImportError, NameError, AttributeError) as error:
+        raise ConfigError(f"{path}: {type(error).__name__}: {error}") from None
     factory = getattr(module, "study", None)
     if not callable(factory):
         raise ConfigError(f"{path}: defines no study() function")
+    takes_profile = "profile" in inspect.signature(factory).parameters
+    if profile is not None and not takes_profile:
+        raise ConfigError(f"{path}: study() takes no profile, so --profile {profile} cannot apply")
     try:
-        study = factory()
+        study = factory(profile=profile) if profile is not None else factory()
     except ConfigError as error:
         raise ConfigError(f"{path}: {error}") from None
+    except TypeError as error:
+        # Usually an unknown keyword: Study(...) or a config's replace(...) with a misspelt key.
+        fields = sorted(f.name for f in dataclasses.fields(Study))
+        raise ConfigError(f"{path}: {error}; Study fields are {fields}") from None
     if not isinstance(study, Study):
         raise ConfigError(f"{path}: study() returned {type(study).__name__}, expected embedlab.Study")
     return study

@@ -1,0 +1,203 @@
+"""Promotion: pick a study's winner on recipe-dev, check the retention margin, write its
+lineage and the next phase's study.
+
+The winner is the arm with the best mean of a `dev/` metric across seeds (final-eval
+columns are never read: selection on test labels would leak them into the recipe). Within
+the winning arm, the seed with the best dev metric supplies the checkpoint. A winner whose
+retention panel falls more than `max_retention_drop` below its parent's (scored by the same
+evaluator when the run started) is refused. The result is `RUN_DIR/promotion.json` and,
+unless the study was phase 3, `RUN_DIR/next_study.py`: the next phase's study file with the
+winner as every arm's parent, which `embedlab sweep` (or `promote --run`) runs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from embedlab.sweep import store
+from embedlab.sweep.table import budget_unit, check_equal_compute, final_trials, load_table, read_study_record
+
+PROMOTION_FILE = "promotion.json"
+NEXT_STUDY_FILE = "next_study.py"
+DEFAULT_MAX_RETENTION_DROP = 0.05
+# The next phase's study when none is named: the recipe's order of ablations.
+NEXT_STUDY = {1: "joint_vs_contrastive.py", 2: "hard_negatives.py"}
+# Manifest fields that make up the stage contract a child run inherits.
+LINEAGE_FIELDS = (
+    "content_hash", "parent_hash", "parent_phase", "tokenizer_hash", "pooling", "data_revision", "objective",
+    "precision", "distributed", "optimizer", "budget", "seed", "phase",
+)
+
+
+class PromotionError(ValueError):
+    """A promotion was refused: the message says which rule and the numbers behind it."""
+
+
+def rank_arms(table: pd.DataFrame, metric: str, arm_order: list[str]) -> pd.DataFrame:
+    """Arms by mean `metric` across seeds, best first (ties keep the study's arm order)."""
+    grouped = table.groupby("arm")[metric].agg(["mean", "count"])
+    grouped["order"] = [arm_order.index(arm) for arm in grouped.index]
+    return grouped.sort_values(["mean", "order"], ascending=[False, True]).drop(columns="order")
+
+
+def retention_drops(row: dict[str, Any], parent_scores: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Parent minus child for every retention metric both have (positive: forgetting)."""
+    drops = {}
+    for key, parent in parent_scores.items():
+        child = row.get(key)
+        if not key.startswith("retention/") or child is None or parent is None:
+            continue
+        if isinstance(child, float) and math.isnan(child) or isinstance(parent, float) and math.isnan(parent):
+            continue
+        drops[key] = {"parent": float(parent), "child": float(child), "drop": float(parent) - float(child)}
+    return drops
+
+
+def promote(
+    run_dir: str | Path,
+    *,
+    metric: str | None = None,
+    max_retention_drop: float = DEFAULT_MAX_RETENTION_DROP,
+    arm: str | None = None,
+    next_study: str | Path | None = None,
+    progress: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Choose, check and record the winner of a finished study; returns the promotion record."""
+    from embedlab.train.checkpoint import verify_checkpoint
+
+    run_dir = store.resolve(run_dir)
+    record = read_study_record(run_dir)
+    study = record["study"]
+    metric = metric or study["metric"]
+    if not metric.startswith("dev/"):
+        raise PromotionError(f"--metric {metric}: promotion reads recipe-dev metrics only (dev/...); "
+                             "final-eval numbers never take part in selection")
+    if max_retention_drop < 0:
+        raise PromotionError("--max-retention-drop must be >= 0")
+    table = load_table(run_dir)
+    if table.empty:
+        raise PromotionError(f"{run_dir}: no finished trials to promote")
+    stopped = table[table.get("status", "finished").fillna("finished").isin(["nonfinite", "failed"])] \
+        if "status" in table.columns else table.iloc[0:0]
+    table = final_trials(table)
+    if metric not in table.columns:
+        raise PromotionError(f"--metric {metric}: not a column of the trial table")
+    missing = [(a, s) for a in record["arm_order"] for s in study["seeds"]
+               if not ((table["arm"] == a) & (table["seed"] == s)).any()]
+    if missing:
+        why = "; ".join(f"{r['arm']} seed {r['seed']}: {r['status']} ({r.get('error', '')})"
+                        for _, r in stopped.iterrows())
+        raise PromotionError(f"{run_dir}: trials missing for (arm, seed) {missing}; "
+                             + (f"stopped: {why}" if why else
+                                f"finish the study first (embedlab sweep STUDY --resume {run_dir})"))
+    check_equal_compute(table, budget_unit(record))
+    ranking = rank_arms(table, metric, record["arm_order"])
+    candidates = [arm] if arm is not None else list(ranking.index)
+    if arm is not None and arm not in ranking.index:
+        raise PromotionError(f"--arm {arm}: not an arm of this study; arms: {list(ranking.index)}")
+    parent_scores = record.get("parent_scores") or {}
+    chosen = refusal = None
+    for candidate in candidates:
+        rows = table[table["arm"] == candidate]
+        best = rows.loc[rows[metric].idxmax()].to_dict()
+        drops = retention_drops(best, parent_scores)
+        broken = {k: v for k, v in drops.items() if v["drop"] > max_retention_drop}
+        if not broken:
+            chosen = (candidate, best, drops)
+            break
+        if refusal is None:
+            refusal = (candidate, broken)
+    if chosen is None or (refusal is not None and chosen[0] != candidates[0]):
+        candidate, broken = refusal
+        detail = "; ".join(f"{k} {v['parent']:.4f} -> {v['child']:.4f} (drop {v['drop']:.4f})" for k, v in broken.items())
+        passing = f"; the best arm within the margin is {chosen[0]!r} (promote it with --arm {chosen[0]})" if chosen else ""
+        raise PromotionError(
+            f"winner {candidate!r} breaks the retention margin {max_retention_drop:g} against its parent: "
+            f"{detail}{passing}"
+        )
+    winner, row, drops = chosen
+    manifest = verify_checkpoint(Path(row["checkpoint"]))
+    promotion = {
+        "run_dir": str(run_dir),
+        "study": study["name"],
+        "study_hash": record["study_hash"],
+        "phase": int(row["phase"]),
+        "metric": metric,
+        "selection": "best arm by mean over seeds on recipe-dev; its best seed's checkpoint",
+        "ranking": [{"arm": a, "mean": float(r["mean"]), "seeds": int(r["count"])} for a, r in ranking.iterrows()],
+        "winner": {"arm": winner, "seed": int(row["seed"]), "trial_id": row["trial_id"], metric: float(row[metric])},
+        "retention": {"max_drop": max_retention_drop, "parent_scored": bool(parent_scores), "drops": drops},
+        "checkpoint": row["checkpoint"],
+        "lineage": {k: manifest[k] for k in LINEAGE_FIELDS if k in manifest},
+        "promoted": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    progress(f"promote: {winner} (seed {int(row['seed'])}) wins on {metric} "
+             f"{ranking.loc[winner, 'mean']:.4f} mean over {int(ranking.loc[winner, 'count'])} seeds")
+    if not parent_scores:
+        progress("promote: no parent scores (phase 1 starts from scratch): retention margin not applicable")
+    for key, value in drops.items():
+        progress(f"promote: {key} {value['parent']:.4f} -> {value['child']:.4f} "
+                 f"(drop {value['drop']:+.4f}, margin {max_retention_drop:g})")
+    if promotion["phase"] < 3:
+        next_path = _resolve_next(record, promotion["phase"], next_study)
+        child = _write_next_study(run_dir, next_path, promotion, study.get("profile") or None)
+        promotion["next_study"] = str(child)
+        progress(f"promote: next phase study {child}")
+    else:
+        promotion["release"] = f"embedlab export {row['checkpoint']} OUT_DIR"
+        progress(f"promote: phase 3 is the last; release with: {promotion['release']}")
+    store.write_text(store.join(run_dir, PROMOTION_FILE), json.dumps(promotion, indent=2, sort_keys=True, default=str))
+    return promotion
+
+
+def _resolve_next(record: dict[str, Any], phase: int, next_study: str | Path | None) -> Path:
+    if next_study is not None:
+        path = Path(next_study)
+    else:
+        name = NEXT_STUDY[phase]
+        origin = Path(record.get("study_origin") or record["study_file"])
+        path = origin.parent / name
+        if not path.is_file():
+            path = Path.cwd() / "ablations" / name
+    if not path.is_file():
+        raise PromotionError(f"next study file not found: {path} (name one with --next)")
+    return path.resolve()
+
+
+def _write_next_study(run_dir: str, next_path: Path, promotion: dict[str, Any], profile: str | None) -> str:
+    from embedlab.sweep.study import load_study
+
+    child = load_study(next_path, profile)  # refuse now, not at launch, a study that does not fit
+    if child.phase != promotion["phase"] + 1:
+        raise PromotionError(f"{next_path}: a phase-{child.phase} study cannot follow phase {promotion['phase']}")
+    winner = promotion["winner"]
+    text = f'''"""Phase {child.phase} after promoting {winner["arm"]} (seed {winner["seed"]}) of study
+{promotion["study"]}: {next_path.name} with that checkpoint as every arm's parent.
+
+Written by `embedlab promote {run_dir}`.
+Run:  embedlab sweep {store.join(run_dir, NEXT_STUDY_FILE)}
+"""
+
+from embedlab.sweep.study import load_study
+
+NEXT = {str(next_path)!r}
+PARENT = {promotion["checkpoint"]!r}
+PARENT_HASH = {promotion["lineage"]["content_hash"]!r}
+PROFILE = {profile!r}
+ORIGIN = NEXT  # promotion of this study's run looks for the phase after it beside NEXT
+
+
+def study(profile=PROFILE):
+    return load_study(NEXT, profile).with_parent(PARENT, expected_hash=PARENT_HASH)
+'''
+    path = store.join(run_dir, NEXT_STUDY_FILE)
+    store.write_text(path, text)
+    load_study(path)  # the written file loads and validates
+    return path

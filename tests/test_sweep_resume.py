@@ -1,0 +1,70 @@
+"""A sweep whose driver is killed continues with `embedlab sweep --resume`: finished trials are
+kept (not rerun), the missing ones run, and none is lost or duplicated in the table."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from embedlab import load_table
+from embedlab.cli import main
+
+from conftest import tiny_trial, write_study
+
+
+
+@pytest.mark.timeout(420)
+def test_killed_driver_resumes_without_loss_or_duplicates(ray_session, prepared, tmp_path, cache_dir, capsys):
+    study_file = write_study(tmp_path / "resumable.py", tiny_trial(num_workers=1), name="resumable",
+                             extra="budget_tokens=3_000")
+    storage = tmp_path / "runs"
+    env = {**os.environ, "EMBEDLAB_CACHE": str(cache_dir)}
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "embedlab.cli", "sweep", str(study_file), "--storage", str(storage)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not list(storage.glob("*/trials/*.json")):
+            assert driver.poll() is None, "the sweep ended before its first trial finished"
+            assert time.monotonic() < deadline, "no trial finished within 300 s"
+            time.sleep(0.5)
+    finally:
+        # SIGKILL the driver and everything it started (its local Ray cluster): nothing gets
+        # to clean up, as when a node is preempted.
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait()
+    run_dir = next(storage.iterdir())
+    before = {p.name: p.stat().st_mtime_ns for p in (run_dir / "trials").glob("*.json")}
+    assert len(before) == 1
+
+    assert main(["sweep", str(study_file), "--resume", str(run_dir)]) == 0, capsys.readouterr().err
+    assert "finished trial(s) kept" in capsys.readouterr().out
+    table = load_table(run_dir)
+    finished = table[table["status"] == "finished"]
+    assert sorted(zip(finished["arm"], finished["seed"])) == [("mask-15", 0), ("mask-30", 0)]
+    assert table["trial_id"].is_unique
+    for name, mtime in before.items():  # finished trials were not rerun
+        assert (run_dir / "trials" / name).stat().st_mtime_ns == mtime
+    assert json.loads((run_dir / "study.json").read_text())["study"]["name"] == "resumable"
+
+
+def test_resume_refuses_a_run_directory_of_another_study(tmp_path, capsys):
+    """--resume on a run directory holding a different study is refused and the directory is untouched."""
+    run_dir = tmp_path / "other"
+    (run_dir / "trials").mkdir(parents=True)
+    record = {"study": {"name": "other"}, "study_hash": "0" * 64, "parent": None}
+    (run_dir / "study.json").write_text(json.dumps(record))
+    (run_dir / "trials" / "t1.json").write_text("{}")
+    study_file = write_study(tmp_path / "resumable.py", tiny_trial(num_workers=1), name="resumable")
+    assert main(["sweep", str(study_file), "--resume", str(run_dir)]) == 2
+    assert "holds study 'other'" in capsys.readouterr().err
+    assert json.loads((run_dir / "study.json").read_text()) == record
+    assert (run_dir / "trials" / "t1.json").read_text() == "{}"

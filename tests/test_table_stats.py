@@ -1,0 +1,243 @@
+"""Arm comparisons of a run directory: confidence intervals and paired differences against
+scipy, the equal-compute refusal, and every rendering; synthetic run directories, no Ray."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from embedlab.sweep.table import (
+    NO_TRIALS, UnequalComputeError, budget_unit, check_equal_compute, format_table, load_table,
+    render, summarize,
+)
+
+ARMS = ("base", "wide", "deep")
+METRICS = ("dev/ndcg@10", "dev/recall@100", "train/loss", "retention/probe_accuracy", "budget/tokens")
+SEEDS = (0, 1, 2, 3, 4)
+MISSING_SEED = ("deep", 2)  # one arm lacks one seed, so pairing must go by seed, not by position
+
+
+def write_run(root: Path, rows: list[dict], **study) -> Path:
+    """A run directory with a study record and one trial file per row."""
+    run_dir = root / "run"
+    (run_dir / "trials").mkdir(parents=True)
+    record = {
+        "study": {
+            "name": "toy-width", "factor": "model.width", "arms": {arm: {"phase": 1} for arm in ARMS},
+            "seeds": list(SEEDS), "budget_tokens": 1000, "budget_pairs": 0, "metric": "dev/ndcg@10",
+            "description": "synthetic", "disclosed_overlap": None, **study,
+        },
+        "arm_order": list(ARMS), "parent": None, "final_eval_overlap": [],
+    }
+    (run_dir / "study.json").write_text(json.dumps(record))
+    for row in rows:
+        (run_dir / "trials" / f"{row['trial_id']}.json").write_text(json.dumps(row))
+    return run_dir
+
+
+def trial_row(rng: np.random.Generator, trial_id: str, arm: str, seed: int) -> dict:
+    """A finished final trial with random metrics; the seed shifts every arm alike."""
+    return {
+        "trial_id": trial_id, "arm": arm, "seed": seed, "status": "finished", "stage": "final",
+        "factor": "model.width", "factor_value": ARMS.index(arm), "phase": 1,
+        "config_hash": "c" * 8, "parent": None, "parent_hash": None,
+        "budget/tokens": 1000 + int(rng.integers(0, 9)), "budget/flops": 1e12 * (1 + rng.uniform(0, 0.005)),
+        "compute/wall_seconds": rng.uniform(10, 20), "compute/device_seconds": rng.uniform(5, 10),
+        "train/loss": rng.uniform(2, 3), "dev/ndcg@10": 0.1 * seed + rng.uniform(0, 0.05),
+        "dev/recall@100": rng.uniform(0.4, 0.6), "dev/mrr@10": rng.uniform(0.1, 0.3),
+        "dev/map": rng.uniform(0.1, 0.3), "retention/probe_accuracy": rng.uniform(0.5, 0.7),
+        "retention/similarity_spearman": rng.uniform(0.3, 0.5), "retention/mlm_accuracy": rng.uniform(0, 0.1),
+        "checkpoint": f"/ckpt/{trial_id}", "checkpoint_hash": "h" * 8,
+    }
+
+
+def old_format(row: dict) -> dict:
+    """The same trial as an older writer recorded it: no stage, no device seconds, a flops estimate."""
+    row = {k: v for k, v in row.items() if k not in ("stage", "compute/device_seconds", "budget/flops")}
+    return {**row, "budget/flops_estimate": 1e12}
+
+
+def synthetic_rows(seed: int = 0) -> list[dict]:
+    """3 arms x up to 5 seeds (deep lacks seed 2) in shuffled trial-id order, one old-format row,
+    one failed and one tuning trial whose values would distort any statistic they entered."""
+    rng = np.random.default_rng(seed)
+    pairs = [(arm, s) for arm in ARMS for s in SEEDS if (arm, s) != MISSING_SEED]
+    ids = rng.permutation(len(pairs))  # file order (sorted trial ids) unrelated to arm and seed
+    rows = [trial_row(rng, f"t{ids[i]:03d}", arm, s) for i, (arm, s) in enumerate(pairs)]
+    rows[4] = old_format(rows[4])
+    rows.append({"trial_id": "failed0", "arm": "wide", "seed": 5, "status": "failed", "stage": "final",
+                 "budget/tokens": 17})
+    tune = trial_row(rng, "tune0", "base", 9)
+    rows.append({**tune, "stage": "tune", "budget/tokens": 10, "dev/ndcg@10": 100.0})
+    return rows
+
+
+def finished(rows: list[dict], arm: str) -> dict[int, dict]:
+    return {r["seed"]: r for r in rows
+            if r["arm"] == arm and r["status"] == "finished" and r.get("stage", "final") == "final"}
+
+
+@pytest.fixture
+def run(tmp_path):
+    rows = synthetic_rows()
+    return write_run(tmp_path, rows), rows
+
+
+def test_confidence_intervals_match_scipy(run):
+    """Each arm's mean and 95% half-width equal scipy's Student's t interval over its seeds."""
+    run_dir, rows = run
+    summary = summarize(load_table(run_dir), METRICS).set_index("arm")
+    assert list(summary.index) == list(ARMS)
+    for arm in ARMS:
+        trials = finished(rows, arm)
+        assert summary.loc[arm, "seeds"] == len(trials)
+        for metric in METRICS:
+            values = np.array([trials[s][metric] for s in sorted(trials)], dtype=float)
+            low, high = stats.t.interval(0.95, len(values) - 1, loc=values.mean(), scale=stats.sem(values))
+            np.testing.assert_allclose(summary.loc[arm, f"{metric}:mean"], values.mean(), rtol=1e-12)
+            np.testing.assert_allclose(summary.loc[arm, f"{metric}:ci95"], (high - low) / 2, rtol=1e-12)
+
+
+def test_paired_differences_match_ttest_rel_over_shared_seeds(run):
+    """Differences from the control pair rows by seed (only seeds both arms finished), as ttest_rel does."""
+    run_dir, rows = run
+    summary = summarize(load_table(run_dir), METRICS).set_index("arm")
+    control = finished(rows, "base")
+    assert summary.loc["base", "control"] and np.isnan(summary.loc["base", "dev/ndcg@10:diff"])
+    for arm in ("wide", "deep"):
+        trials = finished(rows, arm)
+        seeds = sorted(set(trials) & set(control))
+        assert summary.loc[arm, "paired_seeds"] == len(seeds) == (4 if arm == "deep" else 5)
+        for metric in METRICS:
+            ours = np.array([trials[s][metric] for s in seeds], dtype=float)
+            theirs = np.array([control[s][metric] for s in seeds], dtype=float)
+            low, high = stats.ttest_rel(ours, theirs).confidence_interval(0.95)
+            np.testing.assert_allclose(summary.loc[arm, f"{metric}:diff"], (ours - theirs).mean(), rtol=1e-12)
+            np.testing.assert_allclose(summary.loc[arm, f"{metric}:diff_ci95"], (high - low) / 2, rtol=1e-12)
+
+
+def test_pairing_ignores_row_order_and_follows_the_control(run):
+    """Shuffled rows give the same summary, and a different control flips the sign of its difference."""
+    run_dir, _ = run
+    table = load_table(run_dir)
+    summary = summarize(table)
+    shuffled = table.sample(frac=1, random_state=3)
+    pd.testing.assert_frame_equal(summarize(shuffled, arm_order=ARMS), summary, rtol=1e-12)
+    against_wide = summarize(table, ["dev/ndcg@10"], control="wide").set_index("arm")
+    assert np.isnan(against_wide.loc["wide", "dev/ndcg@10:diff"])
+    np.testing.assert_allclose(against_wide.loc["base", "dev/ndcg@10:diff"],
+                               -summary.set_index("arm").loc["wide", "dev/ndcg@10:diff"], rtol=1e-12)
+    with pytest.raises(ValueError, match="no arm 'narrow'"):
+        summarize(table, control="narrow")
+
+
+def test_failed_and_tuning_trials_are_excluded(run):
+    """A failed and a tuning trial are listed but neither counts nor moves a statistic."""
+    run_dir, rows = run
+    table = load_table(run_dir)
+    assert len(table) == len(rows)
+    summary = summarize(table, ["dev/ndcg@10"]).set_index("arm")
+    assert summary["seeds"].to_dict() == {"base": 5, "wide": 5, "deep": 4}
+    assert summary.loc["base", "dev/ndcg@10:mean"] < 1  # the tuning trial's 100.0 stayed out
+    text = render(run_dir)
+    assert "excluded from statistics: 1 failed, 1 tune" in text and "failed0" in text
+
+
+def test_unequal_compute_is_refused_beyond_tolerance(tmp_path):
+    """Within 1% the check passes; beyond it, it raises naming the unit and both extreme trials."""
+    rng = np.random.default_rng(1)
+    rows = [trial_row(rng, f"{arm}-{s}", arm, s) for arm in ARMS for s in (0, 1, 2)]
+    for row in rows:
+        row["budget/tokens"] = 1000
+    rows[4]["budget/tokens"] = 1005
+    table = pd.DataFrame(rows)
+    assert check_equal_compute(table, "tokens") == pytest.approx(0.005)
+    rows[4]["budget/tokens"] = 1020
+    run_dir = write_run(tmp_path, rows)
+    with pytest.raises(UnequalComputeError) as refused:
+        check_equal_compute(pd.DataFrame(rows), "tokens")
+    message = str(refused.value)
+    assert "tokens" in message and "2.00%" in message and "refused" in message
+    assert "arm wide seed 1 (trial wide-1)" in message and "(trial base-0)" in message
+    for fmt in ("text", "csv", "markdown", "json"):
+        with pytest.raises(UnequalComputeError):
+            render(run_dir, fmt)
+
+
+def test_compute_unit_columns_and_old_rows(run):
+    """Flops fall back to an old row's estimate; a unit whose column is absent is refused by name."""
+    run_dir, rows = run
+    table = load_table(run_dir)
+    assert check_equal_compute(table, "flops") < 0.01
+    with pytest.raises(UnequalComputeError, match="no budget/pairs column"):
+        check_equal_compute(table, "pairs")
+    with pytest.raises(ValueError, match="tokens, pairs, flops"):
+        check_equal_compute(table, "steps")
+    old = next(r for r in rows if "budget/flops_estimate" in r)
+    table.loc[table["trial_id"] == old["trial_id"], "budget/flops_estimate"] = 1.05e12
+    with pytest.raises(UnequalComputeError, match=f"trial {old['trial_id']}"):
+        check_equal_compute(table, "flops")
+
+
+def test_budget_unit_of_new_and_old_studies():
+    """A declared unit is used; without one, phase 1 holds tokens and phases 2-3 hold pairs."""
+    phase = {"arms": {"a": {"phase": 2}}, "budget_pairs": 500}
+    assert budget_unit({"study": {"arms": {"a": {"phase": 1}}, "budget_pairs": 0}}) == "tokens"
+    assert budget_unit({"study": {"arms": {"a": {}}}}) == "tokens"
+    assert budget_unit({"study": phase}) == "pairs"
+    assert budget_unit({"study": {**phase, "budget_unit": "flops"}}) == "flops"
+    with pytest.raises(ValueError, match="budget_unit: 'steps'"):
+        budget_unit({"study": {**phase, "budget_unit": "steps"}})
+
+
+def test_every_format_renders_and_parses_back(tmp_path):
+    """text and markdown show both tables; csv and json parse back with every arm in order."""
+    run_dir = write_run(tmp_path, synthetic_rows(), disclosed_overlap="reported, not removed")
+    text = render(run_dir, "text")
+    assert "1,000 tokens per trial" in text and "Student's t" in text and "(control)" in text
+    assert "disclosed overlap (0 final-eval items in training data): reported, not removed" in text
+    assert max(len(line) for line in text.splitlines()) < 200
+    markdown = render(run_dir, "markdown")
+    assert "| arm | seeds | dev/ndcg@10 |" in markdown and "| --- |" in markdown
+    csv = pd.read_csv(io.StringIO(render(run_dir, "csv")))
+    assert list(csv["arm"]) == list(ARMS) and list(csv["control"]) == [True, False, False]
+    assert {"dev/ndcg@10:mean", "dev/ndcg@10:ci95", "dev/ndcg@10:diff", "dev/ndcg@10:diff_ci95"} <= set(csv)
+    parsed = json.loads(render(run_dir, "json"))
+    assert parsed["study"] == "toy-width" and parsed["unit"] == "tokens" and parsed["control"] == "base"
+    assert [a["arm"] for a in parsed["arms"]] == list(ARMS)
+    assert parsed["arms"][0]["dev/ndcg@10:diff"] is None
+    assert len(parsed["trials"]) == len(synthetic_rows())
+    with pytest.raises(ValueError, match="text, csv, markdown, json"):
+        render(run_dir, "html")
+
+
+def test_render_with_chosen_metrics(run):
+    """A chosen metric list replaces the key columns; an unknown metric is named in the error."""
+    run_dir, _ = run
+    assert "dev/mrr@10" in render(run_dir, metrics=["dev/mrr@10"])
+    with pytest.raises(ValueError, match="dev/ndcg@1000"):
+        render(run_dir, metrics=["dev/ndcg@1000"])
+
+
+def test_empty_run_directory(tmp_path):
+    """A run without finished trials renders every format without a comparison."""
+    run_dir = write_run(tmp_path, [])
+    assert NO_TRIALS in render(run_dir, "text") and NO_TRIALS in render(run_dir, "markdown")
+    assert [a["seeds"] for a in json.loads(render(run_dir, "json"))["arms"]] == [0, 0, 0]
+    assert list(pd.read_csv(io.StringIO(render(run_dir, "csv")))["arm"]) == list(ARMS)
+    assert format_table(load_table(run_dir), run_dir) == NO_TRIALS
+
+
+def test_single_seed_has_no_interval(tmp_path):
+    """With one seed per arm the mean is shown and the half-width is NaN, not zero."""
+    rng = np.random.default_rng(2)
+    run_dir = write_run(tmp_path, [trial_row(rng, arm, arm, 0) for arm in ARMS])
+    summary = summarize(load_table(run_dir), ["dev/ndcg@10"])
+    assert summary["dev/ndcg@10:mean"].notna().all() and summary["dev/ndcg@10:ci95"].isna().all()
+    assert "± n/a" in render(run_dir)
