@@ -11,12 +11,12 @@ TORCH_CPU := torch==2.13.0
 DEBIAN_SOURCES := bible-kjv bible-kjv-text fortunes dict-foldoc dict-jargon debian-handbook \
 	postgresql-doc-15 manpages-dev mythes-en-us
 
-.PHONY: demo test setup debian-sources clean-venv
+.PHONY: demo test setup debian-sources debian-test-tools clean-venv
 
 demo: setup debian-sources
 	$(BIN)/embedlab demo
 
-test: setup debian-sources
+test: setup debian-sources debian-test-tools
 	$(BIN)/python -m pytest
 
 setup: $(STAMP)
@@ -46,6 +46,18 @@ debian-sources:
 		|| echo "setup: could not install$$missing; continuing with the sources present"; \
 	else \
 		echo "setup: not root or no apt-get; built-in corpus without:$$missing"; \
+	fi
+
+# Headless Chromium opens the study report in tests/test_report.py (skipped, saying so, without it).
+debian-test-tools:
+	@dpkg-query -W -f='$${Status}' chromium 2>/dev/null | grep -q "install ok installed" && exit 0; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "setup: installing chromium (headless report check)"; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 \
+		|| { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1; } \
+		|| echo "setup: could not install chromium; the report's browser test will skip"; \
+	else \
+		echo "setup: not root or no apt-get; the report's browser test will skip without chromium"; \
 	fi
 
 clean-venv:

@@ -6,6 +6,7 @@
     embedlab tour TOUR_FILE [--profile P]   studies of consecutive phases, winners promoted between
     embedlab table RUN_DIR [--format text|csv|markdown|json]   per-arm mean ± 95% CI, paired differences
     embedlab promote RUN_DIR [--metric dev/ndcg@10] [--max-retention-drop X] [--run]
+    embedlab report RUN_DIR [RUN_DIR...] [--out FILE]   the study report: one self-contained HTML page
     embedlab evaluate --encoder CKPT_DIR --task TASK [--split test] [--json]
     embedlab model params PRESET [--json]
     embedlab export CKPT_DIR OUT_DIR    the inference package: encoder + tokenizer, no MLM heads
@@ -130,6 +131,14 @@ def cmd_promote(args: argparse.Namespace) -> int:
         child = run_sweep(promotion["next_study"], storage=store.parent(store.resolve(args.run_dir)),
                           address=args.address, progress=_progress)
         return _show_run(child)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from embedlab.report import write_report  # here: it loads matplotlib
+
+    out = args.out or Path(args.run_dirs[-1]) / "report.html"
+    print(write_report(args.run_dirs, out, progress=_stderr))
     return 0
 
 
@@ -293,6 +302,11 @@ def build_parser() -> argparse.ArgumentParser:
     promote.add_argument("--run", action="store_true", help="launch the next phase's study after promoting")
     promote.add_argument("--address", default=None, help="with --run: an existing Ray cluster")
     promote.set_defaults(func=cmd_promote)
+
+    report = sub.add_parser("report", help="the study report: one self-contained HTML page for one or more runs")
+    report.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="a study's run directory, or a tour's, in order")
+    report.add_argument("--out", type=Path, default=None, help="HTML file (default: LAST_RUN_DIR/report.html)")
+    report.set_defaults(func=cmd_report)
 
     evaluate = sub.add_parser("evaluate", help="score a checkpoint on a retrieval task")
     evaluate.add_argument("--encoder", required=True,

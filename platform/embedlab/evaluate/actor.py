@@ -58,16 +58,18 @@ _handles: dict[str, ray.actor.ActorHandle] = {}
 def get_evaluator(num_cpus: float = 0) -> ray.actor.ActorHandle:
     """The cluster's evaluation actor, created on first use and found by name afterwards.
 
-    A non-detached actor lives as long as its creator holds a handle, so the sweep driver
-    creates it before any trial starts and keeps the handle here; trial drivers, which come
-    and go, find the same actor by name. It holds no CPU reservation: it works between
-    trainings, and on a 2-core box a reserved core would starve the trainers' data pipeline.
+    It is detached: it belongs to the cluster, not to the sweep that created it, so trial
+    drivers that come and go and sweeps that run side by side all reach the same actor, and
+    one sweep's driver exiting does not take it from another (a non-detached actor dies with
+    its creator). It holds no CPU reservation: it works between trainings, and on a 2-core
+    box a reserved core would starve the trainers' data pipeline.
     """
     key = ray.get_runtime_context().get_job_id()
     if key not in _handles:
         _handles[key] = (
             ray.remote(Evaluator)
-            .options(name=ACTOR_NAME, namespace=NAMESPACE, get_if_exists=True, num_cpus=num_cpus)
+            .options(name=ACTOR_NAME, namespace=NAMESPACE, get_if_exists=True, num_cpus=num_cpus,
+                     lifetime="detached")
             .remote()
         )
     return _handles[key]

@@ -56,10 +56,19 @@ def connect(address: str | None, progress: Callable[[str], None] = print) -> Non
     if address:
         progress(f"ray: connecting to {address}")
         _check_reachable(address)
+        # Ray uses ~/.ray/auth_token by itself only for a cluster it finds locally; for an
+        # explicit address the token must be switched on before connecting.
+        from ray._private.authentication.authentication_token_setup import (
+            maybe_enable_token_auth_if_token_available,
+        )
+
+        maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
         try:
             ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
         except (ConnectionError, RuntimeError, ValueError) as error:
-            raise ConnectionError(f"cannot reach the Ray cluster at {address!r}: {error}") from None
+            raise ConnectionError(
+                f"cannot reach the Ray cluster at {address!r}: {error} (a cluster with token authentication "
+                "needs its token here: ~/.ray/auth_token or RAY_AUTH_TOKEN, with RAY_AUTH_MODE=token)") from None
     else:
         progress("ray: starting a local cluster")
         require_token_auth()

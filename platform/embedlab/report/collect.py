@@ -1,0 +1,173 @@
+"""Read run directories into what the report shows: study records, trial tables, training
+logs, and the checkpoints whose representations the figures measure.
+
+Nothing here recomputes a metric; it only finds and orders what the runs wrote.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from embedlab.sweep.table import final_trials, load_table, read_study_record
+
+METRICS_LOG = "metrics.jsonl"  # embedlab.train.metrics_log.FILE_NAME (that module imports Ray Train)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run directory as the report reads it."""
+
+    directory: Path
+    record: dict[str, Any]  # study.json
+    table: pd.DataFrame  # one row per trial (embedlab.load_table)
+    prepared: dict[str, dict[str, Any]]  # prepared.json: arm -> prepared data record
+    promotion: dict[str, Any] | None  # promotion.json, once promoted
+    logs: dict[str, list[dict[str, Any]]]  # trial id -> every training report (metrics.jsonl)
+    label: str  # "P2 joint-vs-contrastive", made unique across the report
+
+    @property
+    def study(self) -> dict[str, Any]:
+        return self.record["study"]
+
+    @property
+    def name(self) -> str:
+        return self.study["name"]
+
+    @property
+    def metric(self) -> str:
+        return self.study["metric"]
+
+    @property
+    def arms(self) -> list[str]:
+        return list(self.record.get("arm_order", self.study["arms"]))
+
+    @property
+    def phase(self) -> int:
+        return max(arm.get("phase") or 1 for arm in self.study["arms"].values())
+
+    @property
+    def final(self) -> pd.DataFrame:
+        """Finished grid trials: the rows every statistic is computed over."""
+        return final_trials(self.table)
+
+    def arm_config(self, arm: str) -> dict[str, Any]:
+        return self.study["arms"][arm]
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A checkpoint whose representation the report measures: each arm's best trial, and the
+    parent of a run whose parent is not itself a trial of a reported run."""
+
+    label: str  # "P3 hard-negatives / mined-2 (seed 0)"
+    run_label: str
+    arm: str  # "parent" for a parent checkpoint
+    phase: int
+    checkpoint: Path
+    prepared_dir: Path
+    eval: dict[str, Any]  # the arm's EvalConfig as a dict: task, split, max_length, batch_size
+    masking: dict[str, Any]  # the arm's MaskingConfig as a dict
+    row: dict[str, Any] | None  # the trial row; None for a parent (scores in study.json)
+
+
+def read_run(directory: str | Path) -> Run:
+    """A run directory's records; a missing promotion or training log is simply absent."""
+    directory = Path(directory)
+    record = read_study_record(directory)
+    table = load_table(directory)
+    prepared_path = directory / "prepared.json"
+    prepared = json.loads(prepared_path.read_text()) if prepared_path.is_file() else {}
+    promotion_path = directory / "promotion.json"
+    promotion = json.loads(promotion_path.read_text()) if promotion_path.is_file() else None
+    logs = {}
+    for row in table.to_dict("records"):
+        path = _log_path(directory, row)
+        if path is not None:
+            logs[row["trial_id"]] = read_log(path)
+    phase = max(arm.get("phase") or 1 for arm in record["study"]["arms"].values())
+    return Run(directory=directory, record=record, table=table, prepared=prepared, promotion=promotion,
+               logs=logs, label=f"P{phase} {record['study']['name']}")
+
+
+def _log_path(directory: Path, row: dict[str, Any]) -> Path | None:
+    """The trial's metrics.jsonl: next to its checkpoint, else in its Ray Train run folder."""
+    checkpoint = row.get("checkpoint")
+    if isinstance(checkpoint, str) and (Path(checkpoint).parent / METRICS_LOG).is_file():
+        return Path(checkpoint).parent / METRICS_LOG
+    found = sorted((directory / "train").glob(f"*-{row['trial_id']}/{METRICS_LOG}"))
+    return found[0] if found else None
+
+
+def read_log(path: Path) -> list[dict[str, Any]]:
+    """The reports of one metrics.jsonl; a line still being written (no newline yet) is skipped."""
+    reports = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            reports.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return reports
+
+
+def read_runs(directories: list[str | Path]) -> list[Run]:
+    """Runs in tour order (phase, then start time), labels made unique by start time."""
+    runs = sorted((read_run(d) for d in directories), key=lambda r: (r.phase, r.record.get("started", "")))
+    counts = pd.Series([r.label for r in runs]).value_counts()
+    unique = []
+    for run in runs:
+        if counts[run.label] > 1:
+            clock = run.record.get("started", "")[11:16] or run.directory.name
+            run = dataclasses.replace(run, label=f"{run.label} ({clock})")
+        unique.append(run)
+    return unique
+
+
+def best_trials(run: Run) -> list[dict[str, Any]]:
+    """Each arm's finished trial with the best study metric and an existing checkpoint."""
+    best = []
+    final = run.final
+    for arm in run.arms:
+        rows = final[final["arm"] == arm]
+        if "checkpoint" in rows:
+            rows = rows[rows["checkpoint"].map(lambda c: isinstance(c, str) and Path(c).is_dir())]
+        if rows.empty or run.metric not in rows:
+            continue
+        best.append(rows.loc[rows[run.metric].astype(float).idxmax()].to_dict())
+    return best
+
+
+def probes(runs: list[Run]) -> list[Probe]:
+    """The checkpoints to measure: every run's parent (when no reported trial is that
+    checkpoint), then each arm's best trial, in tour order, each checkpoint once."""
+    out: list[Probe] = []
+    seen: set[str] = set()
+    trial_checkpoints = {str(Path(row["checkpoint"]).resolve())
+                         for run in runs for row in best_trials(run)}
+    for run in runs:
+        first_arm = run.arms[0]
+        parent = run.record.get("parent")
+        if parent and Path(parent).is_dir() and str(Path(parent).resolve()) not in trial_checkpoints | seen:
+            seen.add(str(Path(parent).resolve()))
+            out.append(_probe(run, first_arm, Path(parent), None, label=f"parent of {run.label}",
+                              phase=run.phase - 1))
+        for row in best_trials(run):
+            key = str(Path(row["checkpoint"]).resolve())
+            if key in seen:
+                continue
+            seen.add(key)
+            out.append(_probe(run, row["arm"], Path(row["checkpoint"]), row,
+                              label=f"{run.label} / {row['arm']} (seed {row['seed']})", phase=run.phase))
+    return out
+
+
+def _probe(run: Run, arm: str, checkpoint: Path, row: dict[str, Any] | None, *, label: str, phase: int) -> Probe:
+    config = run.arm_config(arm)
+    return Probe(label=label, run_label=run.label, arm=arm if row is not None else "parent", phase=phase,
+                 checkpoint=checkpoint, prepared_dir=Path(run.prepared[arm]["directory"]), eval=config["eval"],
+                 masking=config["masking"], row=row)
