@@ -23,7 +23,7 @@ ROWS = 4  # rows per worker per (micro)batch
 CONTENT = 28  # non-padding tokens in every phase-1 row; pair texts vary
 STEPS = 8
 TEXTS = [f"the quick brown fox {i} jumps over the lazy dog number {i * 7}" for i in range(200)]
-TIMING = ("compute/", "train/tokens_per_s")
+TIMING = ("compute/", "train/tokens_per_s", "train/pairs_per_s")
 
 
 def tokenizer(directory: Path):

@@ -28,6 +28,7 @@ class Evaluator:
         torch.set_num_threads(torch_threads)
         self._tasks: dict[str, Task] = {}
         self._results: dict[tuple, dict] = {}
+        self._metrics = None  # created on first use, inside the actor (ray.util.metrics needs a worker)
 
     def task(self, task_dir: str) -> Task:
         key = str(Path(task_dir).resolve())
@@ -46,7 +47,15 @@ class Evaluator:
                 Path(checkpoint_dir), task, split, index=index,
                 retention_dir=None if retention_dir is None else Path(retention_dir),
             )
+        self._telemetry().publish(task.name, self._results[key]["seconds"], cached)
         return dict(self._results[key], cached=cached)
+
+    def _telemetry(self):
+        if self._metrics is None:
+            from embedlab.telemetry import EvaluationTelemetry
+
+            self._metrics = EvaluationTelemetry()
+        return self._metrics
 
     def stats(self) -> dict:
         return {"tasks_loaded": len(self._tasks), "results_cached": len(self._results)}

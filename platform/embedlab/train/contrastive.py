@@ -266,6 +266,7 @@ class ContrastiveLoop(TrainingLoop):
             "train/nonfinite_steps": progress.nonfinite,
             "train/rejected_in_a_row": progress.rejected_in_a_row,
             "train/effective_candidates": progress.candidate_sum / max(progress.anchors, 1),
+            "train/pairs_per_s": progress.pairs / elapsed,
             "budget/pairs": progress.pairs,
             "budget/tokens": progress.tokens,
             "budget/fraction": clock / budget,

@@ -178,6 +178,10 @@ class Phase1Loop(TrainingLoop):
             "train/nonfinite_steps": progress.nonfinite,
             "train/rejected_in_a_row": progress.rejected_in_a_row,
             "train/tokens_per_s": progress.tokens / elapsed,
+            # Non-padding share of the row positions the steps computed (packing's yield).
+            "data/packing_efficiency": progress.tokens / max(
+                progress.steps * self.world * self.trial.train.batch_rows * self.trial.train.microbatches
+                * self.trial.data.sequence_length, 1),
             "budget/tokens": progress.tokens,
             "budget/selected_tokens": progress.selected,
             "budget/fraction": clock / budget,

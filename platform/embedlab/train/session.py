@@ -51,6 +51,11 @@ class RaySession:
         context = ray.train.get_context()
         self.rank, self.world = context.get_world_rank(), context.get_world_size()
         self.device = ray.train.torch.get_device()
+        self.telemetry = None
+        if self.rank == 0:  # reports are all-reduced: one publisher per run is enough
+            from embedlab.telemetry import TrainingTelemetry
+
+            self.telemetry = TrainingTelemetry(context.get_experiment_name(), self.world)
 
     def global_batches(self, rows: int) -> Iterator[Batch]:
         import ray.train
@@ -73,6 +78,9 @@ class RaySession:
 
     def report(self, metrics: dict[str, Any], checkpoint: Path | None) -> None:
         import ray.train
+
+        if self.telemetry is not None:
+            self.telemetry.publish(metrics)
 
         ray.train.report(metrics, checkpoint=None if checkpoint is None else ray.train.Checkpoint.from_directory(
             str(checkpoint)))
