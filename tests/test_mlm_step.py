@@ -113,3 +113,36 @@ def test_two_gloo_workers_equal_one_process():
         assert abs(loss_sum / selected - float(expected)) < 1e-10
         for got, want in zip(grads, gradients(model)):
             torch.testing.assert_close(torch.from_numpy(got), want, atol=1e-12, rtol=1e-10)
+
+
+def test_per_source_losses_partition_the_step_loss():
+    """Per-source sums and counts (every source present, zeros included) add up to the step's
+    loss sum and selected count, and each equals a naive per-token computation."""
+    import dataclasses
+
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    model = MLMModel(CONFIG)
+    names = ("bible", "docs", "unused")
+    batches = []
+    for seed in (1, 2):
+        mb = make_batch(4, seed, 0.3)
+        source = torch.randint(0, 2, mb.segment_ids.shape, generator=torch.Generator().manual_seed(seed))
+        batches.append(dataclasses.replace(mb, source_index=source, source_names=names))
+    result = accumulate_gradients(model, batches)
+    groups = {k: v for k, v in result.groups.items() if k.startswith("source/")}
+    assert set(groups) == {f"source/{n}" for n in names} and groups["source/unused"] == (0.0, 0)
+    assert sum(c for _, c in groups.values()) == result.selected
+    assert sum(s for s, _ in groups.values()) == pytest.approx(result.loss_sum, rel=1e-7)  # fp32 sum order
+    with torch.no_grad():
+        expected = {n: [0.0, 0] for n in names}
+        for mb in batches:
+            logits = model(mb.masked.inputs, mb.segment_ids, mb.masked.selected)
+            nll = F.cross_entropy(logits, mb.masked.targets[mb.masked.selected], reduction="none")
+            for loss, source in zip(nll.tolist(), mb.source_index[mb.masked.selected].tolist()):
+                expected[names[source]][0] += loss
+                expected[names[source]][1] += 1
+    for name in names:
+        assert groups[f"source/{name}"][1] == expected[name][1]
+        assert groups[f"source/{name}"][0] == pytest.approx(expected[name][0], rel=1e-6)

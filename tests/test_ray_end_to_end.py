@@ -34,6 +34,13 @@ def test_two_worker_trainer_reaches_budget_and_checkpoints(trained, prepared):
     tokens_per_step_max = rows_per_step * trial.data.sequence_length
     assert trial.train.budget_tokens <= metrics["budget/tokens"] < trial.train.budget_tokens + tokens_per_step_max
     assert 0 < metrics["train/loss"] < 10
+    # Per-source loss over both workers: every source reported, selected counts summing to
+    # the window's (their weighted mean is the window's loss).
+    sources = [k.removeprefix("train/loss/source/") for k in metrics if k.startswith("train/loss/source/")]
+    assert sorted(sources) == sorted(prepared.record["mixture"]["shares"])
+    counts = {s: metrics[f"train/selected/source/{s}"] for s in sources}
+    mean = sum(metrics[f"train/loss/source/{s}"] * n for s, n in counts.items() if n) / sum(counts.values())
+    assert mean == pytest.approx(metrics["train/loss"], rel=1e-6)
     manifest = verify_checkpoint(Path(result.checkpoint.path))
     assert manifest["distributed"] == {"workers": 2, "backend": "gloo"}
     assert manifest["budget"]["budget/tokens"] == metrics["budget/tokens"]

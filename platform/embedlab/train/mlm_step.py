@@ -37,6 +37,10 @@ class Microbatch:
     # Mixed masking ratios (dual-LM-head method): each row's ratio and the head it goes to.
     ratio_index: torch.Tensor | None = None  # (B,) long
     head_index: torch.Tensor | None = None  # (B,) long
+    # Per-source loss (single-head MLM): each token's source index into `source_names`, the
+    # same list on every worker (the groups are all-reduced by key).
+    source_index: torch.Tensor | None = None  # (B, T) long
+    source_names: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -94,8 +98,9 @@ def _microbatch_loss(model, mb: Microbatch, mixed_ratios) -> tuple[torch.Tensor,
     masked = mb.masked
     if mb.head_index is None:
         logits = model(masked.inputs, mb.segment_ids, masked.selected)
-        part_sum, _ = mlm_loss_sum(logits, masked.targets[masked.selected])
-        return part_sum, {}
+        targets = masked.targets[masked.selected]
+        part_sum, _ = mlm_loss_sum(logits, targets)
+        return part_sum, _per_source(logits, targets, mb)
     logits = model(masked.inputs, mb.segment_ids, masked.selected, mb.head_index)
     targets = select_by_head(masked.targets, masked.selected, mb.head_index, model.head_names)
     by_head = per_head_loss_sums(logits, targets)
@@ -107,6 +112,20 @@ def _microbatch_loss(model, mb: Microbatch, mixed_ratios) -> tuple[torch.Tensor,
     parts = {f"head/{name}": (float(s.detach()), c) for name, (s, c) in by_head.items()}
     parts.update({f"ratio/{name}": value for name, value in by_ratio.items()})
     return part_sum, parts
+
+
+def _per_source(logits: torch.Tensor, targets: torch.Tensor, mb: Microbatch) -> dict[str, tuple[float, int]]:
+    """Selected-token NLL sums and counts per source, every source present (zeros included),
+    so every worker all-reduces the same keys. Measured without a graph: reporting only."""
+    if mb.source_index is None or not mb.source_names:
+        return {}
+    with torch.no_grad():
+        nll = torch.nn.functional.cross_entropy(logits.float(), targets, reduction="none").double()
+        source = mb.source_index.to(targets.device)[mb.masked.selected]
+        width = len(mb.source_names)
+        sums = torch.bincount(source, weights=nll, minlength=width)
+        counts = torch.bincount(source, minlength=width)
+    return {f"source/{name}": (float(sums[i]), int(counts[i])) for i, name in enumerate(mb.source_names)}
 
 
 def all_reduce_gradients(model: nn.Module, all_reduce: AllReduce) -> None:

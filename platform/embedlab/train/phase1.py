@@ -135,7 +135,8 @@ class Phase1Loop(TrainingLoop):
         # Masking draws on the CPU generator so its stream is the same on any device.
         masked = MaskedBatch(*(t.to(self.device) for t in (masked.inputs, masked.targets, masked.selected)))
         return Microbatch(masked=masked, segment_ids=segment_ids.to(self.device),
-                          ratio_index=ratio_index, head_index=head_index)
+                          ratio_index=ratio_index, head_index=head_index,
+                          source_index=batch["source_index"], source_names=tuple(self.sources))
 
     def step(self, batches: list[dict[str, torch.Tensor]]) -> None:
         pending = [self._microbatch(batch) for batch in batches]
