@@ -233,8 +233,7 @@ def dry_run(study_path: str | Path, *, profile: str | None = None, parent: str |
     for arm in study.arms:
         study.trial_config(arm, study.seeds[0], (parent or "PARENT") if study.phase > 1 else parent)
     first = next(iter(study.arms.values()))
-    budget = {"tokens": f"{study.budget_tokens:,} non-padding tokens", "pairs": f"{study.budget_pairs:,} positive pairs",
-              "flops": f"{study.budget_flops:.3g} estimated training FLOPs"}[study.unit]
+    budget = study.budget_text
     lines = [
         f"study {study.name} ({study_path}), profile {study.profile or '-'}, phase {study.phase}",
         f"  {study.description}" if study.description else "",
@@ -307,8 +306,7 @@ def run_sweep(
     from embedlab.evaluate.actor import get_evaluator
 
     concurrency = max_concurrent_trials(next(iter(study.arms.values())), ray.cluster_resources())
-    budget = {"tokens": f"{study.budget_tokens:,} non-padding tokens", "pairs": f"{study.budget_pairs:,} positive pairs",
-              "flops": f"{study.budget_flops:.3g} estimated FLOPs"}[study.unit]
+    budget = study.budget_text
     progress(f"study {study.name} (phase {study.phase}, profile {study.profile or '-'}): {len(study.arms)} arms x "
              f"{len(study.seeds)} seeds at {budget} each")
     prepared = _prepare_arms(study, progress)

@@ -205,6 +205,13 @@ class Study:
         return self.budget_unit
 
     @property
+    def budget_text(self) -> str:
+        """Each trial's budget in words, in the study's unit."""
+        return {"tokens": f"{self.budget_tokens:,} non-padding tokens",
+                "pairs": f"{self.budget_pairs:,} positive pairs",
+                "flops": f"{self.budget_flops:.3g} estimated training FLOPs"}[self.unit]
+
+    @property
     def trials(self) -> int:
         """Trials the study runs: Optuna's tuning trials plus the arms x seeds grid."""
         return len(self.arms) * (self.search_trials + len(self.seeds))

@@ -310,9 +310,7 @@ class ContrastiveLoop(TrainingLoop):
                 "phase": trial.phase,
                 "parent_hash": self.parent.manifest["content_hash"],
                 "parent_phase": self.parent.manifest.get("phase"),
-                "config": trial.to_dict(),
-                "seed": trial.train.seed,
-                "data_revision": loop_config["data_revision"],
+                **self.run_fields(metrics),
                 "objective": {
                     "name": "joint mlm + contrastive" if settings.mlm_weight > 0 else "contrastive",
                     "contrastive": "multi-positive InfoNCE (log-sum-positive)"
@@ -327,10 +325,6 @@ class ContrastiveLoop(TrainingLoop):
                     "effective_candidates": metrics["train/effective_candidates"],
                 },
                 "optimizer": {"name": "AdamW", "state": "reset at phase start", "schedule_clock": "reset"},
-                "precision": "fp32",
-                "distributed": {"workers": self.world, "backend": "gloo" if self.world > 1 else "none"},
-                "reliability": self.reliability_fields(),
-                "budget": {k: v for k, v in metrics.items() if k.startswith(("budget/", "compute/"))},
                 "mixture": {
                     "intended_pair_shares": loop_config["intended_shares"],
                     "observed_pair_shares": {k.rsplit("/", 1)[1]: v for k, v in metrics.items()

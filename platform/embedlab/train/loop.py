@@ -134,15 +134,27 @@ class TrainingLoop:
         if progress.rejected_in_a_row >= self.trial.train.max_rejected_steps:
             raise NonFiniteError(progress.rejected_in_a_row, progress.steps)
 
-    def reliability_fields(self) -> dict[str, Any]:
+    def run_fields(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        """Manifest fields every phase records alike: the resolved config, seed, data revision,
+        precision, distributed setup, reliability policies and the budget consumed."""
+        import torch.distributed as dist
+
         train = self.trial.train
         return {
-            "rejected_update": REJECTED_UPDATE_POLICY,
-            "max_rejected_steps": train.max_rejected_steps,
-            "resume": RESUME_POLICY,
-            "checkpoint_every_steps": train.checkpoint_every_steps,
-            "max_failures": train.max_failures,
-            "data_assignment": DATA_ASSIGNMENT,
+            "config": self.trial.to_dict(),
+            "seed": train.seed,
+            "data_revision": self.loop_config["data_revision"],
+            "precision": "fp32",
+            "distributed": {"workers": self.world, "backend": dist.get_backend() if self.world > 1 else "none"},
+            "reliability": {
+                "rejected_update": REJECTED_UPDATE_POLICY,
+                "max_rejected_steps": train.max_rejected_steps,
+                "resume": RESUME_POLICY,
+                "checkpoint_every_steps": train.checkpoint_every_steps,
+                "max_failures": train.max_failures,
+                "data_assignment": DATA_ASSIGNMENT,
+            },
+            "budget": {k: v for k, v in metrics.items() if k.startswith(("budget/", "compute/"))},
         }
 
     def save(self, directory: Path, metrics: dict[str, Any], *, final: bool) -> Path | None:

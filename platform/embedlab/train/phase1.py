@@ -222,9 +222,7 @@ class Phase1Loop(TrainingLoop):
             "tokenizer": self.tokenizer,
             "fields": {
                 "phase": 1,
-                "config": trial.to_dict(),
-                "seed": trial.train.seed,
-                "data_revision": loop_config["data_revision"],
+                **self.run_fields(metrics),
                 "objective": {
                     "name": "mlm",
                     "masking_ratio": trial.masking.ratio,
@@ -238,10 +236,6 @@ class Phase1Loop(TrainingLoop):
                     "empty_selection": "step skipped, counted in train/skipped_steps",
                 },
                 "optimizer": {"name": "AdamW", "no_decay": NO_DECAY_RULE},
-                "precision": "fp32",
-                "distributed": {"workers": self.world, "backend": dist.get_backend() if self.world > 1 else "none"},
-                "reliability": self.reliability_fields(),
-                "budget": {k: v for k, v in metrics.items() if k.startswith(("budget/", "compute/"))},
                 "mixture": {
                     "intended_shares": loop_config["intended_shares"],
                     "observed_token_shares": {
