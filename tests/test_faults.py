@@ -14,11 +14,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from embedlab.config import MaskingConfig
+from embedlab.config import MaskingConfig, TrainConfig
 from embedlab.model.encoder import MLMModel
 from embedlab.objectives.masking import mask_tokens
 from embedlab.train.loop import run
-from embedlab.train.mlm_step import Microbatch, accumulate_gradients, build_optimizer, optimizer_step
+from embedlab.train.mlm_step import Microbatch, accumulate_gradients, optimizer_step
+from embedlab.train.optim import build_optimizer
 from embedlab.train.nonfinite import STOPPED_KEY, NonFiniteError
 from embedlab.train.session import LocalSession
 
@@ -47,7 +48,7 @@ def test_optimizer_step_rejects_a_nonfinite_update(poison):
     moments stay bitwise, gradients are dropped, and the result says `rejected`."""
     torch.manual_seed(0)
     model = MLMModel(dataclasses.replace(MODEL, dropout=0.0))
-    optimizer = build_optimizer(model, 1e-3, 0.01)
+    optimizer = build_optimizer(model, TrainConfig())
     optimizer_step(model, optimizer, accumulate_gradients(model, [_microbatch(1)]), 1.0)  # Adam state exists
     before = _snapshot(model, optimizer)
     result = accumulate_gradients(model, [_microbatch(2)])

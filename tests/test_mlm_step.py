@@ -146,3 +146,43 @@ def test_per_source_losses_partition_the_step_loss():
     for name in names:
         assert groups[f"source/{name}"][1] == expected[name][1]
         assert groups[f"source/{name}"][0] == pytest.approx(expected[name][0], rel=1e-6)
+
+
+def test_dual_head_per_source_losses_partition_the_step_loss():
+    """With two LM heads, per-source sums and counts over both heads add up to the step's loss
+    sum and selected count, and equal a per-token computation through each row's head."""
+    import dataclasses
+
+    import torch.nn.functional as F
+
+    from embedlab.model.heads import MultiHeadMLMModel
+
+    torch.manual_seed(0)
+    model = MultiHeadMLMModel(CONFIG, ("r15", "r50"))
+    names = ("bible", "docs")
+    mixed = ((0.15, 1.0), (0.5, 1.0))
+    batches = []
+    for seed in (1, 2):
+        mb = make_batch(4, seed, 0.3)
+        generator = torch.Generator().manual_seed(seed)
+        source = torch.randint(0, 2, mb.segment_ids.shape, generator=generator)
+        heads = torch.tensor([0, 1, 1, 0])
+        batches.append(dataclasses.replace(mb, source_index=source, source_names=names, head_index=heads,
+                                           ratio_index=heads))
+    result = accumulate_gradients(model, batches, mixed_ratios=mixed)
+    groups = {k: v for k, v in result.groups.items() if k.startswith("source/")}
+    assert sum(c for _, c in groups.values()) == result.selected
+    assert sum(s for s, _ in groups.values()) == pytest.approx(result.loss_sum, rel=1e-6)
+    expected = {n: [0.0, 0] for n in names}
+    with torch.no_grad():
+        for mb in batches:
+            logits = model(mb.masked.inputs, mb.segment_ids, mb.masked.selected, mb.head_index)
+            for index, head in enumerate(model.head_names):
+                rows = mb.masked.selected & (mb.head_index == index)[:, None]
+                nll = F.cross_entropy(logits[head], mb.masked.targets[rows], reduction="none")
+                for loss, source in zip(nll.tolist(), mb.source_index[rows].tolist()):
+                    expected[names[source]][0] += loss
+                    expected[names[source]][1] += 1
+    for name in names:
+        assert groups[f"source/{name}"][1] == expected[name][1]
+        assert groups[f"source/{name}"][0] == pytest.approx(expected[name][0], rel=1e-6)

@@ -86,7 +86,7 @@ def test_search_and_budget_unit_rules():
         (Search("train.seed", choices=(0, 1)), "seed"),
         (Search("train.nope", low=0.1, high=0.2), "not a config path"),
         (Search("train.learning_rate", low=0.0, high=0.1, log=True), "low > 0"),
-        (Search("train.warmup_fraction", low=0.5, high=1.5), "train.warmup_fraction"),
+        (Search("train.schedule.warmup_fraction", low=0.5, high=1.5), "train.schedule.warmup_fraction"),
     ]:
         with pytest.raises(ConfigError, match=match):
             Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget_tokens=10_000, search=(search,),
@@ -152,11 +152,11 @@ def test_config_unknown_keys_are_named():
 
 
 def test_contrastive_phase_config_rules():
-    """Phases 2-3 refuse gradient accumulation, GradCache with a joint MLM term, and negatives outside phase 3."""
+    """Phases 2-3 refuse a length schedule, GradCache with a joint MLM term, and negatives outside phase 3."""
     from embedlab.config import ContrastiveConfig, TrainConfig
 
-    with pytest.raises(ConfigError, match="train.microbatches"):
-        TrialConfig(phase=2, parent="p", train=TrainConfig(microbatches=2))
+    with pytest.raises(ConfigError, match="train.length_schedule"):
+        TrialConfig(phase=2, parent="p", train=TrainConfig(length_schedule=((0.5, 64), (0.5, 128))))
     with pytest.raises(ConfigError, match="gradcache_chunk"):
         ContrastiveConfig(gradcache_chunk=4, mlm_weight=0.3)
     with pytest.raises(ConfigError, match="hard_negatives"):

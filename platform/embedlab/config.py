@@ -210,6 +210,92 @@ class DataConfig:
             _check(not outside, "data.mixture.shares", f"names sources that are not built: {outside}")
 
 
+SCHEDULE_KINDS = ("linear", "cosine", "wsd", "constant")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScheduleConfig:
+    """The learning rate as a multiple of the peak, a function of the consumed budget.
+
+    The clock is the trial's budget unit (tokens in phase 1, pairs in phases 2-3, or
+    estimated FLOPs), never steps, so arms whose steps differ in size see the same schedule,
+    and a resumed run continues from its consumed budget. Linear warmup over the first
+    `warmup_fraction` of the budget, then: "linear" to `min_lr_fraction` at the budget,
+    "cosine" (half a cosine) to it, "wsd" (warmup-stable-decay) at the peak until the last
+    `decay_fraction` of the budget and linearly to it over that, or "constant" at the peak.
+    """
+
+    kind: str = "linear"
+    warmup_fraction: float = 0.1
+    decay_fraction: float = 0.2  # "wsd" only: the share of the budget the final decay takes
+    min_lr_fraction: float = 0.0  # the floor the decay ends at, as a fraction of the peak
+
+    def __post_init__(self) -> None:
+        _check(self.kind in SCHEDULE_KINDS, "train.schedule.kind", f"{self.kind!r}; valid: {list(SCHEDULE_KINDS)}")
+        _check(0.0 <= self.warmup_fraction < 1.0, "train.schedule.warmup_fraction", "must be in [0, 1)")
+        _check(0.0 < self.decay_fraction <= 1.0 - self.warmup_fraction, "train.schedule.decay_fraction",
+               "must be in (0, 1 - warmup_fraction]")
+        _check(0.0 <= self.min_lr_fraction <= 1.0, "train.schedule.min_lr_fraction", "must be in [0, 1]")
+
+
+PARAMETER_CATEGORIES = ("weight", "bias", "norm", "embedding", "temperature")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupSettings:
+    """Overrides for one parameter category's optimizer group (`PARAMETER_CATEGORIES`):
+    its learning rate as a multiple of the schedule's, and its own betas or epsilon."""
+
+    category: str
+    lr_scale: float = 1.0
+    betas: tuple[float, float] | None = None
+    eps: float | None = None
+
+    def __post_init__(self) -> None:
+        _check(self.category in PARAMETER_CATEGORIES, "train.optimizer.groups.category",
+               f"{self.category!r}; valid: {list(PARAMETER_CATEGORIES)}")
+        _check(self.lr_scale > 0, "train.optimizer.groups.lr_scale", "must be positive")
+        _check(self.betas is None or (len(self.betas) == 2 and all(0.0 <= b < 1.0 for b in self.betas)),
+               "train.optimizer.groups.betas", "must be two numbers in [0, 1)")
+        _check(self.eps is None or self.eps > 0, "train.optimizer.groups.eps", "must be positive")
+
+
+FUSED_MODES = ("auto", "on", "off")
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimizerConfig:
+    """AdamW with one parameter group per category (`embedlab.train.optim`).
+
+    Categories: "embedding" (the token embedding table, also the tied MLM decoder), "norm"
+    (LayerNorm weights and biases), "bias" (every other bias, the MLM vocabulary bias
+    included), "temperature" (a learnable contrastive temperature) and "weight" (every other
+    matrix). The categories in `no_decay` get no weight decay; the rest get
+    `train.weight_decay`. `fused`: "auto" uses PyTorch's fused AdamW kernel where the
+    device has one (CPU and CUDA in torch >= 2.4), "on" requires it, "off" uses the
+    multi-tensor path. The groups, their members and settings are recorded in every manifest.
+    """
+
+    betas: tuple[float, float] = (0.9, 0.98)
+    eps: float = 1e-6
+    no_decay: tuple[str, ...] = ("bias", "norm", "temperature")
+    fused: str = "auto"
+    groups: tuple[GroupSettings, ...] = ()
+
+    def __post_init__(self) -> None:
+        _check(len(self.betas) == 2 and all(0.0 <= b < 1.0 for b in self.betas), "train.optimizer.betas",
+               "must be two numbers in [0, 1)")
+        _check(self.eps > 0, "train.optimizer.eps", "must be positive")
+        unknown = sorted(set(self.no_decay) - set(PARAMETER_CATEGORIES))
+        _check(not unknown, "train.optimizer.no_decay", f"unknown categories {unknown}; valid: {list(PARAMETER_CATEGORIES)}")
+        _check(self.fused in FUSED_MODES, "train.optimizer.fused", f"{self.fused!r}; valid: {list(FUSED_MODES)}")
+        named = [g.category for g in self.groups]
+        _check(len(set(named)) == len(named), "train.optimizer.groups", f"a category appears twice: {named}")
+
+
+PRECISIONS = ("auto", "fp32", "bf16")
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """Phase-1 optimisation and the compute budget.
@@ -224,6 +310,19 @@ class TrainConfig:
     worker group up to `max_failures` times from the latest one. A step whose loss or
     gradient is not finite is rejected (no update); `max_rejected_steps` rejections in a
     row stop the trial with `NonFiniteError`.
+
+    Optimisation: AdamW (`optimizer`) at peak `learning_rate` on the `schedule`; gradients
+    clipped to global norm `max_grad_norm` (the pre-clip norm is reported). `precision`:
+    "fp32" everywhere, or "bf16" autocast for the forward passes with fp32 master weights,
+    fp32 optimizer state and fp32 loss reductions; "auto" is bf16 with GPUs and fp32 on
+    CPUs (resolved value recorded in the manifest).
+
+    Length schedule (phase 1): `length_schedule` lists (budget fraction, sequence length)
+    stages, e.g. ((0.9, 128), (0.1, 512)) for BERT's 90%/10%; lengths must divide
+    `data.sequence_length`, the longest, at which rows are packed. A stage at a shorter length
+    cuts each packed row into `data.sequence_length / length` rows (the step's tokens stay the
+    same), so a stage switch changes what a step attends over, not the data order or budget.
+    Empty: the whole phase at `data.sequence_length`.
     """
 
     budget_tokens: int = 100_000
@@ -231,10 +330,13 @@ class TrainConfig:
     budget_flops: float = 0.0  # > 0: stop at this many estimated training FLOPs instead
     batch_rows: int = 16
     microbatches: int = 1
-    learning_rate: float = 1e-3
+    learning_rate: float = 1e-3  # the peak; the schedule scales it
     weight_decay: float = 0.01
-    warmup_fraction: float = 0.1
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     max_grad_norm: float = 1.0
+    precision: str = "auto"
+    length_schedule: tuple[tuple[float, int], ...] = ()
     seed: int = 0
     num_workers: int = 2
     cpus_per_worker: float = 0.5
@@ -250,7 +352,15 @@ class TrainConfig:
             self, "train", "budget_tokens", "budget_pairs", "batch_rows", "microbatches", "learning_rate",
             "max_grad_norm", "num_workers", "cpus_per_worker", "report_every_steps", "torch_threads",
         )
-        _check(0.0 <= self.warmup_fraction < 1.0, "train.warmup_fraction", "must be in [0, 1)")
+        _check(self.weight_decay >= 0, "train.weight_decay", "must be >= 0")
+        _check(self.precision in PRECISIONS, "train.precision", f"{self.precision!r}; valid: {list(PRECISIONS)}")
+        if self.length_schedule:
+            fractions = [fraction for fraction, _ in self.length_schedule]
+            _check(all(f > 0 for f in fractions) and abs(sum(fractions) - 1.0) < 1e-6, "train.length_schedule",
+                   f"budget fractions must be positive and sum to 1, got {fractions}")
+            lengths = [length for _, length in self.length_schedule]
+            _check(lengths == sorted(lengths) and all(length >= 8 for length in lengths), "train.length_schedule",
+                   f"lengths must be >= 8 and non-decreasing, got {lengths}")
         _check(self.budget_flops >= 0, "train.budget_flops", "must be >= 0 (0: budget in tokens or pairs)")
         _check(self.checkpoint_every_steps >= 0, "train.checkpoint_every_steps",
                "must be >= 0 (0: only the final checkpoint)")
@@ -348,9 +458,13 @@ class TrialConfig:
         _check(self.phase in (1, 2, 3), "phase", "must be 1, 2 or 3")
         # Phases 2-3 need a parent before they train; a study may supply it at sweep time.
         _check(self.parent is None or self.phase > 1, "parent", "phase 1 starts from scratch; it has no parent")
-        _check(self.phase == 1 or self.train.microbatches == 1, "train.microbatches",
-               "phases 2-3 take no gradient accumulation: it would not enlarge the contrastive "
-               "denominator; use contrastive.gradcache_chunk for large batches under a memory limit")
+        _check(self.phase == 1 or not self.train.length_schedule, "train.length_schedule",
+               "belongs to phase 1 (pair lengths are contrastive.pair_length)")
+        if self.train.length_schedule:
+            lengths = [length for _, length in self.train.length_schedule]
+            _check(lengths[-1] == self.data.sequence_length and all(
+                self.data.sequence_length % length == 0 for length in lengths), "train.length_schedule",
+                f"lengths {lengths} must divide data.sequence_length={self.data.sequence_length}, the last stage's")
         _check(self.phase == 3 or self.contrastive.hard_negatives == 0, "contrastive.hard_negatives",
                "mined hard negatives belong to phase 3")
         _check(self.contrastive.mlm_weight == 0 or self.masking.strategy == "token", "masking.strategy",

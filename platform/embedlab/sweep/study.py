@@ -194,11 +194,12 @@ class Study:
                         f"(up to {step:,} tokens = {train.num_workers} workers x {train.batch_rows} rows x "
                         f"{train.microbatches} microbatches x {config.data.sequence_length} tokens)")
             elif self.unit == "pairs":
-                step = train.num_workers * train.batch_rows
+                step = train.num_workers * train.batch_rows * train.microbatches
                 if self.budget_pairs < step:
                     raise ConfigError(
                         f"study.budget_pairs: {self.budget_pairs:,} is less than one step of arm {arm!r} "
-                        f"({step:,} pairs = {train.num_workers} workers x {train.batch_rows} rows)")
+                        f"({step:,} pairs = {train.num_workers} workers x {train.batch_rows} rows x "
+                        f"{train.microbatches} microbatches)")
 
     @property
     def unit(self) -> str:

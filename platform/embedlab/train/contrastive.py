@@ -4,10 +4,11 @@ Every worker encodes its pairs' queries and positives (and, in phase 3, mined ne
 pools them (mean or CLS, L2-normalised) and scores its queries against the candidates of
 *all* workers (`gather_with_grad`). Its loss is its queries' loss sum divided by the
 global count of valid anchors, and gradients are summed across workers, so the step is
-the one-process gradient of the global mean loss. Gradient accumulation is not offered
-here: it would not enlarge the contrastive denominator (each microbatch sees only its own
-candidates); GradCache (`contrastive.gradcache_chunk`) is the way to a large denominator
-under a memory limit.
+the one-process gradient of the global mean loss. Gradient accumulation
+(`train.microbatches` = k) makes a step of k microbatches whose loss sums all divide by the
+step's global anchor count: k times the pairs per update, but each query still sees only its
+own microbatch's candidates (`train/effective_candidates` says how many); GradCache
+(`contrastive.gradcache_chunk`) is the way to a larger denominator under a memory limit.
 
 Joint arm (`contrastive.mlm_weight` = w > 0): w * L_MLM + (1 - w) * L_contrastive, with
 MLM on separately corrupted copies of the same texts and contrastive on clean views; both
@@ -40,9 +41,11 @@ from embedlab.train.budget import body_parameters, consumption, training_flops
 from embedlab.train.checkpoint import load_parent
 from embedlab.train.launch import fit
 from embedlab.train.loop import Progress, RunOptions, TrainingLoop, run_on_ray
-from embedlab.train.mlm_step import all_reduce_gradients, build_optimizer, learning_rate_at, no_reduce
+from embedlab.train.mlm_step import all_reduce_gradients, no_reduce
+from embedlab.train.optim import build_optimizer, set_learning_rate
 from embedlab.train.nonfinite import finite_update
 from embedlab.train.phase1 import data_seed, seed_for, sum_all_reduce
+from embedlab.train.precision import forward_precision, resolve_precision
 from embedlab.train.state import seed_everything
 
 
@@ -98,7 +101,9 @@ class ContrastiveLoop(TrainingLoop):
         )
         trained = [self.model] + ([self.temperature] if self.temperature is not None else [])
         self.parameters = torch.nn.ModuleList(trained)
-        self.optimizer = build_optimizer(self.parameters, trial.train.learning_rate, trial.train.weight_decay)
+        self.optimizer = build_optimizer(self.parameters, trial.train, device)
+        self.precision = resolve_precision(trial.train)
+        self.batches_per_step = trial.train.microbatches
         self.masking_rng = torch.Generator().manual_seed(seed_for(trial.train.seed, "masking", rank))
         torch.manual_seed(seed_for(trial.train.seed, "dropout", rank))
         seed_everything(seed_for(trial.train.seed, "python", rank))
@@ -129,14 +134,73 @@ class ContrastiveLoop(TrainingLoop):
         return clock >= budget
 
     def _encode(self, ids: torch.Tensor) -> torch.Tensor:
-        return embed(self.encoder, ids, self.tokenizer.pad_id, self.settings.pooling)
+        with forward_precision(self.precision, self.device):
+            return embed(self.encoder, ids, self.tokenizer.pad_id, self.settings.pooling)
 
     def step(self, batches: list[dict[str, torch.Tensor]]) -> None:
-        (batch,) = batches
+        """One update from `train.microbatches` microbatches: each scores its queries against
+        its own candidates (gathered across workers), and every loss sum is divided by the
+        step's global count of valid anchors, so the gradient is that of the mean over all
+        the step's anchors; the joint MLM term likewise divides by its global selected count."""
         settings, train, device = self.settings, self.trial.train, self.device
         clock, budget = self.clock()
-        for group in self.optimizer.param_groups:
-            group["lr"] = learning_rate_at(clock, budget, train.learning_rate, train.warmup_fraction)
+        set_learning_rate(self.optimizer, clock, budget, train)
+        # Every query's own positive is a candidate, so every anchor is valid and the global
+        # count is known before the forward pass (GradCache needs it up front).
+        anchors_per_query = 2 if settings.symmetric else 1
+        valid = anchors_per_query * int(self.all_reduce(
+            torch.tensor([float(sum(len(b["group"]) for b in batches))], dtype=torch.float64)).item())
+        loss_local = 0.0
+        counts = torch.zeros(6, dtype=torch.float64)  # queries, pair tokens, candidates, anchors, encoded, selected
+        taus = []
+        for batch in batches:
+            term, encoded, tau = self._contrastive_backward(batch, valid)
+            loss_local += float(term.loss_sum.detach())
+            counts += torch.tensor([float(len(batch["group"])), float(batch["tokens"].sum()), float(term.candidate_sum),
+                                    float(term.anchors), encoded, 0.0], dtype=torch.float64)
+            taus.append(tau)
+        mlm_mean = 0.0
+        grad_norms: dict[str, float] = {}
+        if self.joint:
+            contrastive_grad = _grad_vector(self.parameters)
+            mlm_mean, mlm_encoded, mlm_selected = self._mlm_backward(batches)
+            counts[4] += mlm_encoded
+            counts[5] += mlm_selected
+            grad_norms = {
+                "train/grad_norm_contrastive": float(contrastive_grad.norm()),
+                "train/grad_norm_mlm": float((_grad_vector(self.parameters) - contrastive_grad).norm()),
+            }
+        all_reduce_gradients(self.parameters, self.all_reduce)
+        loss_total = float(self.all_reduce(torch.tensor([loss_local], dtype=torch.float64)).item())
+        norm = float(torch.nn.utils.clip_grad_norm_(self.parameters.parameters(), train.max_grad_norm))
+        # All three figures are global, so every worker takes the same decision.
+        rejected = not finite_update(loss_total, mlm_mean, norm)
+        if not rejected:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        counts = self.all_reduce(counts)
+        # A rejected step's batch counts as consumed (embedlab.train.nonfinite).
+        progress = self.progress
+        progress.steps += 1
+        progress.batches += len(batches)
+        progress.pairs += int(counts[0])
+        progress.tokens += int(counts[1])
+        progress.candidate_sum += int(counts[2])
+        progress.anchors += int(counts[3])
+        progress.flops += training_flops(self.trial.model, float(counts[4]), float(counts[5]), self.body)
+        if not rejected:
+            self.window.append(loss_total / max(valid, 1))
+            if self.joint:
+                self.window_mlm.append(mlm_mean)
+        tau = taus[-1]
+        self.last = {"train/grad_norm": norm, "train/temperature": float(tau) if isinstance(tau, float)
+                     else float(tau.detach()), **grad_norms}
+        self.count_rejection(rejected)
+
+    def _contrastive_backward(self, batch: dict[str, torch.Tensor], valid: int):
+        """Backward of one microbatch's contrastive loss sum / the step's global valid count;
+        returns the term, its encoded non-padding tokens and the temperature used."""
+        settings, device = self.settings, self.device
         self.builder_pairs += torch.bincount(batch["builder_index"], minlength=len(self.builders)).double()
         self.builder_tokens += torch.bincount(batch["builder_index"], weights=batch["tokens"].double(),
                                               minlength=len(self.builders))
@@ -169,12 +233,6 @@ class ContrastiveLoop(TrainingLoop):
                 )])
             return term
 
-        # Every query's own positive is a candidate, so every anchor is valid and the global
-        # count is known before the forward pass (GradCache needs it up front).
-        anchors_per_query = 2 if settings.symmetric else 1
-        valid = anchors_per_query * int(self.all_reduce(
-            torch.tensor([float(len(query_groups))], dtype=torch.float64)).item())
-        weight = 1.0 - settings.mlm_weight
         if settings.gradcache_chunk:
             term = gradcache_step(
                 self._encode, batch["query_ids"].to(device).split(settings.gradcache_chunk),
@@ -182,63 +240,41 @@ class ContrastiveLoop(TrainingLoop):
             )
         else:
             term = contrastive_term(self._encode(batch["query_ids"].to(device)), self._encode(torch.cat(sides)))
-            (weight * term.loss_sum / valid).backward()
+            ((1.0 - settings.mlm_weight) * term.loss_sum / valid).backward()
+        anchors_per_query = 2 if settings.symmetric else 1
         if term.valid != anchors_per_query * len(query_groups):
             raise RuntimeError(f"worker {self.rank}: {term.anchors - term.valid} anchors without a positive")
         # Every encoded text's non-padding tokens (queries, positives, negatives), for FLOPs.
         encoded = float((batch["query_ids"] != self.tokenizer.pad_id).sum()) + float(
             sum((side != self.tokenizer.pad_id).sum() for side in sides))
-        mlm_selected, mlm_mean = 0.0, 0.0
-        grad_norms: dict[str, float] = {}
-        if self.joint:
-            contrastive_grad = _grad_vector(self.parameters)
+        return term, encoded, tau
+
+    def _mlm_backward(self, batches: list[dict[str, torch.Tensor]]) -> tuple[float, float, float]:
+        """The joint arm's MLM term on separately corrupted copies of every microbatch's texts:
+        all are masked first, so the global selected count divides every backward. Returns the
+        global mean loss and this worker's encoded and selected token counts."""
+        device, pad_id = self.device, self.tokenizer.pad_id
+        parts = []
+        for batch in batches:
             texts = torch.cat([batch["query_ids"], batch["positive_ids"]]).to(device)
-            segments = (texts != self.tokenizer.pad_id).long()
+            segments = (texts != pad_id).long()
             eligible = (segments > 0) & ~torch.isin(texts, self.eligible_ban)
             masked = mask_tokens(texts.cpu(), eligible.cpu(), self.trial.masking, mask_id=self.tokenizer.mask_id,
                                  random_token_range=self.random_range, generator=self.masking_rng)
-            selected = masked.selected.to(device)
-            encoded += float(segments.sum())
-            mlm_selected = float(selected.sum())
-            mlm_sum, mlm_count = mlm_loss_sum(self.model(masked.inputs.to(device), segments, selected), texts[selected])
-            global_count = int(self.all_reduce(torch.tensor([float(mlm_count)], dtype=torch.float64)).item())
+            parts.append((texts, segments, masked.inputs.to(device), masked.selected.to(device)))
+        local_selected = float(sum(int(selected.sum()) for *_, selected in parts))
+        global_count = int(self.all_reduce(torch.tensor([local_selected], dtype=torch.float64)).item())
+        loss_local = 0.0
+        for texts, segments, inputs, selected in parts:
+            with forward_precision(self.precision, device):
+                logits = self.model(inputs, segments, selected)
+            mlm_sum, _ = mlm_loss_sum(logits, texts[selected])
             if global_count:
-                (settings.mlm_weight * mlm_sum / global_count).backward()
-            mlm_total = float(self.all_reduce(torch.tensor([float(mlm_sum.detach())], dtype=torch.float64)).item())
-            mlm_mean = mlm_total / max(global_count, 1)
-            grad_norms = {
-                "train/grad_norm_contrastive": float(contrastive_grad.norm()),
-                "train/grad_norm_mlm": float((_grad_vector(self.parameters) - contrastive_grad).norm()),
-            }
-        all_reduce_gradients(self.parameters, self.all_reduce)
-        loss_total = float(self.all_reduce(torch.tensor([float(term.loss_sum.detach())], dtype=torch.float64)).item())
-        norm = float(torch.nn.utils.clip_grad_norm_(self.parameters.parameters(), train.max_grad_norm))
-        # All three figures are global, so every worker takes the same decision.
-        rejected = not finite_update(loss_total, mlm_mean, norm)
-        if not rejected:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        counts = self.all_reduce(torch.tensor(
-            [float(len(query_groups)), float(batch["tokens"].sum()), float(term.candidate_sum), float(term.anchors),
-             encoded, mlm_selected],
-            dtype=torch.float64,
-        ))
-        # A rejected step's batch counts as consumed (embedlab.train.nonfinite).
-        progress = self.progress
-        progress.steps += 1
-        progress.batches += 1
-        progress.pairs += int(counts[0])
-        progress.tokens += int(counts[1])
-        progress.candidate_sum += int(counts[2])
-        progress.anchors += int(counts[3])
-        progress.flops += training_flops(self.trial.model, float(counts[4]), float(counts[5]), self.body)
-        if not rejected:
-            self.window.append(loss_total / max(valid, 1))
-            if self.joint:
-                self.window_mlm.append(mlm_mean)
-        self.last = {"train/grad_norm": norm, "train/temperature": float(tau) if isinstance(tau, float)
-                     else float(tau.detach()), **grad_norms}
-        self.count_rejection(rejected)
+                (self.settings.mlm_weight * mlm_sum / global_count).backward()
+            loss_local += float(mlm_sum.detach())
+        mlm_total = float(self.all_reduce(torch.tensor([loss_local], dtype=torch.float64)).item())
+        encoded = float(sum(int(segments.sum()) for _, segments, *_ in parts))
+        return mlm_total / max(global_count, 1), encoded, local_selected
 
     def metrics(self) -> dict[str, Any]:
         progress = self.progress
@@ -267,6 +303,8 @@ class ContrastiveLoop(TrainingLoop):
             "train/rejected_in_a_row": progress.rejected_in_a_row,
             "train/effective_candidates": progress.candidate_sum / max(progress.anchors, 1),
             "train/pairs_per_s": progress.pairs / elapsed,
+            "train/effective_batch_pairs": progress.pairs / max(progress.steps, 1),
+            "train/effective_batch_tokens": progress.tokens / max(progress.steps, 1),
             "budget/pairs": progress.pairs,
             "budget/tokens": progress.tokens,
             "budget/fraction": clock / budget,
@@ -324,7 +362,7 @@ class ContrastiveLoop(TrainingLoop):
                     "mined_set": loop_config.get("mined_version"),
                     "effective_candidates": metrics["train/effective_candidates"],
                 },
-                "optimizer": {"name": "AdamW", "state": "reset at phase start", "schedule_clock": "reset"},
+                "optimizer_start": "optimizer state and schedule clock reset at the phase start",
                 "mixture": {
                     "intended_pair_shares": loop_config["intended_shares"],
                     "observed_pair_shares": {k.rsplit("/", 1)[1]: v for k, v in metrics.items()
@@ -391,7 +429,7 @@ def run_contrastive(trial: TrialConfig, prepared, *, storage_path: Path, name: s
     settings = trial.contrastive
     shares = dict(settings.pairs)
     pairs_path = pair_table_path(prepared, list(shares), progress)
-    step_pairs = trial.train.num_workers * trial.train.batch_rows
+    step_pairs = trial.train.num_workers * trial.train.batch_rows * trial.train.microbatches
     schedule, offsets = pair_schedule(
         pairs_path, shares, target_pairs=schedule_target(trial.train.budget_pairs, step_pairs),
         max_epochs=trial.data.mixture.max_epochs, seed=data_seed(trial),

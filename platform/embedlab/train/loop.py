@@ -30,10 +30,13 @@ from embedlab.config import TrialConfig
 from embedlab.data.stream import worker_rows
 from embedlab.train.checkpoint import load_weights, read_manifest, save_checkpoint
 from embedlab.train.nonfinite import REJECTED_UPDATE_POLICY, STOPPED_KEY, NonFiniteError
+from embedlab.train.optim import optimizer_record
+from embedlab.train.precision import PRECISION_POLICY, resolve_precision
 from embedlab.train.session import Batch, FaultDrill, Session
 from embedlab.train.state import (
     DATA_ASSIGNMENT,
     RESUME_POLICY,
+    RNG_STREAMS,
     TrainingState,
     capture_rng,
     config_hash,
@@ -144,7 +147,16 @@ class TrainingLoop:
             "config": self.trial.to_dict(),
             "seed": train.seed,
             "data_revision": self.loop_config["data_revision"],
-            "precision": "fp32",
+            "precision": {"policy": resolve_precision(train), "means": PRECISION_POLICY[resolve_precision(train)]},
+            "optimizer": {
+                **optimizer_record(self.optimizer),
+                "schedule": {**asdict(train.schedule), "peak_learning_rate": train.learning_rate,
+                             "clock": "consumed budget units (tokens, pairs or FLOPs), not steps"},
+                "clipping": {"max_grad_norm": train.max_grad_norm, "reported": "train/grad_norm, before clipping"},
+                "accumulation": {"microbatches": train.microbatches,
+                                 "reduction": "loss sums over microbatches and workers / global counts"},
+            },
+            "rng_streams": RNG_STREAMS,
             "distributed": {"workers": self.world, "backend": dist.get_backend() if self.world > 1 else "none"},
             "reliability": {
                 "rejected_update": REJECTED_UPDATE_POLICY,

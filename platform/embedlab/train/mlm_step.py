@@ -21,6 +21,7 @@ from embedlab.objectives.dual_mlm import combined_loss_sum, per_head_loss_sums, 
 from embedlab.objectives.masking import MaskedBatch
 from embedlab.objectives.mlm import mlm_loss_sum
 from embedlab.train.nonfinite import finite_update
+from embedlab.train.precision import forward_precision
 
 AllReduce = Callable[[torch.Tensor], torch.Tensor]
 
@@ -62,9 +63,11 @@ def accumulate_gradients(
     microbatches: list[Microbatch],
     all_reduce: AllReduce = no_reduce,
     mixed_ratios: tuple[tuple[float, float], ...] = (),
+    precision: str = "fp32",
 ) -> StepResult:
     """Forward/backward every microbatch; gradients end up equal to d(global loss)/d(theta)
-    on every worker. Returns the global loss sum, selected count and token count."""
+    on every worker. Returns the global loss sum, selected count and token count.
+    `precision` "bf16" runs the forward passes under bf16 autocast (`embedlab.train.precision`)."""
     local = torch.tensor(
         [
             sum(int(mb.masked.selected.sum()) for mb in microbatches),
@@ -79,7 +82,7 @@ def accumulate_gradients(
     loss_sum = 0.0
     groups: dict[str, list[float]] = {}
     for mb in microbatches:
-        part_sum, parts = _microbatch_loss(model, mb, mixed_ratios)
+        part_sum, parts = _microbatch_loss(model, mb, mixed_ratios, precision)
         (part_sum / selected).backward()
         loss_sum += float(part_sum.detach())
         for key, (group_sum, count) in parts.items():
@@ -93,15 +96,23 @@ def accumulate_gradients(
     return StepResult(float(reduced[0]), selected, tokens, 0.0, skipped=False, groups=global_groups)
 
 
-def _microbatch_loss(model, mb: Microbatch, mixed_ratios) -> tuple[torch.Tensor, dict[str, tuple[float, int]]]:
-    """The microbatch's NLL sum (graph kept) and, with mixed ratios, per-head and per-ratio figures."""
+def _microbatch_loss(
+    model, mb: Microbatch, mixed_ratios, precision: str = "fp32"
+) -> tuple[torch.Tensor, dict[str, tuple[float, int]]]:
+    """The microbatch's NLL sum (graph kept) and its report groups: per source, and with mixed
+    ratios per head and per ratio. The forward runs under the precision policy; every loss
+    sum is fp32 or wider (`mlm_loss_sum` upcasts bf16 logits)."""
     masked = mb.masked
+    device = masked.inputs.device
     if mb.head_index is None:
-        logits = model(masked.inputs, mb.segment_ids, masked.selected)
+        with forward_precision(precision, device):
+            logits = model(masked.inputs, mb.segment_ids, masked.selected)
         targets = masked.targets[masked.selected]
         part_sum, _ = mlm_loss_sum(logits, targets)
-        return part_sum, _per_source(logits, targets, mb)
-    logits = model(masked.inputs, mb.segment_ids, masked.selected, mb.head_index)
+        sources = None if mb.source_index is None else mb.source_index.to(device)[masked.selected]
+        return part_sum, _per_source({"mlm": logits}, {"mlm": targets}, {"mlm": sources}, mb.source_names)
+    with forward_precision(precision, device):
+        logits = model(masked.inputs, mb.segment_ids, masked.selected, mb.head_index)
     targets = select_by_head(masked.targets, masked.selected, mb.head_index, model.head_names)
     by_head = per_head_loss_sums(logits, targets)
     part_sum, _ = combined_loss_sum(by_head)
@@ -111,21 +122,33 @@ def _microbatch_loss(model, mb: Microbatch, mixed_ratios) -> tuple[torch.Tensor,
     )
     parts = {f"head/{name}": (float(s.detach()), c) for name, (s, c) in by_head.items()}
     parts.update({f"ratio/{name}": value for name, value in by_ratio.items()})
+    if mb.source_index is not None:
+        sources = select_by_head(mb.source_index.to(device), masked.selected, mb.head_index, model.head_names)
+        parts.update(_per_source(logits, targets, sources, mb.source_names))
     return part_sum, parts
 
 
-def _per_source(logits: torch.Tensor, targets: torch.Tensor, mb: Microbatch) -> dict[str, tuple[float, int]]:
-    """Selected-token NLL sums and counts per source, every source present (zeros included),
-    so every worker all-reduces the same keys. Measured without a graph: reporting only."""
-    if mb.source_index is None or not mb.source_names:
+def _per_source(
+    logits_by_head: dict[str, torch.Tensor],
+    targets_by_head: dict[str, torch.Tensor],
+    sources_by_head: dict[str, torch.Tensor | None],
+    source_names: tuple[str, ...],
+) -> dict[str, tuple[float, int]]:
+    """Selected-token NLL sums and counts per source, over every head, every source present
+    (zeros included) so every worker all-reduces the same keys. Measured without a graph:
+    reporting only."""
+    if not source_names or any(v is None for v in sources_by_head.values()):
         return {}
+    width = len(source_names)
+    sums = torch.zeros(width, dtype=torch.float64)
+    counts = torch.zeros(width, dtype=torch.long)
     with torch.no_grad():
-        nll = torch.nn.functional.cross_entropy(logits.float(), targets, reduction="none").double()
-        source = mb.source_index.to(targets.device)[mb.masked.selected]
-        width = len(mb.source_names)
-        sums = torch.bincount(source, weights=nll, minlength=width)
-        counts = torch.bincount(source, minlength=width)
-    return {f"source/{name}": (float(sums[i]), int(counts[i])) for i, name in enumerate(mb.source_names)}
+        for name, logits in logits_by_head.items():
+            nll = torch.nn.functional.cross_entropy(logits.float(), targets_by_head[name], reduction="none")
+            source = sources_by_head[name]
+            sums += torch.bincount(source, weights=nll.double(), minlength=width).cpu()
+            counts += torch.bincount(source, minlength=width).cpu()
+    return {f"source/{name}": (float(sums[i]), int(counts[i])) for i, name in enumerate(source_names)}
 
 
 def all_reduce_gradients(model: nn.Module, all_reduce: AllReduce) -> None:
@@ -162,31 +185,3 @@ def optimizer_step(
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return replace(result, grad_norm=norm, rejected=rejected)
-
-
-def build_optimizer(model: nn.Module, learning_rate: float, weight_decay: float) -> torch.optim.AdamW:
-    """AdamW; biases and LayerNorm parameters are excluded from weight decay (recorded as
-    `NO_DECAY_RULE` in every checkpoint manifest)."""
-    decay, no_decay = [], []
-    for name, param in model.named_parameters():
-        (no_decay if param.ndim < 2 else decay).append(param)
-    return torch.optim.AdamW(
-        [
-            {"params": decay, "weight_decay": weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-        ],
-        lr=learning_rate,
-        betas=(0.9, 0.98),
-        eps=1e-6,
-    )
-
-
-NO_DECAY_RULE = "parameters with fewer than 2 dims (biases, LayerNorm weights and biases) get no weight decay"
-
-
-def learning_rate_at(consumed: int, budget: int, peak: float, warmup_fraction: float) -> float:
-    """Linear warmup then linear decay to 0, both measured in consumed tokens (not steps)."""
-    warmup = warmup_fraction * budget
-    if warmup > 0 and consumed < warmup:
-        return peak * (consumed + 1) / warmup
-    return peak * max(0.0, (budget - consumed) / max(budget - warmup, 1.0))

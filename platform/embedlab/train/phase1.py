@@ -32,16 +32,10 @@ from embedlab.tokenizer import load_tokenizer
 from embedlab.train.budget import body_parameters, consumption, tokens_for, training_flops
 from embedlab.train.launch import fit
 from embedlab.train.loop import Progress, RunOptions, TrainingLoop, run_on_ray
-from embedlab.train.mlm_step import (
-    NO_DECAY_RULE,
-    Microbatch,
-    StepResult,
-    accumulate_gradients,
-    build_optimizer,
-    learning_rate_at,
-    no_reduce,
-    optimizer_step,
-)
+from embedlab.train.length import split_rows, stage_length
+from embedlab.train.mlm_step import Microbatch, StepResult, accumulate_gradients, no_reduce, optimizer_step
+from embedlab.train.optim import build_optimizer, set_learning_rate
+from embedlab.train.precision import resolve_precision
 from embedlab.train.state import seed_everything
 
 
@@ -74,6 +68,7 @@ def sum_all_reduce(device: torch.device):
 class Phase1Progress(Progress):
     tokens: int = 0  # consumed non-padding tokens, all workers
     selected: int = 0  # selected (masked) tokens, all workers
+    length_switches: list[dict] = field(default_factory=list)  # {"step", "tokens", "length"} per stage change
     consumed_by_source: list[float] = field(default_factory=list)  # tokens per source, as of the last report
 
 
@@ -91,7 +86,8 @@ class Phase1Loop(TrainingLoop):
         self.model = (
             MultiHeadMLMModel(trial.model, head_names(trial.masking)) if self.mixed else MLMModel(trial.model)
         ).to(device)
-        self.optimizer = build_optimizer(self.model, trial.train.learning_rate, trial.train.weight_decay)
+        self.optimizer = build_optimizer(self.model, trial.train, device)
+        self.precision = resolve_precision(trial.train)
         self.masking_rng = torch.Generator().manual_seed(seed_for(trial.train.seed, "masking", rank))
         torch.manual_seed(seed_for(trial.train.seed, "dropout", rank))
         seed_everything(seed_for(trial.train.seed, "python", rank))
@@ -139,14 +135,16 @@ class Phase1Loop(TrainingLoop):
                           source_index=batch["source_index"], source_names=tuple(self.sources))
 
     def step(self, batches: list[dict[str, torch.Tensor]]) -> None:
-        pending = [self._microbatch(batch) for batch in batches]
-        train = self.trial.train
+        train, progress = self.trial.train, self.progress
         clock, budget = self.clock()
-        for group in self.optimizer.param_groups:
-            group["lr"] = learning_rate_at(clock, budget, train.learning_rate, train.warmup_fraction)
-        result = accumulate_gradients(self.model, pending, self.all_reduce, self.mixed)
+        length = stage_length(clock, budget, train.length_schedule, self.trial.data.sequence_length)
+        if length != self.sequence_length():
+            progress.length_switches.append({"step": progress.steps, "tokens": progress.tokens, "length": length})
+        batches = [split_rows(batch, length) for batch in batches]
+        pending = [self._microbatch(batch) for batch in batches]
+        set_learning_rate(self.optimizer, clock, budget, train)
+        result = accumulate_gradients(self.model, pending, self.all_reduce, self.mixed, self.precision)
         result = optimizer_step(self.model, self.optimizer, result, train.max_grad_norm)
-        progress = self.progress
         progress.steps += 1
         progress.batches += len(batches)
         # A rejected step's batch counts as consumed (embedlab.train.nonfinite).
@@ -162,6 +160,13 @@ class Phase1Loop(TrainingLoop):
                 totals[1] += count
         self.count_rejection(result.rejected)
 
+    def sequence_length(self) -> int:
+        """The length rows are trained at now: the last stage switched to, or the first stage's."""
+        switches, stages = self.progress.length_switches, self.trial.train.length_schedule
+        if switches:
+            return switches[-1]["length"]
+        return stages[0][1] if stages else self.trial.data.sequence_length
+
     def metrics(self) -> dict[str, Any]:
         progress = self.progress
         reduced = self.all_reduce(self.source_tokens.clone())
@@ -174,7 +179,9 @@ class Phase1Loop(TrainingLoop):
             "train/loss": combine(self.window),
             "train/step": progress.steps,
             "train/lr": self.optimizer.param_groups[0]["lr"],
-            "train/grad_norm": self.last.grad_norm,
+            "train/grad_norm": self.last.grad_norm,  # before clipping
+            "train/sequence_length": self.sequence_length(),
+            "train/effective_batch_tokens": progress.tokens / max(progress.steps, 1),
             "train/skipped_steps": progress.skipped,
             "train/nonfinite_steps": progress.nonfinite,
             "train/rejected_in_a_row": progress.rejected_in_a_row,
@@ -235,7 +242,12 @@ class Phase1Loop(TrainingLoop):
                     "reduction": "sum of selected-token losses / selected count, over microbatches and workers",
                     "empty_selection": "step skipped, counted in train/skipped_steps",
                 },
-                "optimizer": {"name": "AdamW", "no_decay": NO_DECAY_RULE},
+                "length_schedule": {
+                    "stages": [list(stage) for stage in trial.train.length_schedule],
+                    "switches": self.progress.length_switches,
+                    "cut": "a packed row is cut into data.sequence_length / length rows; a document "
+                           "crossing a cut continues in the next row at position 0",
+                },
                 "mixture": {
                     "intended_shares": loop_config["intended_shares"],
                     "observed_token_shares": {

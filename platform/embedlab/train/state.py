@@ -48,6 +48,16 @@ DATA_ASSIGNMENT = (
     "every worker reads the whole stream in order; rank r takes rows r, r + W, ... of each "
     "global batch of W x batch_rows rows; a resumed run skips the global batches already consumed"
 )
+# Separate streams, each derived from the trial seed by `embedlab.train.phase1.seed_for`
+# (a hash of seed, stream name and rank), so a change that draws more from one stream (say,
+# a higher masking ratio) leaves every other stream's draws as they were.
+RNG_STREAMS = {
+    "init": "weight initialisation: seed_for(seed, 'init'), the same on every worker",
+    "dropout": "torch's default generator on each worker: seed_for(seed, 'dropout', rank)",
+    "masking": "a torch.Generator on each worker for corruption and ratio assignment: seed_for(seed, 'masking', rank)",
+    "sampling": "the document or pair order: seed_for(data.mixture.seed, 'data-order:<seed>'), shared by all workers",
+    "library": "Python's and numpy's global generators on each worker: seed_for(seed, 'python', rank)",
+}
 
 
 def rank_files(rank: int) -> tuple[str, str]:
