@@ -4,6 +4,8 @@
     embedlab sweep STUDY_FILE           run a study (arms x seeds, Optuna per arm) with Ray Tune
                    [--profile P] [--parent CKPT] [--dry-run] [--resume RUN_DIR] [--address A]
     embedlab tour TOUR_FILE [--profile P]   studies of consecutive phases, winners promoted between
+    embedlab plan STUDY_FILE [--profile P] [--parent CKPT] [--pilot-steps N] [--json]
+                                        measured pilots: time, memory and storage of the study
     embedlab table RUN_DIR [--format text|csv|markdown|json]   per-arm mean ± 95% CI, paired differences
     embedlab promote RUN_DIR [--metric dev/ndcg@10] [--max-retention-drop X] [--run]
     embedlab report RUN_DIR [RUN_DIR...] [--out FILE]   the study report: one self-contained HTML page
@@ -56,6 +58,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     run_dir = run_sweep(args.study, storage=args.storage, address=args.address, parent=args.parent,
                         profile=args.profile, resume=args.resume, progress=_progress)
     return _show_run(run_dir)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from embedlab.sweep.plan import format_plan, plan_study
+
+    plan = plan_study(args.study, profile=args.profile, parent=args.parent, address=args.address,
+                      steps=args.pilot_steps, progress=_stderr)
+    print(json.dumps(plan, sort_keys=True) if args.json else format_plan(plan))
+    return 0
 
 
 def _show_run(run_dir: Path) -> int:
@@ -278,6 +289,15 @@ def build_parser() -> argparse.ArgumentParser:
                        help="continue an interrupted run of the same study: finished trials are kept")
     add_run_options(sweep)
     sweep.set_defaults(func=cmd_sweep)
+
+    plan = sub.add_parser("plan", help="pilot every arm on the cluster; estimate time, memory and storage")
+    plan.add_argument("study", help="a study file, e.g. ablations/masking_ratio.py")
+    add_profile(plan)
+    plan.add_argument("--parent", default=None, help="the parent checkpoint of a phase-2 or phase-3 study")
+    plan.add_argument("--pilot-steps", type=int, default=8, help="steps each arm's pilot trains (default 8)")
+    plan.add_argument("--address", default=None, help="a Ray cluster to plan on (default: a local one)")
+    plan.add_argument("--json", action="store_true")
+    plan.set_defaults(func=cmd_plan)
 
     tour = sub.add_parser("tour", help="run a tour file: consecutive phases with promotion between them")
     tour.add_argument("tour", help="a tour file, e.g. ablations/recipe.py")

@@ -312,6 +312,7 @@ class ContrastiveLoop(TrainingLoop):
             "compute/wall_seconds": elapsed,
             "compute/worker_seconds": elapsed * self.world,
             "compute/device_seconds": elapsed * self.world,
+            "compute/peak_memory_bytes": self.peak_memory_bytes(),  # rank 0's (the logged report)
         }
         self.window, self.window_mlm = [], []
         return metrics

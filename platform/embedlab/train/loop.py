@@ -125,6 +125,15 @@ class TrainingLoop:
     def elapsed(self) -> float:
         return self.progress.elapsed + time.perf_counter() - self.started
 
+    def peak_memory_bytes(self) -> int:
+        """This worker's peak memory so far: allocated CUDA memory on a GPU, else the process's
+        peak resident set (which includes the interpreter and libraries, not only tensors)."""
+        if self.device.type == "cuda":
+            return int(torch.cuda.max_memory_allocated(self.device))
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+
     def count_rejection(self, rejected: bool) -> None:
         """Count a rejected step; raise once `train.max_rejected_steps` are rejected in a row."""
         progress = self.progress

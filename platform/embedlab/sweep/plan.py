@@ -1,0 +1,279 @@
+"""`embedlab plan STUDY`: time, memory and storage of a study, estimated from measured pilots.
+
+For every arm (at the study's first seed) a pilot trains a few steps of the arm's real trial
+on the current cluster, through the same `TorchTrainer` path and data pipeline a sweep uses,
+with a report every step and checkpoints every few steps, then has the evaluation actor
+score its checkpoint. From it:
+
+    start-up       fit() wall time not spent in steps: trainer and worker start, data stream
+                   start, the final checkpoint and teardown, and the first step's excess
+    step time      median seconds per step over steps not following a checkpoint (the
+                   quartiles give the range); budget units per step (tokens or pairs)
+    checkpoint     extra seconds of the steps right after an intermediate checkpoint
+    evaluation     the actor's wall time on the pilot's checkpoint (same task, split, index)
+    peak memory    rank 0's peak (resident set on CPU, allocated CUDA memory on GPU)
+    storage        the checkpoint's size x checkpoints kept per trial
+
+The estimate for a trial is  start-up + steps x step time + intermediate checkpoints x
+checkpoint time + evaluation, with steps = budget / units per step; the study's wall time is
+the set-up (joining the cluster, preparing the data, as measured by the planner) plus the sum
+over its trials (Optuna's tuning trials included) divided by the trials that run side by side. The range uses the step-time quartiles; start-up and evaluation are single samples.
+Trials sharing the cluster slow each other (pilots run alone), which the estimate ignores.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from embedlab.config import TrialConfig
+from embedlab.data.prepare import PreparedData
+from embedlab.sweep.study import Study, load_study
+from embedlab.train.budget import body_parameters, training_flops
+
+PILOT_STEPS = 8
+
+
+@dataclass(frozen=True)
+class Pilot:
+    """What one arm's pilot measured."""
+
+    arm: str
+    steps: int
+    units_per_step: float  # budget units (tokens, pairs or FLOPs) per step
+    step_seconds: float  # median over steady steps
+    step_seconds_low: float  # first quartile
+    step_seconds_high: float  # third quartile
+    checkpoint_seconds: float
+    startup_seconds: float
+    eval_seconds: float
+    peak_memory_bytes: int
+    checkpoint_bytes: int
+
+    @property
+    def units_per_second(self) -> float:
+        return self.units_per_step / self.step_seconds
+
+
+@dataclass(frozen=True)
+class ArmEstimate:
+    arm: str
+    trials: int  # tuning + final trials of this arm
+    budget: float
+    steps: int
+    checkpoints: int  # intermediate, per trial
+    trial_seconds: float
+    trial_seconds_low: float
+    trial_seconds_high: float
+
+
+def pilot_config(study: Study, arm: str, parent: str | None, steps: int) -> TrialConfig:
+    """The arm's trial at the first seed with a budget of about `steps` steps, a report every
+    step and a checkpoint every third of them."""
+    config = study.trial_config(arm, study.seeds[0], parent)
+    train = config.train
+    rows = train.num_workers * train.batch_rows * train.microbatches
+    capacity = rows * config.data.sequence_length  # tokens a step can hold; packing fills most
+    budget: dict[str, Any] = {}
+    if study.unit == "flops":
+        selected = capacity * config.masking.ratio if config.phase == 1 else 0.0
+        budget["budget_flops"] = steps * training_flops(config.model, capacity, selected, body_parameters(config.model))
+        budget["budget_pairs"] = max(train.budget_pairs, steps * rows * 4)
+        budget["budget_tokens"] = max(train.budget_tokens, steps * capacity * 2)
+    elif config.phase == 1:
+        budget["budget_tokens"] = steps * capacity
+    else:
+        budget["budget_pairs"] = steps * rows
+    train = replace(train, **budget, report_every_steps=1, checkpoint_every_steps=max(2, steps // 3))
+    return replace(config, train=train)
+
+
+def steady_intervals(walls: list[float], checkpoint_steps: set[int]) -> tuple[list[float], list[float]]:
+    """(steady step times, step times right after a checkpoint) from cumulative wall seconds
+    at steps 1..n. Step 1 is neither: it waits for the stream's first batch. A checkpoint is
+    written after its step's report, so its cost lands in the next step's interval."""
+    steady, after = [], []
+    for step in range(2, len(walls) + 1):
+        interval = walls[step - 1] - walls[step - 2]
+        (after if step - 1 in checkpoint_steps else steady).append(interval)
+    return steady, after
+
+
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    if len(values) < 2:
+        return values[0], values[0], values[0]
+    low, median, high = statistics.quantiles(values, n=4, method="inclusive")
+    return low, median, high
+
+
+def directory_bytes(directory: Path) -> int:
+    return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
+
+
+def run_pilot(study: Study, arm: str, prepared: PreparedData, *, parent: str | None, steps: int, storage: Path,
+              progress: Callable[[str], None]) -> Pilot:
+    """Train the arm's pilot on the cluster and score its checkpoint (module docstring)."""
+    import ray
+
+    from embedlab.evaluate.actor import get_evaluator
+    from embedlab.evaluate.checkpoint_eval import resolve_task
+    from embedlab.train.contrastive import run_contrastive
+    from embedlab.train.metrics_log import log_location, read_metrics
+    from embedlab.train.phase1 import run_phase1
+
+    trial = pilot_config(study, arm, parent, steps)
+    name = f"pilot-{arm}"
+    progress(f"plan: pilot of arm {arm}: about {steps} steps on the cluster")
+    started = time.perf_counter()
+    if trial.phase == 1:
+        result = run_phase1(trial, prepared, storage_path=storage, name=name)
+    else:
+        result = run_contrastive(trial, prepared, storage_path=storage, name=name, progress=progress)
+    fit_seconds = time.perf_counter() - started
+    if result.error is not None:
+        raise RuntimeError(f"the pilot of arm {arm} failed: {result.error}") from result.error
+    reports = [r for r in read_metrics(log_location(storage, name)) if "train/step" in r]
+    walls = [r["compute/wall_seconds"] for r in reports]
+    steady, after = steady_intervals(walls, {r["train/step"] for r in reports if r["checkpoint"]})
+    if not steady:
+        raise RuntimeError(f"the pilot of arm {arm} ran {len(walls)} steps: too few to time (raise --pilot-steps)")
+    low, median, high = quartiles(steady)
+    last = reports[-1]
+    clock = {"tokens": last["budget/tokens"], "pairs": last.get("budget/pairs", 0.0), "flops": last["budget/flops"]}
+    units = clock[study.unit] / last["train/step"]
+    checkpoint_seconds = max(0.0, statistics.mean(after) - median) if after else 0.0
+    first_excess = max(0.0, walls[0] - median)
+    startup = max(0.0, fit_seconds - walls[-1]) + first_excess
+    checkpoint = Path(result.checkpoint.path)
+    task_dir = str(resolve_task(trial.eval.task, prepared.directory))
+    progress(f"plan: pilot of arm {arm}: evaluating its checkpoint")
+    started = time.perf_counter()
+    ray.get(get_evaluator().evaluate.remote(str(checkpoint), task_dir, trial.eval.split, trial.eval.index,
+                                            str(prepared.directory / "retention"), f"plan-{arm}"))
+    eval_seconds = time.perf_counter() - started
+    return Pilot(
+        arm=arm, steps=int(last["train/step"]), units_per_step=units, step_seconds=median, step_seconds_low=low,
+        step_seconds_high=high, checkpoint_seconds=checkpoint_seconds, startup_seconds=startup,
+        eval_seconds=eval_seconds, peak_memory_bytes=int(last["compute/peak_memory_bytes"]),
+        checkpoint_bytes=directory_bytes(checkpoint),
+    )
+
+
+def estimate_arm(study: Study, pilot: Pilot, trials: int) -> ArmEstimate:
+    """One trial of the arm at the study's budget, from its pilot (module docstring)."""
+    budget = {"tokens": study.budget_tokens, "pairs": study.budget_pairs, "flops": study.budget_flops}[study.unit]
+    steps = math.ceil(budget / pilot.units_per_step)
+    config = study.trial_config(pilot.arm, study.seeds[0], "parent" if study.phase > 1 else None)
+    every = config.train.checkpoint_every_steps
+    checkpoints = (steps - 1) // every if every else 0  # the final one is in the start-up figure
+
+    def seconds(step_seconds: float) -> float:
+        return (pilot.startup_seconds + steps * step_seconds + checkpoints * pilot.checkpoint_seconds
+                + pilot.eval_seconds)
+
+    return ArmEstimate(arm=pilot.arm, trials=trials, budget=budget, steps=steps, checkpoints=checkpoints,
+                       trial_seconds=seconds(pilot.step_seconds), trial_seconds_low=seconds(pilot.step_seconds_low),
+                       trial_seconds_high=seconds(pilot.step_seconds_high))
+
+
+def make_plan(study: Study, pilots: dict[str, Pilot], concurrency: int, checkpoints_kept: int,
+              setup_seconds: float) -> dict[str, Any]:
+    """The plan as plain values: per arm, its pilot and estimate; for the study, totals
+    (`setup_seconds`: joining the cluster and preparing the data, once per sweep)."""
+    tuning = study.search_trials if study.search else 0
+    arms = {arm: estimate_arm(study, pilot, tuning + len(study.seeds)) for arm, pilot in pilots.items()}
+    total = {key: setup_seconds + sum(getattr(a, key) * a.trials for a in arms.values()) / concurrency
+             for key in ("trial_seconds", "trial_seconds_low", "trial_seconds_high")}
+    config = study.trial_config(next(iter(study.arms)), study.seeds[0], "parent" if study.phase > 1 else None)
+    return {
+        "study": study.name,
+        "phase": study.phase,
+        "profile": study.profile,
+        "budget_unit": study.unit,
+        "budget": next(iter(arms.values())).budget,
+        "trials": sum(a.trials for a in arms.values()),
+        "concurrent_trials": concurrency,
+        "checkpoint_every_steps": config.train.checkpoint_every_steps,
+        "evaluation": f"once per trial, at its end ({config.eval.task}, {config.eval.split} split, "
+                      f"{config.eval.index} index)",
+        "storage_bytes": sum(p.checkpoint_bytes * checkpoints_kept * arms[a].trials for a, p in pilots.items()),
+        "checkpoints_kept_per_trial": checkpoints_kept,
+        "setup_seconds": setup_seconds,
+        "wall_seconds": total["trial_seconds"],
+        "wall_seconds_low": total["trial_seconds_low"],
+        "wall_seconds_high": total["trial_seconds_high"],
+        "arms": {arm: {"pilot": asdict(pilots[arm]), "estimate": asdict(estimate)} for arm, estimate in arms.items()},
+    }
+
+
+def plan_study(study_path: str | Path, *, profile: str | None = None, parent: str | None = None,
+               address: str | None = None, steps: int = PILOT_STEPS,
+               progress: Callable[[str], None] = print) -> dict[str, Any]:
+    """Pilot every arm of the study on the cluster and return the plan (`make_plan`)."""
+    import ray
+
+    from embedlab.sweep.run import _prepare_arms, connect, max_concurrent_trials
+    from embedlab.train.launch import CHECKPOINTS_KEPT
+
+    study = load_study(study_path, profile)
+    parent = parent or study.parent
+    if study.phase > 1 and parent is None:
+        raise ValueError(f"a phase-{study.phase} study needs --parent: any checkpoint with the study's tokenizer "
+                         "will do (the pilots measure speed, not quality)")
+    if steps < 4:
+        raise ValueError(f"--pilot-steps {steps}: at least 4 are needed to time steady steps")
+    started = time.perf_counter()
+    connect(address, progress)
+    prepared = _prepare_arms(study, progress)
+    setup_seconds = time.perf_counter() - started  # a sweep pays it once too
+    first = study.trial_config(next(iter(study.arms)), study.seeds[0], parent)
+    concurrency = max_concurrent_trials(first, ray.cluster_resources())
+    pilots = {}
+    with tempfile.TemporaryDirectory(prefix="embedlab-plan-") as storage:
+        for arm in study.arms:
+            record = prepared[arm]
+            pilots[arm] = run_pilot(study, arm, PreparedData(Path(record["directory"]), record), parent=parent,
+                                    steps=steps, storage=Path(storage), progress=progress)
+    return make_plan(study, pilots, concurrency, CHECKPOINTS_KEPT, setup_seconds)
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+
+
+def format_plan(plan: dict[str, Any]) -> str:
+    """The plan as the table `embedlab plan` prints."""
+    unit = plan["budget_unit"]
+    lines = [
+        f"plan for study {plan['study']} (phase {plan['phase']}, profile {plan['profile']}): "
+        f"{plan['trials']} trials, {plan['concurrent_trials']} at a time",
+        f"  budget per trial: {plan['budget']:,.0f} {unit}; a checkpoint every {plan['checkpoint_every_steps']} "
+        f"steps, {plan['checkpoints_kept_per_trial']} kept; evaluation {plan['evaluation']}",
+        "",
+        f"  {'arm':<14}{'trials':>7}{'steps':>8}{unit + '/s':>12}{'step s':>9}{'start s':>9}{'ckpt s':>8}"
+        f"{'eval s':>8}{'peak MiB':>10}{'trial':>9}",
+    ]
+    for arm, entry in plan["arms"].items():
+        pilot, estimate = entry["pilot"], entry["estimate"]
+        lines.append(
+            f"  {arm:<14}{estimate['trials']:>7}{estimate['steps']:>8}"
+            f"{pilot['units_per_step'] / pilot['step_seconds']:>12,.0f}{pilot['step_seconds']:>9.2f}"
+            f"{pilot['startup_seconds']:>9.1f}{pilot['checkpoint_seconds']:>8.2f}{pilot['eval_seconds']:>8.1f}"
+            f"{pilot['peak_memory_bytes'] / 2**20:>10,.0f}{_duration(estimate['trial_seconds']):>9}")
+    lines += [
+        "",
+        f"  storage: {plan['storage_bytes'] / 2**20:,.1f} MiB of checkpoints; set-up (cluster, data) "
+        f"{plan['setup_seconds']:.0f} s",
+        f"  estimated wall time: {_duration(plan['wall_seconds'])} "
+        f"(step-time quartiles: {_duration(plan['wall_seconds_low'])} .. {_duration(plan['wall_seconds_high'])}; "
+        "start-up and evaluation are single samples; concurrent trials slowing each other is not modelled)",
+    ]
+    return "\n".join(lines)
