@@ -1,6 +1,6 @@
 """The study report: one self-contained HTML page whose every figure renders in a real browser
-(headless Chromium), each with its four-part caption, for a phase-1 run and the phase-2 run
-started from its winner."""
+(headless Chromium), each with its four-part caption, for a phase-1 run (trained in this
+process by the loop Ray Train runs) and the phase-2 run started from its winner."""
 
 from __future__ import annotations
 
@@ -25,12 +25,19 @@ from embedlab.evaluate.checkpoint_eval import evaluate_checkpoint, resolve_task
 from embedlab.model.encoder import MLMModel
 from embedlab.model.heads import MultiHeadMLMModel
 from embedlab.objectives.dual_mlm import head_names
+from embedlab.data.stream import pack_window, schedule_windows
 from embedlab.report import html as html_page
 from embedlab.report import write_report
 from embedlab.report.collect import read_run
+from embedlab.report.model_figures import source_curves
 from embedlab.sweep.run import _score_columns  # the exact columns the sweep writes
 from embedlab.sweep.study import Study
 from embedlab.train.checkpoint import save_checkpoint
+from embedlab.train.loop import run as run_loop
+from embedlab.train.metrics_log import FILE_NAME as METRICS_LOG
+from embedlab.train.metrics_log import MetricsLog
+from embedlab.train.phase1 import Phase1Loop, trial_schedule
+from embedlab.train.session import LocalSession
 
 FIGURES = ("mixture", "lengths-0", "masks", "mlm", "similarity", "spectrum", "phases", "runtime")
 CAPTION_PARTS = ("units", "observed", "mechanism", "limitation")
@@ -63,9 +70,42 @@ def _checkpoint(directory: Path, config, tokenizer, seed: int, *, phase: int, he
     return str(directory)
 
 
+class _LoggedSession(LocalSession):
+    """An in-process session whose reports also go through Ray Train's MetricsLog callback,
+    so the trial's metrics.jsonl is written as a sweep writes it."""
+
+    def __init__(self, rows, root: Path) -> None:
+        super().__init__(rows, root)
+        self.log = MetricsLog(str(root / METRICS_LOG))
+
+    def report(self, metrics, checkpoint) -> None:
+        super().report(metrics, checkpoint)
+        self.log.after_report(None, [metrics], checkpoint)
+
+
+def _train_phase1(directory: Path, trial, prepared) -> tuple[str, dict]:
+    """Train `trial` in this process with the phase-1 loop Ray Train runs, on its own mixture
+    schedule packed as the Ray Data stream packs it; (last checkpoint, last report)."""
+    schedule, offsets = trial_schedule(trial, prepared)
+    packed = [pack_window({"rows": [window["rows"]], "source_index": [window["source_index"]]},
+                          pieces_path=str(prepared.pieces_path), sequence_length=trial.data.sequence_length,
+                          pad_id=prepared.tokenizer.pad_id)
+              for window in schedule_windows(schedule, offsets)]
+    rows = {key: np.concatenate([part[key] for part in packed]) for key in packed[0]}
+    session = _LoggedSession(rows, directory)
+    loop = Phase1Loop({"trial": trial.to_dict(), "tokenizer_path": str(prepared.tokenizer_path),
+                       "tokenizer_hash": prepared.record["tokenizer_hash"], "data_revision": prepared.data_revision,
+                       "sources": list(schedule.sources), "intended_shares": prepared.record["mixture"]["shares"],
+                       "schedule": {"version": schedule.version, "seed": schedule.seed}},
+                      rank=0, world=1, device=torch.device("cpu"))
+    run_loop(loop, session)
+    return str(session.checkpoints[-1]), session.reports[-1]
+
+
 def _write_run(root: Path, study: Study, prepared, *, parent: str | None = None) -> Path:
-    """A finished run directory as `embedlab sweep` writes it, from untrained checkpoints scored
-    by the real evaluator (no training, no Ray Tune)."""
+    """A finished run directory as `embedlab sweep` writes it (no Ray Tune): phase-1 trials
+    trained in this process, phase-2 trials as untrained checkpoints, all scored by the real
+    evaluator."""
     run_dir = root / f"{study.name}-20260101-000000"
     (run_dir / "trials").mkdir(parents=True)
     task = load_task(resolve_task("python-docstrings", prepared.directory))
@@ -83,18 +123,21 @@ def _write_run(root: Path, study: Study, prepared, *, parent: str | None = None)
             trial_id = f"{index:05d}_{seed}"
             name = f"final-{arm}-seed{seed}-{trial_id}"
             head = study.phase == 1 or config.contrastive.mlm_weight > 0
-            checkpoint = _checkpoint(run_dir / "train" / name / "checkpoint_0", config, prepared.tokenizer,
-                                     100 * study.phase + 10 * index + seed, phase=study.phase,
-                                     head=head)
+            if study.phase == 1:
+                checkpoint, train = _train_phase1(run_dir / "train" / name, study.trial_config(arm, seed), prepared)
+            else:
+                checkpoint = _checkpoint(run_dir / "train" / name / "checkpoint_0", config, prepared.tokenizer,
+                                         100 * study.phase + 10 * index + seed, phase=study.phase, head=head)
+                tokens = 5_000 + 700 * index
+                train = {"budget/tokens": tokens, "budget/pairs": study.budget_pairs, "budget/flops": 6.0 * 1e5 * tokens,
+                         "compute/wall_seconds": 3.0 + index + 0.5 * seed, "train/loss": 6.9 - 0.1 * seed}
             scores = evaluate_checkpoint(Path(checkpoint), task, "dev", retention_dir=retention)
-            tokens = study.budget_tokens if study.phase == 1 else 5_000 + 700 * index
             row = {"study": study.name, "trial_id": trial_id, "arm": arm, "seed": seed, "stage": "final",
                    "status": "finished", "phase": study.phase, "factor": study.factor, "parent": parent,
-                   "budget/tokens": tokens, "budget/pairs": study.budget_pairs, "budget/flops": 6.0 * 1e5 * tokens,
-                   "compute/wall_seconds": 3.0 + index + 0.5 * seed, "train/loss": 6.9 - 0.1 * seed,
+                   **{k: v for k, v in train.items() if k.startswith(("budget/", "compute/", "train/loss"))},
                    "checkpoint": checkpoint, "checkpoint_hash": scores["checkpoint_hash"],
                    **_score_columns(scores, "dev")}
-            row.update(_shares(study, prepared, config))
+            row.update(_shares(study, prepared, config, train))
             (run_dir / "trials" / f"{trial_id}.json").write_text(json.dumps(row))
             if head and study.phase > 1:
                 log = [{"budget/tokens": step * 1000, "train/mlm_loss": 7.0 - 0.05 * step} for step in range(1, 6)]
@@ -102,12 +145,12 @@ def _write_run(root: Path, study: Study, prepared, *, parent: str | None = None)
     return run_dir
 
 
-def _shares(study: Study, prepared, config) -> dict[str, float]:
-    """Intended shares and observed ones a little off, as the trainers report them."""
+def _shares(study: Study, prepared, config, train: dict) -> dict[str, float]:
+    """Intended shares and observed ones: the trainer's (phase 1), or a little off (phase 2)."""
     if study.phase == 1:
         intended = prepared.record["mixture"]["shares"]
         return {**{f"data/intended_share/{s}": v for s, v in intended.items()},
-                **{f"data/observed_share/{s}": v * 1.01 for s, v in intended.items()}}
+                **{k: v for k, v in train.items() if k.startswith("data/observed_share/")}}
     intended = dict(config.contrastive.pairs)
     return {**{f"data/intended_share/{s}": v for s, v in intended.items()},
             **{f"data/observed_pair_share/{s}": v for s, v in intended.items()},
@@ -222,7 +265,8 @@ def test_figure_numbers_agree_with_their_sources(report):
 
 
 def test_a_run_whose_prepared_data_is_gone_still_gets_the_rest_of_its_report(tour, tmp_path):
-    """Figures that need the prepared data say why they are missing; the rest still draw."""
+    """Figures that need the prepared data say why they are missing; the rest still draw (the
+    per-source curves come from the training logs, without their held-out markers)."""
     moved = tmp_path / tour[0].name
     shutil.copytree(tour[0], moved, ignore=shutil.ignore_patterns("train"))
     prepared = json.loads((moved / "prepared.json").read_text())
@@ -230,9 +274,60 @@ def test_a_run_whose_prepared_data_is_gone_still_gets_the_rest_of_its_report(tou
                                                      for arm, record in prepared.items()}))
     page = _parse(write_report([moved], tmp_path / "report.html", progress=lambda message: None).read_text())
     drawn = {key.removeprefix("figure-") for key, figure in page.figures.items() if figure["images"]}
-    assert drawn == {"mixture", "phases", "runtime"}
+    assert drawn == {"mixture", "mlm", "phases", "runtime"}
     missing = [figure for figure in page.figures.values() if figure["class"] == "missing"]
-    assert len(missing) == len(FIGURES) - len(drawn) == 5
+    assert len(missing) == len(FIGURES) - len(drawn) == 4
+    assert "Not measured: no checkpoint could be measured" in page.figures["figure-mlm"]["parts"]["limitation"]
+
+
+def _logged(path: Path, source: str) -> dict[int, tuple[float, float]]:
+    """step -> (budget/tokens, train/loss/source/<source>) straight from a metrics.jsonl, finite values only."""
+    points = {}
+    for line in path.read_text().splitlines():
+        report = json.loads(line)
+        value = report.get(f"train/loss/source/{source}")
+        if value is not None and np.isfinite(value):
+            points[report["train/step"]] = (report["budget/tokens"], value)
+    return points
+
+
+def test_per_source_curves_are_the_logged_training_losses(tour, report):
+    """Each arm's per-source curve is the mean over seeds of the loss its metrics.jsonl files
+    hold at each step (tokens too); the logged per-source losses, weighted by their selected
+    counts, give the pooled train/loss; the caption quotes the curves and names the arms that
+    log no per-source loss."""
+    run = read_run(tour[0])
+    curves, unlogged = source_curves(run)
+    sources = set(json.loads((tour[0] / "prepared.json").read_text())["single-15"]["mixture"]["shares"])
+    assert {c.source for c in curves if c.arm == "single-15"} == sources
+    assert {c.arm for c in curves} | set(unlogged) == set(run.arms)
+    for curve in curves:
+        logs = {seed: next((tour[0] / "train").glob(f"final-{curve.arm}-seed{seed}-*/{METRICS_LOG}"))
+                for seed in SEEDS}
+        points = {seed: _logged(path, curve.source) for seed, path in logs.items()}
+        steps = sorted(set(points[SEEDS[0]]).intersection(*map(set, points.values())))
+        assert curve.seeds == SEEDS and list(curve.steps) == steps and len(steps) >= 2
+        np.testing.assert_allclose(curve.loss, [np.mean([points[s][step][1] for s in SEEDS]) for step in steps])
+        np.testing.assert_allclose(curve.tokens, [np.mean([points[s][step][0] for s in SEEDS]) for step in steps])
+        for seed in SEEDS:
+            np.testing.assert_allclose(curve.per_seed[seed][1], [points[seed][k][1] for k in sorted(points[seed])])
+    for path in (tour[0] / "train").glob(f"final-single-15-*/{METRICS_LOG}"):
+        for line in path.read_text().splitlines():
+            logged = json.loads(line)
+            parts = [(logged[f"train/loss/source/{s}"], logged[f"train/selected/source/{s}"]) for s in sources]
+            weighted = sum(loss * count for loss, count in parts if count) / sum(count for _, count in parts)
+            assert weighted == pytest.approx(logged["train/loss"], rel=1e-6)  # NLL recomputed in fp32
+    caption = _parse(report.read_text()).figures["figure-mlm"]["parts"]
+    for curve in curves:
+        quoted = re.search(rf"{re.escape(curve.arm)} / {re.escape(curve.source)}: ([\d.]+) -> ([\d.]+) nats",
+                           caption["observed"])
+        assert (float(quoted.group(1)), float(quoted.group(2))) == (round(curve.loss[0], 2), round(curve.loss[-1], 2))
+    assert re.search(r"held-out [\d.]+ ± [\d.]+ over \d+ tokens", caption["observed"])
+    phase2 = read_run(tour[1])
+    assert source_curves(phase2) == ([], phase2.arms)  # contrastive phase: MLM loss pooled, if logged at all
+    assert f"{phase2.label} / {', '.join(phase2.arms)} (a contrastive phase" in caption["limitation"]
+    for arm in unlogged:
+        assert re.search(rf"{re.escape(run.label)} / [^(]*\b{re.escape(arm)}\b", caption["limitation"])
 
 
 def test_seeds_that_trained_the_same_checkpoint_are_flagged(tour, tmp_path):

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable, Iterator, Sized
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,13 +38,44 @@ from embedlab.config import TOKENIZER_KINDS
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
 FILE_NAME = "tokenizer.json"
+PROGRESS_SECONDS = 10.0  # at most one "documents read" line per 10 s
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int, kind: str = "bpe") -> Tokenizer:
-    """A tokenizer of `kind` trained on `texts` with the special tokens at ids 0-4."""
+def train_tokenizer(texts: Iterable[str], vocab_size: int, kind: str = "bpe", *,
+                    progress: Callable[[str], None] | None = None,
+                    progress_seconds: float = PROGRESS_SECONDS) -> Tokenizer:
+    """A tokenizer of `kind` trained on `texts` with the special tokens at ids 0-4.
+
+    With `progress`: a line every `progress_seconds` while the texts are read (documents
+    read of the total, documents per second), one when reading ends and the vocabulary is
+    computed, and one when training ends. The texts reach the trainer unchanged and in
+    order, so the tokenizer (and its hash) is the same with or without progress."""
     tokenizer, trainer = _UNTRAINED[check_kind(kind)](vocab_size)
+    started = time.perf_counter()
+    if progress is not None:
+        texts = _reading(texts, kind, progress, progress_seconds)
     tokenizer.train_from_iterator(texts, trainer=trainer)
+    if progress is not None:
+        progress(f"tokenizer: {kind} vocabulary of {tokenizer.get_vocab_size():,} trained in "
+                 f"{time.perf_counter() - started:.1f}s")
     return tokenizer
+
+
+def _reading(texts: Iterable[str], kind: str, progress: Callable[[str], None], every_seconds: float) -> Iterator[str]:
+    """`texts`, reporting how many the trainer has read: it pre-tokenises and counts words as
+    it reads (most of the time on a large sample), then computes the vocabulary."""
+    total = len(texts) if isinstance(texts, Sized) else None
+    started = last = time.perf_counter()
+    count = 0
+    for count, text in enumerate(texts, start=1):
+        yield text
+        now = time.perf_counter()
+        if now - last >= every_seconds:
+            last = now
+            of = f"/{total:,} ({count / total:.0%})" if total else ""
+            progress(f"tokenizer: {count:,}{of} documents read, {count / (now - started):,.0f} documents/s")
+    progress(f"tokenizer: {count:,} documents read in {time.perf_counter() - started:.1f}s; computing the {kind} "
+             "vocabulary")
 
 
 def check_kind(kind: str) -> str:

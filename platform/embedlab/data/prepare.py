@@ -130,16 +130,20 @@ def _prepare_into(config: DataConfig, directory: Path, progress: Callable[[str],
              f"on {len(sample['doc_id']):,} training-split documents")
     texts = [document_text(t, x) for t, x in zip(sample["title"], sample["text"])]
     tokenizer = save_tokenizer(
-        train_tokenizer(texts, config.tokenizer_vocab_size, kind=config.tokenizer_kind), directory
+        train_tokenizer(texts, config.tokenizer_vocab_size, kind=config.tokenizer_kind,
+                        progress=lambda line: progress(f"data: {line}")), directory
     )
     progress("data: tokenising training documents into pieces on Ray Data")
+    step = time.perf_counter()
     pieces = build_pieces(
         corpus.documents_path, tokenizer.path, sequence_length=config.sequence_length,
         sources=list(mixture.shares), out_path=directory / PIECES_FILE, progress=progress,
     )
+    progress(f"data: pieces written in {time.perf_counter() - step:.1f}s")
     tasks = _build_tasks(corpus, directory / "tasks", config, progress)
     from embedlab.evaluate.retention import build_panel
 
+    progress("data: building the retention panel")
     retention = build_panel(corpus.read(), directory / "retention")
     progress(f"data: retention panel: {retention}")
     progress(f"data: prepared in {time.perf_counter() - started:.1f}s")
@@ -177,6 +181,7 @@ def _build_tasks(corpus: Corpus, directory: Path, config: DataConfig, progress: 
     for name in BUILTIN_TASKS:
         if name not in corpus.manifest["sources"]:
             continue
+        progress(f"data: building task {name} and removing what the training split contains")
         task = build_builtin_task(name, corpus)
         train = corpus.read(split="train").select(["doc_id", "title", "text"]).to_pydict()
         stage = ((d, document_text(t, x)) for d, t, x in zip(train["doc_id"], train["title"], train["text"]))

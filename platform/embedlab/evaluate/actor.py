@@ -5,10 +5,16 @@ It loads each task once, scores a checkpoint on a split, and caches results by
 Calls are served one at a time (an actor's default), so two trials asking at once are
 both answered, in turn, from one copy of each task. Trials never
 load a corpus themselves; they send a checkpoint path and a task directory.
+
+While it encodes, `progress()` (served on its own thread, `PROGRESS_GROUP`, so a busy
+evaluation does not block it) returns the latest throttled encoding line and the request it
+belongs to: the trial driver polls it and forwards the line to the sweep's console (workers'
+own output does not reach it: `ray.init(log_to_driver=False)`).
 """
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import ray
@@ -19,6 +25,7 @@ from embedlab.train.checkpoint import read_manifest
 
 ACTOR_NAME = "embedlab-evaluator"
 NAMESPACE = "embedlab"
+PROGRESS_GROUP = "progress"  # a concurrency group of one thread beside the default one
 
 
 class Evaluator:
@@ -29,6 +36,8 @@ class Evaluator:
         self._tasks: dict[str, Task] = {}
         self._results: dict[tuple, dict] = {}
         self._metrics = None  # created on first use, inside the actor (ray.util.metrics needs a worker)
+        self._lock = threading.Lock()  # `progress` runs on another thread than `evaluate`
+        self._status: dict = {"request": None, "active": False, "line": None, "lines": 0}
 
     def task(self, task_dir: str) -> Task:
         key = str(Path(task_dir).resolve())
@@ -37,18 +46,40 @@ class Evaluator:
         return self._tasks[key]
 
     def evaluate(
-        self, checkpoint_dir: str, task_dir: str, split: str, index: str = "flat", retention_dir: str | None = None
+        self, checkpoint_dir: str, task_dir: str, split: str, index: str = "flat", retention_dir: str | None = None,
+        request: str | None = None,
     ) -> dict:
+        """Scores of the checkpoint on the task's split (cached); `request` names this call in
+        `progress()` (default: the checkpoint directory)."""
         task = self.task(task_dir)
         key = (read_manifest(Path(checkpoint_dir))["content_hash"], task.hash, split, index, retention_dir)
         cached = key in self._results
         if not cached:
-            self._results[key] = evaluate_checkpoint(
-                Path(checkpoint_dir), task, split, index=index,
-                retention_dir=None if retention_dir is None else Path(retention_dir),
-            )
+            with self._lock:
+                self._status = {"request": request or checkpoint_dir, "active": True, "line": None, "lines": 0}
+            try:
+                self._results[key] = evaluate_checkpoint(
+                    Path(checkpoint_dir), task, split, index=index,
+                    retention_dir=None if retention_dir is None else Path(retention_dir),
+                    progress=self._record,
+                )
+            finally:
+                with self._lock:
+                    self._status = {**self._status, "active": False}
         self._telemetry().publish(task.name, self._results[key]["seconds"], cached)
         return dict(self._results[key], cached=cached)
+
+    def _record(self, line: str) -> None:
+        with self._lock:
+            self._status = {**self._status, "line": line, "lines": self._status["lines"] + 1}
+
+    @ray.method(concurrency_group=PROGRESS_GROUP)
+    def progress(self) -> dict:
+        """The latest evaluation that encoded: {"request": its name, "active": still encoding,
+        "line": its latest encoding line or None, "lines": how many it has had (a poller
+        forwards only new ones)}."""
+        with self._lock:
+            return dict(self._status)
 
     def _telemetry(self):
         if self._metrics is None:
@@ -76,7 +107,7 @@ def get_evaluator(num_cpus: float = 0) -> ray.actor.ActorHandle:
     key = ray.get_runtime_context().get_job_id()
     if key not in _handles:
         _handles[key] = (
-            ray.remote(Evaluator)
+            ray.remote(concurrency_groups={PROGRESS_GROUP: 1})(Evaluator)
             .options(name=ACTOR_NAME, namespace=NAMESPACE, get_if_exists=True, num_cpus=num_cpus,
                      lifetime="detached")
             .remote()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -17,9 +18,12 @@ def evaluate_checkpoint(
     checkpoint_dir: Path, task: Task, split: str, *, batch_size: int = 64, max_length: int = 128,
     index: str = "flat",
     retention_dir: Path | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> dict:
     """Retrieval metrics and representation health on `task`; with `retention_dir` (the
-    prepared data's `retention/`), the retention panel too."""
+    prepared data's `retention/`), the retention panel too. `progress` gets throttled
+    encoding lines (`embedlab.evaluate.encode.EncodingProgress`) for each pass: documents,
+    queries, retention texts."""
     encoder, tokenizer, manifest = load_encoder(Path(checkpoint_dir))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     encoder.to(device)
@@ -27,16 +31,18 @@ def evaluate_checkpoint(
     prefixes = pooling.get("prefixes", {"query": "", "passage": ""})
     encode = partial(
         encode_texts, encoder, tokenizer, batch_size=batch_size, max_length=max_length, device=device,
-        pooling=pooling["method"],
+        pooling=pooling["method"], progress=progress,
     )
+    where = f"evaluate {task.name}/{split}"
     metrics = evaluate_encoder(
-        partial(encode, prefix=prefixes["query"]), task, split,
-        encode_documents=partial(encode, prefix=prefixes["passage"]), index=index,
+        partial(encode, prefix=prefixes["query"], label=f"{where} queries"), task, split,
+        encode_documents=partial(encode, prefix=prefixes["passage"], label=f"{where} documents"), index=index,
     )
     if retention_dir is not None:
         from embedlab.evaluate.retention import mlm_accuracy_function, retention_scores
 
-        metrics.update(retention_scores(Path(retention_dir), partial(encode, prefix=prefixes["passage"]),
+        retention_encode = partial(encode, prefix=prefixes["passage"], label="evaluate retention panel")
+        metrics.update(retention_scores(Path(retention_dir), retention_encode,
                                         mlm_accuracy_function(Path(checkpoint_dir))))
     return {**metrics, "checkpoint_hash": manifest["content_hash"]}
 

@@ -8,9 +8,10 @@ are drawn phase by phase beside each run's parent. The page holds the trial tabl
 means with 95% intervals, refused at unequal compute) and the recipe's required figures,
 each captioned with its units and population, an observed value, a mechanism and a
 limitation: source mixture, document lengths, corruption and attention masks, per-source
-MLM loss, positive/negative similarities, covariance spectrum, phase-by-phase retrieval and
-retention, quality vs runtime. Distributions are recomputed from the checkpoints and the
-prepared data with the platform's own code (seeded), so they match the trial rows.
+MLM training-loss curves (read from the trials' metrics.jsonl), positive/negative
+similarities, covariance spectrum, phase-by-phase retrieval and retention, quality vs
+runtime. Distributions are recomputed from the checkpoints and the prepared data with the
+platform's own code (seeded), so they match the trial rows.
 """
 
 from __future__ import annotations

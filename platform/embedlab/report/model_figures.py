@@ -1,10 +1,12 @@
-"""Figures about what the checkpoints learned: per-source MLM loss, positive/negative
-similarity distributions, covariance spectrum. Measured on each arm's best checkpoint."""
+"""Figures about what the models learned: per-source MLM training-loss curves (from the
+trials' metrics.jsonl), positive/negative similarity distributions and covariance spectrum
+(measured on each arm's best checkpoint)."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -14,8 +16,10 @@ from embedlab.report.collect import Probe, Run
 from embedlab.report.plotting import Caption, Figure, color, grid, hide_unused, new_figure, to_png
 
 SOURCE_LOSS = re.compile(r"^train/(?:mlm_)?loss/source/(.+)$")  # per-source training loss, when logged
-POOLED_LOSS = {1: "train/loss", 2: "train/mlm_loss", 3: "train/mlm_loss"}  # the MLM term per phase
-REFERENCE_RATIO = 0.15
+# Why an arm's metrics.jsonl may hold no train/loss/source/<name>, by phase (1, or 2 and 3).
+UNLOGGED_REASON = {1: "logged before per-source MLM loss was, or by an objective that logs other groups",
+                   2: "a contrastive phase: its MLM term, if any, is logged pooled as train/mlm_loss"}
+REFERENCE_RATIO = 0.15  # the held-out markers' masking ratio (BERT's)
 AXIS_PERCENTILE = 0.5  # similarity axes start at this percentile of all pairs: outliers would squash the bulk
 SPECTRUM_FLOOR = 1e-6  # smaller eigenvalue shares fall off the spectrum axis
 
@@ -42,8 +46,88 @@ def _not_measured(skipped: list[str]) -> str:
     return f" Not measured: {'; '.join(skipped)}." if skipped else ""
 
 
+@dataclass(frozen=True)
+class SourceCurve:
+    """One arm's logged training MLM loss on one source: each seed's series and their mean."""
+
+    run_label: str
+    arm: str
+    source: str
+    seeds: tuple[int, ...]  # the arm's finished seeds whose log holds this source's loss
+    steps: np.ndarray  # (P,) training steps every one of those seeds logged a finite value at
+    tokens: np.ndarray  # (P,) mean over seeds of budget/tokens at those steps
+    loss: np.ndarray  # (P,) mean over seeds of train/loss/source/<source> (nats per selected token)
+    per_seed: dict[int, tuple[np.ndarray, np.ndarray]]  # seed -> (budget/tokens, loss), every finite point
+    selected: np.ndarray  # (P,) mean over seeds of the source's selected tokens per point (nan if not logged)
+
+
+def source_curves(run: Run) -> tuple[list[SourceCurve], list[str]]:
+    """The run's per-source training-loss curves, arm by arm (in arm order, sources sorted),
+    read from each finished trial's metrics.jsonl; and the arms none of whose logs hold a
+    per-source loss (older runs, or objectives that log other groups)."""
+    curves, unlogged = [], []
+    final = run.final
+    for arm in run.arms:
+        logs = {int(row["seed"]): _by_step(run.logs.get(row["trial_id"], []))
+                for row in final[final["arm"] == arm].to_dict("records")}
+        sources = sorted({match.group(1) for log in logs.values() for report in log.values()
+                          for key in report if (match := SOURCE_LOSS.match(key))})
+        if not sources:
+            unlogged.append(arm)
+            continue
+        for source in sources:
+            series = {seed: _source_series(log, source) for seed, log in sorted(logs.items())}
+            series = {seed: points for seed, points in series.items() if points}
+            if not series:
+                continue
+            steps = sorted(set.intersection(*(set(points) for points in series.values())))
+
+            def mean(column: int) -> np.ndarray:
+                return np.array([np.mean([points[step][column] for points in series.values()]) for step in steps],
+                                dtype=float)
+
+            curves.append(SourceCurve(
+                run_label=run.label, arm=arm, source=source, seeds=tuple(series), steps=np.array(steps),
+                tokens=mean(0), loss=mean(1), selected=mean(2),
+                per_seed={seed: (np.array([points[s][0] for s in sorted(points)], dtype=float),
+                                 np.array([points[s][1] for s in sorted(points)], dtype=float))
+                          for seed, points in series.items()}))
+    return curves, unlogged
+
+
+def _by_step(log: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Reports by training step; a step reported twice (replayed after a restart restored an
+    earlier checkpoint) keeps its last report, the one the run continued from."""
+    return {int(report["train/step"]): report for report in log if "train/step" in report}
+
+
+def _source_series(log: dict[int, dict[str, Any]], source: str) -> dict[int, tuple[float, float, float]]:
+    """step -> (tokens consumed, loss, selected tokens) where the source's loss is finite (a
+    report window that selected none of the source's tokens logs nan)."""
+    out = {}
+    for step, report in log.items():
+        key = next((k for k in (f"train/loss/source/{source}", f"train/mlm_loss/source/{source}") if k in report), None)
+        if key is None or "budget/tokens" not in report or not np.isfinite(report[key]):
+            continue
+        selected = report.get(key.replace("loss/source/", "selected/source/"), np.nan)
+        out[step] = (float(report["budget/tokens"]), float(report[key]), float(selected))
+    return out
+
+
 def mlm_figure(runs: list[Run], probes: list[Probe]) -> Figure | None:
-    """Held-out MLM loss per source against masking ratio, and the logged training MLM loss."""
+    """Per-source training MLM loss against tokens consumed (one panel per run and source, one
+    line per arm: mean over seeds, seeds thin), with each arm's best checkpoint's held-out
+    loss on the source's dev documents as a marker at its final token count."""
+    curves, unlogged = [], []
+    for run in runs:
+        found, missing = source_curves(run)
+        curves += found
+        if missing:
+            unlogged.append(f"{run.label} / {', '.join(missing)} ({UNLOGGED_REASON[min(run.phase, 2)]})")
+    if not curves:
+        raise ValueError("no reported run logs a per-source MLM training loss (train/loss/source/<name> in "
+                         "metrics.jsonl): " + "; ".join(unlogged))
+    drawn = {curve.run_label for curve in curves}
 
     def score(probe: Probe):
         record = _prepared_record(runs, probe)
@@ -51,62 +135,59 @@ def mlm_figure(runs: list[Run], probes: list[Probe]) -> Figure | None:
         if not sources:
             return None
         rows = measure.heldout_rows(probe.prepared_dir, sources, record["sequence_length"])
-        return measure.heldout_mlm_loss(probe.checkpoint, rows, probe.masking)
+        return measure.heldout_mlm_loss(probe.checkpoint, rows, probe.masking, ratios=(REFERENCE_RATIO,))
 
-    done, skipped = _each(probes, score)
-    scored = [(probe, losses) for probe, losses in done if losses is not None]
-    curves = _training_curves(runs)
-    if not scored and not curves:
-        return None
-    sources = sorted({s for _, losses in scored for s in losses[measure.MLM_RATIOS[0]]})
-    rows_, cols = grid(len(sources) + 1, 4)
-    figure, axes = new_figure(rows_, cols, height=2.3)
-    for ax, source in zip(axes.flat, sources):
-        for index, (probe, losses) in enumerate(scored):
-            ax.plot(measure.MLM_RATIOS, [losses[r][source].nats for r in measure.MLM_RATIOS], marker="o",
-                    color=color(index), label=_short(probe))
-        ax.set_title(source, fontsize=8)
-        ax.set_xticks(measure.MLM_RATIOS, [f"{r:.0%}" for r in measure.MLM_RATIOS])
-        ax.set_xlabel("masking ratio")
-        ax.set_ylabel("held-out nats/token")
-    training = axes.flat[len(sources)]
-    per_source_logged = any(SOURCE_LOSS.match(key) for _, _, key, _ in curves)
-    for index, (label, tokens, key, losses) in enumerate(curves):
-        training.plot(tokens, losses, color=color(index), lw=1, label=label)
-    training.set_title(f"training {', '.join(sorted({k for _, _, k, _ in curves})) or 'MLM loss'} "
-                       "(metrics.jsonl)", fontsize=8)
-    training.set_xlabel("non-padding tokens consumed")
-    training.set_ylabel("nats/selected token")
-    if curves:
-        training.legend(fontsize=5.5, loc="best")
-    else:
-        training.text(0.5, 0.5, "no training log holds\nan MLM loss", ha="center", va="center",
-                      transform=training.transAxes)
-    hide_unused(axes, len(sources) + 1)
-    if scored:
-        figure.legend(*axes.flat[0].get_legend_handles_labels(), loc="outside upper center", ncol=3, fontsize=7)
+    try:
+        done, skipped = _each([p for p in probes if p.run_label in drawn and p.row is not None], score)
+    except FileNotFoundError as error:  # the curves come from the logs and still stand
+        done, skipped = [], [str(error)]
+    heldout = {(probe.run_label, probe.arm): (probe, losses[REFERENCE_RATIO]) for probe, losses in done
+               if losses is not None}
+    panels = list(dict.fromkeys((curve.run_label, curve.source) for curve in curves))
+    rows_, cols = grid(len(panels), 4)
+    figure, axes = new_figure(rows_, cols, height=2.6)
+    arm_colors = {(run.label, arm): color(index) for run in runs for index, arm in enumerate(run.arms)}
+    for ax, (run_label, source) in zip(axes.flat, panels):
+        for curve in (c for c in curves if (c.run_label, c.source) == (run_label, source)):
+            tint = arm_colors[(curve.run_label, curve.arm)]
+            for tokens, loss in curve.per_seed.values():
+                ax.plot(tokens, loss, color=tint, lw=0.6, alpha=0.35)
+            ax.plot(curve.tokens, curve.loss, color=tint, lw=1.8, label=f"{curve.arm} (mean of {len(curve.seeds)})")
+            marked = heldout.get((curve.run_label, curve.arm))
+            if marked is not None and source in marked[1] and np.isfinite(marked[1][source].nats):
+                probe, by_source = marked
+                ax.plot([probe.row["budget/tokens"]], [by_source[source].nats], marker="D", ms=5, ls="none",
+                        color=tint, markeredgecolor="black", label=f"{curve.arm} held-out")
+        ax.set_title(f"{run_label}: {source}", fontsize=8)
+        ax.set_xlabel("non-padding tokens consumed")
+        ax.set_ylabel("nats/selected token")
+        ax.legend(fontsize=5.5, loc="best")
+    hide_unused(axes, len(panels))
     return Figure(
         key="mlm", title="Per-source MLM loss", png=to_png(figure),
         caption=Caption(
-            units=("Cross-entropy in nats per selected (masked) token. Source panels: held-out loss on "
-                   "recipe-dev documents of each source, cut and packed like training text; at ratio r the first "
-                   f"~{measure.HELDOUT_TARGETS}/r tokens are masked with the arm's strategy (about "
-                   f"{measure.HELDOUT_TARGETS} scored tokens per point, one seeded draw shared by every "
-                   "checkpoint), for each reported checkpoint that carries an MLM head (each arm's best seed). "
-                   "Last panel: the pooled training MLM loss of every logged report against tokens consumed."),
-            observed=_mlm_observation(scored, curves),
-            mechanism=("A higher ratio hides more of each token's context, so its prediction has less to go on; "
-                       "sources differ in how predictable their text is (verse and dictionary formats repeat, "
-                       "code and manuals are varied) and in how many of their tokens the mixture fed. A dual-head "
-                       "checkpoint is read through the head trained nearest each ratio."),
-            limitation=("Each trial keeps only its final checkpoint, so the per-source values are end points, "
-                        "not training-time curves; the training panel pools all sources"
-                        + (" (per-source training loss is logged and drawn there)." if per_source_logged else
-                           ", because these runs log no per-source MLM loss.")
-                        + " Checkpoints without an MLM head (contrastive-only phases) cannot be scored and are "
-                          "absent. Only the gaps between checkpoints at one ratio are paired (same tokens, same "
-                          "masks); different ratios score different amounts of text, so a curve's shape carries "
-                          "the per-point standard error." + _not_measured(skipped)),
+            units=("Cross-entropy in nats per selected (masked) token against non-padding training tokens "
+                   "consumed (budget/tokens). Population: the selected tokens of each source in the steps between "
+                   "two consecutive reports of every finished trial, as its metrics.jsonl logs them "
+                   "(train/loss/source/<name>); one panel per run and source, one colour per arm: bold, the mean "
+                   "over the arm's seeds at each step every seed logged; thin, each seed. Diamonds: each arm's best "
+                   f"checkpoint on recipe-dev documents of that source, cut and packed like training text, "
+                   f"{REFERENCE_RATIO:.0%} of ~{measure.HELDOUT_TARGETS / REFERENCE_RATIO:,.0f} tokens masked with "
+                   "the arm's strategy (one seeded draw shared by every checkpoint; a dual-head checkpoint read "
+                   "through its head trained nearest that ratio), at the trial's final token count."),
+            observed=_curve_observation(curves, heldout),
+            mechanism=("Each source's loss falls as the model learns the statistics it shares with the rest of the "
+                       "mixture and those of its own text; sources whose text is more predictable (repeated "
+                       "formats, boilerplate) sit lower, and a larger mixture share feeds a source more tokens. "
+                       "A held-out diamond above the curve's end is text the model has not trained on; at a "
+                       "masking ratio other than the arm's own, the context hidden differs as well."),
+            limitation=("A point averages one report window, over a model that changed within it, and a small "
+                        "source contributes few selected tokens per window, so its curve is noisy; the mean over "
+                        "seeds keeps only the steps every seed logged. Training loss is on text being trained on, "
+                        "not held out. "
+                        + (f"No curve for arms whose logs hold no per-source loss: {'; '.join(unlogged)}. "
+                           if unlogged else "")
+                        + "Held-out diamonds are each arm's best seed only." + _not_measured(skipped)),
         ),
     )
 
@@ -118,40 +199,20 @@ def _prepared_record(runs: list[Run], probe: Probe) -> dict | None:
     return None
 
 
-def _training_curves(runs: list[Run]) -> list[tuple[str, list[float], str, list[float]]]:
-    """(trial label, tokens consumed, loss key, loss values) for every logged MLM loss series."""
-    curves = []
-    for run in runs:
-        for row in run.final.to_dict("records"):
-            log = run.logs.get(row["trial_id"], [])
-            keys = sorted({k for report in log for k in report if SOURCE_LOSS.match(k)}) or [POOLED_LOSS[run.phase]]
-            for key in keys:
-                points = [(r["budget/tokens"], r[key]) for r in log if key in r and "budget/tokens" in r]
-                if points:
-                    curves.append((f"{run.label.split()[0]} {row['arm']} s{row['seed']}", [p[0] for p in points], key,
-                                   [p[1] for p in points]))
-    return curves
-
-
-def _mlm_observation(scored, curves) -> str:
+def _curve_observation(curves: list[SourceCurve], heldout: dict) -> str:
+    """Start and end of every mean curve, the points' selected-token counts, and the held-out values."""
     parts = []
-    ratio = min(measure.MLM_RATIOS, key=lambda r: abs(r - REFERENCE_RATIO))
-    for probe, losses in scored:
-        at = {s: v.nats for s, v in losses[ratio].items() if np.isfinite(v.nats)}
-        low, high = min(at, key=at.get), max(at, key=at.get)
-        spread = np.mean([losses[measure.MLM_RATIOS[-1]][s].nats - losses[measure.MLM_RATIOS[0]][s].nats for s in at])
-        parts.append(f"{_short(probe)}: {np.mean(list(at.values())):.2f} nats at {ratio:.0%} averaged over sources "
-                     f"({low} {at[low]:.2f} to {high} {at[high]:.2f}); {spread:+.2f} nats from "
-                     f"{measure.MLM_RATIOS[0]:.0%} to {measure.MLM_RATIOS[-1]:.0%}")
-    errors = [v.standard_error for _, losses in scored for by_source in losses.values() for v in by_source.values()
-              if np.isfinite(v.standard_error)]
-    if errors:
-        parts.append(f"each point's standard error is {np.median(errors):.2f} nats (median; "
-                     f"{min(errors):.2f}-{max(errors):.2f})")
-    if curves:
-        label, _, key, values = curves[0]
-        parts.append(f"training {key} of {label} went from {values[0]:.2f} to {values[-1]:.2f}")
-    return "; ".join(parts) + "." if parts else "No checkpoint with an MLM head and no logged MLM loss."
+    for curve in curves:
+        text = (f"{curve.run_label} / {curve.arm} / {curve.source}: {curve.loss[0]:.2f} -> {curve.loss[-1]:.2f} "
+                f"nats from {curve.tokens[0]:,.0f} to {curve.tokens[-1]:,.0f} tokens ({len(curve.seeds)} seeds")
+        if np.isfinite(curve.selected).any():
+            text += f", {np.nanmedian(curve.selected):,.0f} selected tokens per point (median)"
+        marked = heldout.get((curve.run_label, curve.arm))
+        if marked is not None and curve.source in marked[1] and np.isfinite(marked[1][curve.source].nats):
+            value = marked[1][curve.source]
+            text += f"; held-out {value.nats:.2f} ± {value.standard_error:.2f} over {value.targets} tokens"
+        parts.append(text + ")")
+    return "; ".join(parts) + "."
 
 
 def similarity_figure(probes: list[Probe]) -> Figure | None:

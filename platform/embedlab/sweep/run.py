@@ -43,6 +43,10 @@ RESERVED_CPUS = 1.0
 LOCAL_HOST = "127.0.0.1"
 TRIAL_RETRIES = 1
 OPTUNA_FILE = "optuna.db"
+# Console lines: a trial's budget at each quarter and at most every 30 s between them; the
+# evaluator's encoding line polled every 5 s (it writes one at most every 10 s).
+BUDGET_LINE_SECONDS = 30.0
+EVAL_POLL_SECONDS = 5.0
 
 
 def connect(address: str | None, progress: Callable[[str], None] = print) -> None:
@@ -180,9 +184,12 @@ def trial_driver(config: dict[str, Any], *, context: dict[str, Any]) -> None:
         raise result.error
     checkpoint_dir = result.checkpoint.path
     task_dir = str(resolve_task(trial.eval.task, prepared.directory))
-    scores = ray.get(get_evaluator().evaluate.remote(
-        checkpoint_dir, task_dir, trial.eval.split, trial.eval.index, str(prepared.directory / "retention")
-    ))
+    # The trial's own output does not reach the console (log_to_driver=False): its evaluation
+    # progress travels as Tune results, which the driver's TrialProgress callback prints.
+    scores = evaluate_with_progress(
+        get_evaluator(), (checkpoint_dir, task_dir, trial.eval.split, trial.eval.index,
+                          str(prepared.directory / "retention")),
+        request=trial_id, report=lambda line: tune.report({EVAL_PROGRESS: line}))
     train = result.metrics
     intended = prepared.record["mixture"]["shares"] if trial.phase == 1 else dict(trial.contrastive.pairs)
     row = {
@@ -207,6 +214,70 @@ def trial_driver(config: dict[str, Any], *, context: dict[str, Any]) -> None:
         row["trial_id"] = f"{trial_id}-duplicate"
     write_row(run_dir, row)
     tune.report({k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
+
+
+EVAL_PROGRESS = "eval/progress"  # a Tune result holding one evaluation progress line (text)
+
+
+def evaluate_with_progress(evaluator, args: tuple, *, request: str, report: Callable[[str], None],
+                           poll_seconds: float = EVAL_POLL_SECONDS) -> dict:
+    """The evaluation actor's scores for `evaluate(*args)`; meanwhile each new encoding line of
+    this `request` (see `Evaluator.progress`) goes to `report`, the last one once it is done,
+    and "waiting" once if another trial's evaluation holds the actor first."""
+    import ray
+
+    pending = evaluator.evaluate.remote(*args, request=request)
+    seen, waiting_said = 0, False
+
+    def forward(status: dict) -> None:
+        nonlocal seen, waiting_said
+        if status["request"] == request and status["lines"] > seen and status["line"]:
+            seen = status["lines"]
+            report(status["line"])
+        elif status["request"] != request and status["active"] and not waiting_said:
+            waiting_said = True
+            report("evaluation waiting: the evaluator is busy with another trial")
+
+    while True:
+        ready, _ = ray.wait([pending], timeout=poll_seconds)
+        if ready:
+            scores = ray.get(pending)
+            if not scores.get("cached"):
+                forward(ray.get(evaluator.progress.remote()))
+            return scores
+        forward(ray.get(evaluator.progress.remote()))
+
+
+class BudgetLines:
+    """When a trial's training report earns a console line: its first report (the first
+    throughput figure), the first on reaching each quarter of its budget, and between those at
+    most one every `every_seconds` per trial."""
+
+    def __init__(self, every_seconds: float = BUDGET_LINE_SECONDS) -> None:
+        self.every_seconds = every_seconds
+        self.quarter: dict[str, int] = {}
+        self.last: dict[str, float] = {}
+
+    def line(self, trial_id: str, result: dict[str, Any], now: float | None = None) -> str | None:
+        """"45% of budget, loss 6.812, 1,234 tokens/s" (pairs/s in phases 2-3), or None."""
+        fraction = result.get("budget/fraction")
+        if fraction is None or fraction >= 1:  # the trial's "finished" line follows
+            return None
+        now = time.monotonic() if now is None else now
+        quarter = int(fraction * 4)
+        new_quarter = quarter > self.quarter.get(trial_id, 0)
+        if not new_quarter and now - self.last.get(trial_id, -math.inf) < self.every_seconds:
+            return None
+        self.quarter[trial_id] = max(quarter, self.quarter.get(trial_id, 0))
+        self.last[trial_id] = now
+        parts = [f"{fraction:.0%} of budget"]
+        loss = result.get("train/loss")
+        if loss is not None:
+            parts.append(f"loss {loss:.3f}")
+        for key, unit in (("train/tokens_per_s", "tokens/s"), ("train/pairs_per_s", "pairs/s")):
+            if result.get(key):
+                parts.append(f"{result[key]:,.0f} {unit}")
+        return ", ".join(parts)
 
 
 def _score_columns(scores: dict[str, Any], split: str) -> dict[str, Any]:
@@ -399,14 +470,15 @@ def _tune_arms(study: Study, driver, run_dir: str, rows: list[dict], concurrency
 
 
 def _trial_progress(total: int, metric: str, progress: Callable[[str], None]):
-    """A Tune callback that prints one line per trial event and at each quarter of a trial's
-    budget, instead of Tune's periodic status tables."""
+    """A Tune callback that prints one line per trial event, throttled budget lines while a
+    trial trains (`BudgetLines`) and its evaluation's encoding lines, instead of Tune's
+    periodic status tables."""
     from ray import tune
 
     class TrialProgress(tune.Callback):
         def __init__(self) -> None:
             self.done = 0
-            self.quarter: dict[str, int] = {}
+            self.budget = BudgetLines()
 
         @staticmethod
         def _name(trial) -> str:
@@ -419,15 +491,9 @@ def _trial_progress(total: int, metric: str, progress: Callable[[str], None]):
             progress(f"trial {self._name(trial)}: started")
 
         def on_trial_result(self, iteration, trials, trial, result, **info):
-            fraction = result.get("budget/fraction")
-            if fraction is None:
-                return
-            quarter = min(int(fraction * 4), 4)
-            if 0 < quarter < 4 and quarter > self.quarter.get(trial.trial_id, 0):
-                self.quarter[trial.trial_id] = quarter
-                rate = result.get("train/tokens_per_s")
-                progress(f"trial {self._name(trial)}: {quarter * 25}% of budget, loss {result.get('train/loss', float('nan')):.3f}"
-                         + (f", {rate:,.0f} tokens/s" if rate else ""))
+            line = result.get(EVAL_PROGRESS) or self.budget.line(trial.trial_id, result)
+            if line:
+                progress(f"trial {self._name(trial)}: {line}")
 
         def on_trial_complete(self, iteration, trials, trial, **info):
             self.done += 1
