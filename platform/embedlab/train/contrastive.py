@@ -408,7 +408,7 @@ def mine_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, schedule, of
     directory = prepared.directory / "mined" / version[:16]
     if not (directory / "manifest.json").is_file():
         encode = partial(encode_texts, encoder, tokenizer, max_length=trial.contrastive.pair_length,
-                         pooling=manifest["pooling"]["method"])
+                         pooling=manifest["pooling"]["method"], progress=progress, label="mining: encoding")
         mined = mine_hard_negatives(pairs, prepared.corpus.read(), encode, config=config,
                                     encoder_id=manifest["content_hash"], corpus_revision=prepared.data_revision,
                                     progress=progress)
