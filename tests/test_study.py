@@ -24,11 +24,11 @@ def test_every_ablation_file_loads_and_validates(path, profile):
     study = load_study(path, profile)
     assert study.profile == profile and len(study.seeds) >= 2
     assert Study.from_dict(study.to_dict()) == study
-    parent = "/checkpoints/parent" if study.phase > 1 else None
+    parent = "/checkpoints/parent" if study.needs_parent else None
     for arm in study.arms:
         config = study.trial_config(arm, study.seeds[0], parent)
         assert config.train.budget_tokens == study.budget_tokens
-        assert config.phase == 1 or (config.parent == parent and config.train.budget_pairs == study.budget_pairs)
+        assert config.parent == parent and (config.phase == 1 or config.train.budget_pairs == study.budget_pairs)
         assert TrialConfig.from_dict(config.to_dict()) == config
     # The demo profile keeps a subset of the full study's arms.
     assert set(study.arms) <= set(load_study(path, "full").arms)

@@ -245,3 +245,30 @@ def test_masking_draws_do_not_depend_on_dropout(frozen):
         loop.step(batches)
         selections.append(loop._microbatch(batches[0]).masked.selected)
     assert torch.equal(*selections)
+
+
+def test_extension_continues_the_parents_weights_and_records_it(frozen, parent, tmp_path):
+    """A phase-1 extension starts from the parent's encoder and MLM head exactly (longer
+    max_length allowed), records the parent and the lengths, and refuses another architecture."""
+    from embedlab.train.checkpoint import CheckpointError, load_encoder, read_manifest
+
+    trial = dataclasses.replace(synthetic.phase1_trial(1), model=dataclasses.replace(MODEL, max_length=128),
+                                extension=True, parent=str(parent))
+    loop = make_loop(trial, frozen)
+    encoder, _, manifest = load_encoder(parent)
+    for name, tensor in encoder.state_dict().items():
+        assert torch.equal(loop.model.encoder.state_dict()[name], tensor), name
+    from safetensors.torch import load_file
+
+    from embedlab.train.checkpoint import HEAD_FILE
+
+    head = load_file(str(Path(parent) / HEAD_FILE))
+    assert torch.equal(loop.model.mlm_head.dense.weight, head["dense.weight"])
+    train(trial, frozen, tmp_path)
+    written = read_manifest(sorted(Path(tmp_path).rglob("manifest.json"))[-1].parent)
+    assert written["parent_hash"] == manifest["content_hash"] and written["extension"]["to_length"] == 32
+    wider = dataclasses.replace(trial, model=dataclasses.replace(trial.model, width=64, ffn_width=128))
+    with pytest.raises(CheckpointError, match="model.width is 64 here and 32 in the parent"):
+        make_loop(wider, frozen)
+    with pytest.raises(ConfigError, match="extension"):
+        dataclasses.replace(trial, extension=False)

@@ -452,12 +452,20 @@ class TrialConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     phase: int = 1
     contrastive: ContrastiveConfig = field(default_factory=ContrastiveConfig)
-    parent: str | None = None  # the parent checkpoint directory (phases 2 and 3)
+    parent: str | None = None  # the parent checkpoint directory (phases 2 and 3, and extensions)
+    # Phase 1 continued from `parent`'s encoder and MLM head, e.g. at a longer length (the
+    # recipe's 2,048-token extension): a stage of its own, evaluated on its own.
+    extension: bool = False
 
     def __post_init__(self) -> None:
         _check(self.phase in (1, 2, 3), "phase", "must be 1, 2 or 3")
         # Phases 2-3 need a parent before they train; a study may supply it at sweep time.
-        _check(self.parent is None or self.phase > 1, "parent", "phase 1 starts from scratch; it has no parent")
+        _check(self.parent is None or self.phase > 1 or self.extension, "parent",
+               "phase 1 starts from scratch; continuing from a parent is an extension (extension=True)")
+        _check(not self.extension or self.phase == 1, "extension", "continues phase 1 (MLM); phases 2-3 always "
+               "start from a parent")
+        _check(not (self.extension and self.masking.head_per_ratio), "extension",
+               "continues the parent's single MLM head; one head per ratio is a phase-1 arm from scratch")
         _check(self.phase == 1 or not self.train.length_schedule, "train.length_schedule",
                "belongs to phase 1 (pair lengths are contrastive.pair_length)")
         if self.train.length_schedule:

@@ -47,19 +47,19 @@ class Evaluator:
 
     def evaluate(
         self, checkpoint_dir: str, task_dir: str, split: str, index: str = "flat", retention_dir: str | None = None,
-        request: str | None = None,
+        request: str | None = None, max_length: int = 128,
     ) -> dict:
-        """Scores of the checkpoint on the task's split (cached); `request` names this call in
-        `progress()` (default: the checkpoint directory)."""
+        """Scores of the checkpoint on the task's split, texts cut at `max_length` tokens (cached);
+        `request` names this call in `progress()` (default: the checkpoint directory)."""
         task = self.task(task_dir)
-        key = (read_manifest(Path(checkpoint_dir))["content_hash"], task.hash, split, index, retention_dir)
+        key = (read_manifest(Path(checkpoint_dir))["content_hash"], task.hash, split, index, retention_dir, max_length)
         cached = key in self._results
         if not cached:
             with self._lock:
                 self._status = {"request": request or checkpoint_dir, "active": True, "line": None, "lines": 0}
             try:
                 self._results[key] = evaluate_checkpoint(
-                    Path(checkpoint_dir), task, split, index=index,
+                    Path(checkpoint_dir), task, split, index=index, max_length=max_length,
                     retention_dir=None if retention_dir is None else Path(retention_dir),
                     progress=self._record,
                 )

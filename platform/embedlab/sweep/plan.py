@@ -155,7 +155,8 @@ def run_pilot(study: Study, arm: str, prepared: PreparedData, *, parent: str | N
     progress(f"plan: pilot of arm {arm}: evaluating its checkpoint")
     started = time.perf_counter()
     ray.get(get_evaluator().evaluate.remote(str(checkpoint), task_dir, trial.eval.split, trial.eval.index,
-                                            str(prepared.directory / "retention"), f"plan-{arm}"))
+                                            str(prepared.directory / "retention"), f"plan-{arm}",
+                                            trial.eval.max_length))
     eval_seconds = time.perf_counter() - started
     return Pilot(
         arm=arm, steps=int(last["train/step"]), units_per_step=units, step_seconds=median, step_seconds_low=low,
@@ -169,7 +170,7 @@ def estimate_arm(study: Study, pilot: Pilot, trials: int) -> ArmEstimate:
     """One trial of the arm at the study's budget, from its pilot (module docstring)."""
     budget = {"tokens": study.budget_tokens, "pairs": study.budget_pairs, "flops": study.budget_flops}[study.unit]
     steps = math.ceil(budget / pilot.units_per_step)
-    config = study.trial_config(pilot.arm, study.seeds[0], "parent" if study.phase > 1 else None)
+    config = study.trial_config(pilot.arm, study.seeds[0], "parent" if study.needs_parent else None)
     every = config.train.checkpoint_every_steps
     checkpoints = (steps - 1) // every if every else 0  # the final one is in the start-up figure
 
@@ -190,7 +191,7 @@ def make_plan(study: Study, pilots: dict[str, Pilot], concurrency: int, checkpoi
     arms = {arm: estimate_arm(study, pilot, tuning + len(study.seeds)) for arm, pilot in pilots.items()}
     total = {key: setup_seconds + sum(getattr(a, key) * a.trials for a in arms.values()) / concurrency
              for key in ("trial_seconds", "trial_seconds_low", "trial_seconds_high")}
-    config = study.trial_config(next(iter(study.arms)), study.seeds[0], "parent" if study.phase > 1 else None)
+    config = study.trial_config(next(iter(study.arms)), study.seeds[0], "parent" if study.needs_parent else None)
     return {
         "study": study.name,
         "phase": study.phase,
@@ -223,9 +224,9 @@ def plan_study(study_path: str | Path, *, profile: str | None = None, parent: st
 
     study = load_study(study_path, profile)
     parent = parent or study.parent
-    if study.phase > 1 and parent is None:
-        raise ValueError(f"a phase-{study.phase} study needs --parent: any checkpoint with the study's tokenizer "
-                         "will do (the pilots measure speed, not quality)")
+    if study.needs_parent and parent is None:
+        raise ValueError(f"study {study.name} needs --parent: any checkpoint with the study's tokenizer and "
+                         "model will do (the pilots measure speed, not quality)")
     if steps < 4:
         raise ValueError(f"--pilot-steps {steps}: at least 4 are needed to time steady steps")
     started = time.perf_counter()

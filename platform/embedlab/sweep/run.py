@@ -189,7 +189,7 @@ def trial_driver(config: dict[str, Any], *, context: dict[str, Any]) -> None:
     scores = evaluate_with_progress(
         get_evaluator(), (checkpoint_dir, task_dir, trial.eval.split, trial.eval.index,
                           str(prepared.directory / "retention")),
-        request=trial_id, report=lambda line: tune.report({EVAL_PROGRESS: line}))
+        request=trial_id, max_length=trial.eval.max_length, report=lambda line: tune.report({EVAL_PROGRESS: line}))
     train = result.metrics
     intended = prepared.record["mixture"]["shares"] if trial.phase == 1 else dict(trial.contrastive.pairs)
     row = {
@@ -220,13 +220,13 @@ EVAL_PROGRESS = "eval/progress"  # a Tune result holding one evaluation progress
 
 
 def evaluate_with_progress(evaluator, args: tuple, *, request: str, report: Callable[[str], None],
-                           poll_seconds: float = EVAL_POLL_SECONDS) -> dict:
+                           max_length: int = 128, poll_seconds: float = EVAL_POLL_SECONDS) -> dict:
     """The evaluation actor's scores for `evaluate(*args)`; meanwhile each new encoding line of
     this `request` (see `Evaluator.progress`) goes to `report`, the last one once it is done,
     and "waiting" once if another trial's evaluation holds the actor first."""
     import ray
 
-    pending = evaluator.evaluate.remote(*args, request=request)
+    pending = evaluator.evaluate.remote(*args, request=request, max_length=max_length)
     seen, waiting_said = 0, False
 
     def forward(status: dict) -> None:
@@ -302,7 +302,7 @@ def dry_run(study_path: str | Path, *, profile: str | None = None, parent: str |
     """What `embedlab sweep` would run, without starting Ray or touching data."""
     study = load_study(study_path, profile)
     for arm in study.arms:
-        study.trial_config(arm, study.seeds[0], (parent or "PARENT") if study.phase > 1 else parent)
+        study.trial_config(arm, study.seeds[0], (parent or "PARENT") if study.needs_parent else parent)
     first = next(iter(study.arms.values()))
     budget = study.budget_text
     lines = [
@@ -321,7 +321,7 @@ def dry_run(study_path: str | Path, *, profile: str | None = None, parent: str |
         lines.append(f"  Optuna search, {study.search_trials} trials per arm (seed {study.seeds[0]}):")
         lines += [f"    {s.path}: " + (f"one of {list(s.choices)}" if s.choices else
                                           f"{s.low:g} .. {s.high:g}" + (" (log)" if s.log else "")) for s in study.search]
-    if study.phase > 1:
+    if study.needs_parent:
         lines.append(f"  parent: {parent or 'required: --parent CKPT_DIR or a promoted study'}")
     lines.append(f"  trials: {study.trials} ({len(study.arms)} arms x "
                  + (f"({study.search_trials} tuning + {len(study.seeds)} seeds))" if study.search
@@ -362,7 +362,7 @@ def run_sweep(
                 "resume refused so the two are never mixed"
             )
         parent = record["parent"] if parent is None else parent
-    if parent is None and study.phase > 1:
+    if parent is None and study.needs_parent:
         parent = study.parent  # a promoted study names its parent itself
     if parent is not None:
         from embedlab.train.checkpoint import verify_checkpoint
@@ -407,7 +407,7 @@ def run_sweep(
         directory = Path(prepared[arm]["directory"])
         scores = ray.get(evaluator.evaluate.remote(
             parent, str(resolve_task(config.eval.task, directory)), config.eval.split, config.eval.index,
-            str(directory / "retention"),
+            str(directory / "retention"), max_length=config.eval.max_length,
         ))
         record["parent_scores"] = _score_columns(scores, config.eval.split)
         _write_json(store.join(run_dir, STUDY_FILE), record)

@@ -221,6 +221,11 @@ class Study:
     def phase(self) -> int:
         return next(iter(self.arms.values())).phase
 
+    @property
+    def needs_parent(self) -> bool:
+        """Phases 2-3 and phase-1 extensions start from a parent checkpoint."""
+        return self.phase > 1 or any(config.extension for config in self.arms.values())
+
     def trial_config(self, arm: str, seed: int, parent: str | None = None) -> TrialConfig:
         """The arm's config with the study's budget, this seed and (phases 2-3) the parent
         checkpoint: `parent` when given (`embedlab sweep --parent`), else the arm's own."""
@@ -232,8 +237,9 @@ class Study:
         if self.budget_pairs:
             train = dataclasses.replace(train, budget_pairs=self.budget_pairs)
         config = dataclasses.replace(config, train=train, parent=parent or config.parent)
-        if config.phase > 1 and config.parent is None:
-            raise ConfigError(f"study {self.name}: phase {config.phase} needs a parent checkpoint "
+        if (config.phase > 1 or config.extension) and config.parent is None:
+            stage = "a phase-1 extension" if config.extension else f"phase {config.phase}"
+            raise ConfigError(f"study {self.name}: {stage} needs a parent checkpoint "
                               "(embedlab sweep --parent CKPT_DIR)")
         return config
 

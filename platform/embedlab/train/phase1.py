@@ -12,7 +12,7 @@ the same step.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -85,7 +85,11 @@ class Phase1Loop(TrainingLoop):
         self.mixed = trial.masking.mixed_ratios
         self.model = (
             MultiHeadMLMModel(trial.model, head_names(trial.masking)) if self.mixed else MLMModel(trial.model)
-        ).to(device)
+        )
+        self.parent = None
+        if trial.extension:
+            self.parent = continue_from(self.model, Path(trial.parent), self.tokenizer.hash, trial.masking.ratio)
+        self.model = self.model.to(device)
         self.optimizer = build_optimizer(self.model, trial.train, device)
         self.precision = resolve_precision(trial.train)
         self.masking_rng = torch.Generator().manual_seed(seed_for(trial.train.seed, "masking", rank))
@@ -231,6 +235,15 @@ class Phase1Loop(TrainingLoop):
             "fields": {
                 "phase": 1,
                 **self.run_fields(metrics),
+                **({} if self.parent is None else {
+                    "parent_hash": self.parent["content_hash"],
+                    "parent_phase": self.parent.get("phase"),
+                    "extension": {
+                        "from_length": self.parent.get("config", {}).get("data", {}).get("sequence_length"),
+                        "to_length": trial.data.sequence_length,
+                        "optimizer_start": "optimizer state and schedule clock reset at the extension's start",
+                    },
+                }),
                 "objective": {
                     "name": "mlm",
                     "masking_ratio": trial.masking.ratio,
@@ -259,6 +272,28 @@ class Phase1Loop(TrainingLoop):
                 },
             },
         }
+
+
+# Fields a length extension may change; every other model field must equal the parent's.
+EXTENSION_MAY_CHANGE = ("preset", "max_length", "dropout", "attention")
+
+
+def continue_from(model: MLMModel, parent: Path, tokenizer_hash: str, masking_ratio: float) -> dict[str, Any]:
+    """Load a phase-1 parent's encoder and MLM head (the head nearest `masking_ratio` from a
+    dual-head parent) into `model`, in place; returns the parent's manifest. Refuses a parent
+    whose tokenizer or architecture differs (beyond `EXTENSION_MAY_CHANGE`)."""
+    from embedlab.train.checkpoint import CheckpointError, load_parent
+
+    loaded = load_parent(parent, tokenizer_hash=tokenizer_hash, need_head=True, masking_ratio=masking_ratio)
+    ours, theirs = asdict(model.encoder.config), asdict(loaded.model.encoder.config)
+    differing = sorted(k for k in ours if k not in EXTENSION_MAY_CHANGE and ours[k] != theirs[k])
+    if differing:
+        raise CheckpointError(f"{parent}: an extension keeps the parent's architecture, but "
+                              + ", ".join(f"model.{k} is {ours[k]} here and {theirs[k]} in the parent" for k in differing))
+    if not loaded.head_restored:
+        raise CheckpointError(f"{parent}: holds no MLM head to continue masked language modelling with")
+    model.load_state_dict(loaded.model.state_dict())
+    return loaded.manifest
 
 
 def phase1_worker(loop_config: dict[str, Any]) -> dict[str, Any] | None:
