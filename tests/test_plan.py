@@ -60,7 +60,7 @@ def test_a_real_pilot_measures_the_arm_on_the_cluster(ray_session, prepared, tmp
     """A pilot trains the arm through TorchTrainer and the evaluation actor scores it; its
     figures are the ones its metrics log and checkpoint give."""
     study = _study(tmp_path)
-    pilot = run_pilot(study, "mask-30", prepared, parent=None, steps=6, storage=tmp_path / "pilot",
+    pilot, checkpoint = run_pilot(study, "mask-30", prepared, parent=None, steps=6, storage=tmp_path / "pilot",
                       progress=lambda line: None)
     reports = [r for r in read_metrics(log_location(tmp_path / "pilot", "pilot-mask-30")) if "train/step" in r]
     assert pilot.steps == reports[-1]["train/step"] >= 6
@@ -70,7 +70,8 @@ def test_a_real_pilot_measures_the_arm_on_the_cluster(ray_session, prepared, tmp
     assert pilot.step_seconds == pytest.approx(statistics.median(steady))
     assert pilot.step_seconds_low <= pilot.step_seconds <= pilot.step_seconds_high
     assert pilot.startup_seconds > 1.0 and pilot.eval_seconds > 0  # a TorchTrainer never starts in a second
-    assert pilot.peak_memory_bytes > 50 * 2**20 and pilot.checkpoint_bytes > 0
+    assert pilot.peak_memory_bytes > 50 * 2**20 and pilot.checkpoint_bytes == sum(
+        f.stat().st_size for f in checkpoint.rglob("*") if f.is_file()) > 0
     estimate = estimate_arm(study, pilot, trials=2)
     assert estimate.steps == math.ceil(50_000 / pilot.units_per_step)
 

@@ -117,8 +117,9 @@ def directory_bytes(directory: Path) -> int:
 
 
 def run_pilot(study: Study, arm: str, prepared: PreparedData, *, parent: str | None, steps: int, storage: Path,
-              progress: Callable[[str], None]) -> Pilot:
-    """Train the arm's pilot on the cluster and score its checkpoint (module docstring)."""
+              progress: Callable[[str], None]) -> tuple[Pilot, Path]:
+    """Train the arm's pilot on the cluster and score its checkpoint (module docstring);
+    returns the measurements and the pilot's checkpoint (a stand-in parent for a next phase)."""
     import ray
 
     from embedlab.evaluate.actor import get_evaluator
@@ -163,7 +164,7 @@ def run_pilot(study: Study, arm: str, prepared: PreparedData, *, parent: str | N
         step_seconds_high=high, checkpoint_seconds=checkpoint_seconds, startup_seconds=startup,
         eval_seconds=eval_seconds, peak_memory_bytes=int(last["compute/peak_memory_bytes"]),
         checkpoint_bytes=directory_bytes(checkpoint),
-    )
+    ), checkpoint
 
 
 def estimate_arm(study: Study, pilot: Pilot, trials: int) -> ArmEstimate:
@@ -216,32 +217,57 @@ def make_plan(study: Study, pilots: dict[str, Pilot], concurrency: int, checkpoi
 def plan_study(study_path: str | Path, *, profile: str | None = None, parent: str | None = None,
                address: str | None = None, steps: int = PILOT_STEPS,
                progress: Callable[[str], None] = print) -> dict[str, Any]:
-    """Pilot every arm of the study on the cluster and return the plan (`make_plan`)."""
+    """Pilot every arm of the study on the cluster and return the plan (`make_plan`); for a
+    tour file, a plan per stage, each stage's pilots starting from the previous stage's
+    pilot checkpoint (`{"tour": name, "phases": [plan, ...], "wall_seconds": ...}`)."""
+    from embedlab.sweep.tour import load_tour, stage_path
+
+    if steps < 4:
+        raise ValueError(f"--pilot-steps {steps}: at least 4 are needed to time steady steps")
+    path = Path(study_path)
+    tour = load_tour(path, profile) if path.is_file() and "def tour(" in path.read_text() else None
+    studies = [load_study(stage_path(path, stage), tour.profile) for stage in tour.stages] if tour else [
+        load_study(path, profile)]
+    parent = parent or studies[0].parent
+    if studies[0].needs_parent and parent is None:
+        raise ValueError(f"study {studies[0].name} needs --parent: any checkpoint with the study's tokenizer and "
+                         "model will do (the pilots measure speed, not quality)")
+    with tempfile.TemporaryDirectory(prefix="embedlab-plan-") as storage:
+        plans = []
+        for index, study in enumerate(studies):
+            if tour:
+                progress(f"plan: stage {index + 1}/{len(studies)}: study {study.name} (phase {study.phase})")
+            plan, checkpoint = _plan_one(study, parent, address, steps, Path(storage) / study.name, progress)
+            plans.append(plan)
+            parent = str(checkpoint)  # the next stage's pilots start from this one's
+    if not tour:
+        return plans[0]
+    return {"tour": tour.name, "profile": tour.profile, "phases": plans,
+            **{key: sum(plan[key] for plan in plans) for key in
+               ("wall_seconds", "wall_seconds_low", "wall_seconds_high", "storage_bytes", "trials")}}
+
+
+def _plan_one(study: Study, parent: str | None, address: str | None, steps: int, storage: Path,
+              progress: Callable[[str], None]) -> tuple[dict[str, Any], Path]:
+    """One study's plan and its first arm's pilot checkpoint."""
     import ray
 
     from embedlab.sweep.run import _prepare_arms, connect, max_concurrent_trials
     from embedlab.train.launch import CHECKPOINTS_KEPT
 
-    study = load_study(study_path, profile)
-    parent = parent or study.parent
-    if study.needs_parent and parent is None:
-        raise ValueError(f"study {study.name} needs --parent: any checkpoint with the study's tokenizer and "
-                         "model will do (the pilots measure speed, not quality)")
-    if steps < 4:
-        raise ValueError(f"--pilot-steps {steps}: at least 4 are needed to time steady steps")
     started = time.perf_counter()
     connect(address, progress)
     prepared = _prepare_arms(study, progress)
     setup_seconds = time.perf_counter() - started  # a sweep pays it once too
     first = study.trial_config(next(iter(study.arms)), study.seeds[0], parent)
     concurrency = max_concurrent_trials(first, ray.cluster_resources())
-    pilots = {}
-    with tempfile.TemporaryDirectory(prefix="embedlab-plan-") as storage:
-        for arm in study.arms:
-            record = prepared[arm]
-            pilots[arm] = run_pilot(study, arm, PreparedData(Path(record["directory"]), record), parent=parent,
-                                    steps=steps, storage=Path(storage), progress=progress)
-    return make_plan(study, pilots, concurrency, CHECKPOINTS_KEPT, setup_seconds)
+    pilots, checkpoints = {}, []
+    for arm in study.arms:
+        record = prepared[arm]
+        pilots[arm], checkpoint = run_pilot(study, arm, PreparedData(Path(record["directory"]), record),
+                                            parent=parent, steps=steps, storage=storage, progress=progress)
+        checkpoints.append(checkpoint)
+    return make_plan(study, pilots, concurrency, CHECKPOINTS_KEPT, setup_seconds), checkpoints[0]
 
 
 def _duration(seconds: float) -> str:
@@ -251,21 +277,28 @@ def _duration(seconds: float) -> str:
 
 
 def format_plan(plan: dict[str, Any]) -> str:
-    """The plan as the table `embedlab plan` prints."""
+    """The plan as the table `embedlab plan` prints (a tour: one table per phase, then the total)."""
+    if "phases" in plan:
+        return "\n\n".join([format_plan(phase) for phase in plan["phases"]] + [
+            f"tour {plan['tour']} ({plan['profile']}): {plan['trials']} trials in {len(plan['phases'])} phases, "
+            f"{plan['storage_bytes'] / 2**20:,.1f} MiB of checkpoints, estimated wall time "
+            f"{_duration(plan['wall_seconds'])} ({_duration(plan['wall_seconds_low'])} .. "
+            f"{_duration(plan['wall_seconds_high'])}), plus promotion and the release export"])
     unit = plan["budget_unit"]
+    width = max(len(arm) for arm in plan["arms"]) + 2
     lines = [
         f"plan for study {plan['study']} (phase {plan['phase']}, profile {plan['profile']}): "
         f"{plan['trials']} trials, {plan['concurrent_trials']} at a time",
         f"  budget per trial: {plan['budget']:,.0f} {unit}; a checkpoint every {plan['checkpoint_every_steps']} "
         f"steps, {plan['checkpoints_kept_per_trial']} kept; evaluation {plan['evaluation']}",
         "",
-        f"  {'arm':<14}{'trials':>7}{'steps':>8}{unit + '/s':>12}{'step s':>9}{'start s':>9}{'ckpt s':>8}"
+        f"  {'arm':<{width}}{'trials':>7}{'steps':>8}{unit + '/s':>12}{'step s':>9}{'start s':>9}{'ckpt s':>8}"
         f"{'eval s':>8}{'peak MiB':>10}{'trial':>9}",
     ]
     for arm, entry in plan["arms"].items():
         pilot, estimate = entry["pilot"], entry["estimate"]
         lines.append(
-            f"  {arm:<14}{estimate['trials']:>7}{estimate['steps']:>8}"
+            f"  {arm:<{width}}{estimate['trials']:>7}{estimate['steps']:>8}"
             f"{pilot['units_per_step'] / pilot['step_seconds']:>12,.0f}{pilot['step_seconds']:>9.2f}"
             f"{pilot['startup_seconds']:>9.1f}{pilot['checkpoint_seconds']:>8.2f}{pilot['eval_seconds']:>8.1f}"
             f"{pilot['peak_memory_bytes'] / 2**20:>10,.0f}{_duration(estimate['trial_seconds']):>9}")
