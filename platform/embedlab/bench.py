@@ -1,7 +1,10 @@
 """`embedlab bench`: measurements against a reference taken in the same run.
 
 Machines here are noisy, so every comparison reports both measured values and their
-ratio, never a number alone.
+ratio, never a number alone. `bench_all` runs every comparison and returns one list
+(`embedlab.bench_measure.Comparison`); the parts live in `bench_train` (phase-1
+throughput, peak memory, optimisations on/off), `bench_contrastive` (GradCache),
+`bench_scaling` (length and corpus size), `bench_mfu` (CUDA only) and here (data, eval).
 
 `bench data`: packed non-padding tokens per second through embedlab's Ray Data pipeline
 (read -> tokenize -> pack, the same UDFs training uses) next to raw `tokenizers`
@@ -16,6 +19,7 @@ import time
 from collections.abc import Callable
 
 
+from embedlab.bench_measure import Comparison
 from embedlab.config import DataConfig
 from embedlab.data.document import document_texts
 from embedlab.data.prepare import prepare_data
@@ -153,3 +157,63 @@ def format_bench_eval(result: dict) -> str:
         f"reference: {c['reference_measures']}",
         f"{result['task']}/{result['split']}: {result['queries']} queries, {result['docs']} documents",
     ])
+
+
+def _as_comparisons(result: dict) -> list[Comparison]:
+    """`bench data` / `bench eval` results (plain dicts) as comparisons; lower is better for seconds."""
+    keys = ("name", "embedlab", "reference", "unit", "embedlab_measures", "reference_measures")
+    return [Comparison(**{k: c[k] for k in keys}, better="lower" if c["unit"] == "s" else "higher")
+            for c in result["comparisons"]]
+
+
+def bench_all(config: DataConfig | None = None, *, train=None, contrastive=None, data_documents: int = 20000,
+              compile_model: bool = True, progress: Callable[[str], None] = print) -> dict:
+    """Every comparison in one run: {"comparisons": [...], "notes": [...]}.
+
+    MFU is measured only where CUDA is available (`bench mfu`); elsewhere a note says so.
+    """
+    import torch
+
+    from embedlab.bench_contrastive import ContrastiveBench, bench_contrastive
+    from embedlab.bench_train import TrainBench, bench_train, train_notes
+
+    config = config or DataConfig()
+    prepared = prepare_data(config, progress=progress)
+    trained = bench_train(prepared, train or TrainBench(), ablations=True, compile_model=compile_model,
+                          progress=progress)
+    comparisons = list(trained["comparisons"])
+    notes = train_notes(trained)
+    contrastive_result = bench_contrastive(prepared, contrastive or ContrastiveBench(), progress=progress)
+    comparisons += contrastive_result["comparisons"]
+    data = bench_data(documents=data_documents, config=config, progress=progress)
+    comparisons += _as_comparisons(data)
+    notes.append(f"data: {data['documents']:,} documents; packing efficiency {data['packing_efficiency']:.4f}")
+    evaluation = bench_eval(progress=progress)
+    comparisons += _as_comparisons(evaluation)
+    comparisons.append(Comparison(
+        name="eval: nDCG@10", embedlab=evaluation["ndcg@10"]["embedlab"],
+        reference=evaluation["ndcg@10"]["reference"], unit="nDCG@10", better="higher",
+        embedlab_measures="embedlab evaluator's nDCG@10", reference_measures="InformationRetrievalEvaluator's",
+    ))
+    notes.append(f"eval: all-MiniLM-L6-v2 on {evaluation['task']}/{evaluation['split']}: "
+                 f"{evaluation['queries']} queries, {evaluation['docs']} documents")
+    if torch.cuda.is_available():
+        from embedlab.bench_mfu import bench_mfu
+
+        mfu = bench_mfu(progress=progress)
+        comparisons.append(mfu_comparison(mfu))
+    else:
+        notes.append("mfu: not measured (needs CUDA); workers/bench-gpu.sh measures the 300m preset at L=512 in bf16")
+    return {"comparisons": comparisons, "notes": notes}
+
+
+def mfu_comparison(mfu: dict) -> Comparison:
+    """MFU as a comparison: achieved model TFLOP/s against the device's peak, ratio = MFU."""
+    bench = mfu["bench"]
+    return Comparison(
+        name="mfu: model TFLOP/s vs peak", embedlab=mfu["model_tflops_per_s"], reference=mfu["peak_tflops_per_s"],
+        unit="TFLOP/s", better="higher",
+        embedlab_measures=f"phase-1 step, preset {bench['preset']}, L={bench['sequence_length']}, {bench['precision']}, "
+                          f"{mfu['tokens_per_s']:,.0f} tokens/s on {mfu['device']}",
+        reference_measures="dense bf16 peak of the device",
+    )

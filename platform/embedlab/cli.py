@@ -15,8 +15,14 @@
     embedlab data build [SPEC]          prepare data: corpus, dedup, splits, tokenizer, pieces, data card
     embedlab data audit [SPEC] [--task DIR] [--json]   contamination audit of every training stage
     embedlab tokenizer compare [SPEC] [--json]         BPE vs unigram vs byte-level on held-out text
+    embedlab bench [--json] [--no-compile] [--spec SPEC]   every comparison below in one table
+    embedlab bench --scaling [--json]   tokens/s vs length 128/512/2048; eval time vs corpus size 1k-1M
+    embedlab bench train [SPEC] [--preset P] [--documents N] [--ablations] [--json]
+                                        phase-1 tokens/s and peak memory vs BertForMaskedLM; optimisations on/off
+    embedlab bench contrastive [SPEC] [--json]   pairs/s with and without GradCache
     embedlab bench data [SPEC] [--json] packed tokens/s through Ray Data vs raw encode_batch
     embedlab bench eval [--json]        evaluator time vs sentence-transformers' IR evaluator
+    embedlab bench mfu [--preset 300m] [--sequence-length 512] [--json]   MFU on a CUDA GPU (bf16)
 
 `main(argv)` returns an exit code, so tests call it in-process.
 """
@@ -263,6 +269,78 @@ def cmd_bench_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_comparisons(comparisons, notes: list[str], as_json: bool) -> None:
+    from embedlab.bench_measure import comparisons_json, format_comparisons
+
+    print(json.dumps(comparisons_json(comparisons), sort_keys=True) if as_json else format_comparisons(comparisons, notes))
+
+
+def _bench_prepared(args: argparse.Namespace):
+    from embedlab.data.prepare import prepare_data
+    from embedlab.sweep.run import connect
+
+    connect(args.address, _stderr)
+    return prepare_data(_data_configs(args.spec)[0], progress=_stderr)
+
+
+def cmd_bench_all(args: argparse.Namespace) -> int:
+    if args.scaling:
+        return cmd_bench_scaling(args)
+    from embedlab.bench import bench_all
+    from embedlab.sweep.run import connect
+
+    connect(args.address, _stderr)
+    result = bench_all(_data_configs(args.spec)[0], compile_model=not args.no_compile, progress=_stderr)
+    _print_comparisons(result["comparisons"], result["notes"], args.json)
+    return 0
+
+
+def cmd_bench_train(args: argparse.Namespace) -> int:
+    from embedlab.bench_train import TrainBench, bench_train, train_notes
+
+    bench = TrainBench(preset=args.preset, sequence_length=args.sequence_length, documents=args.documents,
+                       batch_documents=args.batch_documents, repeats=args.repeats, threads=args.threads)
+    result = bench_train(_bench_prepared(args), bench, ablations=args.ablations, memory=not args.no_memory,
+                         compile_model=not args.no_compile, progress=_stderr)
+    _print_comparisons(result["comparisons"], train_notes(result), args.json)
+    return 0
+
+
+def cmd_bench_contrastive(args: argparse.Namespace) -> int:
+    from embedlab.bench_contrastive import ContrastiveBench, bench_contrastive
+
+    bench = ContrastiveBench(preset=args.preset, batch_pairs=args.batch_pairs, gradcache_chunk=args.chunk,
+                             repeats=args.repeats, threads=args.threads, memory=not args.no_memory)
+    result = bench_contrastive(_bench_prepared(args), bench, progress=_stderr)
+    _print_comparisons(result["comparisons"], [], args.json)
+    return 0
+
+
+def cmd_bench_scaling(args: argparse.Namespace) -> int:
+    from embedlab.bench_scaling import bench_scaling, format_scaling
+
+    result = bench_scaling(_bench_prepared(args), sizes=tuple(args.sizes), encode_limit=args.encode_limit,
+                           length_tokens=args.length_tokens, progress=_stderr)
+    print(json.dumps(result, sort_keys=True) if args.json else format_scaling(result))
+    return 0
+
+
+def cmd_bench_mfu(args: argparse.Namespace) -> int:
+    from embedlab.bench_mfu import MfuBench, bench_mfu
+
+    bench = MfuBench(preset=args.preset, sequence_length=args.sequence_length, batch_rows=args.batch_rows,
+                     steps=args.steps, compile=not args.no_compile)
+    result = bench_mfu(bench, peak_tflops=args.peak_tflops, progress=_stderr)
+    if args.json:
+        print(json.dumps(result, sort_keys=True))
+    else:
+        for key in ("device", "tokens_per_s", "model_tflops_per_s", "peak_tflops_per_s", "mfu", "peak_memory_gib",
+                    "warmup_seconds", "timed_seconds", "attention_path"):
+            value = result[key]
+            print(f"{key:<20} {value:,.4f}" if isinstance(value, float) else f"{key:<20} {value}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="embedlab", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -350,6 +428,13 @@ def build_parser() -> argparse.ArgumentParser:
     params.add_argument("--json", action="store_true")
     params.set_defaults(func=cmd_model_params)
 
+    def add_scaling_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--sizes", type=int, nargs="+", default=[1_000, 10_000, 100_000, 1_000_000],
+                       help="corpus sizes for evaluation time (default 1k 10k 100k 1M)")
+        p.add_argument("--encode-limit", type=int, default=10_000,
+                       help="largest size whose encoding is measured; larger ones are extrapolated (labelled)")
+        p.add_argument("--length-tokens", type=int, default=16384, help="tokens per pass at each sequence length")
+
     def add_spec(p: argparse.ArgumentParser) -> None:
         p.add_argument("spec", nargs="?", default=None,
                        help="a study file (.py: every arm's data), a data spec (.toml/.json), or none for the defaults")
@@ -373,8 +458,17 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--json", action="store_true")
     compare.set_defaults(func=cmd_tokenizer_compare)
 
-    bench = sub.add_parser("bench", help="measurements, each against a reference in the same run")
-    bench_sub = bench.add_subparsers(dest="bench_command", required=True)
+    bench = sub.add_parser("bench", help="measurements, each against a reference in the same run "
+                           "(no subcommand: all of them in one table)")
+    bench.add_argument("--scaling", action="store_true",
+                       help="instead: tokens/s vs sequence length and evaluation time vs corpus size")
+    bench.add_argument("--spec", default=None, help="a data spec or study file (default: the built-in corpus)")
+    bench.add_argument("--no-compile", action="store_true", help="skip the torch.compile row (it compiles ~1 min)")
+    bench.add_argument("--address", default=None, help="an existing Ray cluster (default: start a local one)")
+    bench.add_argument("--json", action="store_true", help="one JSON object: {comparison: {embedlab, reference, ratio, unit, ...}}")
+    add_scaling_options(bench)
+    bench.set_defaults(func=cmd_bench_all)
+    bench_sub = bench.add_subparsers(dest="bench_command")
     bench_data_parser = bench_sub.add_parser("data", help="packed tokens/s through Ray Data vs raw encode_batch")
     add_spec(bench_data_parser)
     bench_data_parser.add_argument("--documents", type=int, default=20000)
@@ -386,6 +480,46 @@ def build_parser() -> argparse.ArgumentParser:
     bench_eval_parser.add_argument("--address", default=None)
     bench_eval_parser.add_argument("--json", action="store_true")
     bench_eval_parser.set_defaults(func=cmd_bench_eval)
+
+    def add_bench_sizes(p: argparse.ArgumentParser, preset: str) -> None:
+        p.add_argument("--preset", default=preset, help=f"model preset (default {preset})")
+        p.add_argument("--repeats", type=int, default=3, help="timed passes per side; the median is reported")
+        p.add_argument("--threads", type=int, default=1, help="torch threads, the same on both sides (default 1)")
+        p.add_argument("--no-memory", action="store_true", help="skip the fresh-process peak-memory measurement")
+        p.add_argument("--json", action="store_true")
+
+    bench_train_parser = bench_sub.add_parser(
+        "train", help="phase-1 non-padding tokens/s and peak memory vs BertForMaskedLM; optimisations on/off")
+    add_spec(bench_train_parser)
+    add_bench_sizes(bench_train_parser, "small")
+    bench_train_parser.add_argument("--documents", type=int, default=400)
+    bench_train_parser.add_argument("--sequence-length", type=int, default=128)
+    bench_train_parser.add_argument("--batch-documents", type=int, default=32, help="the reference's batch size")
+    bench_train_parser.add_argument("--ablations", action="store_true", help="each optimisation measured on and off")
+    bench_train_parser.add_argument("--no-compile", action="store_true", help="with --ablations: skip torch.compile")
+    bench_train_parser.set_defaults(func=cmd_bench_train)
+    bench_contrastive_parser = bench_sub.add_parser("contrastive", help="pairs/s with and without GradCache")
+    add_spec(bench_contrastive_parser)
+    add_bench_sizes(bench_contrastive_parser, "small")
+    bench_contrastive_parser.add_argument("--batch-pairs", type=int, default=64)
+    bench_contrastive_parser.add_argument("--chunk", type=int, default=16, help="GradCache chunk (pairs)")
+    bench_contrastive_parser.set_defaults(func=cmd_bench_contrastive)
+    bench_scaling_parser = bench_sub.add_parser(
+        "scaling", help="tokens/s vs sequence length; evaluation time vs corpus size (as --scaling)")
+    add_spec(bench_scaling_parser)
+    add_scaling_options(bench_scaling_parser)
+    bench_scaling_parser.add_argument("--json", action="store_true")
+    bench_scaling_parser.set_defaults(func=cmd_bench_scaling)
+    bench_mfu_parser = bench_sub.add_parser("mfu", help="model FLOPs utilisation of phase-1 training (needs CUDA)")
+    bench_mfu_parser.add_argument("--preset", default="300m")
+    bench_mfu_parser.add_argument("--sequence-length", type=int, default=512)
+    bench_mfu_parser.add_argument("--batch-rows", type=int, default=64)
+    bench_mfu_parser.add_argument("--steps", type=int, default=20, help="timed steps after 5 warm-up steps")
+    bench_mfu_parser.add_argument("--no-compile", action="store_true")
+    bench_mfu_parser.add_argument("--peak-tflops", type=float, default=None,
+                                  help="the device's dense bf16 peak (default: known for H200/H100/A100)")
+    bench_mfu_parser.add_argument("--json", action="store_true")
+    bench_mfu_parser.set_defaults(func=cmd_bench_mfu)
     return parser
 
 

@@ -1,0 +1,168 @@
+"""`embedlab bench mfu`: model FLOPs utilisation of phase-1 training on one CUDA GPU.
+
+MFU = model FLOPs per second / the device's peak dense bf16 FLOPs per second. Model FLOPs
+are what the model needs, not what an implementation spends:
+
+    6 x body parameters x non-padding tokens        (matmuls, forward + backward)
+  + 6 x (d^2 + d V) x selected tokens                (MLM head, selected positions only)
+  + 12 x layers x d x sum over segments of length^2  (attention scores and values, own segment)
+
+so padding, the dense mask's cross-document blocks, GradCache re-forwards and rematerialisation
+count for nothing. The step is the real one (`accumulate_gradients` under the bf16 policy,
+`optimizer_step`, fused AdamW from `build_optimizer`); the encoder runs the variable-length
+flash path ("auto" under bf16 autocast) and, unless `--no-compile`, its blocks' feed-forward
+and norms are compiled. Rows are packed from synthetic documents (random ids, lengths drawn
+from a log-normal fitted to the built-in corpus: median 34, mean 75 tokens, cut into pieces
+of at most L) so the command needs no prepared data on the GPU machine. Masked batches are
+prepared and moved to the device before the clock starts (the loader prefetches ahead of
+the step); timing brackets `steps` steps with `torch.cuda.synchronize()`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from embedlab.config import MaskingConfig, ModelConfig, TrainConfig, model_preset
+from embedlab.data.packing import pack_pieces
+
+# Dense bf16 tensor-core peaks (no sparsity), FLOP/s, from NVIDIA's data sheets (SXM parts).
+PEAK_BF16 = {"H200": 989.4e12, "H100": 989.4e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MfuBench:
+    preset: str = "300m"
+    sequence_length: int = 512
+    batch_rows: int = 64
+    steps: int = 20
+    warmup_steps: int = 5
+    precision: str = "bf16"
+    compile: bool = True
+    seed: int = 0
+
+
+def model_flops(config: ModelConfig, tokens: int, selected: int, segment_lengths: np.ndarray) -> float:
+    """Training FLOPs the model needs for one pass over these tokens (module docstring)."""
+    from embedlab.train.budget import body_parameters
+
+    d = config.width
+    attention = 12.0 * config.layers * d * float((segment_lengths.astype(np.float64) ** 2).sum())
+    return 6.0 * body_parameters(config) * tokens + 6.0 * (d * d + d * config.vocab_size) * selected + attention
+
+
+def synthetic_rows(rows: int, length: int, vocab: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows, L) packed ids and segment ids from documents of corpus-like lengths."""
+    rng = np.random.default_rng(seed)
+    pieces, positions = [], 0
+    while positions < rows * length:
+        tokens = int(np.clip(rng.lognormal(mean=np.log(34), sigma=1.27), 2, 20 * length))
+        document = rng.integers(5, vocab, size=tokens).tolist() + [3]  # SEP = 3
+        for start in range(0, len(document), length):
+            pieces.append(document[start : start + length])
+            positions += len(pieces[-1])
+    packed = pack_pieces(pieces, sequence_length=length, pad_id=0)
+    ids = torch.from_numpy(packed.input_ids[:rows]).long()
+    return ids, torch.from_numpy(packed.segment_ids[:rows]).long()
+
+
+def segment_lengths(segment_ids: torch.Tensor) -> np.ndarray:
+    """Lengths of every non-padding segment of (B, T) rows."""
+    from embedlab.model.encoder import segment_layout
+
+    cu = segment_layout(segment_ids).cu_seqlens.numpy()
+    return np.diff(cu)
+
+
+def compile_blocks(model: torch.nn.Module) -> None:
+    """Compile each block's feed-forward and norms: static (N, d) shapes, no data-dependent
+    indexing; attention stays eager around the flash kernel's variable-length call."""
+    for block in model.encoder.blocks:
+        block.ffn = torch.compile(block.ffn)
+        block.attn_norm = torch.compile(block.attn_norm)
+        block.ffn_norm = torch.compile(block.ffn_norm)
+
+
+def measure_mfu(bench: MfuBench, device: torch.device, peak_flops: float | None = None,
+                config: ModelConfig | None = None, progress: Callable[[str], None] = print) -> dict:
+    """Tokens/s, model TFLOP/s, MFU and peak memory of `steps` timed phase-1 steps."""
+    from embedlab.model.encoder import MLMModel
+    from embedlab.objectives.masking import mask_tokens
+    from embedlab.train.mlm_step import Microbatch, accumulate_gradients, optimizer_step
+    from embedlab.train.optim import build_optimizer
+
+    config = config or model_preset(bench.preset, max_length=max(512, bench.sequence_length))
+    torch.manual_seed(bench.seed)
+    model = MLMModel(config).to(device).train()
+    if bench.compile:
+        compile_blocks(model)
+    train = TrainConfig()
+    optimizer = build_optimizer(model, train, device)
+    generator = torch.Generator().manual_seed(bench.seed)
+    batches = []
+    for step in range(bench.warmup_steps + bench.steps):
+        ids, segments = synthetic_rows(bench.batch_rows, bench.sequence_length, config.vocab_size, bench.seed + step)
+        masked = mask_tokens(ids, (segments > 0) & (ids >= 5), MaskingConfig(), mask_id=4,
+                             random_token_range=(5, config.vocab_size), generator=generator)
+        flops = model_flops(config, int((segments > 0).sum()), int(masked.selected.sum()), segment_lengths(segments))
+        masked = type(masked)(*(t.to(device) for t in (masked.inputs, masked.targets, masked.selected)))
+        batches.append((Microbatch(masked=masked, segment_ids=segments.to(device)), flops))
+
+    def run(items) -> tuple[float, int, float]:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        tokens, flops = 0, 0.0
+        for microbatch, batch_flops in items:
+            result = accumulate_gradients(model, [microbatch], precision=bench.precision)
+            tokens += optimizer_step(model, optimizer, result, train.max_grad_norm).tokens
+            flops += batch_flops
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - started, tokens, flops
+
+    warmup_seconds, _, _ = run(batches[: bench.warmup_steps])
+    progress(f"bench mfu: warm-up ({bench.warmup_steps} steps{', compiling' if bench.compile else ''}) "
+             f"took {warmup_seconds:.1f}s")
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    seconds, tokens, flops = run(batches[bench.warmup_steps :])
+    achieved = flops / seconds
+    return {
+        "bench": dataclasses.asdict(bench),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "tokens_per_s": tokens / seconds,
+        "model_tflops_per_s": achieved / 1e12,
+        "peak_tflops_per_s": None if peak_flops is None else peak_flops / 1e12,
+        "mfu": None if peak_flops is None else achieved / peak_flops,
+        "peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
+        "warmup_seconds": warmup_seconds,
+        "timed_seconds": seconds,
+        "attention_path": "varlen flash" if device.type == "cuda" else "dense SDPA mask",
+    }
+
+
+def device_peak(name: str) -> float | None:
+    """The dense bf16 peak of a known GPU, matched on its name (None if unknown)."""
+    return next((peak for key, peak in PEAK_BF16.items() if key in name), None)
+
+
+def bench_mfu(bench: MfuBench = MfuBench(), peak_tflops: float | None = None,
+              progress: Callable[[str], None] = print) -> dict:
+    """MFU on this machine's first CUDA device; refuses without one."""
+    if not torch.cuda.is_available():
+        raise ValueError("bench mfu needs CUDA (torch.cuda.is_available() is False here); "
+                         "run workers/bench-gpu.sh on a GPU machine")
+    device = torch.device("cuda", 0)
+    name = torch.cuda.get_device_name(device)
+    peak = peak_tflops * 1e12 if peak_tflops else device_peak(name)
+    if peak is None:
+        raise ValueError(f"unknown peak for {name!r}; pass --peak-tflops (dense bf16)")
+    torch.backends.cuda.matmul.allow_tf32 = True  # only fp32 leftovers; bf16 matmuls are unaffected
+    progress(f"bench mfu: {name}, preset {bench.preset}, L={bench.sequence_length}, {bench.batch_rows} rows/step, "
+             f"{bench.precision}, peak {peak / 1e12:.1f} TFLOP/s")
+    return measure_mfu(bench, device, peak, progress=progress)
