@@ -16,10 +16,13 @@ from embedlab.train.metrics_log import log_location, read_metrics
 from conftest import tiny_trial, write_study
 
 
-def test_steady_intervals_leave_out_the_first_step_and_steps_after_checkpoints():
-    """Walls 2.0, 2.5, 3.0, 3.8, 4.3 with a checkpoint at step 3: steady 0.5, 0.5, 0.5; after 0.8."""
-    steady, after = steady_intervals([2.0, 2.5, 3.0, 3.8, 4.3], {3})
-    assert steady == pytest.approx([0.5, 0.5, 0.5]) and after == pytest.approx([0.8])
+def test_steady_intervals_leave_out_the_first_interval_and_the_one_after_a_checkpoint():
+    """Reports every 10 steps at 6, 11, 16, 24, 29 s (checkpoint at step 30), then step 51 at
+    39.5 s: steady 0.5, 0.5, 0.5 and 0.5 s a step; after the checkpoint 0.8."""
+    points = [(10, 6.0, False), (20, 11.0, False), (30, 16.0, True), (40, 24.0, False), (50, 29.0, False),
+              (51, 29.5, True)]
+    steady, after = steady_intervals(points)
+    assert steady == pytest.approx([0.5, 0.5, 0.5, 0.5]) and after == pytest.approx([0.8])
 
 
 def _study(tmp_path: Path, **train):
@@ -27,14 +30,16 @@ def _study(tmp_path: Path, **train):
     return load_study(path)
 
 
-def test_pilot_config_is_the_arm_with_a_budget_of_a_few_steps(tmp_path):
-    """The pilot trains the arm's own config with a budget of `steps` full steps, a report every step."""
+def test_pilot_config_is_the_arm_for_a_few_of_its_report_intervals(tmp_path):
+    """The pilot trains the arm's own config, reporting at its own cadence, for 6 report
+    intervals of full steps, with a checkpoint at the third report."""
     study = _study(tmp_path)
     config = pilot_config(study, "mask-30", None, 6)
     arm = study.trial_config("mask-30", 0, None)
     step_tokens = arm.train.num_workers * arm.train.batch_rows * arm.data.sequence_length
-    assert config.train.budget_tokens == 6 * step_tokens
-    assert config.train.report_every_steps == 1 and config.train.checkpoint_every_steps == 2
+    assert config.train.budget_tokens == 6 * arm.train.report_every_steps * step_tokens
+    assert config.train.report_every_steps == arm.train.report_every_steps
+    assert config.train.checkpoint_every_steps == 3 * arm.train.report_every_steps
     assert dataclasses.replace(config, train=arm.train) == arm
 
 
@@ -60,13 +65,12 @@ def test_a_real_pilot_measures_the_arm_on_the_cluster(ray_session, prepared, tmp
     """A pilot trains the arm through TorchTrainer and the evaluation actor scores it; its
     figures are the ones its metrics log and checkpoint give."""
     study = _study(tmp_path)
-    pilot, checkpoint = run_pilot(study, "mask-30", prepared, parent=None, steps=6, storage=tmp_path / "pilot",
+    pilot, checkpoint = run_pilot(study, "mask-30", prepared, parent=None, reports=4, storage=tmp_path / "pilot",
                       progress=lambda line: None)
     reports = [r for r in read_metrics(log_location(tmp_path / "pilot", "pilot-mask-30")) if "train/step" in r]
-    assert pilot.steps == reports[-1]["train/step"] >= 6
+    assert pilot.steps == reports[-1]["train/step"] >= 4 * 5
     assert pilot.units_per_step == pytest.approx(reports[-1]["budget/tokens"] / pilot.steps)
-    steady, _ = steady_intervals([r["compute/wall_seconds"] for r in reports],
-                                 {r["train/step"] for r in reports if r["checkpoint"]})
+    steady, _ = steady_intervals([(r["train/step"], r["compute/wall_seconds"], r["checkpoint"]) for r in reports])
     assert pilot.step_seconds == pytest.approx(statistics.median(steady))
     assert pilot.step_seconds_low <= pilot.step_seconds <= pilot.step_seconds_high
     assert pilot.startup_seconds > 1.0 and pilot.eval_seconds > 0  # a TorchTrainer never starts in a second
@@ -74,14 +78,15 @@ def test_a_real_pilot_measures_the_arm_on_the_cluster(ray_session, prepared, tmp
         f.stat().st_size for f in checkpoint.rglob("*") if f.is_file()) > 0
     estimate = estimate_arm(study, pilot, trials=2)
     assert estimate.steps == math.ceil(50_000 / pilot.units_per_step)
+    assert (tmp_path / "pilot" / "tune-pilot-mask-30").is_dir()  # trained in a Tune trial, as a sweep does
 
 
 def test_plan_refuses_a_contrastive_study_without_parent_and_too_few_steps(tmp_path, capsys):
-    """`embedlab plan` on a phase-2 study without --parent, or with --pilot-steps 2, says why."""
+    """`embedlab plan` on a phase-2 study without --parent, or with --pilot-reports 2, says why."""
     from embedlab.cli import main
 
     assert main(["plan", "ablations/pooling.py", "--profile", "demo"]) == 2
     assert "needs --parent" in capsys.readouterr().err
     path = write_study(tmp_path / "study.py", tiny_trial())
-    assert main(["plan", path, "--pilot-steps", "2"]) == 2
-    assert "--pilot-steps 2" in capsys.readouterr().err
+    assert main(["plan", path, "--pilot-reports", "2"]) == 2
+    assert "--pilot-reports 2" in capsys.readouterr().err

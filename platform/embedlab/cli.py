@@ -4,7 +4,7 @@
     embedlab sweep STUDY_FILE           run a study (arms x seeds, Optuna per arm) with Ray Tune
                    [--profile P] [--parent CKPT] [--dry-run] [--resume RUN_DIR] [--address A]
     embedlab tour TOUR_FILE [--profile P]   studies of consecutive phases, winners promoted between
-    embedlab plan STUDY_FILE [--profile P] [--parent CKPT] [--pilot-steps N] [--json]
+    embedlab plan STUDY_FILE [--profile P] [--parent CKPT] [--pilot-reports N] [--json]
                                         measured pilots: time, memory and storage of the study
     embedlab table RUN_DIR [--format text|csv|markdown|json]   per-arm mean ± 95% CI, paired differences
     embedlab promote RUN_DIR [--metric dev/ndcg@10] [--max-retention-drop X] [--run]
@@ -70,7 +70,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from embedlab.sweep.plan import format_plan, plan_study
 
     plan = plan_study(args.study, profile=args.profile, parent=args.parent, address=args.address,
-                      steps=args.pilot_steps, progress=_stderr)
+                      reports=args.pilot_reports, progress=_stderr)
     print(json.dumps(plan, sort_keys=True) if args.json else format_plan(plan))
     return 0
 
@@ -372,7 +372,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("study", help="a study file, e.g. ablations/masking_ratio.py")
     add_profile(plan)
     plan.add_argument("--parent", default=None, help="the parent checkpoint of a phase-2 or phase-3 study")
-    plan.add_argument("--pilot-steps", type=int, default=8, help="steps each arm's pilot trains (default 8)")
+    plan.add_argument("--pilot-reports", type=int, default=6,
+                      help="report intervals (train.report_every_steps) each arm's pilot trains (default 6)")
     plan.add_argument("--address", default=None, help="a Ray cluster to plan on (default: a local one)")
     plan.add_argument("--json", action="store_true")
     plan.set_defaults(func=cmd_plan)

@@ -1,15 +1,17 @@
 """`embedlab plan STUDY`: time, memory and storage of a study, estimated from measured pilots.
 
-For every arm (at the study's first seed) a pilot trains a few steps of the arm's real trial
-on the current cluster, through the same `TorchTrainer` path and data pipeline a sweep uses,
-with a report every step and checkpoints every few steps, then has the evaluation actor
-score its checkpoint. From it:
+For every arm (at the study's first seed) a pilot trains the arm's real trial on the current
+cluster for `PILOT_REPORTS` of its report intervals (`train.report_every_steps`, so the
+per-report cost is paid as often as in the real run), through the same `TorchTrainer` path
+and data pipeline a sweep uses, with one intermediate checkpoint, then has the evaluation
+actor score its checkpoint. From it:
 
-    start-up       fit() wall time not spent in steps: trainer and worker start, data stream
-                   start, the final checkpoint and teardown, and the first step's excess
-    step time      median seconds per step over steps not following a checkpoint (the
-                   quartiles give the range); budget units per step (tokens or pairs)
-    checkpoint     extra seconds of the steps right after an intermediate checkpoint
+    start-up       the pilot's wall time not spent in steps: a Tune trial driver (as a sweep
+                   runs trials), trainer and worker start, data stream start, the final
+                   checkpoint and teardown, and the first interval's excess
+    step time      median seconds per step over report intervals not following a checkpoint
+                   (the quartiles give the range); budget units per step (tokens or pairs)
+    checkpoint     extra seconds of the interval right after the intermediate checkpoint
     evaluation     the actor's wall time on the pilot's checkpoint (same task, split, index)
     peak memory    rank 0's peak (resident set on CPU, allocated CUDA memory on GPU)
     storage        the checkpoint's size x checkpoints kept per trial
@@ -23,8 +25,10 @@ Trials sharing the cluster slow each other (pilots run alone), which the estimat
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -37,7 +41,7 @@ from embedlab.data.prepare import PreparedData
 from embedlab.sweep.study import Study, load_study
 from embedlab.train.budget import body_parameters, training_flops
 
-PILOT_STEPS = 8
+PILOT_REPORTS = 6  # report intervals a pilot trains: the first, 4 steady ones, one after a checkpoint
 
 
 @dataclass(frozen=True)
@@ -73,11 +77,17 @@ class ArmEstimate:
     trial_seconds_high: float
 
 
-def pilot_config(study: Study, arm: str, parent: str | None, steps: int) -> TrialConfig:
-    """The arm's trial at the first seed with a budget of about `steps` steps, a report every
-    step and a checkpoint every third of them."""
+def pilot_steps(config: TrialConfig, reports: int) -> int:
+    """Steps a pilot trains: `reports` of the arm's report intervals."""
+    return reports * config.train.report_every_steps
+
+
+def pilot_config(study: Study, arm: str, parent: str | None, reports: int) -> TrialConfig:
+    """The arm's trial at the first seed with a budget of `reports` report intervals of full
+    steps, its own report cadence, and a checkpoint at the middle report."""
     config = study.trial_config(arm, study.seeds[0], parent)
     train = config.train
+    steps = pilot_steps(config, reports)
     rows = train.num_workers * train.batch_rows * train.microbatches
     capacity = rows * config.data.sequence_length  # tokens a step can hold; packing fills most
     budget: dict[str, Any] = {}
@@ -90,18 +100,19 @@ def pilot_config(study: Study, arm: str, parent: str | None, steps: int) -> Tria
         budget["budget_tokens"] = steps * capacity
     else:
         budget["budget_pairs"] = steps * rows
-    train = replace(train, **budget, report_every_steps=1, checkpoint_every_steps=max(2, steps // 3))
+    every = train.report_every_steps * (reports // 2)
+    train = replace(train, **budget, checkpoint_every_steps=every)
     return replace(config, train=train)
 
 
-def steady_intervals(walls: list[float], checkpoint_steps: set[int]) -> tuple[list[float], list[float]]:
-    """(steady step times, step times right after a checkpoint) from cumulative wall seconds
-    at steps 1..n. Step 1 is neither: it waits for the stream's first batch. A checkpoint is
-    written after its step's report, so its cost lands in the next step's interval."""
+def steady_intervals(points: list[tuple[int, float, bool]]) -> tuple[list[float], list[float]]:
+    """(seconds per step of steady intervals, of intervals right after a checkpoint) from the
+    reports' (step, cumulative wall seconds, checkpoint written) in order. The interval up to
+    the first report is neither: it waits for the stream's first batch. A checkpoint is
+    written after its report, so its cost lands in the next interval."""
     steady, after = [], []
-    for step in range(2, len(walls) + 1):
-        interval = walls[step - 1] - walls[step - 2]
-        (after if step - 1 in checkpoint_steps else steady).append(interval)
+    for (step0, wall0, checkpoint), (step1, wall1, _) in zip(points, points[1:]):
+        (after if checkpoint else steady).append((wall1 - wall0) / (step1 - step0))
     return steady, after
 
 
@@ -112,46 +123,70 @@ def quartiles(values: list[float]) -> tuple[float, float, float]:
     return low, median, high
 
 
+def pilot_driver(config: dict[str, Any]) -> None:
+    """The Tune trial a pilot runs in: the arm's real training (phase 1, or 2-3 with mining)."""
+    from ray import tune
+
+    from embedlab.train.contrastive import run_contrastive
+    from embedlab.train.phase1 import run_phase1
+
+    trial = TrialConfig.from_dict(config["trial"])
+    prepared = PreparedData(Path(config["prepared"]), config["record"])
+    if trial.phase == 1:
+        result = run_phase1(trial, prepared, storage_path=Path(config["storage"]), name=config["name"])
+    else:
+        result = run_contrastive(trial, prepared, storage_path=Path(config["storage"]), name=config["name"])
+    if result.error is not None:
+        raise result.error
+    tune.report({"checkpoint": result.checkpoint.path})
+
+
 def directory_bytes(directory: Path) -> int:
     return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
 
 
-def run_pilot(study: Study, arm: str, prepared: PreparedData, *, parent: str | None, steps: int, storage: Path,
+def run_pilot(study: Study, arm: str, prepared: PreparedData, *, parent: str | None, reports: int, storage: Path,
               progress: Callable[[str], None]) -> tuple[Pilot, Path]:
     """Train the arm's pilot on the cluster and score its checkpoint (module docstring);
     returns the measurements and the pilot's checkpoint (a stand-in parent for a next phase)."""
     import ray
+    from ray import tune
 
     from embedlab.evaluate.actor import get_evaluator
     from embedlab.evaluate.checkpoint_eval import resolve_task
-    from embedlab.train.contrastive import run_contrastive
+    from embedlab.sweep.run import TRIAL_DRIVER_RESOURCES
     from embedlab.train.metrics_log import log_location, read_metrics
-    from embedlab.train.phase1 import run_phase1
 
-    trial = pilot_config(study, arm, parent, steps)
+    trial = pilot_config(study, arm, parent, reports)
     name = f"pilot-{arm}"
-    progress(f"plan: pilot of arm {arm}: about {steps} steps on the cluster")
+    storage = storage.resolve()
+    progress(f"plan: pilot of arm {arm}: about {pilot_steps(trial, reports)} steps on the cluster")
+    config = {"trial": trial.to_dict(), "prepared": str(prepared.directory), "record": prepared.record,
+              "storage": str(storage), "name": name}
     started = time.perf_counter()
-    if trial.phase == 1:
-        result = run_phase1(trial, prepared, storage_path=storage, name=name)
-    else:
-        result = run_contrastive(trial, prepared, storage_path=storage, name=name, progress=progress)
+    # Through a Tune trial, as a sweep trains: the trial driver's own start-up is part of the cost.
+    # Tune prints its experiment box on stdout, which belongs to the plan (`--json`).
+    with contextlib.redirect_stdout(sys.stderr):
+        tuner = tune.Tuner(tune.with_resources(pilot_driver, TRIAL_DRIVER_RESOURCES), param_space=config,
+                           run_config=tune.RunConfig(name=f"tune-{name}", storage_path=str(storage), verbose=0))
+        (result,) = tuner.fit()
     fit_seconds = time.perf_counter() - started
     if result.error is not None:
         raise RuntimeError(f"the pilot of arm {arm} failed: {result.error}") from result.error
     reports = [r for r in read_metrics(log_location(storage, name)) if "train/step" in r]
-    walls = [r["compute/wall_seconds"] for r in reports]
-    steady, after = steady_intervals(walls, {r["train/step"] for r in reports if r["checkpoint"]})
+    points = [(r["train/step"], r["compute/wall_seconds"], r["checkpoint"]) for r in reports]
+    steady, after = steady_intervals(points)
     if not steady:
-        raise RuntimeError(f"the pilot of arm {arm} ran {len(walls)} steps: too few to time (raise --pilot-steps)")
+        raise RuntimeError(f"the pilot of arm {arm} reported {len(points)} times: too few to time "
+                           "(raise --pilot-reports)")
     low, median, high = quartiles(steady)
     last = reports[-1]
     clock = {"tokens": last["budget/tokens"], "pairs": last.get("budget/pairs", 0.0), "flops": last["budget/flops"]}
     units = clock[study.unit] / last["train/step"]
     checkpoint_seconds = max(0.0, statistics.mean(after) - median) if after else 0.0
-    first_excess = max(0.0, walls[0] - median)
-    startup = max(0.0, fit_seconds - walls[-1]) + first_excess
-    checkpoint = Path(result.checkpoint.path)
+    first_step, first_wall, _ = points[0]
+    startup = max(0.0, fit_seconds - points[-1][1]) + max(0.0, first_wall - first_step * median)
+    checkpoint = Path(result.metrics["checkpoint"])
     task_dir = str(resolve_task(trial.eval.task, prepared.directory))
     progress(f"plan: pilot of arm {arm}: evaluating its checkpoint")
     started = time.perf_counter()
@@ -215,15 +250,16 @@ def make_plan(study: Study, pilots: dict[str, Pilot], concurrency: int, checkpoi
 
 
 def plan_study(study_path: str | Path, *, profile: str | None = None, parent: str | None = None,
-               address: str | None = None, steps: int = PILOT_STEPS,
+               address: str | None = None, reports: int = PILOT_REPORTS,
                progress: Callable[[str], None] = print) -> dict[str, Any]:
     """Pilot every arm of the study on the cluster and return the plan (`make_plan`); for a
     tour file, a plan per stage, each stage's pilots starting from the previous stage's
     pilot checkpoint (`{"tour": name, "phases": [plan, ...], "wall_seconds": ...}`)."""
     from embedlab.sweep.tour import load_tour, stage_path
 
-    if steps < 4:
-        raise ValueError(f"--pilot-steps {steps}: at least 4 are needed to time steady steps")
+    if reports < 4:
+        raise ValueError(f"--pilot-reports {reports}: at least 4 are needed to time steady intervals "
+                         "around a checkpoint")
     path = Path(study_path)
     tour = load_tour(path, profile) if path.is_file() and "def tour(" in path.read_text() else None
     studies = [load_study(stage_path(path, stage), tour.profile) for stage in tour.stages] if tour else [
@@ -237,7 +273,7 @@ def plan_study(study_path: str | Path, *, profile: str | None = None, parent: st
         for index, study in enumerate(studies):
             if tour:
                 progress(f"plan: stage {index + 1}/{len(studies)}: study {study.name} (phase {study.phase})")
-            plan, checkpoint = _plan_one(study, parent, address, steps, Path(storage) / study.name, progress)
+            plan, checkpoint = _plan_one(study, parent, address, reports, Path(storage) / study.name, progress)
             plans.append(plan)
             parent = str(checkpoint)  # the next stage's pilots start from this one's
     if not tour:
@@ -247,7 +283,7 @@ def plan_study(study_path: str | Path, *, profile: str | None = None, parent: st
                ("wall_seconds", "wall_seconds_low", "wall_seconds_high", "storage_bytes", "trials")}}
 
 
-def _plan_one(study: Study, parent: str | None, address: str | None, steps: int, storage: Path,
+def _plan_one(study: Study, parent: str | None, address: str | None, reports: int, storage: Path,
               progress: Callable[[str], None]) -> tuple[dict[str, Any], Path]:
     """One study's plan and its first arm's pilot checkpoint."""
     import ray
@@ -265,7 +301,7 @@ def _plan_one(study: Study, parent: str | None, address: str | None, steps: int,
     for arm in study.arms:
         record = prepared[arm]
         pilots[arm], checkpoint = run_pilot(study, arm, PreparedData(Path(record["directory"]), record),
-                                            parent=parent, steps=steps, storage=storage, progress=progress)
+                                            parent=parent, reports=reports, storage=storage, progress=progress)
         checkpoints.append(checkpoint)
     return make_plan(study, pilots, concurrency, CHECKPOINTS_KEPT, setup_seconds), checkpoints[0]
 

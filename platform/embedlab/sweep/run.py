@@ -42,6 +42,9 @@ RAY_ENV = {
 RESERVED_CPUS = 1.0
 LOCAL_HOST = "127.0.0.1"
 TRIAL_RETRIES = 1
+# A trial driver only waits on its trainer; it reserves memory, not a CPU, so the trainer's
+# workers can start (a CPU-holding driver deadlocks a 2-CPU box).
+TRIAL_DRIVER_RESOURCES = {"CPU": 0, "memory": 200 * 1024**2}
 OPTUNA_FILE = "optuna.db"
 # Console lines: a trial's budget at each quarter and at most every 30 s between them; the
 # evaluator's encoding line polled every 5 s (it writes one at most every 10 s).
@@ -413,11 +416,7 @@ def run_sweep(
         _write_json(store.join(run_dir, STUDY_FILE), record)
         progress(f"parent {Path(parent).name}: {study.metric} {record['parent_scores'][study.metric]:.4f}")
     context = {"study": study.to_dict(), "prepared": prepared, "run_dir": run_dir, "parent": parent}
-    # A trial driver only waits on its trainer; it reserves memory, not a CPU, so the
-    # trainer's workers can start (a CPU-holding driver deadlocks a 2-CPU box).
-    driver = tune.with_resources(
-        tune.with_parameters(trial_driver, context=context), {"CPU": 0, "memory": 200 * 1024**2}
-    )
+    driver = tune.with_resources(tune.with_parameters(trial_driver, context=context), TRIAL_DRIVER_RESOURCES)
     rows = _finished_rows(run_dir)
     if resume is not None:
         progress(f"resume: {len(rows)} finished trial(s) kept, {study.trials - len(rows)} to run")
