@@ -34,7 +34,7 @@ def _pipeline_tokens(table, tokenizer_path: str, sequence_length: int, pad_id: i
         .map_batches(
             tokenize_pieces,
             fn_kwargs={"tokenizer_path": tokenizer_path, "sequence_length": sequence_length, "sources": sources},
-            batch_format="pyarrow", batch_size=1024, num_cpus=0.5,
+            batch_format="pyarrow", batch_size=4096, num_cpus=0.5,
         )
         .map_batches(
             pack_batch, fn_kwargs={"sequence_length": sequence_length, "pad_id": pad_id},

@@ -68,40 +68,62 @@ def pack_pieces(
 ) -> PackedRows:
     """Greedy packing of token pieces (boundary tokens already in place) into (R, L) rows;
     `document_index` holds each position's piece index in `pieces`."""
-    rows_ids: list[list[int]] = []
-    rows_seg: list[list[int]] = []
-    rows_doc: list[list[int]] = []
-    ids: list[int] = []
-    seg: list[int] = []
-    doc: list[int] = []
+    pieces = [np.asarray(piece, dtype=np.int64) for piece in pieces]
+    lengths = np.array([len(piece) for piece in pieces], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    values = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+    return pack_flat(values, offsets, sequence_length=sequence_length, pad_id=pad_id, min_fragment=min_fragment)
 
-    def close_row() -> None:
-        nonlocal ids, seg, doc
-        pad = sequence_length - len(ids)
-        rows_ids.append(ids + [pad_id] * pad)
-        rows_seg.append(seg + [0] * pad)
-        rows_doc.append(doc + [-1] * pad)
-        ids, seg, doc = [], [], []
 
-    for index, piece in enumerate(pieces):
-        remaining = list(piece)
+def pack_flat(
+    values: np.ndarray,
+    offsets: np.ndarray,
+    *,
+    sequence_length: int,
+    pad_id: int,
+    min_fragment: int = 8,
+    pieces: np.ndarray | None = None,
+) -> PackedRows:
+    """`pack_pieces` over pieces given as one flat token array and offsets (piece k is
+    `values[offsets[k]:offsets[k + 1]]`, or the `pieces`-selected ones, in that order), as
+    Arrow list columns hold them.
+
+    The layout (which fragment of which piece goes to which row, column and segment) depends
+    on piece lengths only and is decided in a loop over pieces; the tokens are then moved in
+    one vectorised gather, so the cost per token is numpy's, not Python's.
+    """
+    order = np.arange(len(offsets) - 1) if pieces is None else np.asarray(pieces, dtype=np.int64)
+    starts, lengths = offsets[order], offsets[order + 1] - offsets[order]
+    frag_src, frag_len, frag_dst, frag_seg, frag_piece = [], [], [], [], []
+    row = fill = segment = 0
+    for index, (source, remaining) in enumerate(zip(starts.tolist(), lengths.tolist())):
         while remaining:
-            space = sequence_length - len(ids)
-            if space < min(min_fragment, len(remaining)):
-                close_row()
+            space = sequence_length - fill
+            if space < min(min_fragment, remaining):
+                row, fill, segment = row + 1, 0, 0  # pad the rest of the row
                 continue
-            piece, remaining = remaining[:space], remaining[space:]
-            segment = (seg[-1] if seg else 0) + 1
-            ids += piece
-            seg += [segment] * len(piece)
-            doc += [index] * len(piece)
-            if len(ids) == sequence_length:
-                close_row()
-    if ids:
-        close_row()
-    shape = (len(rows_ids), sequence_length)
-    return PackedRows(
-        input_ids=np.asarray(rows_ids, dtype=np.int32).reshape(shape),
-        segment_ids=np.asarray(rows_seg, dtype=np.int32).reshape(shape),
-        document_index=np.asarray(rows_doc, dtype=np.int32).reshape(shape),
-    )
+            take = min(space, remaining)
+            segment += 1
+            frag_src.append(source)
+            frag_len.append(take)
+            frag_dst.append(row * sequence_length + fill)
+            frag_seg.append(segment)
+            frag_piece.append(index)
+            fill, source, remaining = fill + take, source + take, remaining - take
+            if fill == sequence_length:
+                row, fill, segment = row + 1, 0, 0
+    rows = row + (fill > 0)
+    shape = (rows, sequence_length)
+    input_ids = np.full(shape, pad_id, dtype=np.int32)
+    segment_ids = np.zeros(shape, dtype=np.int32)
+    document_index = np.full(shape, -1, dtype=np.int32)
+    if frag_len:
+        frag_len_array = np.asarray(frag_len, dtype=np.int64)
+        before = np.cumsum(frag_len_array) - frag_len_array  # tokens placed before each fragment
+        within = np.arange(int(frag_len_array.sum())) - np.repeat(before, frag_len_array)
+        source_index = np.repeat(np.asarray(frag_src, dtype=np.int64), frag_len_array) + within
+        target_index = np.repeat(np.asarray(frag_dst, dtype=np.int64), frag_len_array) + within
+        input_ids.reshape(-1)[target_index] = values[source_index]
+        segment_ids.reshape(-1)[target_index] = np.repeat(np.asarray(frag_seg, dtype=np.int32), frag_len_array)
+        document_index.reshape(-1)[target_index] = np.repeat(np.asarray(frag_piece, dtype=np.int32), frag_len_array)
+    return PackedRows(input_ids=input_ids, segment_ids=segment_ids, document_index=document_index)

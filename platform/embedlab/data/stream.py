@@ -18,6 +18,7 @@ indices names the same text on every machine and run.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -29,7 +30,7 @@ import pyarrow.parquet as pq
 
 from embedlab.data.document import document_texts
 from embedlab.data.mixture import Schedule
-from embedlab.data.packing import chunk_document, pack_pieces
+from embedlab.data.packing import pack_flat
 from embedlab.tokenizer import FrozenTokenizer, load_tokenizer
 
 if TYPE_CHECKING:
@@ -51,41 +52,48 @@ def cached_tokenizer(path: str) -> FrozenTokenizer:
 def tokenize_pieces(
     batch: pa.Table, *, tokenizer_path: str, sequence_length: int, sources: list[str]
 ) -> pa.Table:
-    """Ray Data UDF: training-split documents of `sources` -> one row per piece."""
+    """Ray Data UDF: training-split documents of `sources` -> one row per piece.
+
+    Each document becomes its tokens + SEP, cut into pieces of at most `sequence_length`
+    (`embedlab.data.packing.chunk_document`), with a word-start flag per token. Only
+    `encode_batch` runs per document; the cutting and flagging are array operations over
+    the whole batch, so this step costs little more than tokenising.
+    """
     keep = pc.and_(pc.equal(batch["split"], "train"), pc.is_in(batch["source"], pa.array(sources)))
     batch = batch.filter(keep)
     tokenizer = cached_tokenizer(tokenizer_path)
-    texts = document_texts(batch)
-    out: dict[str, list] = {"source": [], "doc_id": [], "piece": [], "ids": [], "word_start": [], "doc_tokens": []}
-    encodings = tokenizer.tokenizer.encode_batch(texts, add_special_tokens=False)
-    for source, doc_id, encoding in zip(batch["source"].to_pylist(), batch["doc_id"].to_pylist(), encodings):
-        tokens = encoding.ids
-        # A token starts a word when its pre-tokenizer word differs from the previous token's;
-        # whole-word and span masking select in units of these words. SEP counts as a start.
-        words = np.asarray(encoding.word_ids, dtype=np.int64)
-        starts = np.ones(len(tokens) + 1, dtype=np.int8)
-        starts[1 : len(tokens)] = words[1:] != words[:-1]
-        pieces = chunk_document(tokens, sequence_length=sequence_length, sep_id=tokenizer.sep_id)
-        offset = 0
-        for index, piece in enumerate(pieces):
-            out["source"].append(source)
-            out["doc_id"].append(doc_id)
-            out["piece"].append(index)
-            out["ids"].append(piece)
-            # A piece that begins inside a word begins a word of its own (a new segment).
-            flags = starts[offset : offset + len(piece)].copy()
-            flags[0] = 1
-            out["word_start"].append(flags)
-            out["doc_tokens"].append(len(tokens) + 1)
-            offset += len(piece)
+    encodings = tokenizer.tokenizer.encode_batch(document_texts(batch), add_special_tokens=False)
+    lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
+    streams = lengths + 1  # each document's tokens and its SEP
+    total = int(streams.sum())
+    document = np.repeat(np.arange(len(encodings)), streams)  # (total,) the document of each position
+    within = np.arange(total) - np.repeat(np.cumsum(streams) - streams, streams)  # position in its document
+    is_sep = within == lengths[document]
+    ids = np.full(total, tokenizer.sep_id, dtype=np.int32)
+    ids[~is_sep] = np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), dtype=np.int32,
+                               count=total - len(encodings))
+    # A token starts a word when its pre-tokenizer word differs from the previous token's;
+    # whole-word and span masking select in units of these words. SEP counts as a start.
+    words = np.fromiter(itertools.chain.from_iterable(e.word_ids for e in encodings), dtype=np.int64,
+                        count=total - len(encodings))
+    token_starts = np.ones(len(words), dtype=np.int8)
+    token_starts[1:] = words[1:] != words[:-1]
+    starts = np.ones(total, dtype=np.int8)
+    starts[~is_sep] = token_starts
+    # Pieces: every `sequence_length` positions of a document; a piece that begins inside a
+    # word begins a word of its own (a new segment), so its first flag is set.
+    first = np.flatnonzero(within % sequence_length == 0)
+    starts[first] = 1
+    piece_document = document[first]
+    offsets = pa.array(np.append(first, total).astype(np.int32))
     return pa.table(
         {
-            "source": pa.array(out["source"], pa.string()),
-            "doc_id": pa.array(out["doc_id"], pa.string()),
-            "piece": pa.array(out["piece"], pa.int32()),
-            "ids": pa.array(out["ids"], pa.list_(pa.int32())),
-            "word_start": pa.array(out["word_start"], pa.list_(pa.int8())),
-            "doc_tokens": pa.array(out["doc_tokens"], pa.int32()),
+            "source": batch["source"].take(pa.array(piece_document)).cast(pa.string()),
+            "doc_id": batch["doc_id"].take(pa.array(piece_document)).cast(pa.string()),
+            "piece": pa.array((within[first] // sequence_length).astype(np.int32)),
+            "ids": pa.ListArray.from_arrays(offsets, pa.array(ids)),
+            "word_start": pa.ListArray.from_arrays(offsets, pa.array(starts)),
+            "doc_tokens": pa.array(streams[piece_document].astype(np.int32)),
         }
     )
 
@@ -106,7 +114,7 @@ def build_pieces(
         tokenize_pieces,
         fn_kwargs={"tokenizer_path": str(tokenizer_path), "sequence_length": sequence_length, "sources": sources},
         batch_format="pyarrow",
-        batch_size=1024,
+        batch_size=4096,
         num_cpus=0.5,
     )
     tables = [t for t in (ray.get(ref) for ref in dataset.to_arrow_refs()) if t.num_rows]
@@ -168,11 +176,9 @@ def pack_window(
     offsets, values, starts = _piece_arrays(pieces_path)
     rows_out: dict[str, list[np.ndarray]] = {"input_ids": [], "segment_ids": [], "source_index": [], "word_start": []}
     for piece_rows, sources in zip(batch["rows"], batch["source_index"]):
-        pieces = [values[offsets[r] : offsets[r + 1]].tolist() for r in piece_rows]
-        packed = pack_pieces(pieces, sequence_length=sequence_length, pad_id=pad_id)
+        packed = pack_flat(values, offsets, pieces=piece_rows, sequence_length=sequence_length, pad_id=pad_id)
         # Packing depends only on piece lengths, so the flags pack into the same positions.
-        flags = pack_pieces([starts[offsets[r] : offsets[r + 1]].tolist() for r in piece_rows],
-                            sequence_length=sequence_length, pad_id=1)
+        flags = pack_flat(starts, offsets, pieces=piece_rows, sequence_length=sequence_length, pad_id=1)
         word_start = flags.input_ids.copy()
         # A piece split across rows starts a word (and a segment) where the next row begins.
         word_start[:, 0] = 1
@@ -220,6 +226,6 @@ def worker_rows(batch: dict[str, torch.Tensor], rank: int, world: int) -> dict[s
 
 def pack_batch(batch: pa.Table, *, sequence_length: int, pad_id: int) -> dict[str, np.ndarray]:
     """Ray Data UDF: a batch of pieces (in order) -> packed rows, no mixture schedule."""
-    pieces = [list(ids) for ids in batch["ids"].to_pylist()]
-    packed = pack_pieces(pieces, sequence_length=sequence_length, pad_id=pad_id)
+    ids = batch["ids"].combine_chunks()
+    packed = pack_flat(ids.values.to_numpy(), ids.offsets.to_numpy(), sequence_length=sequence_length, pad_id=pad_id)
     return {"input_ids": packed.input_ids, "segment_ids": packed.segment_ids}
