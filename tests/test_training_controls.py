@@ -272,3 +272,26 @@ def test_extension_continues_the_parents_weights_and_records_it(frozen, parent, 
         make_loop(wider, frozen)
     with pytest.raises(ConfigError, match="extension"):
         dataclasses.replace(trial, extension=False)
+
+
+def test_waiting_for_data_is_measured_apart_from_the_stream_start(frozen, tmp_path):
+    """A stream that takes 50 ms per batch: the first wait counts as stream start, every later
+    one as data wait (2 microbatches a step, so at least 2 x 50 ms per later step)."""
+    import time as clock
+
+    from embedlab.train.loop import run
+    from embedlab.train.session import LocalSession
+
+    class SlowSession(LocalSession):
+        def global_batches(self, rows):
+            for batch in super().global_batches(rows):
+                clock.sleep(0.05)
+                yield batch
+
+    trial = synthetic.phase1_trial(1)
+    session = SlowSession(synthetic.rows_for(trial, frozen), tmp_path)
+    run(make_loop(trial, frozen), session)
+    last = session.reports[-1]
+    assert last["compute/stream_start_seconds"] >= 0.1
+    assert last["compute/data_wait_seconds"] >= (synthetic.STEPS - 1) * 2 * 0.05
+    assert 0 < last["compute/data_wait_fraction"] < 1

@@ -57,6 +57,8 @@ class Progress:
     nonfinite: int = 0  # steps rejected for a non-finite loss or gradient
     rejected_in_a_row: int = 0
     elapsed: float = 0.0  # wall seconds of the attempts before this one
+    stream_start: float = 0.0  # wall seconds until each attempt's first batches arrived
+    data_wait: float = 0.0  # wall seconds spent waiting for batches after those, all attempts
 
 
 @dataclass(frozen=True)
@@ -223,8 +225,16 @@ def run(loop: TrainingLoop, session: Session, options: RunOptions = RunOptions()
             raise RuntimeError(f"the data stream is shorter than the checkpoint's position "
                                f"({loop.progress.batches} global batches)")
     train = loop.trial.train
+    first = True
     while True:
+        waited = time.perf_counter()
         group = list(itertools.islice(batches, loop.batches_per_step))
+        waited = time.perf_counter() - waited
+        if first:
+            loop.progress.stream_start += waited
+            first = False
+        else:
+            loop.progress.data_wait += waited
         if len(group) < loop.batches_per_step:
             raise loop.stream_ended()
         try:
@@ -245,6 +255,12 @@ def run(loop: TrainingLoop, session: Session, options: RunOptions = RunOptions()
 
 def _report(loop: TrainingLoop, session: Session, *, checkpoint: bool, final: bool, stopped: bool = False) -> None:
     metrics = loop.metrics()
+    # Waiting for batches once the stream runs, as a share of this worker's time: Ray Data
+    # prefetches a batch ahead, so near 0 means training never waits for data.
+    progress = loop.progress
+    metrics["compute/stream_start_seconds"] = progress.stream_start
+    metrics["compute/data_wait_seconds"] = progress.data_wait
+    metrics["compute/data_wait_fraction"] = progress.data_wait / max(loop.elapsed() - progress.stream_start, 1e-9)
     if stopped:
         metrics[STOPPED_KEY] = 1.0
     if not checkpoint:
