@@ -318,11 +318,16 @@ def test_per_source_curves_are_the_logged_training_losses(tour, report):
             weighted = sum(loss * count for loss, count in parts if count) / sum(count for _, count in parts)
             assert weighted == pytest.approx(logged["train/loss"], rel=1e-6)  # NLL recomputed in fp32
     caption = _parse(report.read_text()).figures["figure-mlm"]["parts"]
-    for curve in curves:
-        quoted = re.search(rf"{re.escape(curve.arm)} / {re.escape(curve.source)}: ([\d.]+) -> ([\d.]+) nats",
-                           caption["observed"])
-        assert (float(quoted.group(1)), float(quoted.group(2))) == (round(curve.loss[0], 2), round(curve.loss[-1], 2))
-    assert re.search(r"held-out [\d.]+ ± [\d.]+ over \d+ tokens", caption["observed"])
+    for arm in {curve.arm for curve in curves}:
+        mine = [curve for curve in curves if curve.arm == arm]
+        quoted = re.search(rf"{re.escape(arm)}, {len(mine)} sources: mean ([\d.]+) -> ([\d.]+) nats.*?ending lowest "
+                           r"on (\S+) \(([\d.]+)\) and highest on (\S+) \(([\d.]+)\)", caption["observed"])
+        assert float(quoted.group(1)) == round(float(np.mean([c.loss[0] for c in mine])), 2)
+        assert float(quoted.group(2)) == round(float(np.mean([c.loss[-1] for c in mine])), 2)
+        low, high = min(mine, key=lambda c: c.loss[-1]), max(mine, key=lambda c: c.loss[-1])
+        assert quoted.group(3, 5) == (low.source, high.source)
+        assert (float(quoted.group(4)), float(quoted.group(6))) == (round(low.loss[-1], 2), round(high.loss[-1], 2))
+    assert re.search(r"held-out [\d.]+-[\d.]+ nats \(standard errors up to [\d.]+\)", caption["observed"])
     phase2 = read_run(tour[1])
     assert source_curves(phase2) == ([], phase2.arms)  # contrastive phase: MLM loss pooled, if logged at all
     assert f"{phase2.label} / {', '.join(phase2.arms)} (a contrastive phase" in caption["limitation"]

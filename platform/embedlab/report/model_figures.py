@@ -200,18 +200,28 @@ def _prepared_record(runs: list[Run], probe: Probe) -> dict | None:
 
 
 def _curve_observation(curves: list[SourceCurve], heldout: dict) -> str:
-    """Start and end of every mean curve, the points' selected-token counts, and the held-out values."""
+    """Per arm: its sources' mean curve from start to end, the sources it ends lowest and
+    highest on, the points' selected-token counts, and the held-out range."""
     parts = []
-    for curve in curves:
-        text = (f"{curve.run_label} / {curve.arm} / {curve.source}: {curve.loss[0]:.2f} -> {curve.loss[-1]:.2f} "
-                f"nats from {curve.tokens[0]:,.0f} to {curve.tokens[-1]:,.0f} tokens ({len(curve.seeds)} seeds")
-        if np.isfinite(curve.selected).any():
-            text += f", {np.nanmedian(curve.selected):,.0f} selected tokens per point (median)"
-        marked = heldout.get((curve.run_label, curve.arm))
-        if marked is not None and curve.source in marked[1] and np.isfinite(marked[1][curve.source].nats):
-            value = marked[1][curve.source]
-            text += f"; held-out {value.nats:.2f} ± {value.standard_error:.2f} over {value.targets} tokens"
-        parts.append(text + ")")
+    arms = dict.fromkeys((curve.run_label, curve.arm) for curve in curves)
+    for run_label, arm in arms:
+        mine = [curve for curve in curves if (curve.run_label, curve.arm) == (run_label, arm)]
+        low = min(mine, key=lambda curve: curve.loss[-1])
+        high = max(mine, key=lambda curve: curve.loss[-1])
+        text = (f"{run_label} / {arm}, {len(mine)} sources: mean {np.mean([c.loss[0] for c in mine]):.2f} -> "
+                f"{np.mean([c.loss[-1] for c in mine]):.2f} nats from {mine[0].tokens[0]:,.0f} to "
+                f"{mine[0].tokens[-1]:,.0f} tokens ({len(mine[0].seeds)} seeds), ending lowest on {low.source} "
+                f"({low.loss[-1]:.2f}) and highest on {high.source} ({high.loss[-1]:.2f})")
+        selected = np.concatenate([curve.selected for curve in mine])
+        if np.isfinite(selected).any():
+            text += f"; {np.nanmedian(selected):,.0f} selected tokens per source and point (median)"
+        marked = heldout.get((run_label, arm))
+        if marked is not None:
+            values = [marked[1][c.source] for c in mine if c.source in marked[1] and np.isfinite(marked[1][c.source].nats)]
+            if values:
+                text += (f"; held-out {min(v.nats for v in values):.2f}-{max(v.nats for v in values):.2f} nats "
+                         f"(standard errors up to {max(v.standard_error for v in values):.2f})")
+        parts.append(text)
     return "; ".join(parts) + "."
 
 
