@@ -4,6 +4,10 @@ control that continues for the same tokens at the parent's length. It is a stage
 the parent is scored by the same evaluator when the run starts, and both arms are evaluated
 with texts cut at the extended length.
 
+Both arms read the same rows, packed at the long length; the control cuts every row into
+four at the parent's length (`train.length_schedule`), so the arms consume the same tokens
+in the same order and differ only in what each token attends over.
+
 Run:  embedlab sweep ablations/length_extension.py --parent CKPT_DIR
       embedlab sweep ablations/length_extension.py --profile demo --parent CKPT_DIR
 """
@@ -12,22 +16,25 @@ from dataclasses import replace
 
 from embedlab import Study, recipes
 
-EXTENDED = {"demo": 512, "full": 2048}
+FACTOR = 4  # the extension's length over the parent's
 
 
 def study(profile: str = recipes.DEFAULT_PROFILE) -> Study:
     p = recipes.profile(profile)
     base = recipes.phase1_baseline(profile)
-    long = EXTENDED[p.name]
-    # Both arms may read long texts (model and evaluation limits); only the training length differs.
-    base = replace(base, extension=True, model=replace(base.model, max_length=long),
-                   eval=replace(base.eval, max_length=long))
+    short, long = p.sequence_length, {"demo": p.sequence_length * FACTOR, "full": 2048}[p.name]
+    base = replace(
+        base, extension=True, model=replace(base.model, max_length=long), eval=replace(base.eval, max_length=long),
+        data=replace(base.data, sequence_length=long),
+        # The same tokens per step as the parent's rows: a quarter of the rows, each 4x longer.
+        train=replace(base.train, batch_rows=max(1, base.train.batch_rows * short // long)),
+    )
     return Study(
         name="length-extension",
-        factor="data.sequence_length",
+        factor="train.length_schedule",
         arms={
-            "continue": base,
-            "extend-4x": replace(base, data=replace(base.data, sequence_length=long)),
+            "continue": replace(base, train=replace(base.train, length_schedule=((1.0, short),))),
+            "extend-4x": base,
         },
         seeds=p.seeds,
         # An eighth of phase 1's budget, as the recipe's extension is a short final stage.

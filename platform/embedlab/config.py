@@ -319,7 +319,7 @@ class TrainConfig:
 
     Length schedule (phase 1): `length_schedule` lists (budget fraction, sequence length)
     stages, e.g. ((0.9, 128), (0.1, 512)) for BERT's 90%/10%; lengths must divide
-    `data.sequence_length`, the longest, at which rows are packed. A stage at a shorter length
+    `data.sequence_length`, at which rows are packed (usually the last stage's). A stage at a shorter length
     cuts each packed row into `data.sequence_length / length` rows (the step's tokens stay the
     same), so a stage switch changes what a step attends over, not the data order or budget.
     Empty: the whole phase at `data.sequence_length`.
@@ -470,9 +470,9 @@ class TrialConfig:
                "belongs to phase 1 (pair lengths are contrastive.pair_length)")
         if self.train.length_schedule:
             lengths = [length for _, length in self.train.length_schedule]
-            _check(lengths[-1] == self.data.sequence_length and all(
-                self.data.sequence_length % length == 0 for length in lengths), "train.length_schedule",
-                f"lengths {lengths} must divide data.sequence_length={self.data.sequence_length}, the last stage's")
+            _check(all(self.data.sequence_length % length == 0 for length in lengths), "train.length_schedule",
+                   f"lengths {lengths} must divide data.sequence_length={self.data.sequence_length}, "
+                   "the length rows are packed at")
         _check(self.phase == 3 or self.contrastive.hard_negatives == 0, "contrastive.hard_negatives",
                "mined hard negatives belong to phase 3")
         _check(self.contrastive.mlm_weight == 0 or self.masking.strategy == "token", "masking.strategy",

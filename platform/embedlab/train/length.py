@@ -1,8 +1,8 @@
 """The phase-1 length schedule: most of the budget at a short length, the rest at a long one.
 
 `train.length_schedule` lists (budget fraction, length) stages, e.g. ((0.9, 128), (0.1, 512))
-for BERT's 90%/10% at 128/512. Rows are packed once, at `data.sequence_length` (the last,
-longest stage). During a shorter stage every packed row is cut into
+for BERT's 90%/10% at 128/512. Rows are packed once, at `data.sequence_length` (usually the
+last, longest stage; every stage length divides it). During a shorter stage every packed row is cut into
 `data.sequence_length / length` rows, so a step consumes the same rows and tokens in every
 stage: the data order, the budget clock and a resume's data position do not depend on the
 stage, only what each token attends over does. A document crossing a cut continues in the
