@@ -127,15 +127,11 @@ def pilot_driver(config: dict[str, Any]) -> None:
     """The Tune trial a pilot runs in: the arm's real training (phase 1, or 2-3 with mining)."""
     from ray import tune
 
-    from embedlab.train.contrastive import run_contrastive
-    from embedlab.train.phase1 import run_phase1
+    from embedlab.sweep.run import train_trial
 
     trial = TrialConfig.from_dict(config["trial"])
     prepared = PreparedData(Path(config["prepared"]), config["record"])
-    if trial.phase == 1:
-        result = run_phase1(trial, prepared, storage_path=Path(config["storage"]), name=config["name"])
-    else:
-        result = run_contrastive(trial, prepared, storage_path=Path(config["storage"]), name=config["name"])
+    result = train_trial(trial, prepared, storage_path=Path(config["storage"]), name=config["name"])
     if result.error is not None:
         raise result.error
     tune.report({"checkpoint": result.checkpoint.path})

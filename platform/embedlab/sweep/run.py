@@ -139,6 +139,16 @@ def max_concurrent_trials(trial: TrialConfig, resources: dict[str, float]) -> in
     return max(1, fit)
 
 
+def train_trial(trial: TrialConfig, prepared: PreparedData, *, storage_path: str | Path, name: str,
+                callbacks: list | None = None):
+    """Fit the trial's phase on Ray Train (phase 1, or phases 2-3 with phase 3's mining first)."""
+    from embedlab.train.contrastive import run_contrastive
+    from embedlab.train.phase1 import run_phase1
+
+    run = run_phase1 if trial.phase == 1 else run_contrastive
+    return run(trial, prepared, storage_path=storage_path, name=name, callbacks=callbacks)
+
+
 def trial_driver(config: dict[str, Any], *, context: dict[str, Any]) -> None:
     """One Tune trial: train, evaluate through the actor, write the trial's row.
 
@@ -150,9 +160,7 @@ def trial_driver(config: dict[str, Any], *, context: dict[str, Any]) -> None:
 
     from embedlab.evaluate.actor import get_evaluator
     from embedlab.train.checkpoint import read_manifest
-    from embedlab.train.contrastive import run_contrastive
     from embedlab.train.nonfinite import NonFiniteError
-    from embedlab.train.phase1 import run_phase1
 
     if "trial" in config:  # a grid entry: the whole trial as one value
         config = config["trial"]
@@ -164,7 +172,6 @@ def trial_driver(config: dict[str, Any], *, context: dict[str, Any]) -> None:
     prepared = PreparedData(Path(context["prepared"][arm]["directory"]), context["prepared"][arm])
     trial_id = tune.get_context().get_trial_id()
     run_dir = context["run_dir"]
-    run = run_phase1 if trial.phase == 1 else run_contrastive
     identity = {
         "study": study.name, "trial_id": trial_id, "stage": stage, "arm": arm, "seed": seed,
         "factor": study.factor, "factor_value": study.factor_value(arm),
@@ -174,7 +181,7 @@ def trial_driver(config: dict[str, Any], *, context: dict[str, Any]) -> None:
         "parent_hash": read_manifest(Path(trial.parent))["content_hash"] if trial.parent else None,
     }
     try:
-        result = run(
+        result = train_trial(
             trial, prepared, storage_path=store.join(run_dir, "train"), name=f"{stage}-{arm}-seed{seed}-{trial_id}",
             callbacks=[TuneReportCallback()],
         )

@@ -104,6 +104,7 @@ class ContrastiveLoop(TrainingLoop):
         self.optimizer = build_optimizer(self.parameters, trial.train, device)
         self.precision = resolve_precision(trial.train)
         self.batches_per_step = trial.train.microbatches
+        self.anchors_per_query = 2 if settings.symmetric else 1  # the reverse direction anchors each positive
         self.masking_rng = torch.Generator().manual_seed(seed_for(trial.train.seed, "masking", rank))
         torch.manual_seed(seed_for(trial.train.seed, "dropout", rank))
         seed_everything(seed_for(trial.train.seed, "python", rank))
@@ -142,13 +143,12 @@ class ContrastiveLoop(TrainingLoop):
         its own candidates (gathered across workers), and every loss sum is divided by the
         step's global count of valid anchors, so the gradient is that of the mean over all
         the step's anchors; the joint MLM term likewise divides by its global selected count."""
-        settings, train, device = self.settings, self.trial.train, self.device
+        train = self.trial.train
         clock, budget = self.clock()
         set_learning_rate(self.optimizer, clock, budget, train)
         # Every query's own positive is a candidate, so every anchor is valid and the global
         # count is known before the forward pass (GradCache needs it up front).
-        anchors_per_query = 2 if settings.symmetric else 1
-        valid = anchors_per_query * int(self.all_reduce(
+        valid = self.anchors_per_query * int(self.all_reduce(
             torch.tensor([float(sum(len(b["group"]) for b in batches))], dtype=torch.float64)).item())
         loss_local = 0.0
         counts = torch.zeros(6, dtype=torch.float64)  # queries, pair tokens, candidates, anchors, encoded, selected
@@ -241,8 +241,7 @@ class ContrastiveLoop(TrainingLoop):
         else:
             term = contrastive_term(self._encode(batch["query_ids"].to(device)), self._encode(torch.cat(sides)))
             ((1.0 - settings.mlm_weight) * term.loss_sum / valid).backward()
-        anchors_per_query = 2 if settings.symmetric else 1
-        if term.valid != anchors_per_query * len(query_groups):
+        if term.valid != self.anchors_per_query * len(query_groups):
             raise RuntimeError(f"worker {self.rank}: {term.anchors - term.valid} anchors without a positive")
         # Every encoded text's non-padding tokens (queries, positives, negatives), for FLOPs.
         encoded = float((batch["query_ids"] != self.tokenizer.pad_id).sum()) + float(
@@ -312,7 +311,6 @@ class ContrastiveLoop(TrainingLoop):
             "compute/wall_seconds": elapsed,
             "compute/worker_seconds": elapsed * self.world,
             "compute/device_seconds": elapsed * self.world,
-            "compute/peak_memory_bytes": self.peak_memory_bytes(),  # rank 0's (the logged report)
         }
         self.window, self.window_mlm = [], []
         return metrics

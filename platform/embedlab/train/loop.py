@@ -261,6 +261,7 @@ def _report(loop: TrainingLoop, session: Session, *, checkpoint: bool, final: bo
     metrics["compute/stream_start_seconds"] = progress.stream_start
     metrics["compute/data_wait_seconds"] = progress.data_wait
     metrics["compute/data_wait_fraction"] = progress.data_wait / max(loop.elapsed() - progress.stream_start, 1e-9)
+    metrics["compute/peak_memory_bytes"] = loop.peak_memory_bytes()  # rank 0's is the one logged
     if stopped:
         metrics[STOPPED_KEY] = 1.0
     if not checkpoint:

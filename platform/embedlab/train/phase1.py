@@ -202,7 +202,6 @@ class Phase1Loop(TrainingLoop):
             "compute/worker_seconds": elapsed * self.world,
             # One device per worker (a GPU, or a CPU share on CPU clusters).
             "compute/device_seconds": elapsed * self.world,
-            "compute/peak_memory_bytes": self.peak_memory_bytes(),  # rank 0's (the logged report)
             **{
                 f"data/observed_share/{name}": progress.consumed_by_source[i] / max(progress.tokens, 1)
                 for i, name in enumerate(self.sources)
