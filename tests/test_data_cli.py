@@ -6,6 +6,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from embedlab.cli import main
@@ -54,11 +55,15 @@ def test_tokenizer_compare_reports_three_kinds(spec, capsys):
 
 def test_bench_data_measures_both_sides(spec, capsys):
     """`bench data --json` reports the Ray Data pipeline and raw encode_batch from the same run, with their ratio."""
-    assert main(["bench", "data", str(spec), "--documents", "300", "--json"]) == 0
+    assert main(["bench", "data", str(spec), "--documents", "300", "--repeats", "2", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     comparison = result["comparisons"][0]
     assert comparison["embedlab"] > 0 and comparison["reference"] > 0
     assert comparison["ratio"] == pytest.approx(comparison["embedlab"] / comparison["reference"])
+    # Medians of the interleaved passes, each pass kept; both sides counted the same documents.
+    assert all(len(comparison["runs"][side]) == 2 for side in ("embedlab", "reference"))
+    assert comparison["embedlab"] == pytest.approx(float(np.median(comparison["runs"]["embedlab"])))
+    assert result["documents"] == 300 and result["tokens"]["embedlab"] == result["tokens"]["reference"] + 300
 
 
 def leaked_setup(tmp_path: Path) -> tuple[Path, DataConfig, Task]:

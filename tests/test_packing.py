@@ -171,3 +171,25 @@ def test_tokenize_pieces_equals_the_per_document_rule(frozen):
             offset += len(piece)
     assert out.to_pylist() == expected
     assert len(expected) > 5 and out.schema.field("ids").type == pa.list_(pa.int32())
+
+
+def test_document_blocks_cover_the_documents_in_equal_parallel_blocks():
+    """Blocks are consecutive slices that concatenate back to the documents, come in a multiple
+    of the parallelism (or one a document), differ in size by at most one row and never exceed
+    `max_rows`."""
+    import pyarrow as pa
+
+    from embedlab.data.stream import document_blocks
+
+    documents = pa.table({"doc_id": [f"d{i}" for i in range(1003)]})
+    for parallelism, max_rows in [(1, 5000), (2, 5000), (2, 100), (3, 7), (4, 1003), (2, 1)]:
+        blocks = document_blocks(documents, parallelism, max_rows)
+        assert pa.concat_tables(blocks).equals(documents)
+        sizes = [b.num_rows for b in blocks]
+        assert max(sizes) <= max_rows and max(sizes) - min(sizes) <= 1
+        assert len(blocks) % parallelism == 0 or len(blocks) == documents.num_rows
+    assert len(document_blocks(documents, 2, 5000)) == 2 and len(document_blocks(documents, 2, 100)) == 12
+    assert document_blocks(documents.slice(0, 0), 2)[0].num_rows == 0
+    assert [b.num_rows for b in document_blocks(documents.slice(0, 3), 4)] == [1, 1, 1]
+    with pytest.raises(ValueError, match="parallelism >= 1"):
+        document_blocks(documents, 0)

@@ -6,13 +6,14 @@
 # Runs from the repository root with $PYTHON (default: .venv/bin/python if present, else
 # python3), which needs a CUDA build of torch (>= 2.13, for the variable-length flash kernel).
 # Prints the environment, then one JSON object (tokens/s, model TFLOP/s, peak, MFU, peak
-# memory); writes it to $OUT/bench-mfu.json when $OUT is set. Capped at 9.5 minutes so the
+# memory, and "before_after": bf16 autocast vs fp32 and compiled vs eager, short eager runs); writes it to $OUT/bench-mfu.json when $OUT is set. Capped at 9.5 minutes so the
 # whole command finishes within 10; on a compile failure it retries once without compile.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
 export PYTHONPATH="platform${PYTHONPATH:+:$PYTHONPATH}"
-# Budget: compile (~1-2 min) + 25 steps of ~0.1-0.3 s; the retry keeps what is left.
+# Budget: compile (~1-2 min) + 25 steps of ~0.1-0.3 s + two eager runs of 11 steps; the
+# retry keeps what is left.
 deadline=$((SECONDS + 570))
 
 "$PYTHON" - <<'PY'

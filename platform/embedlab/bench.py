@@ -7,9 +7,10 @@ throughput, peak memory, optimisations on/off), `bench_contrastive` (GradCache),
 `bench_scaling` (length and corpus size), `bench_mfu` (CUDA only) and here (data, eval).
 
 `bench data`: packed non-padding tokens per second through embedlab's Ray Data pipeline
-(read -> tokenize -> pack, the same UDFs training uses) next to raw `tokenizers`
-`encode_batch` in this process on the same documents. Both are measured after a warm-up
-pass, so Ray worker start-up is excluded; the pipeline's extra work (chunking, packing,
+(the corpus's documents as blocks -> tokenize -> pack: the stage `prepare` runs, then the
+packing UDF) next to raw `tokenizers`
+`encode_batch` in this process on the same documents. Both are medians of interleaved
+passes after a full warm-up pass, so Ray worker start-up is excluded; the pipeline's extra work (chunking, packing,
 Arrow conversion, scheduling) is included.
 """
 
@@ -19,27 +20,19 @@ import time
 from collections.abc import Callable
 
 
-from embedlab.bench_measure import Comparison
+from embedlab.bench_measure import Comparison, interleaved_rates, median
 from embedlab.config import DataConfig
 from embedlab.data.document import document_texts
 from embedlab.data.prepare import prepare_data
-from embedlab.data.stream import pack_batch, tokenize_pieces
+from embedlab.data.stream import pack_batch, tokenize_dataset
 
 
 def _pipeline_tokens(table, tokenizer_path: str, sequence_length: int, pad_id: int, sources: list[str]) -> tuple[int, int]:
-    import ray.data
-
-    dataset = (
-        ray.data.from_arrow(table)
-        .map_batches(
-            tokenize_pieces,
-            fn_kwargs={"tokenizer_path": tokenizer_path, "sequence_length": sequence_length, "sources": sources},
-            batch_format="pyarrow", batch_size=4096, num_cpus=0.5,
-        )
-        .map_batches(
-            pack_batch, fn_kwargs={"sequence_length": sequence_length, "pad_id": pad_id},
-            batch_format="pyarrow", batch_size=4096, num_cpus=0.5,
-        )
+    dataset = tokenize_dataset(
+        table, tokenizer_path=tokenizer_path, sequence_length=sequence_length, sources=sources
+    ).map_batches(
+        pack_batch, fn_kwargs={"sequence_length": sequence_length, "pad_id": pad_id},
+        batch_format="pyarrow", batch_size=None, num_cpus=1,
     )
     tokens = positions = 0
     for batch in dataset.iter_batches(batch_size=None, batch_format="numpy"):
@@ -49,42 +42,58 @@ def _pipeline_tokens(table, tokenizer_path: str, sequence_length: int, pad_id: i
 
 
 def bench_data(
-    documents: int = 20000, config: DataConfig | None = None, progress: Callable[[str], None] = print
+    documents: int | None = None, config: DataConfig | None = None, repeats: int = 3,
+    progress: Callable[[str], None] = print,
 ) -> dict:
+    """Packed tokens/s through the pipeline and raw `encode_batch` tokens/s: medians of
+    `repeats` interleaved passes, after one full warm-up pass of each (a smaller warm-up
+    leaves Ray workers to start inside the timed passes). `documents=None` takes the whole
+    training split, what `prepare` tokenises; a few thousand documents mostly measure Ray
+    Data's fixed cost per execution (about 0.1-0.7 s here)."""
+    if repeats < 1 or (documents is not None and documents < 1):
+        raise ValueError(f"bench data needs repeats >= 1 and documents >= 1, got {repeats} and {documents}")
     prepared = prepare_data(config or DataConfig(), progress=progress)
     sources = list(prepared.record["mixture"]["shares"])
-    table = prepared.corpus.read(split="train", sources=sources).sort_by("hash").slice(0, documents)
+    table = prepared.corpus.read(split="train", sources=sources).sort_by("hash")
+    table = table if documents is None else table.slice(0, documents)
     tokenizer = prepared.tokenizer
     length = prepared.record["sequence_length"]
     texts = document_texts(table)
-    progress(f"bench data: {table.num_rows:,} training documents, warm-up pass")
-    _pipeline_tokens(table.slice(0, 500), str(tokenizer.path), length, tokenizer.pad_id, sources)
-    tokenizer.tokenizer.encode_batch(texts[:500], add_special_tokens=False)
+    counted: dict[str, int] = {}
 
-    started = time.perf_counter()
-    raw_tokens = sum(len(e.ids) for e in tokenizer.tokenizer.encode_batch(texts, add_special_tokens=False))
-    raw_seconds = time.perf_counter() - started
-    started = time.perf_counter()
-    packed_tokens, positions = _pipeline_tokens(table, str(tokenizer.path), length, tokenizer.pad_id, sources)
-    pipeline_seconds = time.perf_counter() - started
-    embedlab_rate, reference_rate = packed_tokens / pipeline_seconds, raw_tokens / raw_seconds
+    def raw() -> int:
+        counted["reference"] = sum(len(e.ids) for e in tokenizer.tokenizer.encode_batch(texts, add_special_tokens=False))
+        return counted["reference"]
+
+    def pipeline() -> int:
+        counted["embedlab"], counted["positions"] = _pipeline_tokens(
+            table, str(tokenizer.path), length, tokenizer.pad_id, sources)
+        return counted["embedlab"]
+
+    progress(f"bench data: {table.num_rows:,} training documents, a warm-up pass, then {repeats} timed passes")
+    raw(), pipeline()
+    rates = interleaved_rates({"embedlab": pipeline, "reference": raw}, repeats)
+    embedlab_rate, reference_rate = median(rates["embedlab"]), median(rates["reference"])
     return {
         "documents": table.num_rows,
         "sequence_length": length,
+        "repeats": repeats,
         "comparisons": [
             {
                 "name": "data: tokens per second",
                 "embedlab": embedlab_rate,
-                "embedlab_measures": "Ray Data read -> tokenize -> pack, packed non-padding tokens (SEP included)",
+                "embedlab_measures": "Ray Data: documents in blocks -> tokenize -> pack, packed non-padding tokens (SEP included)",
                 "reference": reference_rate,
                 "reference_measures": "tokenizers encode_batch in one process, tokens",
                 "ratio": embedlab_rate / reference_rate,
                 "unit": "tokens/s",
+                "runs": {side: rates[side] for side in ("embedlab", "reference")},
             }
         ],
-        "packing_efficiency": packed_tokens / max(positions, 1),
-        "seconds": {"embedlab": pipeline_seconds, "reference": raw_seconds},
-        "tokens": {"embedlab": packed_tokens, "reference": raw_tokens},
+        "pass_ratios": [e / r for e, r in zip(rates["embedlab"], rates["reference"])],
+        "packing_efficiency": counted["embedlab"] / max(counted["positions"], 1),
+        "seconds": {"embedlab": counted["embedlab"] / embedlab_rate, "reference": counted["reference"] / reference_rate},
+        "tokens": {"embedlab": counted["embedlab"], "reference": counted["reference"]},
     }
 
 
@@ -96,7 +105,9 @@ def format_bench(result: dict) -> str:
         "",
         f"embedlab:  {result['comparisons'][0]['embedlab_measures']}",
         f"reference: {result['comparisons'][0]['reference_measures']}",
-        f"{result['documents']:,} documents; packing efficiency {result['packing_efficiency']:.4f}",
+        f"{result['documents']:,} documents; packing efficiency {result['packing_efficiency']:.4f}; "
+        f"median of {result['repeats']} passes, ratio per pass "
+        + ", ".join(f"{r:.2f}" for r in result["pass_ratios"]),
     ]
     return "\n".join(lines)
 
@@ -162,11 +173,12 @@ def format_bench_eval(result: dict) -> str:
 def _as_comparisons(result: dict) -> list[Comparison]:
     """`bench data` / `bench eval` results (plain dicts) as comparisons; lower is better for seconds."""
     keys = ("name", "embedlab", "reference", "unit", "embedlab_measures", "reference_measures")
-    return [Comparison(**{k: c[k] for k in keys}, better="lower" if c["unit"] == "s" else "higher")
+    return [Comparison(**{k: c[k] for k in keys}, runs=c.get("runs", {}),
+                       better="lower" if c["unit"] == "s" else "higher")
             for c in result["comparisons"]]
 
 
-def bench_all(config: DataConfig | None = None, *, train=None, contrastive=None, data_documents: int = 20000,
+def bench_all(config: DataConfig | None = None, *, train=None, contrastive=None, data_documents: int | None = None,
               compile_model: bool = True, progress: Callable[[str], None] = print) -> dict:
     """Every comparison in one run: {"comparisons": [...], "notes": [...]}.
 
@@ -187,7 +199,8 @@ def bench_all(config: DataConfig | None = None, *, train=None, contrastive=None,
     comparisons += contrastive_result["comparisons"]
     data = bench_data(documents=data_documents, config=config, progress=progress)
     comparisons += _as_comparisons(data)
-    notes.append(f"data: {data['documents']:,} documents; packing efficiency {data['packing_efficiency']:.4f}")
+    notes.append(f"data: {data['documents']:,} documents; packing efficiency {data['packing_efficiency']:.4f}; "
+                 f"median of {data['repeats']} passes, ratio per pass " + ", ".join(f"{r:.2f}" for r in data["pass_ratios"]))
     evaluation = bench_eval(progress=progress)
     comparisons += _as_comparisons(evaluation)
     comparisons.append(Comparison(
@@ -202,6 +215,7 @@ def bench_all(config: DataConfig | None = None, *, train=None, contrastive=None,
 
         mfu = bench_mfu(progress=progress)
         comparisons.append(mfu_comparison(mfu))
+        comparisons += _as_comparisons({"comparisons": mfu["before_after"]})
     else:
         notes.append("mfu: not measured (needs CUDA); workers/bench-gpu.sh measures the 300m preset at L=512 in bf16")
     return {"comparisons": comparisons, "notes": notes}

@@ -44,6 +44,7 @@ class MfuBench:
     precision: str = "bf16"
     compile: bool = True
     seed: int = 0
+    compare_steps: int = 8  # timed steps of each eager run in `before_after` (0: skip it)
 
 
 def model_flops(config: ModelConfig, tokens: int, selected: int, segment_lengths: np.ndarray) -> float:
@@ -146,6 +147,36 @@ def measure_mfu(bench: MfuBench, device: torch.device, peak_flops: float | None 
     }
 
 
+def before_after(bench: MfuBench, device: torch.device, measured: dict, config: ModelConfig | None = None,
+                 progress: Callable[[str], None] = print) -> list[dict]:
+    """Two optimisations, each measured before and after on the same batches and model:
+    bf16 autocast (fp32 master weights and reductions) against fp32, both eager; and the
+    compiled blocks (the `measured` run) against the same precision eager. Short runs of
+    `compare_steps` timed steps after 3 warm-up steps; tokens/s, higher is better."""
+    if bench.compare_steps < 1 or (bench.precision == "fp32" and not bench.compile):
+        return []  # nothing to compare
+    short = dataclasses.replace(bench, steps=bench.compare_steps, warmup_steps=3, compile=False)
+    eager = {precision: measure_mfu(dataclasses.replace(short, precision=precision), device, config=config,
+                                    progress=progress)["tokens_per_s"]
+             for precision in dict.fromkeys((bench.precision, "fp32"))}
+    rows = []
+    if bench.precision != "fp32":
+        rows.append({"name": f"opt: {bench.precision} autocast", "embedlab": eager[bench.precision],
+                     "reference": eager["fp32"], "unit": "tokens/s",
+                     "embedlab_measures": f"{bench.precision} autocast, fp32 master weights and reductions, eager",
+                     "reference_measures": "fp32, eager (TF32 matmuls allowed)"})
+    if bench.compile:
+        rows.append({"name": "opt: torch.compile blocks", "embedlab": measured["tokens_per_s"],
+                     "reference": eager[bench.precision], "unit": "tokens/s",
+                     "embedlab_measures": f"feed-forward and norms compiled, {bench.precision}",
+                     "reference_measures": f"eager, {bench.precision}"})
+    for row in rows:
+        row["ratio"] = row["embedlab"] / row["reference"]
+        progress(f"bench mfu: {row['name']}: {row['embedlab']:,.0f} vs {row['reference']:,.0f} tokens/s "
+                 f"({row['ratio']:.2f}x)")
+    return rows
+
+
 def device_peak(name: str) -> float | None:
     """The dense bf16 peak of a known GPU, matched on its name (None if unknown)."""
     return next((peak for key, peak in PEAK_BF16.items() if key in name), None)
@@ -165,4 +196,6 @@ def bench_mfu(bench: MfuBench = MfuBench(), peak_tflops: float | None = None,
     torch.backends.cuda.matmul.allow_tf32 = True  # only fp32 leftovers; bf16 matmuls are unaffected
     progress(f"bench mfu: {name}, preset {bench.preset}, L={bench.sequence_length}, {bench.batch_rows} rows/step, "
              f"{bench.precision}, peak {peak / 1e12:.1f} TFLOP/s")
-    return measure_mfu(bench, device, peak, progress=progress)
+    result = measure_mfu(bench, device, peak, progress=progress)
+    result["before_after"] = before_after(bench, device, result, progress=progress)
+    return result

@@ -1,6 +1,7 @@
 """The training data stream on Ray Data: read -> tokenize -> sample -> pack -> split.
 
-    read       `ray.data.read_parquet` of the frozen corpus (documents.parquet)
+    read       the frozen corpus (documents.parquet) as Ray Data blocks, at least one per
+               cluster CPU (`document_blocks`), so tokenising runs in parallel tasks
     tokenize   `map_batches(tokenize_pieces)`: training-split documents of the mixture's
                sources -> pieces of at most L tokens (tokens + SEP, never truncated);
                done once per prepared data directory and frozen as `pieces.parquet`
@@ -38,6 +39,8 @@ if TYPE_CHECKING:
 
 PIECES_FILE = "pieces.parquet"
 WINDOW_PIECES = 2048
+BLOCK_ROWS = 8192  # documents per tokenising task at most
+DOCUMENT_COLUMNS = ("doc_id", "source", "split", "title", "text")  # what tokenize_pieces reads
 _tokenizers: dict[str, FrozenTokenizer] = {}
 _pieces: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
@@ -63,7 +66,7 @@ def tokenize_pieces(
     batch = batch.filter(keep)
     tokenizer = cached_tokenizer(tokenizer_path)
     encodings = tokenizer.tokenizer.encode_batch(document_texts(batch), add_special_tokens=False)
-    lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
+    lengths = np.fromiter(map(len, encodings), dtype=np.int64, count=len(encodings))
     streams = lengths + 1  # each document's tokens and its SEP
     total = int(streams.sum())
     document = np.repeat(np.arange(len(encodings)), streams)  # (total,) the document of each position
@@ -98,6 +101,46 @@ def tokenize_pieces(
     )
 
 
+def document_blocks(documents: pa.Table, parallelism: int, max_rows: int = BLOCK_ROWS) -> list[pa.Table]:
+    """`documents` cut into consecutive blocks of equal size: a multiple of `parallelism` of
+    them (one per CPU at a time, so each task's Python work overlaps another task's
+    tokenising) and none longer than `max_rows` (which bounds a task's memory). `ray.data.read_parquet` would read a
+    single-file corpus as one block, which tokenises in one task."""
+    if parallelism < 1 or max_rows < 1:
+        raise ValueError(f"document_blocks needs parallelism >= 1 and max_rows >= 1, got {parallelism}, {max_rows}")
+    # A multiple of `parallelism` blocks of equal size, so no task runs alone at the end.
+    count = parallelism * max(1, -(-documents.num_rows // (parallelism * max_rows)))
+    count = min(count, max(documents.num_rows, 1))  # never an empty block beside full ones
+    bounds = np.linspace(0, documents.num_rows, count + 1).round().astype(int)
+    return [documents.slice(start, stop - start) for start, stop in zip(bounds[:-1], bounds[1:])] or [documents]
+
+
+def cluster_cpus() -> int:
+    """CPUs of the connected Ray cluster (this machine's when Ray is not started yet)."""
+    import os
+
+    import ray
+
+    if ray.is_initialized():
+        return max(1, int(ray.cluster_resources().get("CPU", 1)))
+    return os.cpu_count() or 1
+
+
+def tokenize_dataset(documents: pa.Table, *, tokenizer_path: str, sequence_length: int, sources: list[str]):
+    """The Ray Data `tokenize` stage over `documents` (see `tokenize_pieces`)."""
+    import ray.data
+
+    return ray.data.from_arrow(document_blocks(documents, cluster_cpus())).map_batches(
+        tokenize_pieces,
+        fn_kwargs={"tokenizer_path": tokenizer_path, "sequence_length": sequence_length, "sources": sources},
+        batch_format="pyarrow",
+        batch_size=None,  # one batch per block: a batch size would bundle small blocks into one task
+        # A whole CPU per task: encode_batch already runs a thread per core, and half-CPU
+        # tasks (four at once on two cores) tokenised at under half the speed (`bench data`).
+        num_cpus=1,
+    )
+
+
 def build_pieces(
     documents_path: Path,
     tokenizer_path: Path,
@@ -108,15 +151,11 @@ def build_pieces(
     progress: Callable[[str], None] = print,
 ) -> pa.Table:
     """Tokenise the corpus on Ray Data and freeze the pieces in canonical order."""
-    import ray.data
+    import ray
 
-    dataset = ray.data.read_parquet(str(documents_path), num_cpus=0.5).map_batches(
-        tokenize_pieces,
-        fn_kwargs={"tokenizer_path": str(tokenizer_path), "sequence_length": sequence_length, "sources": sources},
-        batch_format="pyarrow",
-        batch_size=4096,
-        num_cpus=0.5,
-    )
+    documents = pq.read_table(documents_path, columns=list(DOCUMENT_COLUMNS))
+    dataset = tokenize_dataset(documents, tokenizer_path=str(tokenizer_path), sequence_length=sequence_length,
+                               sources=sources)
     tables = [t for t in (ray.get(ref) for ref in dataset.to_arrow_refs()) if t.num_rows]
     pieces = pa.concat_tables(tables).sort_by(
         [("source", "ascending"), ("doc_id", "ascending"), ("piece", "ascending")]
