@@ -117,6 +117,64 @@ def test_varlen_path_equals_dense_mask_path():
         torch.testing.assert_close(b.grad, a.grad, atol=1e-9, rtol=1e-9)
 
 
+def test_bucketed_varlen_kernel_equals_the_per_sequence_reference():
+    """The CPU kernel (sequences batched by power-of-two length bucket, padded keys masked)
+    gives the per-sequence loop's outputs and gradients, for lengths inside, at and across
+    bucket edges, single tokens, one full bucket and an empty batch."""
+    from embedlab.model.encoder import bucketed_varlen_attention, reference_varlen_attention
+
+    torch.manual_seed(3)
+    for lengths in ([1, 5, 16, 17, 33, 100, 3, 64, 65, 128], [16, 16, 16], [7], [300, 2, 1024]):
+        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+        q, k, v = (torch.randn(sum(lengths), 2, 4, dtype=torch.double, requires_grad=True) for _ in range(3))
+        want = reference_varlen_attention(q, k, v, cu, max(lengths))
+        got = bucketed_varlen_attention(q, k, v, cu, max(lengths))
+        torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-12)
+        grads = torch.autograd.grad((got * want.detach()).sum(), (q, k, v))
+        for a, b in zip(grads, torch.autograd.grad((want * want.detach()).sum(), (q, k, v))):
+            torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
+    empty = torch.zeros(0, 2, 4)
+    assert bucketed_varlen_attention(empty, empty, empty, torch.zeros(1, dtype=torch.int32), 0).shape == (0, 2, 4)
+
+
+def test_bucketed_varlen_dropout_stays_inside_each_sequence():
+    """With attention dropout the CPU kernel still mixes values only within a sequence (the
+    gradient of each output row reaches no other sequence's values), drops weights at about
+    the set rate, and is exact without dropout."""
+    from embedlab.model.encoder import bucketed_varlen_attention
+
+    torch.manual_seed(4)
+    lengths = [5, 20, 40]
+    cu = torch.tensor([0, 5, 25, 65], dtype=torch.int32)
+    q, k = torch.randn(65, 1, 4), torch.randn(65, 1, 4)
+    v = torch.randn(65, 1, 4, requires_grad=True)
+    out = bucketed_varlen_attention(q, k, v, cu, 40, dropout_p=0.5)
+    for index, (start, end) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
+        (grad,) = torch.autograd.grad(out[start:end].sum(), v, retain_graph=True)
+        outside = torch.ones(65, dtype=torch.bool)
+        outside[start:end] = False
+        assert grad[outside].abs().max() == 0 and grad[start:end].abs().sum() > 0, lengths[index]
+    # Each kept weight is scaled by 1/(1-p): with all-ones values an output is 2 x the kept share.
+    ones = torch.ones(65, 1, 4)
+    shares = torch.stack([bucketed_varlen_attention(q, k, ones, cu, 40, dropout_p=0.5) for _ in range(200)])
+    assert abs(float(shares.mean()) - 1.0) < 0.05
+    torch.testing.assert_close(bucketed_varlen_attention(q, k, ones, cu, 40), torch.ones(65, 1, 4))
+
+
+def test_auto_attention_path():
+    """"auto": the bucketed varlen kernel on CPU from 1,024 tokens a row, the dense mask below;
+    an explicit path is always taken."""
+    import dataclasses
+
+    from embedlab.model.encoder import CPU_VARLEN_MIN_LENGTH, use_varlen
+
+    assert CPU_VARLEN_MIN_LENGTH == 1024
+    short, long = torch.zeros(2, 512, 8), torch.zeros(1, 1024, 8)
+    assert not use_varlen(TINY, short) and use_varlen(TINY, long)
+    assert use_varlen(dataclasses.replace(TINY, attention="varlen"), short)
+    assert not use_varlen(dataclasses.replace(TINY, attention="dense"), long, training=True)
+
+
 def test_segment_layout_cuts_rows_and_segments():
     """cu_seqlens restart at every segment and every row; padding is left out."""
     from embedlab.model.encoder import segment_layout

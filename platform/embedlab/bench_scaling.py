@@ -1,6 +1,6 @@
 """`embedlab bench --scaling`: how training and evaluation time grow.
 
-Training: phase-1 tokens/s at row lengths 128, 512 and 2048 on the same documents (see
+Training: phase-1 tokens/s at row lengths 128, 512, 1024 and 2048 on the same documents (see
 `bench_train.tokens_per_second_by_length`), on both attention paths.
 
 Evaluation: seconds to evaluate a corpus of N documents = encoding N documents + building
@@ -72,7 +72,7 @@ def _unit(x: np.ndarray) -> np.ndarray:
     return x / np.linalg.norm(x, axis=1, keepdims=True)
 
 
-def bench_scaling(prepared, *, lengths: tuple[int, ...] = (128, 512, 2048), sizes: tuple[int, ...] = CORPUS_SIZES,
+def bench_scaling(prepared, *, lengths: tuple[int, ...] = (128, 512, 1024, 2048), sizes: tuple[int, ...] = CORPUS_SIZES,
                   length_preset: str = "tiny", length_tokens: int = 16384, encode_limit: int = 10_000,
                   repeats: int = 3, threads: int = 1, progress: Callable[[str], None] = print) -> dict:
     from embedlab.bench_train import tokens_per_second_by_length

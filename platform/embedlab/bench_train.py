@@ -458,7 +458,7 @@ def train_notes(result: dict) -> list[str]:
     return lines
 
 
-def tokens_per_second_by_length(prepared, lengths: tuple[int, ...] = (128, 512, 2048), preset: str = "tiny",
+def tokens_per_second_by_length(prepared, lengths: tuple[int, ...] = (128, 512, 1024, 2048), preset: str = "tiny",
                                 tokens: int = 16384, repeats: int = 3, threads: int = 1,
                                 progress: Callable[[str], None] = print) -> list[dict]:
     """Training tokens/s of packed rows at each row length, on both attention paths.
@@ -466,8 +466,8 @@ def tokens_per_second_by_length(prepared, lengths: tuple[int, ...] = (128, 512, 
     The same documents at every length (about `tokens` of them, untruncated: cut into pieces
     of at most L tokens as the data pipeline cuts them), about 4k positions per step. "dense"
     is SDPA with the block-diagonal mask (its cost grows with L^2 per row whatever the
-    documents); "varlen" computes attention per segment (on CPU the reference loop, on CUDA
-    the flash kernel)."""
+    documents); "varlen" computes attention per segment (on CPU sequences batched by length
+    bucket, on CUDA the flash kernel)."""
     from embedlab.data.packing import chunk_document
 
     torch.set_num_threads(threads)

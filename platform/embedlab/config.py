@@ -51,8 +51,9 @@ class ModelConfig:
     rope_base: float = 10000.0
     dropout: float = 0.0
     layer_norm_eps: float = 1e-5
-    # "auto": the variable-length (flash) kernel for packed rows on CUDA in bf16/fp16, the
-    # dense block-diagonal mask elsewhere; "dense" or "varlen" force one path.
+    # "auto": the variable-length kernel for packed rows on CUDA in bf16/fp16 (flash; not while
+    # training with dropout) and on CPU from 1,024 tokens a row (bucketed), the dense
+    # block-diagonal mask elsewhere; "dense" or "varlen" force one path.
     attention: str = "auto"
 
     def __post_init__(self) -> None:

@@ -13,9 +13,10 @@ padding with 0. A token attends only to tokens of its own segment, and RoPE posi
 restart at 0 at every document start, so a packed row computes exactly what the same
 documents would compute one per row. Two attention paths compute it: a dense
 block-diagonal boolean mask for `scaled_dot_product_attention` (any device), or the
-variable-length path that computes real tokens only, cut into segments (`cu_seqlens`), with
-torch's flash `varlen_attn` on CUDA (`ModelConfig.attention`; "auto" picks varlen on CUDA
-under bf16/fp16). Dropout inside attention applies on the dense path only.
+variable-length path that computes real tokens only, cut into segments (`cu_seqlens`): torch's
+flash `varlen_attn` on CUDA, sequences batched by length buckets on CPU
+(`ModelConfig.attention`; "auto" is `use_varlen`). Dropout inside attention applies on the
+dense path and the CPU kernel; the flash kernel has none.
 """
 
 from __future__ import annotations
@@ -83,6 +84,34 @@ def reference_varlen_attention(q, k, v, cu_seqlens: torch.Tensor, max_length: in
     return out
 
 
+def bucketed_varlen_attention(q, k, v, cu_seqlens: torch.Tensor, max_length: int,
+                              dropout_p: float = 0.0) -> torch.Tensor:
+    """(N, H, Dh) packed queries/keys/values -> (N, H, Dh): attention inside each sequence of
+    `cu_seqlens`, batched. Sequences are grouped by length, in buckets of powers of two (at
+    least 16), and each bucket is one `scaled_dot_product_attention` call over its sequences
+    padded to the bucket's longest, with the padded keys masked out. Work is the sum over
+    sequences of (bucket length)^2, never the packed row's T^2, and one call per bucket
+    (at most log2(T) of them) instead of one per sequence. `dropout_p` drops attention
+    weights as the dense path does. The CPU variable-length kernel."""
+    lengths = cu_seqlens[1:] - cu_seqlens[:-1]  # (S,)
+    if lengths.numel() == 0:
+        return q.new_zeros(q.shape)
+    buckets = torch.clamp(2 ** torch.ceil(torch.log2(lengths.double().clamp(min=1))), min=16).long()
+    out = q.new_zeros(q.shape)
+    for bucket in torch.unique(buckets).tolist():
+        members = (buckets == bucket).nonzero().squeeze(1)  # (S_b,)
+        member_lengths = lengths[members]
+        width = int(member_lengths.max())
+        offsets = torch.arange(width, device=q.device)
+        valid = offsets[None, :] < member_lengths[:, None]  # (S_b, W)
+        index = torch.where(valid, cu_seqlens[members].long()[:, None] + offsets[None, :], 0)  # (S_b, W)
+        part = [t[index].transpose(1, 2) for t in (q, k, v)]  # each (S_b, H, W, Dh)
+        mask = None if bool(valid.all()) else valid[:, None, None, :]  # keys only; padded queries are dropped
+        attended = F.scaled_dot_product_attention(*part, attn_mask=mask, dropout_p=dropout_p)
+        out = out.index_put((index[valid],), attended.transpose(1, 2)[valid])
+    return out
+
+
 def flash_varlen_attention(q, k, v, cu_seqlens: torch.Tensor, max_length: int) -> torch.Tensor:
     """torch's variable-length flash attention (CUDA, bf16/fp16)."""
     from torch.nn.attention.varlen import varlen_attn
@@ -90,11 +119,24 @@ def flash_varlen_attention(q, k, v, cu_seqlens: torch.Tensor, max_length: int) -
     return varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_length, max_length)
 
 
-def use_varlen(config: ModelConfig, x: torch.Tensor) -> bool:
-    """The flash kernel takes bf16/fp16 only: "auto" uses it on CUDA under autocast or half weights."""
+# "auto" on CPU switches to the bucketed variable-length kernel from this row length on:
+# `embedlab bench --scaling` measured it at 0.86x dense at 128 tokens, 0.95x at 512 and
+# 1.89x at 2,048 on the tiny preset (README, Benchmarks).
+CPU_VARLEN_MIN_LENGTH = 1024
+
+
+def use_varlen(config: ModelConfig, x: torch.Tensor, training: bool = False) -> bool:
+    """Which attention path "auto" takes for (B, T, d) inputs `x`.
+
+    CUDA: the flash kernel takes bf16/fp16 only and has no attention dropout, so "auto" uses
+    it under autocast or half weights, and not while dropout is training. CPU: the bucketed
+    kernel from `CPU_VARLEN_MIN_LENGTH` tokens a row, where it beats the dense mask."""
     if config.attention != "auto":
         return config.attention == "varlen"
-    return x.is_cuda and (x.dtype in (torch.float16, torch.bfloat16) or torch.is_autocast_enabled("cuda"))
+    if x.is_cuda:
+        half = x.dtype in (torch.float16, torch.bfloat16) or torch.is_autocast_enabled("cuda")
+        return half and not (training and config.dropout > 0)
+    return x.shape[1] >= CPU_VARLEN_MIN_LENGTH
 
 
 class Rotary(nn.Module):
@@ -141,8 +183,11 @@ class SelfAttention(nn.Module):
             # padding positions get zeros (nothing downstream reads them).
             packed = [t.transpose(1, 2).reshape(batch * length, self.heads, self.head_width)[layout.token_index]
                       for t in (q, k, v)]
-            kernel = flash_varlen_attention if x.is_cuda else reference_varlen_attention
-            result = kernel(*packed, layout.cu_seqlens, layout.max_length)
+            if x.is_cuda:
+                result = flash_varlen_attention(*packed, layout.cu_seqlens, layout.max_length)
+            else:
+                result = bucketed_varlen_attention(*packed, layout.cu_seqlens, layout.max_length,
+                                                   dropout_p=self.dropout if self.training else 0.0)
             attended = result.new_zeros(batch * length, self.heads, self.head_width)
             attended[layout.token_index] = result
             attended = attended.view(batch, length, self.heads, self.head_width)
@@ -190,7 +235,7 @@ class Encoder(nn.Module):
     def forward(self, input_ids: torch.Tensor, segment_ids: torch.Tensor) -> torch.Tensor:
         positions = segment_positions(segment_ids)
         x = self.embed_dropout(self.embed(input_ids))
-        varlen = use_varlen(self.config, x)
+        varlen = use_varlen(self.config, x, self.training)
         layout = segment_layout(segment_ids) if varlen else None
         mask = None if varlen else segment_attention_mask(segment_ids)
         for block in self.blocks:
