@@ -19,6 +19,7 @@ from pathlib import Path
 
 import ray
 
+from embedlab.config import EvalConfig
 from embedlab.evaluate.beir import Task, load_task
 from embedlab.evaluate.checkpoint_eval import evaluate_checkpoint
 from embedlab.train.checkpoint import read_manifest
@@ -47,7 +48,7 @@ class Evaluator:
 
     def evaluate(
         self, checkpoint_dir: str, task_dir: str, split: str, index: str = "flat", retention_dir: str | None = None,
-        request: str | None = None, max_length: int = 128,
+        request: str | None = None, max_length: int = EvalConfig.max_length,
     ) -> dict:
         """Scores of the checkpoint on the task's split, texts cut at `max_length` tokens (cached);
         `request` names this call in `progress()` (default: the checkpoint directory)."""

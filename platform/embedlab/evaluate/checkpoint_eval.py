@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from embedlab.config import EvalConfig
 from embedlab.evaluate.beir import Task
 from embedlab.evaluate.encode import encode_texts
 from embedlab.evaluate.retrieval import evaluate_encoder
@@ -15,8 +16,8 @@ from embedlab.train.checkpoint import load_encoder
 
 
 def evaluate_checkpoint(
-    checkpoint_dir: Path, task: Task, split: str, *, batch_size: int = 64, max_length: int = 128,
-    index: str = "flat",
+    checkpoint_dir: Path, task: Task, split: str, *, batch_size: int = EvalConfig.batch_size,
+    max_length: int = EvalConfig.max_length, index: str = "flat",
     retention_dir: Path | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> dict:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from embedlab.config import TrialConfig
+from embedlab.config import EvalConfig, TrialConfig
 from embedlab.data.prepare import PreparedData, prepare_data
 from embedlab.evaluate.beir import load_task
 from embedlab.evaluate.checkpoint_eval import resolve_task
@@ -230,7 +230,7 @@ EVAL_PROGRESS = "eval/progress"  # a Tune result holding one evaluation progress
 
 
 def evaluate_with_progress(evaluator, args: tuple, *, request: str, report: Callable[[str], None],
-                           max_length: int = 128, poll_seconds: float = EVAL_POLL_SECONDS) -> dict:
+                           max_length: int = EvalConfig.max_length, poll_seconds: float = EVAL_POLL_SECONDS) -> dict:
     """The evaluation actor's scores for `evaluate(*args)`; meanwhile each new encoding line of
     this `request` (see `Evaluator.progress`) goes to `report`, the last one once it is done,
     and "waiting" once if another trial's evaluation holds the actor first."""
@@ -390,7 +390,7 @@ def run_sweep(
     budget = study.budget_text
     progress(f"study {study.name} (phase {study.phase}, profile {study.profile or '-'}): {len(study.arms)} arms x "
              f"{len(study.seeds)} seeds at {budget} each")
-    prepared = _prepare_arms(study, progress)
+    prepared = prepare_arms(study, progress)
     overlap = _check_contamination(study, prepared, progress)
     if resume is None:
         run_dir = _new_run_dir(store.resolve(storage), study.name)
@@ -598,7 +598,7 @@ def _new_run_dir(storage: str, name: str) -> str:
     raise FileExistsError(f"could not create a new run directory next to {store.join(storage, base)}")
 
 
-def _prepare_arms(study: Study, progress: Callable[[str], None]) -> dict[str, dict]:
+def prepare_arms(study: Study, progress: Callable[[str], None]) -> dict[str, dict]:
     """Prepare each distinct data config once; map every arm to its prepared record."""
     by_config: dict[str, PreparedData] = {}
     out: dict[str, dict] = {}
