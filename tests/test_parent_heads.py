@@ -25,3 +25,34 @@ def test_joint_child_takes_the_nearest_ratio_head(tmp_path):
         head = child.model.mlm_head.state_dict()
         for key, value in parent.heads[expected].state_dict().items():
             assert torch.equal(head[key], value), (ratio, key)
+
+
+def test_retention_scores_a_dual_head_checkpoint_with_its_head_nearest_15_percent(tmp_path):
+    """The retention panel's masked-token accuracy exists for a dual-head checkpoint, and
+    equals that of a single-head checkpoint holding the same encoder and its mask5 head
+    (nearest the panel's 15%), not its mask50 head."""
+    from embedlab.evaluate.retention import mlm_accuracy_function
+    from embedlab.tokenizer import save_tokenizer, train_tokenizer
+
+    texts = [f"the panel masks fifteen percent of line {i} and {i * 7} words" for i in range(200)]
+    tokenizer = save_tokenizer(train_tokenizer(texts, vocab_size=300), tmp_path / "tokenizer")
+    torch.manual_seed(1)
+    dual = MultiHeadMLMModel(TINY, ["mask5", "mask50"])
+    # Heads that answer differently: mask5 always predicts the commonest token, mask50 one
+    # that never occurs, so the head used shows in the accuracy.
+    from collections import Counter
+
+    common = Counter(t for ids in tokenizer.encode_batch(texts[:50]) for t in ids).most_common(1)[0][0]
+    with torch.no_grad():
+        dual.heads["mask5"].bias[common] = 1e4
+        dual.heads["mask50"].bias[TINY.vocab_size - 1] = 1e4  # beyond the tokenizer's 300
+    save_checkpoint(tmp_path / "dual", dual.encoder, head=dual.heads, tokenizer=tokenizer,
+                    fields={"objective": {"heads": ["mask5", "mask50"]}})
+    scores = {}
+    for name in ("mask5", "mask50"):
+        save_checkpoint(tmp_path / name, dual.encoder, head=dual.heads[name], tokenizer=tokenizer, fields={})
+        scores[name] = mlm_accuracy_function(tmp_path / name)(texts[:50])
+    got = mlm_accuracy_function(tmp_path / "dual")(texts[:50])
+    assert got == scores["mask5"] > 0 and scores["mask50"] == 0
+    save_checkpoint(tmp_path / "encoder-only", dual.encoder, head=None, tokenizer=tokenizer, fields={})
+    assert mlm_accuracy_function(tmp_path / "encoder-only") is None

@@ -10,7 +10,8 @@ training text), so the same panel scores phase 1, 2 and 3:
   one source) and 0 (two sources); the Spearman rank correlation between cosine
   similarity and grade.
 - `mlm`: masked-token accuracy on passages (15% of tokens, fixed seed, 80/10/10) for
-  checkpoints that still carry an MLM head; None otherwise.
+  checkpoints that still carry an MLM head (a dual-head checkpoint: its head trained
+  nearest 15%); None otherwise.
 """
 
 from __future__ import annotations
@@ -158,22 +159,18 @@ def retention_scores(
 
 
 def mlm_accuracy_function(checkpoint_dir: Path, max_length: int = 128) -> Callable[[list[str]], float] | None:
-    """Masked-token accuracy of a checkpoint's single MLM head (None without one; dual-head
-    checkpoints are not scored here, their heads answer different masking ratios)."""
-    from safetensors.torch import load_file
-
+    """Masked-token accuracy at 15% masking of a checkpoint's MLM head (None without one). A
+    dual-head checkpoint is scored with its head trained nearest 15% (`single_head_state`),
+    the one a phase-2 child would continue with."""
     from embedlab.config import MaskingConfig
     from embedlab.model.encoder import MLMModel
     from embedlab.objectives.masking import mask_tokens
-    from embedlab.train.checkpoint import HEAD_FILE, load_encoder
+    from embedlab.train.checkpoint import load_encoder, single_head_state
 
-    head_path = Path(checkpoint_dir) / HEAD_FILE
-    if not head_path.is_file():
+    encoder, tokenizer, manifest = load_encoder(Path(checkpoint_dir))
+    head_state, _ = single_head_state(Path(checkpoint_dir), manifest, MaskingConfig().ratio)
+    if head_state is None or not all(key.startswith(("dense.", "norm.", "bias")) for key in head_state):
         return None
-    head_state = load_file(str(head_path))
-    if not all(key.startswith(("dense.", "norm.", "bias")) for key in head_state):
-        return None
-    encoder, tokenizer, _ = load_encoder(Path(checkpoint_dir))
     model = MLMModel(encoder.config).eval()
     model.encoder.load_state_dict(encoder.state_dict())
     model.mlm_head.load_state_dict(head_state, strict=False)

@@ -231,15 +231,26 @@ def load_parent(directory: Path, *, tokenizer_hash: str, need_head: bool, maskin
     model.encoder.load_state_dict(encoder.state_dict())
     head_path = Path(directory) / HEAD_FILE
     if head_path.is_file():
-        state = load_file(str(head_path))
-        heads = [h for h in manifest.get("objective", {}).get("heads", []) if h != "mlm"]
-        if heads:
-            # A dual-head parent (one head per masking ratio, named mask<percent>): the child's
-            # single MLM term continues with the head trained nearest its own masking ratio.
-            chosen = min(heads, key=lambda h: abs(int(h.removeprefix("mask")) / 100 - masking_ratio))
-            state = {k.split(".", 1)[1]: v for k, v in state.items() if k.startswith(f"{chosen}.")}
+        state, _ = single_head_state(directory, manifest, masking_ratio)
         _check_head(head_path, *model.mlm_head.load_state_dict(state, strict=False))
     return Parent(model=model, manifest=manifest, head_restored=head_path.is_file())
+
+
+def single_head_state(directory: Path, manifest: dict[str, Any],
+                      masking_ratio: float) -> tuple[dict[str, torch.Tensor], str] | tuple[None, None]:
+    """The checkpoint's MLM head as one `MLMHead` state (without the tied decoder) and its
+    name, or (None, None) without a head. A dual-head checkpoint (one head per masking ratio,
+    named mask<percent>) gives the head trained nearest `masking_ratio`: the one a phase-2
+    child continues with, and the one the retention panel scores at its 15%."""
+    head_path = Path(directory) / HEAD_FILE
+    if not head_path.is_file():
+        return None, None
+    state = load_file(str(head_path))
+    heads = [h for h in manifest.get("objective", {}).get("heads", []) if h != "mlm"]
+    if not heads:
+        return state, "mlm"
+    chosen = min(heads, key=lambda h: abs(int(h.removeprefix("mask")) / 100 - masking_ratio))
+    return {k.split(".", 1)[1]: v for k, v in state.items() if k.startswith(f"{chosen}.")}, chosen
 
 
 def load_weights(directory: Path, encoder: Encoder, head: torch.nn.Module | None) -> dict[str, Any]:
