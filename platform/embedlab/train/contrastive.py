@@ -161,16 +161,20 @@ class ContrastiveLoop(TrainingLoop):
             taus.append(tau)
         mlm_mean = 0.0
         grad_norms: dict[str, float] = {}
+        contrastive_grad = None
         if self.joint:
-            contrastive_grad = _grad_vector(self.parameters)
+            # Each term's norm is of its global gradient (summed over workers), so the
+            # contrastive part costs one more gradient all-reduce a step in joint arms.
+            contrastive_grad = self.all_reduce(_grad_vector(self.parameters))
             mlm_mean, mlm_encoded, mlm_selected = self._mlm_backward(batches)
             counts[4] += mlm_encoded
             counts[5] += mlm_selected
+        all_reduce_gradients(self.parameters, self.all_reduce)
+        if contrastive_grad is not None:
             grad_norms = {
                 "train/grad_norm_contrastive": float(contrastive_grad.norm()),
                 "train/grad_norm_mlm": float((_grad_vector(self.parameters) - contrastive_grad).norm()),
             }
-        all_reduce_gradients(self.parameters, self.all_reduce)
         loss_total = float(self.all_reduce(torch.tensor([loss_local], dtype=torch.float64)).item())
         norm = float(torch.nn.utils.clip_grad_norm_(self.parameters.parameters(), train.max_grad_norm))
         # All three figures are global, so every worker takes the same decision.
