@@ -163,3 +163,21 @@ def test_contrastive_phase_config_rules():
         TrialConfig(phase=2, parent="p", contrastive=ContrastiveConfig(hard_negatives=2))
     with pytest.raises(ConfigError, match="continue_optimizer"):
         ContrastiveConfig(continue_optimizer=True)
+
+
+def test_concurrency_is_set_by_the_arm_needing_most():
+    """Arms with different worker counts: the sweep runs as many trials side by side as the
+    largest arm allows (one CPU kept free), whichever arm comes first; an arm that cannot fit
+    is named in the error."""
+    from embedlab.sweep.run import study_concurrency
+
+    base = recipes.phase1_baseline("demo")
+    small = replace(base, train=replace(base.train, num_workers=1, cpus_per_worker=1.0))
+    large = replace(base, train=replace(base.train, num_workers=3, cpus_per_worker=1.0))
+    resources = {"CPU": 8.0}
+    assert study_concurrency({"small": small}, resources) == 7
+    assert study_concurrency({"small": small, "large": large}, resources) == 2
+    assert study_concurrency({"large": large, "small": small}, resources) == 2
+    huge = replace(base, train=replace(base.train, num_workers=8, cpus_per_worker=1.0))
+    with pytest.raises(ValueError, match="arm huge: a trial needs 8 CPUs"):
+        study_concurrency({"small": small, "huge": huge}, resources)

@@ -284,15 +284,15 @@ def _plan_one(study: Study, parent: str | None, address: str | None, reports: in
     """One study's plan and its first arm's pilot checkpoint."""
     import ray
 
-    from embedlab.sweep.run import prepare_arms, connect, max_concurrent_trials
+    from embedlab.sweep.run import connect, prepare_arms, study_concurrency
     from embedlab.train.launch import CHECKPOINTS_KEPT
 
     started = time.perf_counter()
     connect(address, progress)
     prepared = prepare_arms(study, progress)
     setup_seconds = time.perf_counter() - started  # a sweep pays it once too
-    first = study.trial_config(next(iter(study.arms)), study.seeds[0], parent)
-    concurrency = max_concurrent_trials(first, ray.cluster_resources())
+    concurrency = study_concurrency(
+        {arm: study.trial_config(arm, study.seeds[0], parent) for arm in study.arms}, ray.cluster_resources())
     pilots, checkpoints = {}, []
     for arm in study.arms:
         record = prepared[arm]

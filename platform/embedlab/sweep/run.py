@@ -139,6 +139,18 @@ def max_concurrent_trials(trial: TrialConfig, resources: dict[str, float]) -> in
     return max(1, fit)
 
 
+def study_concurrency(arms: dict[str, TrialConfig], resources: dict[str, float]) -> int:
+    """Trials of a study that fit side by side: the arm needing the most resources decides,
+    as arms may differ in workers or GPUs. An arm that fits nowhere is named."""
+    fits = []
+    for arm, trial in arms.items():
+        try:
+            fits.append(max_concurrent_trials(trial, resources))
+        except ValueError as error:
+            raise ValueError(f"arm {arm}: {error}") from None
+    return min(fits)
+
+
 def train_trial(trial: TrialConfig, prepared: PreparedData, *, storage_path: str | Path, name: str,
                 callbacks: list | None = None):
     """Fit the trial's phase on Ray Train (phase 1, or phases 2-3 with phase 3's mining first)."""
@@ -386,7 +398,7 @@ def run_sweep(
 
     from embedlab.evaluate.actor import get_evaluator
 
-    concurrency = max_concurrent_trials(next(iter(study.arms.values())), ray.cluster_resources())
+    concurrency = study_concurrency(study.arms, ray.cluster_resources())
     budget = study.budget_text
     progress(f"study {study.name} (phase {study.phase}, profile {study.profile or '-'}): {len(study.arms)} arms x "
              f"{len(study.seeds)} seeds at {budget} each")
