@@ -232,6 +232,33 @@ def test_precision_auto_resolves_by_device_and_is_recorded(frozen, tmp_path):
     assert set(manifest["rng_streams"]) == {"init", "dropout", "masking", "sampling", "library"}
 
 
+def test_compile_resolves_by_device_and_a_compiled_run_trains_as_eager(frozen, tmp_path):
+    """train.compile: 'auto' is off on CPU and on with GPUs, and bad values are refused. A
+    phase-1 run with compiled blocks reports the eager run's losses (to float rounding:
+    inductor fuses the kernels), keeps parameter names, and records the choice."""
+    from embedlab.train.checkpoint import read_manifest
+    from embedlab.train.compiling import resolve_compile
+
+    assert not resolve_compile(TrainConfig()) and resolve_compile(TrainConfig(use_gpu=True))
+    assert resolve_compile(TrainConfig(compile="on")) and not resolve_compile(TrainConfig(use_gpu=True, compile="off"))
+    with pytest.raises(ConfigError, match="train.compile"):
+        TrainConfig(compile="yes")
+    trial = synthetic.phase1_trial(1)
+    trial = dataclasses.replace(trial, model=dataclasses.replace(trial.model, dropout=0.0))  # same draws both ways
+    eager, eager_loop = train(trial, frozen, tmp_path / "eager")
+    on = dataclasses.replace(trial, train=dataclasses.replace(trial.train, compile="on"))
+    compiled, compiled_loop = train(on, frozen, tmp_path / "compiled")
+    assert [r["train/loss"] for r in compiled] == pytest.approx([r["train/loss"] for r in eager], rel=1e-4)
+    assert list(compiled_loop.model.state_dict()) == list(eager_loop.model.state_dict())
+    blocks = compiled_loop.model.encoder.blocks
+    assert all(part._compiled_call_impl is not None for b in blocks for part in (b.ffn, b.attn_norm, b.ffn_norm))
+    assert all(b.ffn._compiled_call_impl is None for b in eager_loop.model.encoder.blocks)
+    records = [read_manifest(sorted(root.rglob("manifest.json"))[-1].parent)["compile"]
+               for root in (tmp_path / "eager", tmp_path / "compiled")]
+    assert records[0] == {"setting": "auto", "compiled": False, "parts": None}
+    assert records[1]["compiled"] and records[1]["setting"] == "on" and "feed-forward" in records[1]["parts"]
+
+
 def test_masking_draws_do_not_depend_on_dropout(frozen):
     """Masking has its own generator: the masks of a second step are the same with dropout on
     or off, although dropout draws from the default generator in between."""

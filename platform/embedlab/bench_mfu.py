@@ -11,7 +11,8 @@ so padding, the dense mask's cross-document blocks, GradCache re-forwards and re
 count for nothing. The step is the real one (`accumulate_gradients` under the bf16 policy,
 `optimizer_step`, fused AdamW from `build_optimizer`); the encoder runs the variable-length
 flash path ("auto" under bf16 autocast) and, unless `--no-compile`, its blocks' feed-forward
-and norms are compiled. Rows are packed from synthetic documents (random ids, lengths drawn
+and norms are compiled as training compiles them (`train.compile`,
+`embedlab.train.compiling`). Rows are packed from synthetic documents (random ids, lengths drawn
 from a log-normal fitted to the built-in corpus: median 34, mean 75 tokens, cut into pieces
 of at most L) so the command needs no prepared data on the GPU machine. Masked batches are
 prepared and moved to the device before the clock starts (the loader prefetches ahead of
@@ -79,20 +80,12 @@ def segment_lengths(segment_ids: torch.Tensor) -> np.ndarray:
     return np.diff(cu)
 
 
-def compile_blocks(model: torch.nn.Module) -> None:
-    """Compile each block's feed-forward and norms: static (N, d) shapes, no data-dependent
-    indexing; attention stays eager around the flash kernel's variable-length call."""
-    for block in model.encoder.blocks:
-        block.ffn = torch.compile(block.ffn)
-        block.attn_norm = torch.compile(block.attn_norm)
-        block.ffn_norm = torch.compile(block.ffn_norm)
-
-
 def measure_mfu(bench: MfuBench, device: torch.device, peak_flops: float | None = None,
                 config: ModelConfig | None = None, progress: Callable[[str], None] = print) -> dict:
     """Tokens/s, model TFLOP/s, MFU and peak memory of `steps` timed phase-1 steps."""
     from embedlab.model.encoder import MLMModel
     from embedlab.objectives.masking import mask_tokens
+    from embedlab.train.compiling import compile_blocks
     from embedlab.train.mlm_step import Microbatch, accumulate_gradients, optimizer_step
     from embedlab.train.optim import build_optimizer
 
@@ -100,7 +93,7 @@ def measure_mfu(bench: MfuBench, device: torch.device, peak_flops: float | None 
     torch.manual_seed(bench.seed)
     model = MLMModel(config).to(device).train()
     if bench.compile:
-        compile_blocks(model)
+        compile_blocks(model.encoder)  # what training does with train.compile on
     train = TrainConfig()
     optimizer = build_optimizer(model, train, device)
     generator = torch.Generator().manual_seed(bench.seed)

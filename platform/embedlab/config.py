@@ -295,6 +295,7 @@ class OptimizerConfig:
 
 
 PRECISIONS = ("auto", "fp32", "bf16")
+COMPILE_MODES = ("auto", "on", "off")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -316,7 +317,9 @@ class TrainConfig:
     clipped to global norm `max_grad_norm` (the pre-clip norm is reported). `precision`:
     "fp32" everywhere, or "bf16" autocast for the forward passes with fp32 master weights,
     fp32 optimizer state and fp32 loss reductions; "auto" is bf16 with GPUs and fp32 on
-    CPUs (resolved value recorded in the manifest).
+    CPUs (resolved value recorded in the manifest). `compile`: "on" compiles each block's
+    feed-forward and norms with `torch.compile` (`embedlab.train.compiling`), "off" runs
+    eager, "auto" compiles on GPUs only (on CPU it measured no faster).
 
     Length schedule (phase 1): `length_schedule` lists (budget fraction, sequence length)
     stages, e.g. ((0.9, 128), (0.1, 512)) for BERT's 90%/10%; lengths must divide
@@ -337,6 +340,7 @@ class TrainConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     max_grad_norm: float = 1.0
     precision: str = "auto"
+    compile: str = "auto"
     length_schedule: tuple[tuple[float, int], ...] = ()
     seed: int = 0
     num_workers: int = 2
@@ -355,6 +359,7 @@ class TrainConfig:
         )
         _check(self.weight_decay >= 0, "train.weight_decay", "must be >= 0")
         _check(self.precision in PRECISIONS, "train.precision", f"{self.precision!r}; valid: {list(PRECISIONS)}")
+        _check(self.compile in COMPILE_MODES, "train.compile", f"{self.compile!r}; valid: {list(COMPILE_MODES)}")
         if self.length_schedule:
             fractions = [fraction for fraction, _ in self.length_schedule]
             _check(all(f > 0 for f in fractions) and abs(sum(fractions) - 1.0) < 1e-6, "train.length_schedule",

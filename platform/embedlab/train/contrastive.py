@@ -45,6 +45,7 @@ from embedlab.train.mlm_step import all_reduce_gradients, no_reduce
 from embedlab.train.optim import build_optimizer, set_learning_rate
 from embedlab.train.nonfinite import finite_update
 from embedlab.train.phase1 import data_seed, seed_for, sum_all_reduce
+from embedlab.train.compiling import compile_blocks, resolve_compile
 from embedlab.train.precision import forward_precision, resolve_precision
 from embedlab.train.state import seed_everything
 
@@ -96,6 +97,8 @@ class ContrastiveLoop(TrainingLoop):
                                   masking_ratio=trial.masking.ratio)
         self.model = self.parent.model.to(device)  # MLMModel when joint, else an Encoder
         self.encoder = self.model.encoder if self.joint else self.model
+        if resolve_compile(trial.train):
+            compile_blocks(self.encoder)
         self.temperature = (
             LearnableTemperature(settings.temperature).to(device) if settings.learnable_temperature else None
         )

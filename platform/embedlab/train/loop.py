@@ -31,6 +31,7 @@ from embedlab.data.stream import worker_rows
 from embedlab.train.checkpoint import load_weights, read_manifest, save_checkpoint
 from embedlab.train.nonfinite import REJECTED_UPDATE_POLICY, STOPPED_KEY, NonFiniteError
 from embedlab.train.optim import optimizer_record
+from embedlab.train.compiling import compile_record
 from embedlab.train.precision import PRECISION_POLICY, resolve_precision
 from embedlab.train.session import Batch, FaultDrill, Session
 from embedlab.train.state import (
@@ -159,6 +160,7 @@ class TrainingLoop:
             "seed": train.seed,
             "data_revision": self.loop_config["data_revision"],
             "precision": {"policy": resolve_precision(train), "means": PRECISION_POLICY[resolve_precision(train)]},
+            "compile": compile_record(train),
             "optimizer": {
                 **optimizer_record(self.optimizer),
                 "schedule": {**asdict(train.schedule), "peak_learning_rate": train.learning_rate,

@@ -35,6 +35,7 @@ from embedlab.train.loop import Progress, RunOptions, TrainingLoop, run_on_ray
 from embedlab.train.length import split_rows, stage_length
 from embedlab.train.mlm_step import Microbatch, StepResult, accumulate_gradients, no_reduce, optimizer_step
 from embedlab.train.optim import build_optimizer, set_learning_rate
+from embedlab.train.compiling import compile_blocks, resolve_compile
 from embedlab.train.precision import resolve_precision
 from embedlab.train.state import seed_everything
 
@@ -90,6 +91,8 @@ class Phase1Loop(TrainingLoop):
         if trial.extension:
             self.parent = continue_from(self.model, Path(trial.parent), self.tokenizer.hash, trial.masking.ratio)
         self.model = self.model.to(device)
+        if resolve_compile(trial.train):
+            compile_blocks(self.model.encoder)
         self.optimizer = build_optimizer(self.model, trial.train, device)
         self.precision = resolve_precision(trial.train)
         self.masking_rng = torch.Generator().manual_seed(seed_for(trial.train.seed, "masking", rank))
