@@ -98,8 +98,9 @@ def test_unknown_preset_lists_valid_names():
 
 
 def test_varlen_path_equals_dense_mask_path():
-    """The variable-length attention path (real tokens only, cut at segments; CPU reference kernel)
-    gives the dense block-diagonal path's states and gradients at every non-padding position."""
+    """The variable-length attention path (real tokens only, cut at segments; on CPU the
+    bucketed kernel) gives the dense block-diagonal path's states and gradients at every
+    non-padding position."""
     import dataclasses
 
     torch.manual_seed(2)
@@ -144,29 +145,39 @@ def test_bucketed_varlen_dropout_stays_inside_each_sequence():
     from embedlab.model.encoder import bucketed_varlen_attention
 
     torch.manual_seed(4)
-    lengths = [5, 20, 40]
-    cu = torch.tensor([0, 5, 25, 65], dtype=torch.int32)
-    q, k = torch.randn(65, 1, 4), torch.randn(65, 1, 4)
-    v = torch.randn(65, 1, 4, requires_grad=True)
+    lengths = [5, 9, 12, 20, 40]  # 5, 9 and 12 share the 16 bucket, padded and masked
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    total = sum(lengths)
+    q, k = torch.randn(total, 1, 4), torch.randn(total, 1, 4)
+    v = torch.randn(total, 1, 4, requires_grad=True)
     out = bucketed_varlen_attention(q, k, v, cu, 40, dropout_p=0.5)
     for index, (start, end) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
         (grad,) = torch.autograd.grad(out[start:end].sum(), v, retain_graph=True)
-        outside = torch.ones(65, dtype=torch.bool)
+        outside = torch.ones(total, dtype=torch.bool)
         outside[start:end] = False
         assert grad[outside].abs().max() == 0 and grad[start:end].abs().sum() > 0, lengths[index]
     # Each kept weight is scaled by 1/(1-p): with all-ones values an output is 2 x the kept share.
-    ones = torch.ones(65, 1, 4)
+    ones = torch.ones(total, 1, 4)
     shares = torch.stack([bucketed_varlen_attention(q, k, ones, cu, 40, dropout_p=0.5) for _ in range(200)])
     assert abs(float(shares.mean()) - 1.0) < 0.05
-    torch.testing.assert_close(bucketed_varlen_attention(q, k, ones, cu, 40), torch.ones(65, 1, 4))
+    torch.testing.assert_close(bucketed_varlen_attention(q, k, ones, cu, 40), torch.ones(total, 1, 4))
 
 
 def test_auto_attention_path():
     """"auto": the bucketed varlen kernel on CPU from 1,024 tokens a row, the dense mask below;
-    an explicit path is always taken."""
+    on CUDA the flash kernel in half precision only, and not while dropout trains (it has no
+    attention dropout); an explicit path is always taken."""
     import dataclasses
 
-    from embedlab.model.encoder import CPU_VARLEN_MIN_LENGTH, use_varlen
+    from embedlab.model.encoder import CPU_VARLEN_MIN_LENGTH, use_varlen, varlen_rule
+
+    cuda = dict(cuda=True, length=128)
+    assert varlen_rule("auto", half=True, training=True, dropout=0.0, **cuda)
+    assert varlen_rule("auto", half=True, training=False, dropout=0.1, **cuda)
+    assert not varlen_rule("auto", half=True, training=True, dropout=0.1, **cuda)
+    assert not varlen_rule("auto", half=False, training=False, dropout=0.0, **cuda)
+    assert varlen_rule("varlen", half=False, training=True, dropout=0.1, **cuda)
+    assert not varlen_rule("auto", cuda=False, half=True, length=1023, training=False, dropout=0.0)
 
     assert CPU_VARLEN_MIN_LENGTH == 1024
     short, long = torch.zeros(2, 512, 8), torch.zeros(1, 1024, 8)

@@ -30,6 +30,10 @@ run() {
     timeout "$left" "$PYTHON" -m embedlab.cli bench mfu --preset 300m --sequence-length 512 --json "$@"
 }
 if ! result=$(run "$@"); then
+    if [ $((deadline - SECONDS)) -lt 60 ]; then
+        echo "bench mfu failed with under a minute left; not retrying" >&2
+        exit 1
+    fi
     echo "bench mfu with torch.compile failed; retrying without compile" >&2
     result=$(run --no-compile "$@")
 fi

@@ -99,7 +99,10 @@ def measure_mfu(bench: MfuBench, device: torch.device, peak_flops: float | None 
     generator = torch.Generator().manual_seed(bench.seed)
     batches = []
     for step in range(bench.warmup_steps + bench.steps):
-        ids, segments = synthetic_rows(bench.batch_rows, bench.sequence_length, config.vocab_size, bench.seed + step)
+        # Timed batch i has the same seed whatever the warm-up length, so shorter runs time
+        # the first batches of a longer one (`before_after`).
+        seed = bench.seed + (step if step < bench.warmup_steps else 10_000 + step - bench.warmup_steps)
+        ids, segments = synthetic_rows(bench.batch_rows, bench.sequence_length, config.vocab_size, seed)
         masked = mask_tokens(ids, (segments > 0) & (ids >= 5), MaskingConfig(), mask_id=4,
                              random_token_range=(5, config.vocab_size), generator=generator)
         flops = model_flops(config, int((segments > 0).sum()), int(masked.selected.sum()), segment_lengths(segments))
@@ -136,33 +139,52 @@ def measure_mfu(bench: MfuBench, device: torch.device, peak_flops: float | None 
         "peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
         "warmup_seconds": warmup_seconds,
         "timed_seconds": seconds,
-        "attention_path": "varlen flash" if device.type == "cuda" else "dense SDPA mask",
+        "attention_path": attention_path(config, device, bench.precision, bench.sequence_length),
     }
+
+
+def attention_path(config: ModelConfig, device: torch.device, precision: str, length: int) -> str:
+    """Which attention kernel the timed steps ran (`embedlab.model.encoder.varlen_rule`)."""
+    from embedlab.model.encoder import varlen_rule
+
+    cuda = device.type == "cuda"
+    varlen = varlen_rule(config.attention, cuda=cuda, half=precision == "bf16", length=length, training=True,
+                         dropout=config.dropout)
+    return ("varlen flash" if cuda else "varlen bucketed") if varlen else "dense SDPA mask"
 
 
 def before_after(bench: MfuBench, device: torch.device, measured: dict, config: ModelConfig | None = None,
                  progress: Callable[[str], None] = print) -> list[dict]:
-    """Two optimisations, each measured before and after on the same batches and model:
-    bf16 autocast (fp32 master weights and reductions) against fp32, both eager; and the
-    compiled blocks (the `measured` run) against the same precision eager. Short runs of
-    `compare_steps` timed steps after 3 warm-up steps; tokens/s, higher is better."""
+    """Two optimisations, each measured before and after on the first `compare_steps` of the
+    same timed batches (3 warm-up steps first); tokens/s, higher is better.
+
+    - bf16 autocast (fp32 master weights and reductions) against fp32, both eager and both
+      on the dense attention mask: the flash kernel takes no fp32, so letting each run pick
+      its own kernel would measure the attention path too.
+    - the compiled blocks (the `measured` run) against the same run eager."""
     if bench.compare_steps < 1 or (bench.precision == "fp32" and not bench.compile):
         return []  # nothing to compare
+    config = config or model_preset(bench.preset, max_length=max(512, bench.sequence_length))
     short = dataclasses.replace(bench, steps=bench.compare_steps, warmup_steps=3, compile=False)
-    eager = {precision: measure_mfu(dataclasses.replace(short, precision=precision), device, config=config,
-                                    progress=progress)["tokens_per_s"]
-             for precision in dict.fromkeys((bench.precision, "fp32"))}
+
+    def rate(precision: str, run_config: ModelConfig) -> float:
+        return measure_mfu(dataclasses.replace(short, precision=precision), device, config=run_config,
+                           progress=progress)["tokens_per_s"]
+
     rows = []
     if bench.precision != "fp32":
-        rows.append({"name": f"opt: {bench.precision} autocast", "embedlab": eager[bench.precision],
-                     "reference": eager["fp32"], "unit": "tokens/s",
-                     "embedlab_measures": f"{bench.precision} autocast, fp32 master weights and reductions, eager",
-                     "reference_measures": "fp32, eager (TF32 matmuls allowed)"})
+        dense = dataclasses.replace(config, attention="dense")
+        rows.append({"name": f"opt: {bench.precision} autocast", "embedlab": rate(bench.precision, dense),
+                     "reference": rate("fp32", dense), "unit": "tokens/s",
+                     "embedlab_measures": f"{bench.precision} autocast, fp32 master weights and reductions, "
+                                          "eager, dense attention mask",
+                     "reference_measures": "fp32 (TF32 matmuls allowed), eager, dense attention mask"})
     if bench.compile:
+        path = attention_path(config, device, bench.precision, bench.sequence_length)
         rows.append({"name": "opt: torch.compile blocks", "embedlab": measured["tokens_per_s"],
-                     "reference": eager[bench.precision], "unit": "tokens/s",
-                     "embedlab_measures": f"feed-forward and norms compiled, {bench.precision}",
-                     "reference_measures": f"eager, {bench.precision}"})
+                     "reference": rate(bench.precision, config), "unit": "tokens/s",
+                     "embedlab_measures": f"feed-forward and norms compiled, {bench.precision}, {path}",
+                     "reference_measures": f"eager, {bench.precision}, {path}"})
     for row in rows:
         row["ratio"] = row["embedlab"] / row["reference"]
         progress(f"bench mfu: {row['name']}: {row['embedlab']:,.0f} vs {row['reference']:,.0f} tokens/s "
@@ -190,5 +212,10 @@ def bench_mfu(bench: MfuBench = MfuBench(), peak_tflops: float | None = None,
     progress(f"bench mfu: {name}, preset {bench.preset}, L={bench.sequence_length}, {bench.batch_rows} rows/step, "
              f"{bench.precision}, peak {peak / 1e12:.1f} TFLOP/s")
     result = measure_mfu(bench, device, peak, progress=progress)
-    result["before_after"] = before_after(bench, device, result, progress=progress)
+    try:  # the MFU figure stands even if a comparison run fails (out of memory, say)
+        result["before_after"] = before_after(bench, device, result, progress=progress)
+    except (RuntimeError, torch.cuda.OutOfMemoryError) as error:
+        result["before_after"] = []
+        result["before_after_error"] = f"{type(error).__name__}: {error}"
+        progress(f"bench mfu: before/after comparison failed: {result['before_after_error']}")
     return result

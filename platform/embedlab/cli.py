@@ -245,7 +245,8 @@ def cmd_bench_data(args: argparse.Namespace) -> int:
 
     connect(args.address, _stderr)
     config = _data_configs(args.spec)[0]
-    result = bench_data(documents=args.documents, config=config, repeats=args.repeats, progress=_stderr)
+    repeats = {} if args.repeats is None else {"repeats": args.repeats}
+    result = bench_data(documents=args.documents, config=config, progress=_stderr, **repeats)
     print(json.dumps(result, sort_keys=True) if args.json else format_bench(result))
     return 0
 
@@ -329,7 +330,8 @@ def cmd_bench_mfu(args: argparse.Namespace) -> int:
     from embedlab.bench_mfu import MfuBench, bench_mfu
 
     bench = MfuBench(preset=args.preset, sequence_length=args.sequence_length, batch_rows=args.batch_rows,
-                     steps=args.steps, compile=not args.no_compile, compare_steps=args.compare_steps)
+                     steps=args.steps, compile=not args.no_compile,
+                     **({} if args.compare_steps is None else {"compare_steps": args.compare_steps}))
     result = bench_mfu(bench, peak_tflops=args.peak_tflops, progress=_stderr)
     if args.json:
         print(json.dumps(result, sort_keys=True))
@@ -477,7 +479,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_spec(bench_data_parser)
     bench_data_parser.add_argument("--documents", type=int, default=None,
                                    help="the first N training documents (default: the whole training split)")
-    bench_data_parser.add_argument("--repeats", type=int, default=3, help="timed passes of each side (median)")
+    bench_data_parser.add_argument("--repeats", type=int, default=None,
+                                   help="timed passes of each side, the median reported (default 3)")
     bench_data_parser.add_argument("--json", action="store_true")
     bench_data_parser.set_defaults(func=cmd_bench_data)
     bench_eval_parser = bench_sub.add_parser(
@@ -522,8 +525,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench_mfu_parser.add_argument("--batch-rows", type=int, default=64)
     bench_mfu_parser.add_argument("--steps", type=int, default=20, help="timed steps after 5 warm-up steps")
     bench_mfu_parser.add_argument("--no-compile", action="store_true")
-    bench_mfu_parser.add_argument("--compare-steps", type=int, default=8,
-                                  help="timed steps of the eager bf16 and fp32 runs measured before/after (0: skip)")
+    bench_mfu_parser.add_argument("--compare-steps", type=int, default=None,
+                                  help="timed steps of the eager runs measured before/after (0: skip; default 8)")
     bench_mfu_parser.add_argument("--peak-tflops", type=float, default=None,
                                   help="the device's dense bf16 peak (default: known for H200/H100/A100)")
     bench_mfu_parser.add_argument("--json", action="store_true")

@@ -1,7 +1,8 @@
 """The training data stream on Ray Data: read -> tokenize -> sample -> pack -> split.
 
-    read       the frozen corpus (documents.parquet) as Ray Data blocks, at least one per
-               cluster CPU (`document_blocks`), so tokenising runs in parallel tasks
+    read       the frozen corpus's training documents of the mixture's sources
+               (documents.parquet) as Ray Data blocks, a multiple of the cluster's CPUs
+               (`document_blocks`), so tokenising runs in parallel tasks
     tokenize   `map_batches(tokenize_pieces)`: training-split documents of the mixture's
                sources -> pieces of at most L tokens (tokens + SEP, never truncated);
                done once per prepared data directory and frozen as `pieces.parquet`
@@ -153,7 +154,9 @@ def build_pieces(
     """Tokenise the corpus on Ray Data and freeze the pieces in canonical order."""
     import ray
 
-    documents = pq.read_table(documents_path, columns=list(DOCUMENT_COLUMNS))
+    # Only what is tokenised, so equal blocks hold equal work (the corpus is stored by source).
+    documents = pq.read_table(documents_path, columns=list(DOCUMENT_COLUMNS),
+                              filters=[("split", "==", "train"), ("source", "in", list(sources))])
     dataset = tokenize_dataset(documents, tokenizer_path=str(tokenizer_path), sequence_length=sequence_length,
                                sources=sources)
     tables = [t for t in (ray.get(ref) for ref in dataset.to_arrow_refs()) if t.num_rows]

@@ -32,6 +32,8 @@ PAIRS_SCHEMA = pa.schema([("a", pa.string()), ("b", pa.string()), ("grade", pa.i
 PER_SOURCE = 60
 PAIRS_PER_GRADE = 150
 SEED = 0
+PANEL_MASKING_RATIO = 0.15  # the masked-token score's ratio, the same for every checkpoint
+PANEL_MAX_LENGTH = 128  # its passages are cut here, whatever the trial's eval.max_length
 
 
 def _bucket(doc_id: str) -> float:
@@ -158,19 +160,22 @@ def retention_scores(
     }
 
 
-def mlm_accuracy_function(checkpoint_dir: Path, max_length: int = 128) -> Callable[[list[str]], float] | None:
-    """Masked-token accuracy at 15% masking of a checkpoint's MLM head (None without one). A
-    dual-head checkpoint is scored with its head trained nearest 15% (`single_head_state`),
-    the one a phase-2 child would continue with."""
+def mlm_accuracy_function(checkpoint_dir: Path,
+                          max_length: int = PANEL_MAX_LENGTH) -> Callable[[list[str]], float] | None:
+    """Masked-token accuracy at `PANEL_MASKING_RATIO` of a checkpoint's MLM head (None
+    without one, before any weights are loaded). A dual-head checkpoint is scored with its
+    head trained nearest that ratio (`single_head_state`), the one a phase-2 child would
+    continue with."""
     from embedlab.config import MaskingConfig
     from embedlab.model.encoder import MLMModel
     from embedlab.objectives.masking import mask_tokens
-    from embedlab.train.checkpoint import load_encoder, single_head_state
+    from embedlab.train.checkpoint import load_encoder, read_manifest, single_head_state
 
-    encoder, tokenizer, manifest = load_encoder(Path(checkpoint_dir))
-    head_state, _ = single_head_state(Path(checkpoint_dir), manifest, MaskingConfig().ratio)
+    manifest = read_manifest(Path(checkpoint_dir))
+    head_state, _ = single_head_state(Path(checkpoint_dir), manifest, PANEL_MASKING_RATIO)
     if head_state is None or not all(key.startswith(("dense.", "norm.", "bias")) for key in head_state):
         return None
+    encoder, tokenizer, _ = load_encoder(Path(checkpoint_dir))
     model = MLMModel(encoder.config).eval()
     model.encoder.load_state_dict(encoder.state_dict())
     model.mlm_head.load_state_dict(head_state, strict=False)
@@ -184,7 +189,8 @@ def mlm_accuracy_function(checkpoint_dir: Path, max_length: int = 128) -> Callab
             ids[i, : len(row)] = torch.tensor(row)
         segments = (ids != tokenizer.pad_id).long()
         eligible = (segments > 0) & ~torch.isin(ids, torch.tensor(tokenizer.special_ids))
-        masked = mask_tokens(ids, eligible, MaskingConfig(ratio=0.15), mask_id=tokenizer.mask_id,
+        masked = mask_tokens(ids, eligible, MaskingConfig(ratio=PANEL_MASKING_RATIO),
+                             mask_id=tokenizer.mask_id,
                              random_token_range=(len(tokenizer.special_ids), tokenizer.vocab_size),
                              generator=torch.Generator().manual_seed(SEED))
         logits = model(masked.inputs, segments, masked.selected)

@@ -75,7 +75,8 @@ def segment_layout(segment_ids: torch.Tensor) -> SegmentLayout:
 
 def reference_varlen_attention(q, k, v, cu_seqlens: torch.Tensor, max_length: int) -> torch.Tensor:
     """(N, H, Dh) packed queries/keys/values -> (N, H, Dh): plain attention inside each
-    sequence of `cu_seqlens`. The CPU stand-in for the flash kernel, and its test oracle."""
+    sequence of `cu_seqlens`, one call per sequence: the test oracle of the variable-length
+    kernels."""
     out = torch.empty_like(q)
     bounds = cu_seqlens.tolist()
     for start, end in zip(bounds[:-1], bounds[1:]):
@@ -92,12 +93,13 @@ def bucketed_varlen_attention(q, k, v, cu_seqlens: torch.Tensor, max_length: int
     padded to the bucket's longest, with the padded keys masked out. Work is the sum over
     sequences of (bucket length)^2, never the packed row's T^2, and one call per bucket
     (at most log2(T) of them) instead of one per sequence. `dropout_p` drops attention
-    weights as the dense path does. The CPU variable-length kernel."""
+    weights as the dense path does. The CPU variable-length kernel; `max_length` is unused,
+    kept so both kernels take the same arguments."""
     lengths = cu_seqlens[1:] - cu_seqlens[:-1]  # (S,)
     if lengths.numel() == 0:
         return q.new_zeros(q.shape)
     buckets = torch.clamp(2 ** torch.ceil(torch.log2(lengths.double().clamp(min=1))), min=16).long()
-    out = q.new_zeros(q.shape)
+    positions, results = [], []
     for bucket in torch.unique(buckets).tolist():
         members = (buckets == bucket).nonzero().squeeze(1)  # (S_b,)
         member_lengths = lengths[members]
@@ -108,8 +110,11 @@ def bucketed_varlen_attention(q, k, v, cu_seqlens: torch.Tensor, max_length: int
         part = [t[index].transpose(1, 2) for t in (q, k, v)]  # each (S_b, H, W, Dh)
         mask = None if bool(valid.all()) else valid[:, None, None, :]  # keys only; padded queries are dropped
         attended = F.scaled_dot_product_attention(*part, attn_mask=mask, dropout_p=dropout_p)
-        out = out.index_put((index[valid],), attended.transpose(1, 2)[valid])
-    return out
+        positions.append(index[valid])
+        results.append(attended.transpose(1, 2)[valid])  # (tokens of the bucket, H, Dh)
+    # Every token is in exactly one bucket, so one scatter fills the whole output.
+    values = torch.cat(results)
+    return values.new_zeros(q.shape).index_put((torch.cat(positions),), values)
 
 
 def flash_varlen_attention(q, k, v, cu_seqlens: torch.Tensor, max_length: int) -> torch.Tensor:
@@ -120,23 +125,28 @@ def flash_varlen_attention(q, k, v, cu_seqlens: torch.Tensor, max_length: int) -
 
 
 # "auto" on CPU switches to the bucketed variable-length kernel from this row length on:
-# `embedlab bench --scaling` measured it at 0.86x dense at 128 tokens, 0.95x at 512 and
-# 1.89x at 2,048 on the tiny preset (README, Benchmarks).
+# `embedlab bench --scaling` measured it at 0.83x dense at 128 tokens, 0.93x at 512, 1.17x
+# at 1,024 and 1.84x at 2,048 on the tiny preset (README, Benchmarks).
 CPU_VARLEN_MIN_LENGTH = 1024
 
 
-def use_varlen(config: ModelConfig, x: torch.Tensor, training: bool = False) -> bool:
-    """Which attention path "auto" takes for (B, T, d) inputs `x`.
-
-    CUDA: the flash kernel takes bf16/fp16 only and has no attention dropout, so "auto" uses
-    it under autocast or half weights, and not while dropout is training. CPU: the bucketed
+def varlen_rule(attention: str, *, cuda: bool, half: bool, length: int, training: bool, dropout: float) -> bool:
+    """Whether attention takes the variable-length path. "dense" / "varlen" force one; "auto":
+    on CUDA the flash kernel, which takes bf16/fp16 only (`half`: autocast or half weights)
+    and has no attention dropout, so not while dropout is training; on CPU the bucketed
     kernel from `CPU_VARLEN_MIN_LENGTH` tokens a row, where it beats the dense mask."""
-    if config.attention != "auto":
-        return config.attention == "varlen"
-    if x.is_cuda:
-        half = x.dtype in (torch.float16, torch.bfloat16) or torch.is_autocast_enabled("cuda")
-        return half and not (training and config.dropout > 0)
-    return x.shape[1] >= CPU_VARLEN_MIN_LENGTH
+    if attention != "auto":
+        return attention == "varlen"
+    if cuda:
+        return half and not (training and dropout > 0)
+    return length >= CPU_VARLEN_MIN_LENGTH
+
+
+def use_varlen(config: ModelConfig, x: torch.Tensor, training: bool = False) -> bool:
+    """`varlen_rule` for (B, T, d) inputs `x` of a model with `config`."""
+    half = x.dtype in (torch.float16, torch.bfloat16) or (x.is_cuda and torch.is_autocast_enabled("cuda"))
+    return varlen_rule(config.attention, cuda=x.is_cuda, half=half, length=x.shape[1], training=training,
+                       dropout=config.dropout)
 
 
 class Rotary(nn.Module):

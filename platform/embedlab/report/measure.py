@@ -31,7 +31,7 @@ from embedlab.model.encoder import MLMModel
 from embedlab.model.encoder import segment_attention_mask as attention_mask
 from embedlab.objectives.masking import MaskedBatch, mask_tokens
 from embedlab.tokenizer import FrozenTokenizer, load_tokenizer
-from embedlab.train.checkpoint import HEAD_FILE, load_encoder
+from embedlab.train.checkpoint import head_ratio, head_states, load_encoder, read_manifest
 
 SEED = 0
 MLM_RATIOS = (0.05, 0.15, 0.5)  # masking ratios the held-out MLM loss is measured at
@@ -186,19 +186,13 @@ def heldout_rows(prepared_dir: Path, sources: tuple[str, ...], sequence_length: 
 def _mlm_heads(checkpoint: Path) -> tuple[dict[float, MLMModel], FrozenTokenizer] | None:
     """The checkpoint's encoder under each of its MLM heads, keyed by the masking ratio the
     head was trained at (a single head: the checkpoint's ratio); None without a head."""
-    head_path = Path(checkpoint) / HEAD_FILE
-    if not head_path.is_file():
+    manifest = read_manifest(Path(checkpoint))
+    named = head_states(Path(checkpoint), manifest)
+    if not named:
         return None
-    from safetensors.torch import load_file
-
-    encoder, tokenizer, manifest = load_encoder(Path(checkpoint))
-    state = load_file(str(head_path))
-    objective = manifest.get("objective", {})
-    names = [h for h in objective.get("heads", []) if h != "mlm"]
-    # Dual-head checkpoints name their heads mask<percent> and prefix their tensors with it.
-    states = ({int(h.removeprefix("mask")) / 100: {k.split(".", 1)[1]: v for k, v in state.items()
-                                                   if k.startswith(f"{h}.")} for h in names}
-              if names else {objective.get("masking_ratio", 0.15): state})
+    encoder, tokenizer, _ = load_encoder(Path(checkpoint))
+    ratio = manifest.get("objective", {}).get("masking_ratio", 0.15)
+    states = {ratio if name == "mlm" else head_ratio(name): state for name, state in named.items()}
     models = {}
     for ratio, head_state in states.items():
         model = MLMModel(encoder.config).eval()

@@ -236,21 +236,35 @@ def load_parent(directory: Path, *, tokenizer_hash: str, need_head: bool, maskin
     return Parent(model=model, manifest=manifest, head_restored=head_path.is_file())
 
 
-def single_head_state(directory: Path, manifest: dict[str, Any],
-                      masking_ratio: float) -> tuple[dict[str, torch.Tensor], str] | tuple[None, None]:
-    """The checkpoint's MLM head as one `MLMHead` state (without the tied decoder) and its
-    name, or (None, None) without a head. A dual-head checkpoint (one head per masking ratio,
-    named mask<percent>) gives the head trained nearest `masking_ratio`: the one a phase-2
-    child continues with, and the one the retention panel scores at its 15%."""
+def head_states(directory: Path, manifest: dict[str, Any]) -> dict[str, dict[str, torch.Tensor]]:
+    """Every MLM head of a checkpoint as one `MLMHead` state each (without the tied decoder),
+    by name: "mlm" for a single head, mask<percent> for a dual-head checkpoint (whose tensors
+    are stored under that prefix). Empty without a head."""
     head_path = Path(directory) / HEAD_FILE
     if not head_path.is_file():
-        return None, None
+        return {}
     state = load_file(str(head_path))
-    heads = [h for h in manifest.get("objective", {}).get("heads", []) if h != "mlm"]
-    if not heads:
-        return state, "mlm"
-    chosen = min(heads, key=lambda h: abs(int(h.removeprefix("mask")) / 100 - masking_ratio))
-    return {k.split(".", 1)[1]: v for k, v in state.items() if k.startswith(f"{chosen}.")}, chosen
+    names = [h for h in manifest.get("objective", {}).get("heads", []) if h != "mlm"]
+    if not names:
+        return {"mlm": state}
+    return {name: {k.split(".", 1)[1]: v for k, v in state.items() if k.startswith(f"{name}.")} for name in names}
+
+
+def head_ratio(name: str) -> float:
+    """The masking ratio a dual-head checkpoint's head mask<percent> was trained at."""
+    return int(name.removeprefix("mask")) / 100
+
+
+def single_head_state(directory: Path, manifest: dict[str, Any],
+                      masking_ratio: float) -> tuple[dict[str, torch.Tensor], str] | tuple[None, None]:
+    """The checkpoint's MLM head as one `MLMHead` state and its name, or (None, None) without
+    a head. A dual-head checkpoint gives the head trained nearest `masking_ratio`: the one a
+    phase-2 child continues with, and the one the retention panel scores at its 15%."""
+    states = head_states(directory, manifest)
+    if not states:
+        return None, None
+    name = "mlm" if "mlm" in states else min(states, key=lambda h: abs(head_ratio(h) - masking_ratio))
+    return states[name], name
 
 
 def load_weights(directory: Path, encoder: Encoder, head: torch.nn.Module | None) -> dict[str, Any]:

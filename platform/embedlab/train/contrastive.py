@@ -72,6 +72,18 @@ def _grad_vector(model: torch.nn.Module) -> torch.Tensor:
     ])
 
 
+def _difference_norm(model: torch.nn.Module, vector: torch.Tensor) -> float:
+    """|| gradients of `model` (flattened in `_grad_vector`'s order) - `vector` ||, without
+    building the gradient vector a second time."""
+    squares, offset = vector.new_zeros((), dtype=torch.float64), 0  # one host sync, at the end
+    for p in model.parameters():
+        part = vector[offset:offset + p.numel()]
+        difference = -part if p.grad is None else p.grad.reshape(-1) - part
+        squares += difference.double().square().sum()
+        offset += p.numel()
+    return float(squares.sqrt())
+
+
 @dataclass
 class ContrastiveProgress(Progress):
     pairs: int = 0  # consumed positive pairs, all workers
@@ -176,7 +188,7 @@ class ContrastiveLoop(TrainingLoop):
         if contrastive_grad is not None:
             grad_norms = {
                 "train/grad_norm_contrastive": float(contrastive_grad.norm()),
-                "train/grad_norm_mlm": float((_grad_vector(self.parameters) - contrastive_grad).norm()),
+                "train/grad_norm_mlm": _difference_norm(self.parameters, contrastive_grad),
             }
         loss_total = float(self.all_reduce(torch.tensor([loss_local], dtype=torch.float64)).item())
         norm = float(torch.nn.utils.clip_grad_norm_(self.parameters.parameters(), train.max_grad_norm))
