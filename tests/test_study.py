@@ -181,3 +181,26 @@ def test_concurrency_is_set_by_the_arm_needing_most():
     huge = replace(base, train=replace(base.train, num_workers=8, cpus_per_worker=1.0))
     with pytest.raises(ValueError, match="arm huge: a trial needs 8 CPUs"):
         study_concurrency({"small": small, "huge": huge}, resources)
+
+
+def test_dry_run_lists_each_arms_workers_when_they_differ(tmp_path, capsys):
+    """Arms with different worker counts are printed one per line (they size the sweep's
+    concurrency); arms that agree share one line."""
+    from embedlab.cli import main
+
+    path = tmp_path / "workers.py"
+    path.write_text(
+        "from dataclasses import replace\n"
+        "from embedlab import Study, recipes\n\n"
+        "def study(profile='demo'):\n"
+        "    p = recipes.profile(profile)\n"
+        "    base = recipes.phase1_baseline(profile)\n"
+        "    arms = {'one': replace(base, train=replace(base.train, num_workers=1)),\n"
+        "            'two': replace(base, train=replace(base.train, num_workers=2))}\n"
+        "    return Study(name='workers', factor='train.num_workers', arms=arms, seeds=p.seeds,\n"
+        "                 **recipes.budget_for(p, phase=1), metric='dev/ndcg@10', profile=p.name)\n"
+    )
+    assert main(["sweep", str(path), "--dry-run", "--profile", "demo"]) == 0
+    out = capsys.readouterr().out
+    assert "  one: model small: 2 layers, width 128; 1 workers x 0.5 CPU per trial" in out
+    assert "  two: model small: 2 layers, width 128; 2 workers x 0.5 CPU per trial" in out

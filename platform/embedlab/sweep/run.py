@@ -325,16 +325,23 @@ def dry_run(study_path: str | Path, *, profile: str | None = None, parent: str |
     study = load_study(study_path, profile)
     for arm in study.arms:
         study.trial_config(arm, study.seeds[0], (parent or "PARENT") if study.needs_parent else parent)
-    first = next(iter(study.arms.values()))
     budget = study.budget_text
+
+    def shape(trial: TrialConfig) -> str:
+        return (f"model {trial.model.preset}: {trial.model.layers} layers, width {trial.model.width}; "
+                f"{trial.train.num_workers} workers x {trial.train.cpus_per_worker:g} CPU"
+                + (" + 1 GPU" if trial.train.use_gpu else "") + " per trial")
+
+    shapes = {arm: shape(trial) for arm, trial in study.arms.items()}
+    # One line when the arms share model and workers; else each arm's (they size concurrency).
+    shape_lines = [f"  {next(iter(shapes.values()))}"] if len(set(shapes.values())) == 1 else \
+        [f"  {arm}: {text}" for arm, text in shapes.items()]
     lines = [
         f"study {study.name} ({study_path}), profile {study.profile or '-'}, phase {study.phase}",
         f"  {study.description}" if study.description else "",
         f"  factor {study.factor}; metric {study.metric} (recipe-dev)",
         f"  budget per trial: {budget}",
-        f"  model {first.model.preset}: {first.model.layers} layers, width {first.model.width}; "
-        f"{first.train.num_workers} workers x {first.train.cpus_per_worker:g} CPU"
-        + (" + 1 GPU" if first.train.use_gpu else "") + " per trial",
+        *shape_lines,
         "  arms:",
         *[f"    {arm:<22} {study.factor} = {study.factor_value(arm)}" for arm in study.arms],
         f"  seeds: {', '.join(map(str, study.seeds))}",
