@@ -167,8 +167,8 @@ def test_contrastive_phase_config_rules():
 
 def test_concurrency_is_set_by_the_arm_needing_most():
     """Arms with different worker counts: the sweep runs as many trials side by side as the
-    largest arm allows (one CPU kept free), whichever arm comes first; an arm that cannot fit
-    is named in the error."""
+    largest arm allows (one CPU kept free), whichever arm comes first, and a searched worker
+    count or CPU share counts at its largest value; an arm that cannot fit is named."""
     from embedlab.sweep.run import study_concurrency
 
     base = recipes.phase1_baseline("demo")
@@ -181,6 +181,12 @@ def test_concurrency_is_set_by_the_arm_needing_most():
     huge = replace(base, train=replace(base.train, num_workers=8, cpus_per_worker=1.0))
     with pytest.raises(ValueError, match="arm huge: a trial needs 8 CPUs"):
         study_concurrency({"small": small, "huge": huge}, resources)
+    # Optuna may pick any searched value: the most demanding one sizes the sweep.
+    from embedlab import Search
+
+    searched = (Search("train.num_workers", choices=(1, 3)), Search("train.learning_rate", low=1e-4, high=1e-3))
+    assert study_concurrency({"small": small}, resources, searched) == 2
+    assert study_concurrency({"small": small}, resources, (Search("train.cpus_per_worker", low=0.5, high=2.0),)) == 3
 
 
 def test_dry_run_lists_each_arms_workers_when_they_differ(tmp_path, capsys):

@@ -105,8 +105,9 @@ def tokenize_pieces(
 def document_blocks(documents: pa.Table, parallelism: int, max_rows: int = BLOCK_ROWS) -> list[pa.Table]:
     """`documents` cut into consecutive blocks of equal size: a multiple of `parallelism` of
     them (one per CPU at a time, so each task's Python work overlaps another task's
-    tokenising) and none longer than `max_rows` (which bounds a task's memory). `ray.data.read_parquet` would read a
-    single-file corpus as one block, which tokenises in one task."""
+    tokenising) and none longer than `max_rows` (which bounds a task's memory).
+    `ray.data.read_parquet` would read a single-file corpus as one block, which tokenises in
+    one task."""
     if parallelism < 1 or max_rows < 1:
         raise ValueError(f"document_blocks needs parallelism >= 1 and max_rows >= 1, got {parallelism}, {max_rows}")
     # A multiple of `parallelism` blocks of equal size, so no task runs alone at the end.

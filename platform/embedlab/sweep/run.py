@@ -139,15 +139,21 @@ def max_concurrent_trials(trial: TrialConfig, resources: dict[str, float]) -> in
     return max(1, fit)
 
 
-def study_concurrency(arms: dict[str, TrialConfig], resources: dict[str, float]) -> int:
+RESOURCE_PATHS = ("train.num_workers", "train.cpus_per_worker", "train.use_gpu")  # what a trial reserves
+
+
+def study_concurrency(arms: dict[str, TrialConfig], resources: dict[str, float], search: tuple = ()) -> int:
     """Trials of a study that fit side by side: the arm needing the most resources decides,
-    as arms may differ in workers or GPUs. An arm that fits nowhere is named."""
+    as arms may differ in workers or GPUs, and a `search` over a resource path (Optuna may
+    pick any value) counts at its most demanding value. An arm that fits nowhere is named."""
+    worst = {item.path: max(item.choices) if item.choices else item.high
+             for item in search if item.path in RESOURCE_PATHS}
     fits = []
     for arm, trial in arms.items():
         try:
-            fits.append(max_concurrent_trials(trial, resources))
+            fits.append(max_concurrent_trials(set_path(trial, worst) if worst else trial, resources))
         except ValueError as error:
-            raise ValueError(f"arm {arm}: {error}") from None
+            raise ValueError(f"arm {arm}{' (at its searched maximum)' if worst else ''}: {error}") from None
     return min(fits)
 
 
@@ -405,7 +411,7 @@ def run_sweep(
 
     from embedlab.evaluate.actor import get_evaluator
 
-    concurrency = study_concurrency(study.arms, ray.cluster_resources())
+    concurrency = study_concurrency(study.arms, ray.cluster_resources(), study.search)
     budget = study.budget_text
     progress(f"study {study.name} (phase {study.phase}, profile {study.profile or '-'}): {len(study.arms)} arms x "
              f"{len(study.seeds)} seeds at {budget} each")
