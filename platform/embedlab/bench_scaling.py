@@ -25,9 +25,10 @@ from embedlab.config import model_preset
 from embedlab.data.document import document_texts
 
 CORPUS_SIZES = (1_000, 10_000, 100_000, 1_000_000)
+ENCODE_LIMIT = 100_000  # the built-in corpus has about 147k training documents to encode
 
 
-def eval_time_by_corpus_size(prepared, sizes: tuple[int, ...] = CORPUS_SIZES, encode_limit: int = 10_000,
+def eval_time_by_corpus_size(prepared, sizes: tuple[int, ...] = CORPUS_SIZES, encode_limit: int = ENCODE_LIMIT,
                              queries: int = 500, preset: str = "small", threads: int = 1,
                              progress: Callable[[str], None] = print) -> list[dict]:
     from embedlab.evaluate.encode import encode_texts
@@ -73,7 +74,7 @@ def _unit(x: np.ndarray) -> np.ndarray:
 
 
 def bench_scaling(prepared, *, lengths: tuple[int, ...] = (128, 512, 1024, 2048), sizes: tuple[int, ...] = CORPUS_SIZES,
-                  length_preset: str = "tiny", length_tokens: int = 16384, encode_limit: int = 10_000,
+                  length_preset: str = "tiny", length_tokens: int = 16384, encode_limit: int = ENCODE_LIMIT,
                   repeats: int = 3, threads: int = 1, progress: Callable[[str], None] = print) -> dict:
     from embedlab.bench_train import tokens_per_second_by_length
 

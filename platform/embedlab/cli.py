@@ -16,7 +16,7 @@
     embedlab data audit [SPEC] [--task DIR] [--json]   contamination audit of every training stage
     embedlab tokenizer compare [SPEC] [--json]         BPE vs unigram vs byte-level on held-out text
     embedlab bench [--json] [--no-compile] [--spec SPEC]   every comparison below in one table
-    embedlab bench --scaling [--json]   tokens/s vs length 128/512/2048; eval time vs corpus size 1k-1M
+    embedlab bench --scaling [--json]   tokens/s vs length 128-2048; eval time vs corpus size 1k-1M
     embedlab bench train [SPEC] [--preset P] [--documents N] [--ablations] [--json]
                                         phase-1 tokens/s and peak memory vs BertForMaskedLM; optimisations on/off
     embedlab bench contrastive [SPEC] [--json]   pairs/s with and without GradCache
@@ -320,8 +320,9 @@ def cmd_bench_contrastive(args: argparse.Namespace) -> int:
 def cmd_bench_scaling(args: argparse.Namespace) -> int:
     from embedlab.bench_scaling import bench_scaling, format_scaling
 
-    result = bench_scaling(_bench_prepared(args), sizes=tuple(args.sizes), encode_limit=args.encode_limit,
-                           length_tokens=args.length_tokens, progress=_stderr)
+    limit = {} if args.encode_limit is None else {"encode_limit": args.encode_limit}
+    result = bench_scaling(_bench_prepared(args), sizes=tuple(args.sizes), length_tokens=args.length_tokens,
+                           progress=_stderr, **limit)
     print(json.dumps(result, sort_keys=True) if args.json else format_scaling(result))
     return 0
 
@@ -437,8 +438,9 @@ def build_parser() -> argparse.ArgumentParser:
     def add_scaling_options(p: argparse.ArgumentParser) -> None:
         p.add_argument("--sizes", type=int, nargs="+", default=[1_000, 10_000, 100_000, 1_000_000],
                        help="corpus sizes for evaluation time (default 1k 10k 100k 1M)")
-        p.add_argument("--encode-limit", type=int, default=10_000,
-                       help="largest size whose encoding is measured; larger ones are extrapolated (labelled)")
+        p.add_argument("--encode-limit", type=int, default=None,
+                       help="largest size whose encoding is measured, default 100,000; larger ones are "
+                            "extrapolated (labelled)")
         p.add_argument("--length-tokens", type=int, default=16384, help="tokens per pass at each sequence length")
 
     def add_spec(p: argparse.ArgumentParser) -> None:
