@@ -68,29 +68,58 @@ def pack_pieces(
 ) -> PackedRows:
     """Greedy packing of token pieces (boundary tokens already in place) into (R, L) rows;
     `document_index` holds each position's piece index in `pieces`."""
-    pieces = [np.asarray(piece, dtype=np.int64) for piece in pieces]
-    lengths = np.array([len(piece) for piece in pieces], dtype=np.int64)
-    offsets = np.concatenate([[0], np.cumsum(lengths)])
-    values = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+    values, offsets = flatten_pieces(pieces)
     return pack_flat(values, offsets, sequence_length=sequence_length, pad_id=pad_id, min_fragment=min_fragment)
 
 
-def pack_flat(
-    values: np.ndarray,
-    offsets: np.ndarray,
-    *,
-    sequence_length: int,
-    pad_id: int,
-    min_fragment: int = 8,
-    pieces: np.ndarray | None = None,
-) -> PackedRows:
-    """`pack_pieces` over pieces given as one flat token array and offsets (piece k is
-    `values[offsets[k]:offsets[k + 1]]`, or the `pieces`-selected ones, in that order), as
-    Arrow list columns hold them.
+def flatten_pieces(pieces: Iterable[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Pieces as one flat int64 array and offsets (piece k is `values[offsets[k]:offsets[k + 1]]`)."""
+    arrays = [np.asarray(piece, dtype=np.int64) for piece in pieces]
+    lengths = np.array([len(a) for a in arrays], dtype=np.int64)
+    values = np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int64)
+    return values, np.concatenate([[0], np.cumsum(lengths)])
 
-    The layout (which fragment of which piece goes to which row, column and segment) depends
-    on piece lengths only and is decided in a loop over pieces; the tokens are then moved in
-    one vectorised gather, so the cost per token is numpy's, not Python's.
+
+@dataclass(frozen=True)
+class PackLayout:
+    """Where greedy packing puts every token: it depends on piece lengths only, so any array
+    aligned with the tokens (ids, word-start flags) packs by the same layout."""
+
+    rows: int
+    sequence_length: int
+    source: np.ndarray  # (N,) each placed token's index in the flat values
+    target: np.ndarray  # (N,) its flat position in the (rows, sequence_length) output
+    segment: np.ndarray  # (N,) its segment id inside its row, from 1
+    piece: np.ndarray  # (N,) its piece's index in packing order
+
+    def place(self, values: np.ndarray, fill: int) -> np.ndarray:
+        """(rows, L) int32: `values` (one per placed token) at their positions, `fill` elsewhere."""
+        out = np.full((self.rows, self.sequence_length), fill, dtype=np.int32)
+        out.reshape(-1)[self.target] = values
+        return out
+
+    def packed(self, values: np.ndarray, pad_id: int) -> PackedRows:
+        """The flat token `values` packed: ids, segment ids and piece index per position."""
+        return PackedRows(input_ids=self.place(values[self.source], pad_id), segment_ids=self.place(self.segment, 0),
+                          document_index=self.place(self.piece, -1))
+
+    def word_starts(self, starts: np.ndarray) -> np.ndarray:
+        """Flat word-start flags packed like their tokens. A piece split across rows starts a
+        word (and a segment) where the next row begins, so every row's first flag is set."""
+        flags = self.place(starts[self.source], 1)
+        flags[:, 0] = 1
+        return flags
+
+
+def pack_layout(
+    offsets: np.ndarray, *, sequence_length: int, min_fragment: int = 8, pieces: np.ndarray | None = None
+) -> PackLayout:
+    """The greedy layout of the pieces given by `offsets` (or the `pieces`-selected ones, in
+    that order), as Arrow list columns hold them.
+
+    Which fragment of which piece goes to which row, column and segment is decided in a loop
+    over pieces; the per-token indices are then built with array operations, so moving the
+    tokens costs numpy's time per token, not Python's.
     """
     order = np.arange(len(offsets) - 1) if pieces is None else np.asarray(pieces, dtype=np.int64)
     starts, lengths = offsets[order], offsets[order + 1] - offsets[order]
@@ -112,18 +141,27 @@ def pack_flat(
             fill, source, remaining = fill + take, source + take, remaining - take
             if fill == sequence_length:
                 row, fill, segment = row + 1, 0, 0
-    rows = row + (fill > 0)
-    shape = (rows, sequence_length)
-    input_ids = np.full(shape, pad_id, dtype=np.int32)
-    segment_ids = np.zeros(shape, dtype=np.int32)
-    document_index = np.full(shape, -1, dtype=np.int32)
-    if frag_len:
-        frag_len_array = np.asarray(frag_len, dtype=np.int64)
-        before = np.cumsum(frag_len_array) - frag_len_array  # tokens placed before each fragment
-        within = np.arange(int(frag_len_array.sum())) - np.repeat(before, frag_len_array)
-        source_index = np.repeat(np.asarray(frag_src, dtype=np.int64), frag_len_array) + within
-        target_index = np.repeat(np.asarray(frag_dst, dtype=np.int64), frag_len_array) + within
-        input_ids.reshape(-1)[target_index] = values[source_index]
-        segment_ids.reshape(-1)[target_index] = np.repeat(np.asarray(frag_seg, dtype=np.int32), frag_len_array)
-        document_index.reshape(-1)[target_index] = np.repeat(np.asarray(frag_piece, dtype=np.int32), frag_len_array)
-    return PackedRows(input_ids=input_ids, segment_ids=segment_ids, document_index=document_index)
+    frag_len_array = np.asarray(frag_len, dtype=np.int64)
+    before = np.cumsum(frag_len_array) - frag_len_array  # tokens placed before each fragment
+    within = np.arange(int(frag_len_array.sum())) - np.repeat(before, frag_len_array)
+
+    def per_token(values: list[int]) -> np.ndarray:
+        return np.repeat(np.asarray(values, dtype=np.int64), frag_len_array)
+
+    return PackLayout(rows=row + (fill > 0), sequence_length=sequence_length,
+                      source=per_token(frag_src) + within, target=per_token(frag_dst) + within,
+                      segment=per_token(frag_seg), piece=per_token(frag_piece))
+
+
+def pack_flat(
+    values: np.ndarray,
+    offsets: np.ndarray,
+    *,
+    sequence_length: int,
+    pad_id: int,
+    min_fragment: int = 8,
+    pieces: np.ndarray | None = None,
+) -> PackedRows:
+    """`pack_pieces` over pieces given as one flat token array and offsets (`pack_layout`)."""
+    layout = pack_layout(offsets, sequence_length=sequence_length, min_fragment=min_fragment, pieces=pieces)
+    return layout.packed(values, pad_id)

@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 
 from embedlab.data.document import document_texts
 from embedlab.data.mixture import Schedule
-from embedlab.data.packing import pack_flat
+from embedlab.data.packing import pack_flat, pack_layout
 from embedlab.tokenizer import FrozenTokenizer, load_tokenizer
 
 if TYPE_CHECKING:
@@ -219,14 +219,10 @@ def pack_window(
     offsets, values, starts = _piece_arrays(pieces_path)
     rows_out: dict[str, list[np.ndarray]] = {"input_ids": [], "segment_ids": [], "source_index": [], "word_start": []}
     for piece_rows, sources in zip(batch["rows"], batch["source_index"]):
-        packed = pack_flat(values, offsets, pieces=piece_rows, sequence_length=sequence_length, pad_id=pad_id)
-        # Packing depends only on piece lengths, so the flags pack into the same positions.
-        flags = pack_flat(starts, offsets, pieces=piece_rows, sequence_length=sequence_length, pad_id=1)
-        word_start = flags.input_ids.copy()
-        # A piece split across rows starts a word (and a segment) where the next row begins.
-        word_start[:, 0] = 1
+        layout = pack_layout(offsets, pieces=piece_rows, sequence_length=sequence_length)
+        packed = layout.packed(values, pad_id)
         source_of = np.asarray(sources, dtype=np.int32)
-        rows_out["word_start"].append(word_start)
+        rows_out["word_start"].append(layout.word_starts(starts))
         rows_out["input_ids"].append(packed.input_ids)
         rows_out["segment_ids"].append(packed.segment_ids)
         rows_out["source_index"].append(

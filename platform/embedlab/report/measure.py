@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import torch
 
 from embedlab.config import MaskingConfig
-from embedlab.data.packing import pack_pieces
+from embedlab.data.packing import flatten_pieces, pack_layout
 from embedlab.data.stream import PIECES_FILE, tokenize_pieces
 from embedlab.evaluate.beir import load_task
 from embedlab.evaluate.checkpoint_eval import resolve_task
@@ -82,11 +82,12 @@ class PackedSample:
 
 def pack(pieces: list[list[int]], flags: list[list[int]], sources: list[str], sequence_length: int,
          pad_id: int) -> PackedSample:
-    """Pieces -> rows by the trainer's packer; word starts pack into the same positions (as in
-    `embedlab.data.stream.pack_window`)."""
-    packed = pack_pieces(pieces, sequence_length=sequence_length, pad_id=pad_id)
-    word_start = pack_pieces(flags, sequence_length=sequence_length, pad_id=1).input_ids.copy()
-    word_start[:, 0] = 1
+    """Pieces -> rows by the trainer's packer, word starts with them (`PackLayout`, as
+    `embedlab.data.stream.pack_window` packs)."""
+    values, offsets = flatten_pieces(pieces)
+    layout = pack_layout(offsets, sequence_length=sequence_length)
+    packed = layout.packed(values, pad_id)
+    word_start = layout.word_starts(flatten_pieces(flags)[0])
     return PackedSample(torch.from_numpy(packed.input_ids).long(), torch.from_numpy(packed.segment_ids).long(),
                         torch.from_numpy(word_start).bool(), sources)
 
