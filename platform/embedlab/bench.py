@@ -8,10 +8,10 @@ throughput, peak memory, optimisations on/off), `bench_contrastive` (GradCache),
 
 `bench data`: packed non-padding tokens per second through embedlab's Ray Data pipeline
 (the corpus's documents as blocks -> tokenize -> pack: the stage `prepare` runs, then the
-packing UDF) next to raw `tokenizers`
-`encode_batch` in this process on the same documents. Both are medians of interleaved
-passes after a full warm-up pass, so Ray worker start-up is excluded; the pipeline's extra work (chunking, packing,
-Arrow conversion, scheduling) is included.
+packing UDF) next to raw `tokenizers` `encode_batch` in this process on the same
+documents. Both are medians of interleaved passes after a full warm-up pass, so Ray worker
+start-up is excluded; the pipeline's extra work (chunking, packing, Arrow conversion,
+scheduling) is included.
 """
 
 from __future__ import annotations
@@ -97,6 +97,13 @@ def bench_data(
     }
 
 
+def data_note(result: dict) -> str:
+    """What a `bench data` result measured, and every pass's ratio."""
+    return (f"{result['documents']:,} documents; packing efficiency {result['packing_efficiency']:.4f}; "
+            f"median of {result['repeats']} passes, ratio per pass "
+            + ", ".join(f"{r:.2f}" for r in result["pass_ratios"]))
+
+
 def format_bench(result: dict) -> str:
     lines = [f"{'comparison':<26} {'embedlab':>12} {'reference':>12} {'ratio':>7}  unit"]
     for c in result["comparisons"]:
@@ -105,9 +112,7 @@ def format_bench(result: dict) -> str:
         "",
         f"embedlab:  {result['comparisons'][0]['embedlab_measures']}",
         f"reference: {result['comparisons'][0]['reference_measures']}",
-        f"{result['documents']:,} documents; packing efficiency {result['packing_efficiency']:.4f}; "
-        f"median of {result['repeats']} passes, ratio per pass "
-        + ", ".join(f"{r:.2f}" for r in result["pass_ratios"]),
+        data_note(result),
     ]
     return "\n".join(lines)
 
@@ -199,8 +204,7 @@ def bench_all(config: DataConfig | None = None, *, train=None, contrastive=None,
     comparisons += contrastive_result["comparisons"]
     data = bench_data(documents=data_documents, config=config, progress=progress)
     comparisons += _as_comparisons(data)
-    notes.append(f"data: {data['documents']:,} documents; packing efficiency {data['packing_efficiency']:.4f}; "
-                 f"median of {data['repeats']} passes, ratio per pass " + ", ".join(f"{r:.2f}" for r in data["pass_ratios"]))
+    notes.append(f"data: {data_note(data)}")
     evaluation = bench_eval(progress=progress)
     comparisons += _as_comparisons(evaluation)
     comparisons.append(Comparison(

@@ -48,6 +48,11 @@ class MfuBench:
     compare_steps: int = 8  # timed steps of each eager run in `before_after` (0: skip it)
 
 
+def bench_model(bench: MfuBench) -> ModelConfig:
+    """The preset's config, long enough for the bench's rows."""
+    return model_preset(bench.preset, max_length=max(512, bench.sequence_length))
+
+
 def model_flops(config: ModelConfig, tokens: int, selected: int, segment_lengths: np.ndarray) -> float:
     """Training FLOPs the model needs for one pass over these tokens (module docstring)."""
     from embedlab.train.budget import body_parameters
@@ -89,7 +94,7 @@ def measure_mfu(bench: MfuBench, device: torch.device, peak_flops: float | None 
     from embedlab.train.mlm_step import Microbatch, accumulate_gradients, optimizer_step
     from embedlab.train.optim import build_optimizer
 
-    config = config or model_preset(bench.preset, max_length=max(512, bench.sequence_length))
+    config = config or bench_model(bench)
     torch.manual_seed(bench.seed)
     model = MLMModel(config).to(device).train()
     if bench.compile:
@@ -164,7 +169,7 @@ def before_after(bench: MfuBench, device: torch.device, measured: dict, config: 
     - the compiled blocks (the `measured` run) against the same run eager."""
     if bench.compare_steps < 1 or (bench.precision == "fp32" and not bench.compile):
         return []  # nothing to compare
-    config = config or model_preset(bench.preset, max_length=max(512, bench.sequence_length))
+    config = config or bench_model(bench)
     short = dataclasses.replace(bench, steps=bench.compare_steps, warmup_steps=3, compile=False)
 
     def rate(precision: str, run_config: ModelConfig) -> float:

@@ -167,18 +167,15 @@ def mlm_accuracy_function(checkpoint_dir: Path,
     head trained nearest that ratio (`single_head_state`), the one a phase-2 child would
     continue with."""
     from embedlab.config import MaskingConfig
-    from embedlab.model.encoder import MLMModel
     from embedlab.objectives.masking import mask_tokens
-    from embedlab.train.checkpoint import load_encoder, read_manifest, single_head_state
+    from embedlab.train.checkpoint import load_encoder, mlm_model, read_manifest, single_head_state
 
     manifest = read_manifest(Path(checkpoint_dir))
     head_state, _ = single_head_state(Path(checkpoint_dir), manifest, PANEL_MASKING_RATIO)
     if head_state is None or not all(key.startswith(("dense.", "norm.", "bias")) for key in head_state):
         return None
     encoder, tokenizer, _ = load_encoder(Path(checkpoint_dir))
-    model = MLMModel(encoder.config).eval()
-    model.encoder.load_state_dict(encoder.state_dict())
-    model.mlm_head.load_state_dict(head_state, strict=False)
+    model = mlm_model(encoder, head_state)
 
     @torch.inference_mode()
     def accuracy(texts: list[str]) -> float:

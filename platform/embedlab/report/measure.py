@@ -31,7 +31,7 @@ from embedlab.model.encoder import MLMModel
 from embedlab.model.encoder import segment_attention_mask as attention_mask
 from embedlab.objectives.masking import MaskedBatch, mask_tokens
 from embedlab.tokenizer import FrozenTokenizer, load_tokenizer
-from embedlab.train.checkpoint import head_ratio, head_states, load_encoder, read_manifest
+from embedlab.train.checkpoint import head_ratio, head_states, load_encoder, mlm_model, read_manifest
 
 SEED = 0
 MLM_RATIOS = (0.05, 0.15, 0.5)  # masking ratios the held-out MLM loss is measured at
@@ -194,13 +194,7 @@ def _mlm_heads(checkpoint: Path) -> tuple[dict[float, MLMModel], FrozenTokenizer
     encoder, tokenizer, _ = load_encoder(Path(checkpoint))
     ratio = manifest.get("objective", {}).get("masking_ratio", 0.15)
     states = {ratio if name == "mlm" else head_ratio(name): state for name, state in named.items()}
-    models = {}
-    for ratio, head_state in states.items():
-        model = MLMModel(encoder.config).eval()
-        model.encoder.load_state_dict(encoder.state_dict())
-        model.mlm_head.load_state_dict(head_state, strict=False)  # the tied decoder is the embedding table
-        models[ratio] = model
-    return models, tokenizer
+    return {ratio: mlm_model(encoder, head_state) for ratio, head_state in states.items()}, tokenizer
 
 
 @dataclass(frozen=True)

@@ -291,9 +291,7 @@ def _plan_one(study: Study, parent: str | None, address: str | None, reports: in
     connect(address, progress)
     prepared = prepare_arms(study, progress)
     setup_seconds = time.perf_counter() - started  # a sweep pays it once too
-    concurrency = study_concurrency(
-        {arm: study.trial_config(arm, study.seeds[0], parent) for arm in study.arms}, ray.cluster_resources(),
-        study.search)
+    concurrency = study_concurrency(study.arms, ray.cluster_resources(), study.search)
     pilots, checkpoints = {}, []
     for arm in study.arms:
         record = prepared[arm]

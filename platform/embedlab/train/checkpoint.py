@@ -250,6 +250,15 @@ def head_states(directory: Path, manifest: dict[str, Any]) -> dict[str, dict[str
     return {name: {k.split(".", 1)[1]: v for k, v in state.items() if k.startswith(f"{name}.")} for name in names}
 
 
+def mlm_model(encoder: Encoder, head_state: dict[str, torch.Tensor]) -> MLMModel:
+    """An evaluation `MLMModel` of `encoder`'s weights under one head state (`head_states`);
+    the head's tied decoder is the encoder's embedding table."""
+    model = MLMModel(encoder.config).eval()
+    model.encoder.load_state_dict(encoder.state_dict())
+    model.mlm_head.load_state_dict(head_state, strict=False)
+    return model
+
+
 def head_ratio(name: str) -> float:
     """The masking ratio a dual-head checkpoint's head mask<percent> was trained at."""
     return int(name.removeprefix("mask")) / 100
