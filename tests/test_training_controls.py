@@ -11,7 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from embedlab.config import ConfigError, GroupSettings, OptimizerConfig, ScheduleConfig, TrainConfig, TrialConfig
+from embedlab.config import (
+    ConfigError, GroupSettings, OptimizerConfig, ScheduleConfig, TrainConfig, TrialConfig, model_preset,
+)
 from embedlab.model.encoder import MLMModel
 from embedlab.model.heads import MultiHeadMLMModel
 from embedlab.objectives.contrastive import LearnableTemperature, multi_positive_infonce, pair_masks
@@ -250,13 +252,43 @@ def test_compile_resolves_by_device_and_a_compiled_run_trains_as_eager(frozen, t
     compiled, compiled_loop = train(on, frozen, tmp_path / "compiled")
     assert [r["train/loss"] for r in compiled] == pytest.approx([r["train/loss"] for r in eager], rel=1e-4)
     assert list(compiled_loop.model.state_dict()) == list(eager_loop.model.state_dict())
-    blocks = compiled_loop.model.encoder.blocks
-    assert all(part._compiled_call_impl is not None for b in blocks for part in (b.ffn, b.attn_norm, b.ffn_norm))
-    assert all(b.ffn._compiled_call_impl is None for b in eager_loop.model.encoder.blocks)
+    compiled_steps = ("attention_inputs", "residual_outputs")
+    assert all(step in b.__dict__ for b in compiled_loop.model.encoder.blocks for step in compiled_steps)
+    assert not any(step in b.__dict__ for b in eager_loop.model.encoder.blocks for step in compiled_steps)
     records = [read_manifest(sorted(root.rglob("manifest.json"))[-1].parent)["compile"]
                for root in (tmp_path / "eager", tmp_path / "compiled")]
     assert records[0] == {"setting": "auto", "compiled": False, "parts": None}
     assert records[1]["compiled"] and records[1]["setting"] == "on" and "feed-forward" in records[1]["parts"]
+
+
+def test_compiled_blocks_hold_the_norms_projections_rotary_and_feed_forward():
+    """`compile_blocks` captures, in two graphs shared by every block, both LayerNorms, the
+    QKV/output/feed-forward projections, rotary's cos/sin, GELU and dropout: all of a block
+    but the attention kernel. (torch's own modules compiled alone, `LayerNorm.compile()`,
+    capture nothing: dynamo skips their frames.) The compiled model computes the eager one."""
+    from embedlab.train.compiling import compile_blocks
+
+    graphs: list[set[str]] = []
+
+    def recording(graph_module, example_inputs):
+        graphs.append({getattr(node.target, "__name__", str(node.target)) for node in graph_module.graph.nodes
+                       if node.op in ("call_function", "call_method")})
+        return graph_module.forward
+
+    config = model_preset("tiny", vocab_size=512, layers=3)
+    torch.manual_seed(0)
+    model, eager = MLMModel(config), MLMModel(config)
+    eager.load_state_dict(model.state_dict())
+    compile_blocks(model.encoder, backend=recording)
+    ids = torch.randint(5, 512, (2, 32))
+    segments = torch.tensor([[1] * 20 + [2] * 12, [1] * 25 + [0] * 7])
+    selected = torch.rand(2, 32) < 0.3
+    torch.testing.assert_close(model(ids, segments, selected), eager(ids, segments, selected))
+    assert len(graphs) == 2  # one per step, reused by all three blocks
+    inputs, outputs = graphs
+    assert {"layer_norm", "linear", "cos", "sin"} <= inputs
+    assert {"layer_norm", "linear", "gelu", "dropout"} <= outputs
+    assert not any("attention" in name for graph in graphs for name in graph)
 
 
 def test_masking_draws_do_not_depend_on_dropout(frozen):

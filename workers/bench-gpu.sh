@@ -1,22 +1,31 @@
 #!/usr/bin/env bash
-# MFU of phase-1 training, preset 300m at sequence length 512 in bf16, on one CUDA GPU.
+# The GPU command: MFU of phase-1 training (preset 300m, sequence length 512, bf16) and the
+# GPU paths checked against their CPU-tested oracles, on one CUDA GPU, within 10 minutes.
 #
 #   workers/bench-gpu.sh [extra `embedlab bench mfu` options, e.g. --batch-rows 32 --no-compile]
 #
 # Runs from the repository root with $PYTHON (default: .venv/bin/python if present, else
-# python3), which needs a CUDA build of torch (>= 2.13, for the variable-length flash kernel).
-# Prints the environment, then one JSON object (tokens/s, model TFLOP/s, peak, MFU, peak
-# memory, and "before_after": bf16 autocast vs fp32 and compiled vs eager, short eager runs); writes it to $OUT/bench-mfu.json when $OUT is set. Capped at 9.5 minutes so the
-# whole command finishes within 10; on a compile failure it retries once without compile.
-set -euo pipefail
+# python3), which needs a CUDA build of torch (>= 2.10, for the variable-length flash kernel)
+# and numpy, pandas, pyarrow and tokenizers; Ray, Faiss and Optuna are not needed.
+#
+# 1. `embedlab bench mfu --json`: checks the flash kernel first (the dense mask is timed
+#    instead if it fails), then tokens/s, model TFLOP/s, peak, MFU, peak memory and
+#    "before_after" (bf16 autocast vs fp32, compiled vs eager). On a failure it retries once
+#    without compile. Written to $OUT/bench-mfu.json when $OUT is set.
+# 2. `embedlab model check-cuda --json` with the time left: flash varlen, encoder paths,
+#    device vs CPU, compiled step, NCCL collectives. Written to $OUT/cuda-checks.json.
+# Exits non-zero if the bench failed or a check did not pass; each part's JSON is printed
+# either way.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
 export PYTHONPATH="platform${PYTHONPATH:+:$PYTHONPATH}"
-# Budget: compile (~1-2 min) + 25 steps of ~0.1-0.3 s + two eager runs of 11 steps; the
-# retry keeps what is left.
+# Budget: bench compile (~1-2 min) + 25 steps of ~0.1-0.3 s + two eager runs of 11 steps;
+# the checks (a small model, one compile) take about a minute.
 deadline=$((SECONDS + 570))
+out=${OUT:-}
 
-"$PYTHON" - <<'PY'
+"$PYTHON" - <<'PY' || exit 1
 import torch
 print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, available {torch.cuda.is_available()}", flush=True)
 if not torch.cuda.is_available():
@@ -24,20 +33,29 @@ if not torch.cuda.is_available():
 print(f"device {torch.cuda.get_device_name(0)}", flush=True)
 PY
 
-out=${OUT:-}
-run() {
-    local left=$((deadline - SECONDS))
+bench() {
+    local left=$((deadline - SECONDS - 90))  # keep ~90 s for the checks
     timeout "$left" "$PYTHON" -m embedlab.cli bench mfu --preset 300m --sequence-length 512 --json "$@"
 }
-if ! result=$(run "$@"); then
-    if [ $((deadline - SECONDS)) -lt 60 ]; then
-        echo "bench mfu failed with under a minute left; not retrying" >&2
-        exit 1
+status=0
+if ! result=$(bench "$@"); then
+    if [ $((deadline - SECONDS)) -lt 150 ]; then
+        echo "bench mfu failed with too little time left to retry" >&2
+        status=1
+    else
+        echo "bench mfu failed; retrying without compile" >&2
+        result=$(bench --no-compile "$@") || status=1
     fi
-    echo "bench mfu with torch.compile failed; retrying without compile" >&2
-    result=$(run --no-compile "$@")
 fi
 echo "$result"
-if [ -n "$out" ]; then
-    echo "$result" > "$out/bench-mfu.json"
+[ -n "$out" ] && [ -n "$result" ] && echo "$result" > "$out/bench-mfu.json"
+
+left=$((deadline - SECONDS))
+if [ "$left" -lt 20 ]; then
+    echo "no time left for model check-cuda" >&2
+    exit 1
 fi
+checks=$(timeout "$left" "$PYTHON" -m embedlab.cli model check-cuda --json) || status=1
+echo "$checks"
+[ -n "$out" ] && [ -n "$checks" ] && echo "$checks" > "$out/cuda-checks.json"
+exit "$status"

@@ -10,13 +10,14 @@ are what the model needs, not what an implementation spends:
 so padding, the dense mask's cross-document blocks, GradCache re-forwards and rematerialisation
 count for nothing. The step is the real one (`accumulate_gradients` under the bf16 policy,
 `optimizer_step`, fused AdamW from `build_optimizer`); the encoder runs the variable-length
-flash path ("auto" under bf16 autocast) and, unless `--no-compile`, its blocks' feed-forward
-and norms are compiled as training compiles them (`train.compile`,
-`embedlab.train.compiling`). Rows are packed from synthetic documents (random ids, lengths drawn
-from a log-normal fitted to the built-in corpus: median 34, mean 75 tokens, cut into pieces
-of at most L) so the command needs no prepared data on the GPU machine. Masked batches are
-prepared and moved to the device before the clock starts (the loader prefetches ahead of
-the step); timing brackets `steps` steps with `torch.cuda.synchronize()`.
+flash path ("auto" under bf16 autocast; the kernel is first checked against its oracle,
+`embedlab.cuda_checks`, and the dense mask timed instead if it fails) and, unless
+`--no-compile`, its blocks are compiled around the attention kernel as training compiles them
+(`train.compile`, `embedlab.train.compiling`). Rows are packed from synthetic documents
+(random ids, lengths drawn from a log-normal fitted to the built-in corpus: median 34, mean
+75 tokens, cut into pieces of at most L) so the command needs no prepared data on the GPU
+machine. Masked batches are prepared and moved to the device before the clock starts (the
+loader prefetches ahead of the step); timing brackets `steps` steps with `torch.cuda.synchronize()`.
 """
 
 from __future__ import annotations
@@ -188,13 +189,30 @@ def before_after(bench: MfuBench, device: torch.device, measured: dict, config: 
         path = attention_path(config, device, bench.precision, bench.sequence_length)
         rows.append({"name": "opt: torch.compile blocks", "embedlab": measured["tokens_per_s"],
                      "reference": rate(bench.precision, config), "unit": "tokens/s",
-                     "embedlab_measures": f"feed-forward and norms compiled, {bench.precision}, {path}",
+                     "embedlab_measures": f"blocks compiled around the attention kernel, {bench.precision}, {path}",
                      "reference_measures": f"eager, {bench.precision}, {path}"})
     for row in rows:
         row["ratio"] = row["embedlab"] / row["reference"]
         progress(f"bench mfu: {row['name']}: {row['embedlab']:,.0f} vs {row['reference']:,.0f} tokens/s "
                  f"({row['ratio']:.2f}x)")
     return rows
+
+
+def flash_preflight(bench: MfuBench, device: torch.device,
+                    progress: Callable[[str], None] = print) -> tuple[ModelConfig, dict | None]:
+    """The bench's model config, and the flash kernel's check (`embedlab.cuda_checks`) when the
+    timed steps would run it: a kernel that fails its check (or is missing from this torch)
+    leaves the bench on the dense mask, recorded, rather than losing the whole run."""
+    from embedlab.cuda_checks import run_checks
+
+    config = bench_model(bench)
+    if attention_path(config, device, bench.precision, bench.sequence_length) != "varlen flash":
+        return config, None
+    (check,) = run_checks(device, ("flash varlen",), progress=progress)
+    if not check.ok:
+        config = dataclasses.replace(config, attention="dense")
+        progress("bench mfu: the flash kernel failed its check; timing the dense attention mask instead")
+    return config, dataclasses.asdict(check)
 
 
 def device_peak(name: str) -> float | None:
@@ -216,9 +234,11 @@ def bench_mfu(bench: MfuBench = MfuBench(), peak_tflops: float | None = None,
     torch.backends.cuda.matmul.allow_tf32 = True  # only fp32 leftovers; bf16 matmuls are unaffected
     progress(f"bench mfu: {name}, preset {bench.preset}, L={bench.sequence_length}, {bench.batch_rows} rows/step, "
              f"{bench.precision}, peak {peak / 1e12:.1f} TFLOP/s")
-    result = measure_mfu(bench, device, peak, progress=progress)
+    config, flash = flash_preflight(bench, device, progress)
+    result = measure_mfu(bench, device, peak, config=config, progress=progress)
+    result["flash_check"] = flash
     try:  # the MFU figure stands even if a comparison run fails (out of memory, say)
-        result["before_after"] = before_after(bench, device, result, progress=progress)
+        result["before_after"] = before_after(bench, device, result, config=config, progress=progress)
     except (RuntimeError, torch.cuda.OutOfMemoryError) as error:
         result["before_after"] = []
         result["before_after_error"] = f"{type(error).__name__}: {error}"

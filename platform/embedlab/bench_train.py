@@ -25,7 +25,8 @@ has RoPE (no parameters) and a final LayerNorm where BERT has an embedding Layer
 
 Ablations (`--ablations`): each optimisation measured on and off on the same data with
 everything else held: packing, selected-position logits, SDPA vs eager attention, fused
-vs for-loop AdamW, and `torch.compile` of the encoder (its compile seconds reported apart).
+vs for-loop AdamW, and `torch.compile` of the blocks as training compiles them
+(`embedlab.train.compiling`; its compile seconds reported apart).
 The eager attention and the all-position logits are bench-local variants, defined here,
 of the same modules with the same weights; the encoder itself has no switch for them.
 """
@@ -51,6 +52,7 @@ from embedlab.config import MaskingConfig, ModelConfig, TrainConfig, model_prese
 from embedlab.data.document import document_texts
 from embedlab.data.packing import pack_pieces
 from embedlab.model.encoder import MLMModel, SelfAttention, count_parameters
+from embedlab.train.compiling import compile_blocks
 from embedlab.objectives.masking import mask_tokens
 from embedlab.train.mlm_step import Microbatch, accumulate_gradients, optimizer_step
 from embedlab.train.optim import build_optimizer
@@ -166,15 +168,12 @@ class EagerSelfAttention(SelfAttention):
     """Bench-local: the same attention written as softmax(QK^T / sqrt(Dh) + mask) V with
     explicit matmuls, the "before" of the SDPA row. Same parameters, same outputs."""
 
-    def forward(self, x, positions, mask, layout=None):
-        batch, length, width = x.shape
-        qkv = self.qkv(x).view(batch, length, 3, self.heads, self.head_width)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (B, H, T, Dh)
-        q, k = self.rotary(q, positions), self.rotary(k, positions)
+    def attend(self, q, k, v, mask, layout=None):
+        batch, _, length, _ = q.shape
         scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_width)  # (B, H, T, T)
         scores = scores.masked_fill(~mask, float("-inf"))
         attended = (scores.softmax(dim=-1) @ v).transpose(1, 2)  # (B, T, H, Dh)
-        return self.out(attended.reshape(batch, length, width))
+        return attended.reshape(batch, length, self.heads * self.head_width)
 
 
 class AllPositionLogits(MLMModel):
@@ -202,9 +201,7 @@ def embedlab_trainer(config: ModelConfig, ids: TokenIds, seed: int, *, fused: st
                      compiled: bool = False, **variant) -> EmbedlabTrainer:
     model = build_model(config, seed, **variant)
     if compiled:
-        # The encoder only: packed rows have a fixed (B, T) shape, while the selected-position
-        # gather after it has a different size every step.
-        model.encoder = torch.compile(model.encoder)
+        compile_blocks(model.encoder)  # what training compiles (`train.compile`)
     return EmbedlabTrainer(model, build_optimizer(model, train_config(fused)), ids, seed)
 
 
@@ -340,7 +337,7 @@ def compare_ablations(sequences: list[list[int]], ids: TokenIds, bench: TrainBen
         if compile_model:
             compiled = embedlab_trainer(config, ids, bench.seed, compiled=True)
             facts["compile_seconds"] = _warm(packed, compiled.step)  # the first steps compile
-            arms.append(("opt: torch.compile encoder", compiled, packed,
+            arms.append(("opt: torch.compile blocks", compiled, packed,
                          f"inductor, once compiled ({facts['compile_seconds']:.1f}s cold)", base, packed, "eager"))
         warmed = set()
         comparisons = []

@@ -11,6 +11,7 @@
     embedlab report RUN_DIR [RUN_DIR...] [--out FILE]   the study report: one self-contained HTML page
     embedlab evaluate --encoder CKPT_DIR --task TASK [--split test] [--json]
     embedlab model params PRESET [--json]
+    embedlab model check-cuda [--device cuda|cpu] [--json]   GPU paths vs their CPU-tested oracles
     embedlab export CKPT_DIR OUT_DIR    the inference package: encoder + tokenizer, no MLM heads
     embedlab data build [SPEC]          prepare data: corpus, dedup, splits, tokenizer, pieces, data card
     embedlab data audit [SPEC] [--task DIR] [--json]   contamination audit of every training stage
@@ -53,6 +54,27 @@ def cmd_model_params(args: argparse.Namespace) -> int:
         for name, value in counts.items():
             print(f"{name:<14} {value:>15,}")
     return 0
+
+
+def cmd_model_check_cuda(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    import torch
+
+    from embedlab.cuda_checks import run_checks
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("model check-cuda needs CUDA (torch.cuda.is_available() is False here); "
+                         "--device cpu runs the same checks on the CPU")
+    checks = run_checks(torch.device(args.device), progress=_stderr)
+    if args.json:
+        print(json.dumps({"device": args.device, "torch": torch.__version__,
+                          "checks": [dataclasses.asdict(c) for c in checks]}, sort_keys=True))
+    else:
+        for check in checks:
+            detail = check.error or ", ".join(f"{k} {v:.2e}" for k, v in check.measured.items())
+            print(f"{'ok' if check.ok else 'FAILED':<7} {check.name:<14} {detail}  [{check.compares}]")
+    return 0 if all(c.ok for c in checks) else 1
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -434,6 +456,12 @@ def build_parser() -> argparse.ArgumentParser:
     params.add_argument("preset")
     params.add_argument("--json", action="store_true")
     params.set_defaults(func=cmd_model_params)
+    check_cuda = model_sub.add_parser(
+        "check-cuda", help="the GPU paths (flash varlen, bf16, compile, NCCL) against their CPU-tested oracles")
+    check_cuda.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
+                            help="cpu runs the same checks with the CPU kernel, compiler and gloo")
+    check_cuda.add_argument("--json", action="store_true")
+    check_cuda.set_defaults(func=cmd_model_check_cuda)
 
     def add_scaling_options(p: argparse.ArgumentParser) -> None:
         p.add_argument("--sizes", type=int, nargs="+", default=[1_000, 10_000, 100_000, 1_000_000],

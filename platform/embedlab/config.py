@@ -317,8 +317,8 @@ class TrainConfig:
     clipped to global norm `max_grad_norm` (the pre-clip norm is reported). `precision`:
     "fp32" everywhere, or "bf16" autocast for the forward passes with fp32 master weights,
     fp32 optimizer state and fp32 loss reductions; "auto" is bf16 with GPUs and fp32 on
-    CPUs (resolved value recorded in the manifest). `compile`: "on" compiles each block's
-    feed-forward and norms with `torch.compile` (`embedlab.train.compiling`), "off" runs
+    CPUs (resolved value recorded in the manifest). `compile`: "on" compiles all of each
+    block but the attention kernel with `torch.compile` (`embedlab.train.compiling`), "off" runs
     eager, "auto" compiles on GPUs only (on CPU it measured no faster).
 
     Length schedule (phase 1): `length_schedule` lists (budget fraction, sequence length)

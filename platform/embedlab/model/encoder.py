@@ -181,10 +181,22 @@ class SelfAttention(nn.Module):
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, layout: SegmentLayout | None = None
     ) -> torch.Tensor:
-        batch, length, width = x.shape
+        """(B, T, d) normalised inputs -> (B, T, d) attention outputs after the projection."""
+        return self.out(self.attend(*self.project(x, positions), mask, layout))
+
+    def project(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(B, T, d) -> queries, keys, values, each (B, H, T, Dh), rotary applied to q and k."""
+        batch, length, _ = x.shape
         qkv = self.qkv(x).view(batch, length, 3, self.heads, self.head_width)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (B, H, T, Dh)
-        q, k = self.rotary(q, positions), self.rotary(k, positions)
+        return self.rotary(q, positions), self.rotary(k, positions), v
+
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+        layout: SegmentLayout | None,
+    ) -> torch.Tensor:
+        """The attention kernel: (B, H, T, Dh) q, k, v -> (B, T, d), heads concatenated."""
+        batch, _, length, _ = q.shape
         if layout is None:
             attended = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0
@@ -194,7 +206,7 @@ class SelfAttention(nn.Module):
             # padding positions get zeros (nothing downstream reads them).
             packed = [t.transpose(1, 2).reshape(batch * length, self.heads, self.head_width)[layout.token_index]
                       for t in (q, k, v)]
-            if x.is_cuda:
+            if q.is_cuda:
                 result = flash_varlen_attention(*packed, layout.cu_seqlens, layout.max_length)
             else:
                 result = bucketed_varlen_attention(*packed, layout.cu_seqlens, layout.max_length,
@@ -202,7 +214,7 @@ class SelfAttention(nn.Module):
             attended = result.new_zeros(batch * length, self.heads, self.head_width)
             attended[layout.token_index] = result
             attended = attended.view(batch, length, self.heads, self.head_width)
-        return self.out(attended.reshape(batch, length, width))
+        return attended.reshape(batch, length, self.heads * self.head_width)
 
 
 class FeedForward(nn.Module):
@@ -227,7 +239,19 @@ class Block(nn.Module):
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, layout: SegmentLayout | None
     ) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), positions, mask, layout)
+        # Three steps so that `train.compile` can compile the two around the attention kernel
+        # (`embedlab.train.compiling`); x + Attn(LN1(x)), then x + FFN(LN2(x)).
+        q, k, v = self.attention_inputs(x, positions)
+        return self.residual_outputs(x, self.attn.attend(q, k, v, mask, layout))
+
+    def attention_inputs(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """LN1, the QKV projection and rotary: (B, T, d) -> q, k, v, each (B, H, T, Dh)."""
+        return self.attn.project(self.attn_norm(x), positions)
+
+    def residual_outputs(self, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        """The output projection and both residual adds around the feed-forward sublayer:
+        (B, T, d) block input and (B, T, d) attention output -> (B, T, d) block output."""
+        x = x + self.attn.out(attended)
         return x + self.ffn(self.ffn_norm(x))
 
 

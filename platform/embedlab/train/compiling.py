@@ -1,11 +1,19 @@
 """`train.compile`: which parts of the encoder `torch.compile` compiles, and when.
 
-Each block's feed-forward and its two LayerNorms are compiled in place
-(`nn.Module.compile`, so parameter names, checkpoints and optimizer groups are unchanged).
-They hold no data-dependent indexing; attention stays eager around the variable-length
-kernels, whose segment counts change every step. Their input shape (B, T, d) changes when
+Each block runs in three steps (`embedlab.model.encoder.Block`): its attention inputs
+(LayerNorm, QKV projection, rotary), the attention kernel, and its residual outputs (output
+projection, residual add, LayerNorm, feed-forward, residual add). The first and the last
+are compiled, per block, by replacing the block's two methods with compiled ones: parameter
+names, checkpoints and optimizer groups are unchanged, and every block shares one compiled
+graph of each. The kernel stays eager: the variable-length path indexes by data-dependent
+token counts and segment lengths that change every step. Input shapes (B, T, d) change when
 a length schedule switches or a contrastive batch ends in a smaller chunk; torch then
 recompiles once with dynamic shapes.
+
+Why methods and not `nn.Module.compile` on the sublayers: dynamo skips frames that start
+inside torch's own modules, so `LayerNorm.compile()` compiled nothing (an earlier version
+did that and its norms ran eager; `tests/test_training_controls.py` now checks which
+operations the compiled graphs hold).
 
 Random ops inside the compiled parts (dropout) run torch's own kernels
 (`torch._inductor.config.fallback_random`), so a replay from a saved RNG state draws the same
@@ -13,17 +21,21 @@ masks as eager: GradCache's no-grad and grad passes rely on it.
 
 "auto" compiles when the trial trains on GPUs. That default is unmeasured until the GPU
 command (`workers/bench-gpu.sh`) runs: it reports compiled against eager. On this CPU,
-`embedlab bench` measured a compiled encoder at 0.98x eager after a 34 s cold compile, so
-"auto" stays eager on CPU. The resolved choice is recorded in the manifest.
+`embedlab bench train --ablations` measured these compiled blocks at 0.86-0.90x eager in
+three runs (a 26 s cold compile), so "auto" stays eager on CPU. The resolved choice is recorded in the manifest.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import torch
 from torch import nn
 
 from embedlab.config import TrainConfig
 
-COMPILED_PARTS = "each block's feed-forward and LayerNorms (torch.compile, in place); attention eager"
+COMPILED_PARTS = ("each block's attention inputs (LayerNorm, QKV, rotary) and residual outputs (output projection, "
+                  "LayerNorm, feed-forward, residual adds), torch.compile; the attention kernel eager")
 
 
 def resolve_compile(train: TrainConfig) -> bool:
@@ -33,14 +45,16 @@ def resolve_compile(train: TrainConfig) -> bool:
     return train.use_gpu
 
 
-def compile_blocks(encoder: nn.Module) -> None:
-    """Compile every block's feed-forward and norms of `encoder` in place."""
+def compile_blocks(encoder: nn.Module, backend: str | Callable = "inductor") -> None:
+    """Compile every block's attention inputs and residual outputs of `encoder` in place
+    (`backend`: torch.compile's; tests pass one that records the graphs)."""
     import torch._inductor.config
 
     torch._inductor.config.fallback_random = True  # eager RNG semantics: replayable dropout
     for block in encoder.blocks:
-        for part in (block.ffn, block.attn_norm, block.ffn_norm):
-            part.compile()
+        # Instance attributes shadow the class's methods; `Block.forward` calls these.
+        block.attention_inputs = torch.compile(block.attention_inputs, backend=backend)
+        block.residual_outputs = torch.compile(block.residual_outputs, backend=backend)
 
 
 def compile_record(train: TrainConfig) -> dict:

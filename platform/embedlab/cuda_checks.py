@@ -1,0 +1,275 @@
+"""`embedlab model check-cuda`: the GPU paths checked against their CPU-tested oracles.
+
+The test suite runs on CPUs, so four things training does only on a GPU are checked here,
+on the GPU, each against an oracle the suite already trusts:
+
+- **flash varlen**: torch's variable-length flash kernel (bf16) against
+  `reference_varlen_attention` (fp32, one SDPA call per sequence), forward and gradients;
+- **encoder paths**: a small `MLMModel` under bf16 autocast, variable-length attention
+  against the dense block-diagonal mask, loss and gradients;
+- **device vs CPU**: the same model and batch in fp32 (TF32 off) on the GPU and on the CPU,
+  loss and gradients: every index, scatter and mask op of the encoder and MLM head on CUDA;
+- **compiled step**: three optimizer steps (fused AdamW) with the blocks compiled as training
+  compiles them (`embedlab.train.compiling`) against the same steps eager, in fp32;
+- **collectives**: the trainer's all-reduce (`sum_all_reduce`, float64 counts and the flat
+  gradient buffer) and byte all-gather (`_all_gather_bytes`, resume) on a one-process group
+  of the device's backend (NCCL on CUDA): initialisation, dtypes and device placement, not
+  cross-GPU traffic, which needs two GPUs.
+
+Each check reports its measured errors and tolerance and never raises: a failure is a
+result. On a CPU (`--device cpu`, and the test suite) the same checks run with the
+bucketed CPU kernel, the CPU compiler and gloo; `workers/bench-gpu.sh` runs them on the GPU.
+Errors are relative: max |a - b| / max |b| for tensors, |a - b| / |b| for losses, and
+||a - b|| / ||b|| over all parameters for gradients.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+
+import torch
+
+from embedlab.config import MaskingConfig, ModelConfig, TrainConfig
+
+Kernel = Callable[..., torch.Tensor]
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    compares: str
+    tolerance: float
+    measured: dict[str, float] = dataclasses.field(default_factory=dict)
+    error: str | None = None  # the exception, when the check could not run
+
+
+def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
+    """max |value - reference| / max |reference|, both compared in float64 on the CPU."""
+    value, reference = value.detach().double().cpu(), reference.detach().double().cpu()
+    return float((value - reference).abs().max() / reference.abs().max().clamp(min=1e-30))
+
+
+def _judged(name: str, compares: str, tolerance: float, measured: dict[str, float]) -> Check:
+    return Check(name, all(v <= tolerance for v in measured.values()), compares, tolerance, measured)
+
+
+def _model_config() -> ModelConfig:
+    # Two layers, head width 64 (the flash kernel's common case), a small vocabulary.
+    return ModelConfig(preset="check", layers=2, width=128, heads=2, ffn_width=512, vocab_size=1000)
+
+
+def _batch(config: ModelConfig, rows: int, length: int, seed: int):
+    """Packed rows of corpus-like document lengths with 15% masked; (ids, segments, masked)."""
+    from embedlab.bench_mfu import synthetic_rows
+    from embedlab.objectives.masking import mask_tokens
+
+    ids, segments = synthetic_rows(rows, length, config.vocab_size, seed)
+    masked = mask_tokens(ids, (segments > 0) & (ids >= 5), MaskingConfig(), mask_id=4,
+                         random_token_range=(5, config.vocab_size), generator=torch.Generator().manual_seed(seed))
+    return ids, segments, masked
+
+
+def _loss_and_gradients(model, masked, segments, precision: str, device: torch.device) -> tuple[float, torch.Tensor]:
+    """Summed selected-token NLL and the flat gradient of it, on `device`."""
+    from embedlab.objectives.mlm import mlm_loss_sum
+    from embedlab.train.precision import forward_precision
+
+    model.zero_grad(set_to_none=True)
+    inputs, selected = masked.inputs.to(device), masked.selected.to(device)
+    with forward_precision(precision, device):
+        logits = model(inputs, segments.to(device), selected)
+    loss, _ = mlm_loss_sum(logits, masked.targets.to(device)[selected])
+    loss.backward()
+    flat = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
+    return float(loss.detach()), flat.detach().double().cpu()
+
+
+def _gradient_error(value: torch.Tensor, reference: torch.Tensor) -> float:
+    return float((value - reference).norm() / reference.norm().clamp(min=1e-30))
+
+
+@contextlib.contextmanager
+def _no_tf32() -> Iterator[None]:
+    """fp32 matmuls in full fp32 on CUDA while a comparison runs (TF32 would round to 10 bits)."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def default_kernel(device: torch.device) -> Kernel:
+    """The variable-length kernel the encoder runs on `device`."""
+    from embedlab.model.encoder import bucketed_varlen_attention, flash_varlen_attention
+
+    return flash_varlen_attention if device.type == "cuda" else bucketed_varlen_attention
+
+
+def check_varlen_kernel(device: torch.device, kernel: Kernel | None = None, dtype: torch.dtype | None = None,
+                        tolerance: float = 2e-2) -> Check:
+    """The variable-length kernel against the per-sequence fp32 oracle, forward and gradients,
+    on four packed rows of 256 tokens (corpus-like segment lengths), 4 heads of width 64."""
+    from embedlab.bench_mfu import synthetic_rows
+    from embedlab.model.encoder import reference_varlen_attention, segment_layout
+
+    kernel = kernel or default_kernel(device)
+    dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    _, segments = synthetic_rows(4, 256, 1000, seed=0)
+    layout = segment_layout(segments.to(device))
+    generator = torch.Generator().manual_seed(0)
+    shape = (len(layout.token_index), 4, 64)
+    # Inputs rounded to the kernel's dtype first, so the oracle sees the same values and the
+    # errors are the kernel's arithmetic alone.
+    base = [torch.randn(shape, generator=generator).to(dtype).float() for _ in range(3)]
+    upstream = torch.randn(shape, generator=generator)
+
+    def run(function: Kernel, run_dtype: torch.dtype) -> list[torch.Tensor]:
+        q, k, v = (t.to(device, run_dtype).requires_grad_() for t in base)
+        out = function(q, k, v, layout.cu_seqlens, layout.max_length)
+        return [out, *torch.autograd.grad(out, (q, k, v), upstream.to(device, out.dtype))]
+
+    values, references = run(kernel, dtype), run(reference_varlen_attention, torch.float32)
+    measured = {name: relative_error(a, b) for name, a, b in zip(("output", "dq", "dk", "dv"), values, references)}
+    name = getattr(kernel, "__name__", "kernel")
+    return _judged("flash varlen" if device.type == "cuda" else "varlen kernel",
+                   f"{name} ({str(dtype).removeprefix('torch.')}) vs reference_varlen_attention (fp32)",
+                   tolerance, measured)
+
+
+def check_encoder_paths(device: torch.device, precision: str = "bf16", tolerance: float = 2e-2) -> Check:
+    """Variable-length attention against the dense mask in the whole model, same weights."""
+    from embedlab.model.encoder import MLMModel
+
+    config = _model_config()
+    _, segments, masked = _batch(config, rows=4, length=256, seed=1)
+    results = []
+    for attention in ("varlen", "dense"):
+        torch.manual_seed(0)
+        model = MLMModel(dataclasses.replace(config, attention=attention)).to(device).train()
+        results.append(_loss_and_gradients(model, masked, segments, precision, device))
+    (loss, grads), (reference_loss, reference_grads) = results
+    return _judged("encoder paths", f"MLMModel, {precision}: attention='varlen' vs 'dense'", tolerance,
+                   {"loss": abs(loss - reference_loss) / abs(reference_loss),
+                    "gradients": _gradient_error(grads, reference_grads)})
+
+
+def check_device_vs_cpu(device: torch.device, tolerance: float = 1e-4) -> Check:
+    """The model on `device` against the same model on the CPU, fp32, dense attention."""
+    from embedlab.model.encoder import MLMModel
+
+    config = dataclasses.replace(_model_config(), attention="dense")
+    _, segments, masked = _batch(config, rows=4, length=256, seed=2)
+    torch.manual_seed(0)
+    cpu_model = MLMModel(config).train()
+    on_device = MLMModel(config)
+    on_device.load_state_dict(cpu_model.state_dict())
+    with _no_tf32():
+        loss, grads = _loss_and_gradients(on_device.to(device).train(), masked, segments, "fp32", device)
+    reference_loss, reference_grads = _loss_and_gradients(cpu_model, masked, segments, "fp32", torch.device("cpu"))
+    return _judged("device vs cpu", f"MLMModel fp32 on {device.type} vs on cpu (dense attention)", tolerance,
+                   {"loss": abs(loss - reference_loss) / abs(reference_loss),
+                    "gradients": _gradient_error(grads, reference_grads)})
+
+
+def _train_steps(device: torch.device, compiled: bool, steps: int = 3) -> list[float]:
+    from embedlab.model.encoder import MLMModel
+    from embedlab.train.compiling import compile_blocks
+    from embedlab.train.mlm_step import Microbatch, accumulate_gradients, optimizer_step
+    from embedlab.train.optim import build_optimizer
+
+    config = _model_config()
+    torch.manual_seed(0)
+    model = MLMModel(config).to(device).train()
+    if compiled:
+        compile_blocks(model.encoder)
+    train = TrainConfig()
+    optimizer = build_optimizer(model, train, device)
+    losses = []
+    for step in range(steps):
+        _, segments, masked = _batch(config, rows=4, length=128, seed=10 + step)
+        masked = type(masked)(*(t.to(device) for t in (masked.inputs, masked.targets, masked.selected)))
+        result = accumulate_gradients(model, [Microbatch(masked=masked, segment_ids=segments.to(device))])
+        losses.append(optimizer_step(model, optimizer, result, train.max_grad_norm).loss_sum)
+    return losses
+
+
+def check_compiled_step(device: torch.device, tolerance: float = 1e-3) -> Check:
+    """Three fp32 training steps with compiled blocks against the same steps eager."""
+    with _no_tf32():
+        compiled, eager = _train_steps(device, compiled=True), _train_steps(device, compiled=False)
+    return _judged("compiled step", "3 fp32 steps (fused AdamW where available), compiled blocks vs eager",
+                   tolerance, {f"loss step {i + 1}": abs(c - e) / abs(e) for i, (c, e) in enumerate(zip(compiled, eager))})
+
+
+def check_collectives(device: torch.device) -> Check:
+    """The trainer's all-reduce and byte all-gather on a one-process group of the device's
+    backend: the results must equal the one-process values exactly."""
+    import torch.distributed as dist
+
+    from embedlab.model.encoder import MLMModel
+    from embedlab.train.mlm_step import Microbatch, accumulate_gradients, no_reduce
+    from embedlab.train.phase1 import sum_all_reduce
+    from embedlab.train.state import _all_gather_bytes
+
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if dist.is_initialized():
+        raise RuntimeError("a process group is already initialised in this process")
+    config = _model_config()
+    _, segments, masked = _batch(config, rows=2, length=128, seed=3)
+    masked = type(masked)(*(t.to(device) for t in (masked.inputs, masked.targets, masked.selected)))
+    microbatch = Microbatch(masked=masked, segment_ids=segments.to(device))
+    handle, path = tempfile.mkstemp(prefix="embedlab-store-")
+    os.close(handle)
+    os.unlink(path)  # the file store creates it
+    dist.init_process_group(backend, init_method=f"file://{path}", rank=0, world_size=1)
+    try:
+        gradients = []
+        for reduce in (sum_all_reduce(device), no_reduce):
+            torch.manual_seed(0)
+            model = MLMModel(config).to(device).train()
+            accumulate_gradients(model, [microbatch], all_reduce=reduce)
+            gradients.append(torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None]))
+        counts = torch.tensor([3.0, 2.0**60 + 1.0], dtype=torch.float64)  # float64 must survive exactly
+        payload = os.urandom(1001)
+        measured = {
+            "gradients": float((gradients[0] - gradients[1]).abs().max()),
+            "float64 counts": float((sum_all_reduce(device)(counts.clone()) - counts).abs().max()),
+            "bytes gathered wrong": float(_all_gather_bytes(payload, device) != [payload]),
+        }
+    finally:
+        dist.destroy_process_group()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    return _judged("collectives", f"sum_all_reduce and _all_gather_bytes on {backend} (1 process) "
+                                  "vs the one-process values", 0.0, measured)
+
+
+CHECKS: dict[str, Callable[[torch.device], Check]] = {
+    "flash varlen": check_varlen_kernel,
+    "encoder paths": check_encoder_paths,
+    "device vs cpu": check_device_vs_cpu,
+    "compiled step": check_compiled_step,
+    "collectives": check_collectives,
+}
+
+
+def run_checks(device: torch.device, names: tuple[str, ...] = tuple(CHECKS),
+               progress: Callable[[str], None] = print) -> list[Check]:
+    """Every named check on `device`; one that raises is a failed check carrying the error."""
+    results = []
+    for name in names:
+        try:
+            check = CHECKS[name](device)
+        except Exception as error:  # noqa: BLE001 - a broken GPU path is a result, not a crash
+            check = Check(name, False, "", 0.0, error=f"{type(error).__name__}: {error}")
+        progress(f"check {check.name}: {'ok' if check.ok else 'FAILED'} "
+                 + (check.error or ", ".join(f"{k} {v:.2e}" for k, v in check.measured.items()))
+                 + (f" (tolerance {check.tolerance:g})" if check.error is None else ""))
+        results.append(check)
+    return results
