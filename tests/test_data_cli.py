@@ -66,6 +66,36 @@ def test_bench_data_measures_both_sides(spec, capsys):
     assert result["documents"] == 300 and result["tokens"]["embedlab"] == result["tokens"]["reference"] + 300
 
 
+def test_bench_prefetch_trains_both_sides_on_the_same_stream(spec, prepared, capsys):
+    """`bench prefetch --json`: the phase-1 loop on its Ray Data stream with the iterator's
+    prefetch and without, each pass consuming the same tokens, plus the stream's own rate;
+    and the session the bench reads through delivers rows in order whatever the prefetch depth
+    (Ray Data alone may reorder blocks; Ray Train's ingest is set to preserve order)."""
+    import ray.data
+    import torch
+
+    from embedlab.train.session import PREFETCH_BATCHES, DatasetSession
+
+    assert main(["bench", "prefetch", str(spec), "--budget-tokens", "3000", "--preset", "tiny",
+                 "--repeats", "1", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert set(rows) == {"opt: data prefetch", "data: wait share of training", "data: stream vs training tokens/s"}
+    rates, wait, stream = rows["opt: data prefetch"], rows["data: wait share of training"], rows[
+        "data: stream vs training tokens/s"]
+    assert min(rates["embedlab"], rates["reference"], stream["embedlab"]) > 0
+    assert 0 <= wait["embedlab"] <= 100 and 0 <= wait["reference"] <= 100 and wait["unit"] == "%"
+    assert stream["reference"] == rates["embedlab"]  # the loop's consumption, against the stream's delivery
+    assert f"prefetching {PREFETCH_BATCHES} batch" in rates["embedlab_measures"]
+    assert len(rates["runs"]["embedlab"]) == len(rates["runs"]["reference"]) == 1
+    seen = []
+    for prefetch in (0, PREFETCH_BATCHES, 3):
+        dataset = ray.data.from_items([{"x": i} for i in range(23)]).map_batches(lambda b: b, batch_size=4)
+        batches = list(DatasetSession(dataset, prefetch).global_batches(5))
+        assert all(b["x"].dtype == torch.long for b in batches)
+        seen.append([b["x"].tolist() for b in batches])
+    assert seen[0] == seen[1] == seen[2] == [list(range(i, i + 5)) for i in range(0, 20, 5)]
+
+
 def leaked_setup(tmp_path: Path) -> tuple[Path, DataConfig, Task]:
     """A BEIR task from real docstrings, and training data that holds one test query verbatim
     inside a longer text and one test document with two words changed."""

@@ -4,7 +4,8 @@ Machines here are noisy, so every comparison reports both measured values and th
 ratio, never a number alone. `bench_all` runs every comparison and returns one list
 (`embedlab.bench_measure.Comparison`); the parts live in `bench_train` (phase-1
 throughput, peak memory, optimisations on/off), `bench_contrastive` (GradCache),
-`bench_scaling` (length and corpus size), `bench_mfu` (CUDA only) and here (data, eval).
+`bench_scaling` (length and corpus size), `bench_prefetch` (data prefetch), `bench_mfu` (CUDA
+only) and here (data, eval).
 
 `bench data`: packed non-padding tokens per second through embedlab's Ray Data pipeline
 (the corpus's documents as blocks -> tokenize -> pack: the stage `prepare` runs, then the
@@ -192,6 +193,7 @@ def bench_all(config: DataConfig | None = None, *, train=None, contrastive=None,
     import torch
 
     from embedlab.bench_contrastive import ContrastiveBench, bench_contrastive
+    from embedlab.bench_prefetch import bench_prefetch, prefetch_note
     from embedlab.bench_train import TrainBench, bench_train, train_notes
 
     config = config or DataConfig()
@@ -205,6 +207,9 @@ def bench_all(config: DataConfig | None = None, *, train=None, contrastive=None,
     data = bench_data(documents=data_documents, config=config, progress=progress)
     comparisons += _as_comparisons(data)
     notes.append(f"data: {data_note(data)}")
+    prefetch = bench_prefetch(prepared, config, progress=progress)
+    comparisons += prefetch["comparisons"]
+    notes.append(f"prefetch: {prefetch_note(prefetch)}")
     evaluation = bench_eval(progress=progress)
     comparisons += _as_comparisons(evaluation)
     comparisons.append(Comparison(

@@ -22,6 +22,7 @@
                                         phase-1 tokens/s and peak memory vs BertForMaskedLM; optimisations on/off
     embedlab bench contrastive [SPEC] [--json]   pairs/s with and without GradCache
     embedlab bench data [SPEC] [--json] packed tokens/s through Ray Data vs raw encode_batch
+    embedlab bench prefetch [SPEC] [--json]   the phase-1 loop's tokens/s and data wait, prefetch on vs off
     embedlab bench eval [--json]        evaluator time vs sentence-transformers' IR evaluator
     embedlab bench mfu [--preset 300m] [--sequence-length 512] [--json]   MFU on a CUDA GPU (bf16)
 
@@ -339,6 +340,15 @@ def cmd_bench_contrastive(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_prefetch(args: argparse.Namespace) -> int:
+    from embedlab.bench_prefetch import PrefetchBench, bench_prefetch, prefetch_note
+
+    bench = PrefetchBench(budget_tokens=args.budget_tokens, preset=args.preset, repeats=args.repeats)
+    result = bench_prefetch(_bench_prepared(args), _data_configs(args.spec)[0], bench, progress=_stderr)
+    _print_comparisons(result["comparisons"], [f"prefetch: {prefetch_note(result)}"], args.json)
+    return 0
+
+
 def cmd_bench_scaling(args: argparse.Namespace) -> int:
     from embedlab.bench_scaling import bench_scaling, format_scaling
 
@@ -513,6 +523,14 @@ def build_parser() -> argparse.ArgumentParser:
                                    help="timed passes of each side, the median reported (default 3)")
     bench_data_parser.add_argument("--json", action="store_true")
     bench_data_parser.set_defaults(func=cmd_bench_data)
+    bench_prefetch_parser = bench_sub.add_parser(
+        "prefetch", help="the phase-1 loop on its Ray Data stream with and without the iterator's prefetch")
+    add_spec(bench_prefetch_parser)
+    bench_prefetch_parser.add_argument("--budget-tokens", type=int, default=100_000, help="tokens a pass")
+    bench_prefetch_parser.add_argument("--preset", default="small")
+    bench_prefetch_parser.add_argument("--repeats", type=int, default=3, help="timed passes of each side")
+    bench_prefetch_parser.add_argument("--json", action="store_true")
+    bench_prefetch_parser.set_defaults(func=cmd_bench_prefetch)
     bench_eval_parser = bench_sub.add_parser(
         "eval", help="evaluator time vs sentence-transformers' InformationRetrievalEvaluator (all-MiniLM-L6-v2)")
     bench_eval_parser.add_argument("--split", default="dev", choices=["dev", "test"])

@@ -21,8 +21,8 @@ masks as eager: GradCache's no-grad and grad passes rely on it.
 
 "auto" compiles when the trial trains on GPUs. That default is unmeasured until the GPU
 command (`workers/bench-gpu.sh`) runs: it reports compiled against eager. On this CPU,
-`embedlab bench train --ablations` measured these compiled blocks at 0.86-0.90x eager in
-three runs (a 26 s cold compile), so "auto" stays eager on CPU. The resolved choice is recorded in the manifest.
+`embedlab bench` and `embedlab bench train --ablations` measured these compiled blocks at
+0.86-0.93x eager in four runs (a 26-27 s cold compile), so "auto" stays eager on CPU. The resolved choice is recorded in the manifest.
 """
 
 from __future__ import annotations

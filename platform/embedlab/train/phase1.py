@@ -334,25 +334,27 @@ def run_phase1(
     A run of a `name` that has checkpoints under `storage_path` resumes from the latest.
     """
     schedule, offsets = trial_schedule(trial, prepared)
-    rows = packed_dataset(
-        prepared.pieces_path, schedule, offsets,
-        sequence_length=trial.data.sequence_length, pad_id=prepared.tokenizer.pad_id,
-    )
-    return fit(
-        phase1_worker,
-        {
-            "trial": trial.to_dict(),
-            "tokenizer_path": str(prepared.tokenizer_path),
-            "tokenizer_hash": prepared.record["tokenizer_hash"],
-            "data_revision": prepared.data_revision,
-            "sources": list(schedule.sources),
-            "intended_shares": prepared.record["mixture"]["shares"],
-            "schedule": {"version": schedule.version, "seed": schedule.seed, "pieces": int(len(schedule.item))},
-            "run": options.to_dict(),
-        },
-        trial,
-        rows,
-        storage_path=storage_path,
-        name=name,
-        callbacks=callbacks,
-    )
+    return fit(phase1_worker, phase1_loop_config(trial, prepared, schedule, options), trial,
+               trial_stream(trial, prepared, schedule, offsets),
+               storage_path=storage_path, name=name, callbacks=callbacks)
+
+
+def trial_stream(trial: TrialConfig, prepared: PreparedData, schedule: Schedule, offsets: dict[str, int]):
+    """The trial's Ray Dataset of packed rows, in schedule order."""
+    return packed_dataset(prepared.pieces_path, schedule, offsets,
+                          sequence_length=trial.data.sequence_length, pad_id=prepared.tokenizer.pad_id)
+
+
+def phase1_loop_config(trial: TrialConfig, prepared: PreparedData, schedule: Schedule,
+                       options: RunOptions = RunOptions()) -> dict[str, Any]:
+    """What every worker's `Phase1Loop` is built from."""
+    return {
+        "trial": trial.to_dict(),
+        "tokenizer_path": str(prepared.tokenizer_path),
+        "tokenizer_hash": prepared.record["tokenizer_hash"],
+        "data_revision": prepared.data_revision,
+        "sources": list(schedule.sources),
+        "intended_shares": prepared.record["mixture"]["shares"],
+        "schedule": {"version": schedule.version, "seed": schedule.seed, "pieces": int(len(schedule.item))},
+        "run": options.to_dict(),
+    }

@@ -41,6 +41,18 @@ class Session(Protocol):
         """Return once every report so far is stored (checkpoints registered)."""
 
 
+# Batches Ray Data's iterator collates ahead of the one the step is consuming, in a
+# background thread. `embedlab bench prefetch` measures this against 0 (README, Benchmarks).
+PREFETCH_BATCHES = 1
+
+
+def torch_batches(source, rows: int, prefetch_batches: int = PREFETCH_BATCHES) -> Iterator[Batch]:
+    """A Ray Dataset's or dataset shard's rows in order as long tensors, `rows` rows a batch,
+    the last partial batch dropped."""
+    return iter(source.iter_torch_batches(batch_size=rows, drop_last=True, dtypes=torch.long,
+                                          prefetch_batches=prefetch_batches))
+
+
 class RaySession:
     """Ray Train's worker context (call from inside `train_loop_per_worker`)."""
 
@@ -62,8 +74,7 @@ class RaySession:
 
         # Not split across workers (`launch.fit`): each worker iterates the whole dataset in
         # order and takes its own rows, so who gets which row never depends on timing.
-        shard = ray.train.get_dataset_shard("train")
-        return iter(shard.iter_torch_batches(batch_size=rows, drop_last=True, dtypes=torch.long))
+        return torch_batches(ray.train.get_dataset_shard("train"), rows)
 
     @contextmanager
     def resume_point(self):
@@ -125,6 +136,33 @@ class LocalSession:
             self.checkpoints.append(target)
         if self.world > 1:
             torch.distributed.barrier()  # as Ray Train's report: every rank leaves once the checkpoint is stored
+
+    def settle(self) -> None:
+        pass
+
+
+class DatasetSession:
+    """This process alone reading a Ray Dataset (no Ray Train): for measuring the data path
+    the training loop sees (`embedlab bench prefetch`). Keeps the reports; checkpoints are
+    not stored, and there is nothing to resume from."""
+
+    rank, world, device = 0, 1, torch.device("cpu")
+
+    def __init__(self, dataset, prefetch_batches: int = PREFETCH_BATCHES) -> None:
+        # In order, as Ray Train reads it (`launch.fit`); Ray Data's default may reorder blocks.
+        dataset.context.execution_options.preserve_order = True
+        self.dataset, self.prefetch_batches = dataset, prefetch_batches
+        self.reports: list[dict[str, Any]] = []
+
+    def global_batches(self, rows: int) -> Iterator[Batch]:
+        return torch_batches(self.dataset, rows, self.prefetch_batches)
+
+    @contextmanager
+    def resume_point(self):
+        yield None
+
+    def report(self, metrics: dict[str, Any], checkpoint: Path | None) -> None:
+        self.reports.append(dict(metrics))
 
     def settle(self) -> None:
         pass
