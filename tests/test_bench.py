@@ -161,9 +161,16 @@ def test_mfu_counts_model_flops_and_measures_on_any_device():
     ids, segments = synthetic_rows(3, 64, 512, seed=0)
     assert ids.shape == segments.shape == (3, 64) and int((segments > 0).sum()) > 150
     bench = MfuBench(preset="tiny", sequence_length=64, batch_rows=2, steps=1, warmup_steps=1, precision="fp32",
-                     compile=False)
+                     compile=False, profile_steps=1)
     result = measure_mfu(bench, torch.device("cpu"), peak_flops=1e12, config=config, progress=lambda m: None)
     assert result["tokens_per_s"] > 0 and result["mfu"] == pytest.approx(result["model_tflops_per_s"])
+    # The profile of the re-run steps: operators by self time, shares of the busy time.
+    profile = result["profile"]
+    shares = [row["share"] for row in profile["top"]]
+    assert profile["top"] and shares == sorted(shares, reverse=True) and 0 < sum(shares) <= 1 + 1e-9
+    assert any("addmm" in row["name"] or "mm" in row["name"] for row in profile["top"])
+    assert "profile" not in measure_mfu(dataclasses.replace(bench, profile_steps=0), torch.device("cpu"),
+                                        config=config, progress=lambda m: None)
 
 
 def test_mfu_before_after_compares_bf16_with_fp32_and_compiled_with_eager():

@@ -10,8 +10,9 @@
 #
 # 1. `embedlab bench mfu --json`: checks the flash kernel first (the dense mask is timed
 #    instead if it fails), then tokens/s, model TFLOP/s, peak, MFU, peak memory and
-#    "before_after" (bf16 autocast vs fp32, compiled vs eager). On a failure it retries once
-#    without compile. Written to $OUT/bench-mfu.json when $OUT is set.
+#    "before_after" (bf16 autocast vs fp32, compiled vs eager), and "profile" (top kernels by
+#    device time, GPU busy share). On a failure it retries once without compile. Written to
+#    $OUT/bench-mfu.json when $OUT is set.
 # 2. `embedlab model check-cuda --json` with the time left: flash varlen, encoder paths,
 #    device vs CPU, compiled step, NCCL collectives. Written to $OUT/cuda-checks.json.
 # Exits non-zero if the bench failed or a check did not pass; each part's JSON is printed

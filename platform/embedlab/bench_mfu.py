@@ -47,6 +47,7 @@ class MfuBench:
     compile: bool = True
     seed: int = 0
     compare_steps: int = 8  # timed steps of each eager run in `before_after` (0: skip it)
+    profile_steps: int = 3  # steps re-run under torch.profiler after timing (`kernel_profile`; 0: skip)
 
 
 def bench_model(bench: MfuBench) -> ModelConfig:
@@ -135,7 +136,7 @@ def measure_mfu(bench: MfuBench, device: torch.device, peak_flops: float | None 
         torch.cuda.reset_peak_memory_stats(device)
     seconds, tokens, flops = run(batches[bench.warmup_steps :])
     achieved = flops / seconds
-    return {
+    result = {
         "bench": dataclasses.asdict(bench),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "tokens_per_s": tokens / seconds,
@@ -146,6 +147,43 @@ def measure_mfu(bench: MfuBench, device: torch.device, peak_flops: float | None 
         "warmup_seconds": warmup_seconds,
         "timed_seconds": seconds,
         "attention_path": attention_path(config, device, bench.precision, bench.sequence_length),
+    }
+    if bench.profile_steps > 0:
+        try:  # diagnosis only: the figures above stand if the profiler fails
+            result["profile"] = kernel_profile(
+                lambda: run(batches[bench.warmup_steps :][: bench.profile_steps]), device)
+        except Exception as error:  # noqa: BLE001
+            result["profile_error"] = f"{type(error).__name__}: {error}"
+    return result
+
+
+def kernel_profile(work: Callable[[], object], device: torch.device, top: int = 15) -> dict:
+    """Where the time of `work` went, from torch.profiler, untimed steps: on CUDA the kernels
+    by self device time, their share of the device's busy time, and busy time against wall
+    time (the rest is the GPU waiting on the host: launches, synchronisations); on CPU the
+    operators by self CPU time. One GPU run then says what to optimise next."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
+    started = time.perf_counter()
+    with profile(activities=activities) as profiler:
+        work()
+    wall_us = (time.perf_counter() - started) * 1e6
+    if cuda:
+        rows = [(e.key, getattr(e, "self_device_time_total", 0.0), e.count) for e in profiler.key_averages()
+                if e.device_type == DeviceType.CUDA]
+    else:
+        rows = [(e.key, e.self_cpu_time_total, e.count) for e in profiler.key_averages()]
+    busy = sum(t for _, t, _ in rows) or 1e-9
+    rows.sort(key=lambda row: -row[1])
+    return {
+        "wall_ms": wall_us / 1e3,
+        "busy_ms": busy / 1e3,
+        "busy_fraction": busy / wall_us,  # on CPU: operator time over wall (threads can overlap)
+        "top": [{"name": name[:160], "self_ms": t / 1e3, "calls": calls, "share": t / busy}
+                for name, t, calls in rows[:top]],
     }
 
 
@@ -171,7 +209,7 @@ def before_after(bench: MfuBench, device: torch.device, measured: dict, config: 
     if bench.compare_steps < 1 or (bench.precision == "fp32" and not bench.compile):
         return []  # nothing to compare
     config = config or bench_model(bench)
-    short = dataclasses.replace(bench, steps=bench.compare_steps, warmup_steps=3, compile=False)
+    short = dataclasses.replace(bench, steps=bench.compare_steps, warmup_steps=3, compile=False, profile_steps=0)
 
     def rate(precision: str, run_config: ModelConfig) -> float:
         return measure_mfu(dataclasses.replace(short, precision=precision), device, config=run_config,
