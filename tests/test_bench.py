@@ -208,6 +208,11 @@ def test_bench_commands_parse():
     train = parser.parse_args(["bench", "train", "--ablations"])
     assert train.func is cmd_bench_train and train.preset == "small" and train.ablations
     mfu = parser.parse_args(["bench", "mfu"])
-    assert mfu.func is cmd_bench_mfu and (mfu.preset, mfu.sequence_length) == ("300m", 512)
+    assert mfu.func is cmd_bench_mfu and (mfu.preset, mfu.sequence_length, mfu.attention) == ("300m", 512, "auto")
+    # The GPU script's retry: never touches the flash kernel again.
+    from embedlab.bench_mfu import MfuBench, bench_model
+
+    assert parser.parse_args(["bench", "mfu", "--attention", "dense"]).attention == "dense"
+    assert bench_model(MfuBench(attention="dense")).attention == "dense"
     assert parser.parse_args(["bench", "scaling", "--sizes", "1000", "2000"]).sizes == [1000, 2000]
     assert parser.parse_args(["bench", "contrastive"]).chunk == 16

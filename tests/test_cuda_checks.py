@@ -23,7 +23,7 @@ def test_every_check_passes_on_the_cpu_paths(capsys):
     assert main(["model", "check-cuda", "--device", "cpu", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert [c["name"] for c in report["checks"]] == ["varlen kernel", "encoder paths", "device vs cpu",
-                                                     "compiled step", "collectives"]
+                                                     "collectives", "compiled step"]
     for check in report["checks"]:
         assert check["ok"] and check["error"] is None and check["measured"]
         assert all(0.0 <= value <= check["tolerance"] for value in check["measured"].values())

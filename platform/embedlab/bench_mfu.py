@@ -23,6 +23,7 @@ loader prefetches ahead of the step); timing brackets `steps` steps with `torch.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import time
 from collections.abc import Callable
 
@@ -48,11 +49,12 @@ class MfuBench:
     seed: int = 0
     compare_steps: int = 8  # timed steps of each eager run in `before_after` (0: skip it)
     profile_steps: int = 3  # steps re-run under torch.profiler after timing (`kernel_profile`; 0: skip)
+    attention: str = "auto"  # the model's attention path; "dense" skips the flash kernel altogether
 
 
 def bench_model(bench: MfuBench) -> ModelConfig:
-    """The preset's config, long enough for the bench's rows."""
-    return model_preset(bench.preset, max_length=max(512, bench.sequence_length))
+    """The preset's config, long enough for the bench's rows, on the bench's attention path."""
+    return model_preset(bench.preset, max_length=max(512, bench.sequence_length), attention=bench.attention)
 
 
 def model_flops(config: ModelConfig, tokens: int, selected: int, segment_lengths: np.ndarray) -> float:
@@ -167,16 +169,18 @@ def kernel_profile(work: Callable[[], object], device: torch.device, top: int = 
 
     cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
-    started = time.perf_counter()
     with profile(activities=activities) as profiler:
-        work()
-    wall_us = (time.perf_counter() - started) * 1e6
+        started = time.perf_counter()  # inside: profiler start-up and flush are not the work's
+        work()  # synchronises the device before returning
+        wall_us = (time.perf_counter() - started) * 1e6
     if cuda:
         rows = [(e.key, getattr(e, "self_device_time_total", 0.0), e.count) for e in profiler.key_averages()
                 if e.device_type == DeviceType.CUDA]
     else:
         rows = [(e.key, e.self_cpu_time_total, e.count) for e in profiler.key_averages()]
-    busy = sum(t for _, t, _ in rows) or 1e-9
+    if not rows or not sum(t for _, t, _ in rows):
+        raise RuntimeError("the profiler recorded no " + ("kernels" if cuda else "operators"))
+    busy = sum(t for _, t, _ in rows)
     rows.sort(key=lambda row: -row[1])
     return {
         "wall_ms": wall_us / 1e3,
@@ -212,6 +216,11 @@ def before_after(bench: MfuBench, device: torch.device, measured: dict, config: 
     short = dataclasses.replace(bench, steps=bench.compare_steps, warmup_steps=3, compile=False, profile_steps=0)
 
     def rate(precision: str, run_config: ModelConfig) -> float:
+        # The compiled model before this one is held by a reference cycle (its blocks' compiled
+        # methods): free it before allocating another.
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
         return measure_mfu(dataclasses.replace(short, precision=precision), device, config=run_config,
                            progress=progress)["tokens_per_s"]
 

@@ -73,19 +73,18 @@ def one_pass(trial: TrialConfig, prepared: PreparedData, prefetch_batches: int) 
 
 
 def stream_pass(trial: TrialConfig, prepared: PreparedData) -> dict:
-    """The same stream read with no training step: how fast it can deliver (tokens/s after
-    the first batch), the ceiling any consumer can reach."""
+    """The same stream, read the way the loop reads it (`DatasetSession`), with no training
+    step: how fast it can deliver. Counted as the loop counts: every batch's non-padding
+    tokens over the time from the first batch's arrival."""
     from embedlab.train.phase1 import trial_schedule, trial_stream
-    from embedlab.train.session import torch_batches
+    from embedlab.train.session import DatasetSession
 
     schedule, offsets = trial_schedule(trial, prepared)
+    session = DatasetSession(trial_stream(trial, prepared, schedule, offsets))
     started = time.perf_counter()
-    batches = torch_batches(trial_stream(trial, prepared, schedule, offsets), trial.train.batch_rows)
     tokens, first = 0, None
-    for batch in batches:
-        if first is None:
-            first = time.perf_counter()  # start-up excluded, as in the loop's figures
-            continue
+    for batch in session.global_batches(trial.train.batch_rows):
+        first = first or time.perf_counter()
         tokens += int((batch["segment_ids"] > 0).sum())
     return {"tokens": tokens, "tokens_per_s": tokens / (time.perf_counter() - first),
             "stream_start_seconds": first - started}

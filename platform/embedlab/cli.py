@@ -363,7 +363,7 @@ def cmd_bench_mfu(args: argparse.Namespace) -> int:
     from embedlab.bench_mfu import MfuBench, bench_mfu
 
     bench = MfuBench(preset=args.preset, sequence_length=args.sequence_length, batch_rows=args.batch_rows,
-                     steps=args.steps, compile=not args.no_compile,
+                     steps=args.steps, compile=not args.no_compile, attention=args.attention,
                      **({} if args.compare_steps is None else {"compare_steps": args.compare_steps}))
     result = bench_mfu(bench, peak_tflops=args.peak_tflops, progress=_stderr)
     if args.json:
@@ -573,6 +573,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench_mfu_parser.add_argument("--batch-rows", type=int, default=64)
     bench_mfu_parser.add_argument("--steps", type=int, default=20, help="timed steps after 5 warm-up steps")
     bench_mfu_parser.add_argument("--no-compile", action="store_true")
+    bench_mfu_parser.add_argument("--attention", default="auto", choices=["auto", "dense", "varlen"],
+                                  help="dense: time the dense mask, never touching the flash kernel")
     bench_mfu_parser.add_argument("--compare-steps", type=int, default=None,
                                   help="timed steps of the eager runs measured before/after (0: skip; default 8)")
     bench_mfu_parser.add_argument("--peak-tflops", type=float, default=None,

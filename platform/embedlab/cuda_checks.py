@@ -9,12 +9,12 @@ on the GPU, each against an oracle the suite already trusts:
   against the dense block-diagonal mask, loss and gradients;
 - **device vs CPU**: the same model and batch in fp32 (TF32 off) on the GPU and on the CPU,
   loss and gradients: every index, scatter and mask op of the encoder and MLM head on CUDA;
-- **compiled step**: three optimizer steps (fused AdamW) with the blocks compiled as training
-  compiles them (`embedlab.train.compiling`) against the same steps eager, in fp32;
 - **collectives**: the trainer's all-reduce (`sum_all_reduce`, float64 counts and the flat
   gradient buffer) and byte all-gather (`_all_gather_bytes`, resume) on a one-process group
   of the device's backend (NCCL on CUDA): initialisation, dtypes and device placement, not
-  cross-GPU traffic, which needs two GPUs.
+  cross-GPU traffic, which needs two GPUs;
+- **compiled step**: three optimizer steps (fused AdamW) with the blocks compiled as training
+  compiles them (`embedlab.train.compiling`) against the same steps eager, in fp32.
 
 Each check reports its measured errors and tolerance and never raises: a failure is a
 result. On a CPU (`--device cpu`, and the test suite) the same checks run with the
@@ -213,7 +213,7 @@ def check_collectives(device: torch.device) -> Check:
     import torch.distributed as dist
 
     from embedlab.model.encoder import MLMModel
-    from embedlab.train.mlm_step import Microbatch, accumulate_gradients, no_reduce
+    from embedlab.train.mlm_step import Microbatch, accumulate_gradients, all_reduce_gradients
     from embedlab.train.phase1 import sum_all_reduce
     from embedlab.train.state import _all_gather_bytes
 
@@ -229,16 +229,17 @@ def check_collectives(device: torch.device) -> Check:
     os.unlink(path)  # the file store creates it
     dist.init_process_group(backend, init_method=f"file://{path}", rank=0, world_size=1)
     try:
-        gradients = []
-        for reduce in (sum_all_reduce(device), no_reduce):
-            torch.manual_seed(0)
-            model = MLMModel(config).to(device).train()
-            accumulate_gradients(model, [microbatch], all_reduce=reduce)
-            gradients.append(torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None]))
-        counts = torch.tensor([3.0, 2.0**60 + 1.0], dtype=torch.float64)  # float64 must survive exactly
+        torch.manual_seed(0)
+        model = MLMModel(config).to(device).train()
+        accumulate_gradients(model, [microbatch])  # one-process gradients, then summed over the group
+        local = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        all_reduce_gradients(model, sum_all_reduce(device))
+        reduced = [p.grad for p in model.parameters() if p.grad is not None]
+        # 2^40 + 1 is exact in float64 and not in float32: a downcast anywhere shows.
+        counts = torch.tensor([3.0, 2.0**40 + 1.0], dtype=torch.float64)
         payload = os.urandom(1001)
         measured = {
-            "gradients": float((gradients[0] - gradients[1]).abs().max()),
+            "gradients": max(float((a - b).abs().max()) for a, b in zip(reduced, local)),
             "float64 counts": float((sum_all_reduce(device)(counts.clone()) - counts).abs().max()),
             "bytes gathered wrong": float(_all_gather_bytes(payload, device) != [payload]),
         }
@@ -250,12 +251,13 @@ def check_collectives(device: torch.device) -> Check:
                                   "vs the one-process values", 0.0, measured)
 
 
+# The compile last: the slowest check, so a run short of time still has the others.
 CHECKS: dict[str, Callable[[torch.device], Check]] = {
     "flash varlen": check_varlen_kernel,
     "encoder paths": check_encoder_paths,
     "device vs cpu": check_device_vs_cpu,
-    "compiled step": check_compiled_step,
     "collectives": check_collectives,
+    "compiled step": check_compiled_step,
 }
 
 
