@@ -32,6 +32,7 @@ import torch
 
 from embedlab.config import MaskingConfig, ModelConfig, TrainConfig, model_preset
 from embedlab.data.packing import pack_pieces
+from embedlab.objectives.masking import MaskedBatch
 
 # Dense bf16 tensor-core peaks (no sparsity), FLOP/s, from NVIDIA's data sheets (SXM parts).
 PEAK_BF16 = {"H200": 989.4e12, "H100": 989.4e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}
@@ -81,6 +82,18 @@ def synthetic_rows(rows: int, length: int, vocab: int, seed: int) -> tuple[torch
     return ids, torch.from_numpy(packed.segment_ids[:rows]).long()
 
 
+def synthetic_batch(rows: int, length: int, vocab: int, seed: int,
+                    generator: torch.Generator) -> tuple[torch.Tensor, MaskedBatch]:
+    """`synthetic_rows` masked as phase 1 masks (15%, 80/10/10, ids from 5 up; MASK = 4):
+    (B, T) segment ids and the masked batch, on the CPU."""
+    from embedlab.objectives.masking import mask_tokens
+
+    ids, segments = synthetic_rows(rows, length, vocab, seed)
+    masked = mask_tokens(ids, (segments > 0) & (ids >= 5), MaskingConfig(), mask_id=4,
+                         random_token_range=(5, vocab), generator=generator)
+    return segments, masked
+
+
 def segment_lengths(segment_ids: torch.Tensor) -> np.ndarray:
     """Lengths of every non-padding segment of (B, T) rows."""
     from embedlab.model.encoder import segment_layout
@@ -93,7 +106,6 @@ def measure_mfu(bench: MfuBench, device: torch.device, peak_flops: float | None 
                 config: ModelConfig | None = None, progress: Callable[[str], None] = print) -> dict:
     """Tokens/s, model TFLOP/s, MFU and peak memory of `steps` timed phase-1 steps."""
     from embedlab.model.encoder import MLMModel
-    from embedlab.objectives.masking import mask_tokens
     from embedlab.train.compiling import compile_blocks
     from embedlab.train.mlm_step import Microbatch, accumulate_gradients, optimizer_step
     from embedlab.train.optim import build_optimizer
@@ -111,12 +123,9 @@ def measure_mfu(bench: MfuBench, device: torch.device, peak_flops: float | None 
         # Timed batch i has the same seed whatever the warm-up length, so shorter runs time
         # the first batches of a longer one (`before_after`).
         seed = bench.seed + (step if step < bench.warmup_steps else 10_000 + step - bench.warmup_steps)
-        ids, segments = synthetic_rows(bench.batch_rows, bench.sequence_length, config.vocab_size, seed)
-        masked = mask_tokens(ids, (segments > 0) & (ids >= 5), MaskingConfig(), mask_id=4,
-                             random_token_range=(5, config.vocab_size), generator=generator)
+        segments, masked = synthetic_batch(bench.batch_rows, bench.sequence_length, config.vocab_size, seed, generator)
         flops = model_flops(config, int((segments > 0).sum()), int(masked.selected.sum()), segment_lengths(segments))
-        masked = type(masked)(*(t.to(device) for t in (masked.inputs, masked.targets, masked.selected)))
-        batches.append((Microbatch(masked=masked, segment_ids=segments.to(device)), flops))
+        batches.append((Microbatch(masked=masked.to(device), segment_ids=segments.to(device)), flops))
 
     def run(items) -> tuple[float, int, float]:
         if device.type == "cuda":
@@ -178,9 +187,9 @@ def kernel_profile(work: Callable[[], object], device: torch.device, top: int = 
                 if e.device_type == DeviceType.CUDA]
     else:
         rows = [(e.key, e.self_cpu_time_total, e.count) for e in profiler.key_averages()]
-    if not rows or not sum(t for _, t, _ in rows):
-        raise RuntimeError("the profiler recorded no " + ("kernels" if cuda else "operators"))
     busy = sum(t for _, t, _ in rows)
+    if not busy:
+        raise RuntimeError("the profiler recorded no " + ("kernels" if cuda else "operators"))
     rows.sort(key=lambda row: -row[1])
     return {
         "wall_ms": wall_us / 1e3,

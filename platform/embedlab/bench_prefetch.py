@@ -27,6 +27,7 @@ import torch
 
 from embedlab.bench_measure import Comparison, median
 from embedlab.config import DataConfig, TrialConfig, model_preset
+from embedlab.data.mixture import Schedule
 from embedlab.data.prepare import PreparedData
 
 
@@ -50,13 +51,15 @@ def bench_trial(bench: PrefetchBench, data: DataConfig) -> TrialConfig:
         trial.train, budget_tokens=bench.budget_tokens, checkpoint_every_steps=0))
 
 
-def one_pass(trial: TrialConfig, prepared: PreparedData, prefetch_batches: int) -> dict:
-    """Train `trial` once from scratch on its stream; the loop's figures."""
+def one_pass(trial: TrialConfig, prepared: PreparedData, drawn: tuple[Schedule, dict[str, int]],
+             prefetch_batches: int) -> dict:
+    """Train `trial` once from scratch on its stream (`drawn`: `trial_schedule`'s schedule and
+    offsets); the loop's figures."""
     from embedlab.train.loop import run
-    from embedlab.train.phase1 import Phase1Loop, phase1_loop_config, trial_schedule, trial_stream
+    from embedlab.train.phase1 import Phase1Loop, phase1_loop_config, trial_stream
     from embedlab.train.session import DatasetSession
 
-    schedule, offsets = trial_schedule(trial, prepared)
+    schedule, offsets = drawn
     session = DatasetSession(trial_stream(trial, prepared, schedule, offsets), prefetch_batches)
     loop = Phase1Loop(phase1_loop_config(trial, prepared, schedule), rank=0, world=1, device=torch.device("cpu"))
     started = time.perf_counter()
@@ -72,14 +75,14 @@ def one_pass(trial: TrialConfig, prepared: PreparedData, prefetch_batches: int) 
     }
 
 
-def stream_pass(trial: TrialConfig, prepared: PreparedData) -> dict:
+def stream_pass(trial: TrialConfig, prepared: PreparedData, drawn: tuple[Schedule, dict[str, int]]) -> dict:
     """The same stream, read the way the loop reads it (`DatasetSession`), with no training
     step: how fast it can deliver. Counted as the loop counts: every batch's non-padding
     tokens over the time from the first batch's arrival."""
-    from embedlab.train.phase1 import trial_schedule, trial_stream
+    from embedlab.train.phase1 import trial_stream
     from embedlab.train.session import DatasetSession
 
-    schedule, offsets = trial_schedule(trial, prepared)
+    schedule, offsets = drawn
     session = DatasetSession(trial_stream(trial, prepared, schedule, offsets))
     started = time.perf_counter()
     tokens, first = 0, None
@@ -94,21 +97,23 @@ def bench_prefetch(prepared: PreparedData, data: DataConfig, bench: PrefetchBenc
                    progress: Callable[[str], None] = print) -> dict:
     """Prefetching (`PREFETCH_BATCHES`) against none, and the stream's own rate:
     {"comparisons", "passes", "streamed", "tokens", ...}. `data`: the prepared data's config."""
+    from embedlab.train.phase1 import trial_schedule
     from embedlab.train.session import PREFETCH_BATCHES
 
     trial = bench_trial(bench, data)
+    drawn = trial_schedule(trial, prepared)  # read and drawn once; every pass streams it anew
     sides = {"embedlab": PREFETCH_BATCHES, "reference": 0}
     progress(f"bench prefetch: phase-1 loop on its Ray Data stream, {bench.budget_tokens:,} tokens a pass, "
              f"prefetch {PREFETCH_BATCHES} vs 0, a warm-up pass of each then {bench.repeats} alternating")
     for prefetch in sides.values():
-        one_pass(trial, prepared, prefetch)  # Ray Data workers and the tokenizer warm up
+        one_pass(trial, prepared, drawn, prefetch)  # Ray Data workers and the tokenizer warm up
     passes: dict[str, list[dict]] = {side: [] for side in sides}
     streamed = []
     for repeat in range(bench.repeats):
         order = list(sides) if repeat % 2 == 0 else list(reversed(sides))
         for side in order:
-            passes[side].append(one_pass(trial, prepared, sides[side]))
-        streamed.append(stream_pass(trial, prepared))
+            passes[side].append(one_pass(trial, prepared, drawn, sides[side]))
+        streamed.append(stream_pass(trial, prepared, drawn))
     tokens = {p["tokens"] for side in passes.values() for p in side}
     if len(tokens) != 1:
         raise RuntimeError(f"bench prefetch: passes consumed different token counts {sorted(tokens)}")

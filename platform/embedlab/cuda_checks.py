@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from embedlab.config import MaskingConfig, ModelConfig, TrainConfig
+from embedlab.config import ModelConfig, TrainConfig
 
 Kernel = Callable[..., torch.Tensor]
 
@@ -63,30 +63,24 @@ def _model_config() -> ModelConfig:
     return ModelConfig(preset="check", layers=2, width=128, heads=2, ffn_width=512, vocab_size=1000)
 
 
-def _batch(config: ModelConfig, rows: int, length: int, seed: int):
-    """Packed rows of corpus-like document lengths with 15% masked; (ids, segments, masked)."""
-    from embedlab.bench_mfu import synthetic_rows
-    from embedlab.objectives.masking import mask_tokens
+def _microbatch(config: ModelConfig, rows: int, length: int, seed: int, device: torch.device):
+    """Packed rows of corpus-like document lengths, 15% masked (`synthetic_batch`), on
+    `device`; the same seed gives the same batch on any device."""
+    from embedlab.bench_mfu import synthetic_batch
+    from embedlab.train.mlm_step import Microbatch
 
-    ids, segments = synthetic_rows(rows, length, config.vocab_size, seed)
-    masked = mask_tokens(ids, (segments > 0) & (ids >= 5), MaskingConfig(), mask_id=4,
-                         random_token_range=(5, config.vocab_size), generator=torch.Generator().manual_seed(seed))
-    return ids, segments, masked
+    segments, masked = synthetic_batch(rows, length, config.vocab_size, seed, torch.Generator().manual_seed(seed))
+    return Microbatch(masked=masked.to(device), segment_ids=segments.to(device))
 
 
-def _loss_and_gradients(model, masked, segments, precision: str, device: torch.device) -> tuple[float, torch.Tensor]:
-    """Summed selected-token NLL and the flat gradient of it, on `device`."""
-    from embedlab.objectives.mlm import mlm_loss_sum
-    from embedlab.train.precision import forward_precision
+def _loss_and_gradients(model, microbatch, precision: str) -> tuple[float, torch.Tensor]:
+    """The training step's loss sum and flat gradient (`accumulate_gradients`), from zero."""
+    from embedlab.train.mlm_step import accumulate_gradients
 
     model.zero_grad(set_to_none=True)
-    inputs, selected = masked.inputs.to(device), masked.selected.to(device)
-    with forward_precision(precision, device):
-        logits = model(inputs, segments.to(device), selected)
-    loss, _ = mlm_loss_sum(logits, masked.targets.to(device)[selected])
-    loss.backward()
+    result = accumulate_gradients(model, [microbatch], precision=precision)
     flat = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
-    return float(loss.detach()), flat.detach().double().cpu()
+    return result.loss_sum, flat.double().cpu()
 
 
 def _gradient_error(value: torch.Tensor, reference: torch.Tensor) -> float:
@@ -147,12 +141,12 @@ def check_encoder_paths(device: torch.device, precision: str = "bf16", tolerance
     from embedlab.model.encoder import MLMModel
 
     config = _model_config()
-    _, segments, masked = _batch(config, rows=4, length=256, seed=1)
+    microbatch = _microbatch(config, rows=4, length=256, seed=1, device=device)
     results = []
     for attention in ("varlen", "dense"):
         torch.manual_seed(0)
         model = MLMModel(dataclasses.replace(config, attention=attention)).to(device).train()
-        results.append(_loss_and_gradients(model, masked, segments, precision, device))
+        results.append(_loss_and_gradients(model, microbatch, precision))
     (loss, grads), (reference_loss, reference_grads) = results
     return _judged("encoder paths", f"MLMModel, {precision}: attention='varlen' vs 'dense'", tolerance,
                    {"loss": abs(loss - reference_loss) / abs(reference_loss),
@@ -164,14 +158,15 @@ def check_device_vs_cpu(device: torch.device, tolerance: float = 1e-4) -> Check:
     from embedlab.model.encoder import MLMModel
 
     config = dataclasses.replace(_model_config(), attention="dense")
-    _, segments, masked = _batch(config, rows=4, length=256, seed=2)
     torch.manual_seed(0)
     cpu_model = MLMModel(config).train()
     on_device = MLMModel(config)
     on_device.load_state_dict(cpu_model.state_dict())
     with _no_tf32():
-        loss, grads = _loss_and_gradients(on_device.to(device).train(), masked, segments, "fp32", device)
-    reference_loss, reference_grads = _loss_and_gradients(cpu_model, masked, segments, "fp32", torch.device("cpu"))
+        loss, grads = _loss_and_gradients(on_device.to(device).train(),
+                                          _microbatch(config, rows=4, length=256, seed=2, device=device), "fp32")
+    reference_loss, reference_grads = _loss_and_gradients(
+        cpu_model, _microbatch(config, rows=4, length=256, seed=2, device=torch.device("cpu")), "fp32")
     return _judged("device vs cpu", f"MLMModel fp32 on {device.type} vs on cpu (dense attention)", tolerance,
                    {"loss": abs(loss - reference_loss) / abs(reference_loss),
                     "gradients": _gradient_error(grads, reference_grads)})
@@ -180,7 +175,7 @@ def check_device_vs_cpu(device: torch.device, tolerance: float = 1e-4) -> Check:
 def _train_steps(device: torch.device, compiled: bool, steps: int = 3) -> list[float]:
     from embedlab.model.encoder import MLMModel
     from embedlab.train.compiling import compile_blocks
-    from embedlab.train.mlm_step import Microbatch, accumulate_gradients, optimizer_step
+    from embedlab.train.mlm_step import accumulate_gradients, optimizer_step
     from embedlab.train.optim import build_optimizer
 
     config = _model_config()
@@ -192,9 +187,7 @@ def _train_steps(device: torch.device, compiled: bool, steps: int = 3) -> list[f
     optimizer = build_optimizer(model, train, device)
     losses = []
     for step in range(steps):
-        _, segments, masked = _batch(config, rows=4, length=128, seed=10 + step)
-        masked = type(masked)(*(t.to(device) for t in (masked.inputs, masked.targets, masked.selected)))
-        result = accumulate_gradients(model, [Microbatch(masked=masked, segment_ids=segments.to(device))])
+        result = accumulate_gradients(model, [_microbatch(config, rows=4, length=128, seed=10 + step, device=device)])
         losses.append(optimizer_step(model, optimizer, result, train.max_grad_norm).loss_sum)
     return losses
 
@@ -213,7 +206,7 @@ def check_collectives(device: torch.device) -> Check:
     import torch.distributed as dist
 
     from embedlab.model.encoder import MLMModel
-    from embedlab.train.mlm_step import Microbatch, accumulate_gradients, all_reduce_gradients
+    from embedlab.train.mlm_step import accumulate_gradients, all_reduce_gradients
     from embedlab.train.phase1 import sum_all_reduce
     from embedlab.train.state import _all_gather_bytes
 
@@ -221,9 +214,7 @@ def check_collectives(device: torch.device) -> Check:
     if dist.is_initialized():
         raise RuntimeError("a process group is already initialised in this process")
     config = _model_config()
-    _, segments, masked = _batch(config, rows=2, length=128, seed=3)
-    masked = type(masked)(*(t.to(device) for t in (masked.inputs, masked.targets, masked.selected)))
-    microbatch = Microbatch(masked=masked, segment_ids=segments.to(device))
+    microbatch = _microbatch(config, rows=2, length=128, seed=3, device=device)
     handle, path = tempfile.mkstemp(prefix="embedlab-store-")
     os.close(handle)
     os.unlink(path)  # the file store creates it

@@ -171,7 +171,7 @@ def mlm_accuracy_function(checkpoint_dir: Path,
     from embedlab.train.checkpoint import load_encoder, mlm_model, read_manifest, single_head_state
 
     manifest = read_manifest(Path(checkpoint_dir))
-    head_state, _ = single_head_state(Path(checkpoint_dir), manifest, PANEL_MASKING_RATIO)
+    head_state = single_head_state(Path(checkpoint_dir), manifest, PANEL_MASKING_RATIO)
     if head_state is None or not all(key.startswith(("dense.", "norm.", "bias")) for key in head_state):
         return None
     encoder, tokenizer, _ = load_encoder(Path(checkpoint_dir))

@@ -51,6 +51,10 @@ class MaskedBatch:
     targets: torch.Tensor
     selected: torch.Tensor
 
+    def to(self, device: torch.device) -> MaskedBatch:
+        """The same batch on `device`."""
+        return MaskedBatch(self.inputs.to(device), self.targets.to(device), self.selected.to(device))
+
 
 def span_length_probabilities(config: MaskingConfig) -> torch.Tensor:
     """(span_max_length,) float64 probabilities of span lengths 1..span_max_length.

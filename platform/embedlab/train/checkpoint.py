@@ -231,7 +231,7 @@ def load_parent(directory: Path, *, tokenizer_hash: str, need_head: bool, maskin
     model.encoder.load_state_dict(encoder.state_dict())
     head_path = Path(directory) / HEAD_FILE
     if head_path.is_file():
-        state, _ = single_head_state(directory, manifest, masking_ratio)
+        state = single_head_state(directory, manifest, masking_ratio)
         _check_head(head_path, *model.mlm_head.load_state_dict(state, strict=False))
     return Parent(model=model, manifest=manifest, head_restored=head_path.is_file())
 
@@ -264,16 +264,14 @@ def head_ratio(name: str) -> float:
     return int(name.removeprefix("mask")) / 100
 
 
-def single_head_state(directory: Path, manifest: dict[str, Any],
-                      masking_ratio: float) -> tuple[dict[str, torch.Tensor], str] | tuple[None, None]:
-    """The checkpoint's MLM head as one `MLMHead` state and its name, or (None, None) without
-    a head. A dual-head checkpoint gives the head trained nearest `masking_ratio`: the one a
-    phase-2 child continues with, and the one the retention panel scores at its 15%."""
+def single_head_state(directory: Path, manifest: dict[str, Any], masking_ratio: float) -> dict[str, torch.Tensor] | None:
+    """The checkpoint's MLM head as one `MLMHead` state, or None without a head. A dual-head
+    checkpoint gives the head trained nearest `masking_ratio`: the one a phase-2 child
+    continues with, and the one the retention panel scores at its 15%."""
     states = head_states(directory, manifest)
     if not states:
-        return None, None
-    name = "mlm" if "mlm" in states else min(states, key=lambda h: abs(head_ratio(h) - masking_ratio))
-    return states[name], name
+        return None
+    return states["mlm"] if "mlm" in states else states[min(states, key=lambda h: abs(head_ratio(h) - masking_ratio))]
 
 
 def load_weights(directory: Path, encoder: Encoder, head: torch.nn.Module | None) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from embedlab.data.stream import packed_dataset, units_by_source
 from embedlab.model.encoder import MLMModel
 from embedlab.model.heads import MultiHeadMLMModel
 from embedlab.objectives.dual_mlm import assign_ratios, head_names, mask_mixed, route_heads
-from embedlab.objectives.masking import MaskedBatch, mask_tokens
+from embedlab.objectives.masking import mask_tokens
 from embedlab.objectives.mlm import combine
 from embedlab.tokenizer import load_tokenizer
 from embedlab.train.budget import body_parameters, consumption, tokens_for, training_flops
@@ -136,8 +136,7 @@ class Phase1Loop(TrainingLoop):
         else:
             masked = mask_tokens(input_ids, eligible, self.trial.masking, **masking_ids)
         # Masking draws on the CPU generator so its stream is the same on any device.
-        masked = MaskedBatch(*(t.to(self.device) for t in (masked.inputs, masked.targets, masked.selected)))
-        return Microbatch(masked=masked, segment_ids=segment_ids.to(self.device),
+        return Microbatch(masked=masked.to(self.device), segment_ids=segment_ids.to(self.device),
                           ratio_index=ratio_index, head_index=head_index,
                           source_index=batch["source_index"], source_names=tuple(self.sources))
 
