@@ -6,7 +6,10 @@ with texts cut at the extended length.
 
 Both arms read the same rows, packed at the long length; the control cuts every row into
 four at the parent's length (`train.length_schedule`), so the arms consume the same tokens
-in the same order and differ only in what each token attends over.
+in the same order and differ only in what each token attends over. The study is therefore
+data-matched, not compute-matched: attending over 4x longer rows costs the extension more
+attention FLOPs, and every table of it says by how much. What is compared is a use of the
+same data, which is the question a length extension asks.
 
 Run:  embedlab sweep ablations/length_extension.py --parent CKPT_DIR
       embedlab sweep ablations/length_extension.py --profile demo --parent CKPT_DIR

@@ -1,6 +1,6 @@
 """Phase-1 data mixture: the recipe's pilot mixture vs one controlled change (the technical
 family, where the target task lives, doubled from 20% to 40% of consumed non-padding tokens,
-taken from general text), at an equal token budget.
+taken from general text), at equal measured training FLOPs.
 
 Run:  embedlab sweep ablations/mixture.py [--profile demo]
 """
@@ -23,12 +23,13 @@ def study(profile: str = recipes.DEFAULT_PROFILE) -> Study:
     def with_shares(shares: dict[str, float]):
         return replace(base, data=replace(base.data, mixture=replace(base.data.mixture, shares=tuple(sorted(shares.items())))))
 
+    control = with_shares(pilot)
     return Study(
         name="mixture",
         factor="data.mixture.shares",
-        arms={"pilot": with_shares(pilot), "more-technical": with_shares(changed)},
+        arms={"pilot": control, "more-technical": with_shares(changed)},
         seeds=p.seeds,
-        **recipes.budget_for(p, phase=1),
+        **recipes.budget_for(p, phase=1, control=control),
         metric="dev/ndcg@10",
         profile=p.name,
         description="Does extra technical text improve the target domain without damaging general probes?",

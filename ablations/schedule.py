@@ -1,5 +1,5 @@
-"""Learning-rate schedule in phase 1: linear decay, cosine, and warmup-stable-decay (WSD) at an
-equal non-padding-token budget, each on the budget clock, with the peak learning rate and the
+"""Learning-rate schedule in phase 1: linear decay, cosine, and warmup-stable-decay (WSD) at
+equal measured training FLOPs, each on the budget clock, with the peak learning rate and the
 warmup share tuned per arm by Optuna (full profile).
 
 Run:  embedlab sweep ablations/schedule.py                 (full: a GPU cluster)
@@ -18,13 +18,14 @@ DEMO = ("linear", "wsd")
 def study(profile: str = recipes.DEFAULT_PROFILE) -> Study:
     p = recipes.profile(profile)
     base = recipes.phase1_baseline(profile)
+    arms = {kind: replace(base, train=replace(base.train, schedule=replace(base.train.schedule, kind=kind)))
+            for kind in SCHEDULES if p.all_arms or kind in DEMO}
     return Study(
         name="schedule",
         factor="train.schedule.kind",
-        arms={kind: replace(base, train=replace(base.train, schedule=replace(base.train.schedule, kind=kind)))
-              for kind in SCHEDULES if p.all_arms or kind in DEMO},
+        arms=arms,
         seeds=p.seeds,
-        **recipes.budget_for(p, phase=1),
+        **recipes.budget_for(p, phase=1, control=next(iter(arms.values()))),
         # Each schedule has its own best peak and warmup; comparing them at one shared value
         # would measure the value, not the schedule.
         search=(

@@ -151,8 +151,7 @@ def test_scaling_labels_extrapolated_encoding(prepared):
 
 def test_mfu_counts_model_flops_and_measures_on_any_device():
     """Model FLOPs = 6 x body x tokens + 6 x head x selected + 12 L d sum(len^2); MFU = achieved / peak."""
-    from embedlab.bench_mfu import MfuBench, measure_mfu, model_flops, segment_lengths, synthetic_rows
-    from embedlab.train.budget import body_parameters
+    from embedlab.bench_mfu import MfuBench, body_parameters, measure_mfu, model_flops, segment_lengths, synthetic_rows
 
     config = model_preset("tiny", vocab_size=512)
     d, layers = config.width, config.layers

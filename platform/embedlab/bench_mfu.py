@@ -58,10 +58,17 @@ def bench_model(bench: MfuBench) -> ModelConfig:
     return model_preset(bench.preset, max_length=max(512, bench.sequence_length), attention=bench.attention)
 
 
+def body_parameters(config: ModelConfig) -> int:
+    """Encoder parameters without the embedding table (a lookup costs no matmul FLOPs): the
+    MFU convention's model size, norms included, unlike the training counter's linears
+    (`embedlab.train.flops`), which count what the kernels execute, recomputation included."""
+    from embedlab.model.encoder import parameter_counts
+
+    return parameter_counts(config)["encoder"] - config.vocab_size * config.width
+
+
 def model_flops(config: ModelConfig, tokens: int, selected: int, segment_lengths: np.ndarray) -> float:
     """Training FLOPs the model needs for one pass over these tokens (module docstring)."""
-    from embedlab.train.budget import body_parameters
-
     d = config.width
     attention = 12.0 * config.layers * d * float((segment_lengths.astype(np.float64) ** 2).sum())
     return 6.0 * body_parameters(config) * tokens + 6.0 * (d * d + d * config.vocab_size) * selected + attention

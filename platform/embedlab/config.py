@@ -218,8 +218,8 @@ SCHEDULE_KINDS = ("linear", "cosine", "wsd", "constant")
 class ScheduleConfig:
     """The learning rate as a multiple of the peak, a function of the consumed budget.
 
-    The clock is the trial's budget unit (tokens in phase 1, pairs in phases 2-3, or
-    estimated FLOPs), never steps, so arms whose steps differ in size see the same schedule,
+    The clock is the trial's budget unit (tokens in phase 1, pairs in phases 2-3, measured
+    FLOPs or device seconds), never steps, so arms whose steps differ in size see the same schedule,
     and a resumed run continues from its consumed budget. Linear warmup over the first
     `warmup_fraction` of the budget, then: "linear" to `min_lr_fraction` at the budget,
     "cosine" (half a cosine) to it, "wsd" (warmup-stable-decay) at the peak until the last
@@ -331,7 +331,8 @@ class TrainConfig:
 
     budget_tokens: int = 100_000
     budget_pairs: int = 2_000  # phases 2 and 3 stop at this many consumed positive pairs
-    budget_flops: float = 0.0  # > 0: stop at this many estimated training FLOPs instead
+    budget_flops: float = 0.0  # > 0: stop at this many measured training FLOPs instead
+    budget_device_seconds: float = 0.0  # > 0: stop at this much device time (all workers) instead
     batch_rows: int = 16
     microbatches: int = 1
     learning_rate: float = 1e-3  # the peak; the schedule scales it
@@ -368,6 +369,10 @@ class TrainConfig:
             _check(lengths == sorted(lengths) and all(length >= 8 for length in lengths), "train.length_schedule",
                    f"lengths must be >= 8 and non-decreasing, got {lengths}")
         _check(self.budget_flops >= 0, "train.budget_flops", "must be >= 0 (0: budget in tokens or pairs)")
+        _check(self.budget_device_seconds >= 0, "train.budget_device_seconds",
+               "must be >= 0 (0: budget in tokens, pairs or FLOPs)")
+        _check(not (self.budget_flops > 0 and self.budget_device_seconds > 0), "train.budget_device_seconds",
+               "a trial trains to one budget: set budget_flops or budget_device_seconds, not both")
         _check(self.checkpoint_every_steps >= 0, "train.checkpoint_every_steps",
                "must be >= 0 (0: only the final checkpoint)")
         _check(self.max_failures >= 0, "train.max_failures", "must be >= 0 (0: no restart)")

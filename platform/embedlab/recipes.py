@@ -107,10 +107,31 @@ def phase3_baseline(profile_name: str = "demo") -> TrialConfig:
     )
 
 
-def budget_for(p: Profile, phase: int) -> dict[str, int]:
-    """The profile's study budget for a phase, as Study keyword arguments."""
+def budget_for(p: Profile, phase: int, control: TrialConfig | None = None) -> dict[str, int | float | str]:
+    """The profile's study budget for a phase, as Study keyword arguments.
+
+    With `control` (the arm the others are compared to, as the study builds it), the budget is
+    measured training FLOPs: what the control's steps cost over the profile's tokens (phase 1)
+    or pairs (phases 2-3), predicted by `embedlab.train.flops.expected_step_flops`. Every arm
+    then trains to that many FLOPs, so an arm that costs more per token or pair (a joint MLM
+    term, mined negatives, a higher masking ratio's head) reads less data: equal compute, not
+    equal data. The data figures stay, as the length of the data schedule and for the record.
+    Without `control`, the budget is the profile's data unit (tables then say the arms are
+    data-matched, and by how much their FLOPs differ)."""
     if phase == 1:
-        return {"budget_tokens": p.phase1_tokens}
-    pairs = p.phase2_pairs if phase == 2 else p.phase3_pairs
-    # Phases 2-3 stop at positive pairs; budget_tokens stays the phase-1 figure for the record.
-    return {"budget_tokens": p.phase1_tokens, "budget_pairs": pairs}
+        data: dict[str, int | float | str] = {"budget_tokens": p.phase1_tokens}
+    else:
+        # Phases 2-3 train on pairs; budget_tokens stays the phase-1 figure for the record.
+        data = {"budget_tokens": p.phase1_tokens, "budget_pairs": p.phase2_pairs if phase == 2 else p.phase3_pairs}
+    if control is None:
+        return data
+    from embedlab.train.flops import expected_step_flops
+
+    train = control.train
+    step_units = train.num_workers * train.batch_rows * train.microbatches
+    if phase == 1:
+        step_units *= control.data.sequence_length
+        units = p.phase1_tokens
+    else:
+        units = data["budget_pairs"]
+    return {**data, "budget_unit": "flops", "budget_flops": float(units / step_units * expected_step_flops(control))}

@@ -21,6 +21,7 @@ import torch
 from embedlab.model.encoder import Encoder
 from embedlab.model.pooling import l2_normalise, mean_pool
 from embedlab.tokenizer import FrozenTokenizer
+from embedlab.train.flops import FORWARD, FlopTally, attention_path
 
 PROGRESS_SECONDS = 10.0  # one line per 10 s of encoding: visible on a long pass, quiet on a short one
 
@@ -59,12 +60,14 @@ def encode_texts(
     progress: Callable[[str], None] | None = None,
     label: str = "encoding",
     progress_seconds: float = PROGRESS_SECONDS,
+    tally: FlopTally | None = None,
 ) -> np.ndarray:
     """(N,) texts -> (N, d) float32 unit (or zero) rows, row i belonging to texts[i].
 
     `prefix` (e.g. "query: ") is prepended to every text, as the checkpoint was trained;
     `pooling` is "mean" (content tokens) or "cls" (the first position's state). With
     `progress`, an `EncodingProgress` line named `label` every `progress_seconds` and at the end.
+    With `tally` (`embedlab.train.flops.FlopTally`), the forward FLOPs of every batch are added to it.
     """
     width = encoder.config.width
     if not texts:
@@ -84,6 +87,11 @@ def encode_texts(
             input_ids[row, : len(ids)] = torch.tensor(ids)
             segment_ids[row, : len(ids)] = 1
             pool_mask[row, 1 : len(ids) - 1] = True
+        if tally is not None:
+            half = next(encoder.parameters()).dtype in (torch.float16, torch.bfloat16)
+            kernel = attention_path(encoder.config, device=torch.device(device), half=half, length=length,
+                                  training=encoder.training)
+            tally.encode(encoder.config, segment_ids, kernel=kernel, mode=FORWARD)
         hidden = encoder(input_ids.to(device), segment_ids.to(device))
         pooled = hidden[:, 0] if pooling == "cls" else mean_pool(hidden, pool_mask.to(device))
         pooled = l2_normalise(pooled.float())

@@ -39,7 +39,7 @@ from typing import Any
 from embedlab.config import TrialConfig
 from embedlab.data.prepare import PreparedData
 from embedlab.sweep.study import Study, load_study
-from embedlab.train.budget import body_parameters, training_flops
+from embedlab.train.flops import expected_step_flops
 
 PILOT_REPORTS = 6  # report intervals a pilot trains: the first, 4 steady ones, one after a checkpoint
 
@@ -92,14 +92,15 @@ def pilot_config(study: Study, arm: str, parent: str | None, reports: int) -> Tr
     capacity = rows * config.data.sequence_length  # tokens a step can hold; packing fills most
     budget: dict[str, Any] = {}
     if study.unit == "flops":
-        selected = capacity * config.masking.ratio if config.phase == 1 else 0.0
-        budget["budget_flops"] = steps * training_flops(config.model, capacity, selected, body_parameters(config.model))
+        budget["budget_flops"] = steps * expected_step_flops(config)
         budget["budget_pairs"] = max(train.budget_pairs, steps * rows * 4)
         budget["budget_tokens"] = max(train.budget_tokens, steps * capacity * 2)
     elif config.phase == 1:
         budget["budget_tokens"] = steps * capacity
     else:
         budget["budget_pairs"] = steps * rows
+    if study.unit == "device_seconds":  # the pilot runs its steps by data and times them
+        budget["budget_device_seconds"] = 0.0
     every = train.report_every_steps * (reports // 2)
     train = replace(train, **budget, checkpoint_every_steps=every)
     return replace(config, train=train)
@@ -177,7 +178,8 @@ def run_pilot(study: Study, arm: str, prepared: PreparedData, *, parent: str | N
                            "(raise --pilot-reports)")
     low, median, high = quartiles(steady)
     last = reports[-1]
-    clock = {"tokens": last["budget/tokens"], "pairs": last.get("budget/pairs", 0.0), "flops": last["budget/flops"]}
+    clock = {"tokens": last["budget/tokens"], "pairs": last.get("budget/pairs", 0.0), "flops": last["budget/flops"],
+             "device_seconds": last["compute/device_seconds"]}
     units = clock[study.unit] / last["train/step"]
     checkpoint_seconds = max(0.0, statistics.mean(after) - median) if after else 0.0
     first_step, first_wall, _ = points[0]
@@ -200,7 +202,8 @@ def run_pilot(study: Study, arm: str, prepared: PreparedData, *, parent: str | N
 
 def estimate_arm(study: Study, pilot: Pilot, trials: int) -> ArmEstimate:
     """One trial of the arm at the study's budget, from its pilot (module docstring)."""
-    budget = {"tokens": study.budget_tokens, "pairs": study.budget_pairs, "flops": study.budget_flops}[study.unit]
+    budget = {"tokens": study.budget_tokens, "pairs": study.budget_pairs, "flops": study.budget_flops,
+              "device_seconds": study.budget_device_seconds}[study.unit]
     steps = math.ceil(budget / pilot.units_per_step)
     config = study.trial_config(pilot.arm, study.seeds[0], "parent" if study.needs_parent else None)
     every = config.train.checkpoint_every_steps

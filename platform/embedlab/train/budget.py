@@ -1,50 +1,75 @@
-"""The compute budget a trial trains to, in its declared unit, and the FLOPs estimate.
+"""The compute budget a trial trains to, in its declared unit.
 
 A trial stops at the first step whose consumption reaches the budget: non-padding tokens
-(phase 1), positive pairs (phases 2-3) or, when `train.budget_flops` is set, estimated
-training FLOPs. The learning-rate schedule runs on the same clock, so two arms with equal
-budgets see the same schedule whatever their step sizes.
+(phase 1), positive pairs (phases 2-3), measured training FLOPs (`train.budget_flops`,
+counted by `embedlab.train.flops`) or device seconds (`train.budget_device_seconds`). The
+learning-rate schedule runs on the same clock, so two arms with equal budgets see the same
+schedule whatever their step sizes. The last step is cut to the rows the budget has left
+(`final_rows`), so no trial overshoots its budget by more than a row per worker.
 """
 
 from __future__ import annotations
 
 import math
 
-from embedlab.config import ModelConfig, TrainConfig
+import torch
+
+from embedlab.config import TrainConfig, TrialConfig
+from embedlab.train.flops import expected_step_flops
+
+UNITS = ("tokens", "pairs", "flops", "device_seconds")
 
 
-def body_parameters(config: ModelConfig) -> int:
-    """Encoder parameters without the embedding table (a lookup costs no matmul FLOPs)."""
-    from embedlab.model.encoder import parameter_counts
-
-    return parameter_counts(config)["encoder"] - config.vocab_size * config.width
-
-
-def head_parameters(config: ModelConfig) -> int:
-    """One MLM head's dense transform plus its (tied) vocabulary projection."""
-    return config.width * config.width + config.width * config.vocab_size
-
-
-def training_flops(config: ModelConfig, tokens: float, selected: float = 0.0, body: int | None = None) -> float:
-    """6 x body parameters per encoded token (forward + backward), plus one head per selected
-    token. Attention scores and the GradCache re-forward are left out: the estimate counts
-    the model's arithmetic, not an implementation's."""
-    body = body_parameters(config) if body is None else body
-    return 6.0 * body * tokens + 6.0 * head_parameters(config) * selected
-
-
-def consumption(train: TrainConfig, phase: int, *, tokens: float, pairs: float, flops: float) -> tuple[float, float]:
-    """(consumed, budget) in the trial's budget unit."""
+def unit_of(train: TrainConfig, phase: int) -> str:
+    """The unit `train` is budgeted in."""
     if train.budget_flops > 0:
+        return "flops"
+    if train.budget_device_seconds > 0:
+        return "device_seconds"
+    return "tokens" if phase == 1 else "pairs"
+
+
+def consumption(train: TrainConfig, phase: int, *, tokens: float, pairs: float, flops: float,
+                device_seconds: float = 0.0) -> tuple[float, float]:
+    """(consumed, budget) in the trial's budget unit."""
+    unit = unit_of(train, phase)
+    if unit == "flops":
         return flops, train.budget_flops
-    if phase == 1:
+    if unit == "device_seconds":
+        return device_seconds, train.budget_device_seconds
+    if unit == "tokens":
         return tokens, train.budget_tokens
     return pairs, train.budget_pairs
 
 
-def tokens_for(train: TrainConfig, model: ModelConfig) -> int:
-    """Non-padding tokens a phase-1 data schedule must hold to reach the budget (a FLOPs
-    budget is reached no later than its token equivalent, since heads only add FLOPs)."""
-    if train.budget_flops > 0:
-        return max(1, math.ceil(train.budget_flops / (6.0 * body_parameters(model))))
-    return train.budget_tokens
+def schedule_units(trial: TrialConfig) -> int:
+    """Tokens (phase 1) or pairs (phases 2-3) the trial's data schedule must hold before its
+    margin (`embedlab.data.mixture.schedule_target`): the data budget, or for a FLOPs budget
+    the units at which its steps, predicted without attention (a lower bound of their cost,
+    `expected_step_flops`), reach it. A device-time budget has no such bound: its schedule is
+    the data budget's, and the trial says so if the stream ends first."""
+    train = trial.train
+    data = train.budget_tokens if trial.phase == 1 else train.budget_pairs
+    if train.budget_flops <= 0:
+        return data
+    step_units = train.num_workers * train.batch_rows * train.microbatches
+    if trial.phase == 1:
+        step_units *= trial.data.sequence_length
+    return max(1, math.ceil(train.budget_flops / expected_step_flops(trial, attention=False) * step_units))
+
+
+def final_rows(remaining: float, last_step: float, rows: int) -> int:
+    """Rows of each microbatch the next step keeps: all of them unless the budget has less
+    left than the last step consumed, then that share of them (at least one), so the last
+    step lands on the budget instead of overshooting it by up to a whole step."""
+    if last_step <= 0 or remaining >= last_step:
+        return rows
+    return max(1, min(rows, math.ceil(rows * max(remaining, 0.0) / last_step)))
+
+
+def trim_rows(batch: dict[str, torch.Tensor], keep: int) -> dict[str, torch.Tensor]:
+    """The first `keep` rows of every column of a worker's batch (all share dimension 0)."""
+    rows = {name: column.shape[0] for name, column in batch.items()}
+    if len(set(rows.values())) > 1:
+        raise ValueError(f"batch columns disagree on their row count: {rows}")
+    return {name: column[:keep] for name, column in batch.items()}

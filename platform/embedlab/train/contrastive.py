@@ -22,6 +22,9 @@ resumes exactly from its own checkpoints (`embedlab.train.loop`).
 
 from __future__ import annotations
 
+import json
+import math
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +40,8 @@ from embedlab.objectives.gradcache import gradcache_step
 from embedlab.objectives.masking import mask_tokens
 from embedlab.objectives.mlm import mlm_loss_sum
 from embedlab.tokenizer import load_tokenizer
-from embedlab.train.budget import body_parameters, consumption, training_flops
+from embedlab.train.budget import consumption, schedule_units
+from embedlab.train.flops import FORWARD, GRADCACHE, TRAINED, FlopTally, attention_path
 from embedlab.train.checkpoint import load_parent
 from embedlab.train.launch import fit
 from embedlab.train.loop import Progress, RunOptions, TrainingLoop, run_on_ray
@@ -46,7 +50,7 @@ from embedlab.train.optim import build_optimizer, set_learning_rate
 from embedlab.train.nonfinite import finite_update
 from embedlab.train.phase1 import data_seed, seed_for, sum_all_reduce
 from embedlab.train.compiling import compile_blocks, resolve_compile
-from embedlab.train.precision import forward_precision, resolve_precision
+from embedlab.train.precision import forward_precision, half_activations, resolve_precision
 from embedlab.train.state import seed_everything
 
 
@@ -64,6 +68,11 @@ def embed(encoder: Encoder, ids: torch.Tensor, pad_id: int, pooling: str) -> tor
     positions = torch.arange(ids.shape[1], device=ids.device)[None, :]
     content = (positions >= 1) & (positions < lengths - 1)
     return l2_normalise(mean_pool(hidden, content))
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """The one-worker gather: this worker's rows are all the candidates."""
+    return tensor
 
 
 def _grad_vector(model: torch.nn.Module) -> torch.Tensor:
@@ -118,6 +127,7 @@ class ContrastiveLoop(TrainingLoop):
         self.parameters = torch.nn.ModuleList(trained)
         self.optimizer = build_optimizer(self.parameters, trial.train, device)
         self.precision = resolve_precision(trial.train)
+        self.half = half_activations(self.precision, device)
         self.batches_per_step = trial.train.microbatches
         self.anchors_per_query = 2 if settings.symmetric else 1  # the reverse direction anchors each positive
         self.masking_rng = torch.Generator().manual_seed(seed_for(trial.train.seed, "masking", rank))
@@ -125,11 +135,10 @@ class ContrastiveLoop(TrainingLoop):
         seed_everything(seed_for(trial.train.seed, "python", rank))
         gathered = settings.gather_across_workers and world > 1
         self.all_reduce = sum_all_reduce(device) if world > 1 else no_reduce
-        self.gather = gather_with_grad if gathered else (lambda x: x)
-        self.gather_ids = gather_no_grad if gathered else (lambda x: x)
+        self.gather = gather_with_grad if gathered else _local
+        self.gather_ids = gather_no_grad if gathered else _local
         self.eligible_ban = torch.tensor(self.tokenizer.special_ids, device=device)
         self.random_range = (len(self.tokenizer.special_ids), self.tokenizer.vocab_size)
-        self.body = body_parameters(trial.model)
         self.builders = loop_config["sources"]
         self.progress = ContrastiveProgress(consumed_pairs=[0.0] * len(self.builders),
                                             consumed_tokens=[0.0] * len(self.builders))
@@ -143,7 +152,8 @@ class ContrastiveLoop(TrainingLoop):
 
     def clock(self) -> tuple[float, float]:
         p = self.progress
-        return consumption(self.trial.train, self.trial.phase, tokens=p.tokens, pairs=p.pairs, flops=p.flops)
+        return consumption(self.trial.train, self.trial.phase, tokens=p.tokens, pairs=p.pairs, flops=p.flops,
+                           device_seconds=p.device_seconds)
 
     def done(self) -> bool:
         clock, budget = self.clock()
@@ -166,13 +176,13 @@ class ContrastiveLoop(TrainingLoop):
         valid = self.anchors_per_query * int(self.all_reduce(
             torch.tensor([float(sum(len(b["group"]) for b in batches))], dtype=torch.float64)).item())
         loss_local = 0.0
-        counts = torch.zeros(6, dtype=torch.float64)  # queries, pair tokens, candidates, anchors, encoded, selected
+        counts = torch.zeros(5, dtype=torch.float64)  # queries, pair tokens, candidates, anchors, FLOPs
         taus = []
         for batch in batches:
-            term, encoded, tau = self._contrastive_backward(batch, valid)
+            term, flops, tau = self._contrastive_backward(batch, valid)
             loss_local += float(term.loss_sum.detach())
             counts += torch.tensor([float(len(batch["group"])), float(batch["tokens"].sum()), float(term.candidate_sum),
-                                    float(term.anchors), encoded, 0.0], dtype=torch.float64)
+                                    float(term.anchors), flops], dtype=torch.float64)
             taus.append(tau)
         mlm_mean = 0.0
         grad_norms: dict[str, float] = {}
@@ -181,9 +191,8 @@ class ContrastiveLoop(TrainingLoop):
             # Each term's norm is of its global gradient (summed over workers), so the
             # contrastive part costs one more gradient all-reduce a step in joint arms.
             contrastive_grad = self.all_reduce(_grad_vector(self.parameters))
-            mlm_mean, mlm_encoded, mlm_selected = self._mlm_backward(batches)
-            counts[4] += mlm_encoded
-            counts[5] += mlm_selected
+            mlm_mean, mlm_flops = self._mlm_backward(batches)
+            counts[4] += mlm_flops
         all_reduce_gradients(self.parameters, self.all_reduce)
         if contrastive_grad is not None:
             grad_norms = {
@@ -206,7 +215,7 @@ class ContrastiveLoop(TrainingLoop):
         progress.tokens += int(counts[1])
         progress.candidate_sum += int(counts[2])
         progress.anchors += int(counts[3])
-        progress.flops += training_flops(self.trial.model, float(counts[4]), float(counts[5]), self.body)
+        progress.flops += float(counts[4])
         if not rejected:
             self.window.append(loss_total / max(valid, 1))
             if self.joint:
@@ -218,17 +227,17 @@ class ContrastiveLoop(TrainingLoop):
 
     def _contrastive_backward(self, batch: dict[str, torch.Tensor], valid: int):
         """Backward of one microbatch's contrastive loss sum / the step's global valid count;
-        returns the term, its encoded non-padding tokens and the temperature used."""
+        returns the term, the FLOPs this worker's passes ran and the temperature used."""
         settings, device = self.settings, self.device
         self.builder_pairs += torch.bincount(batch["builder_index"], minlength=len(self.builders)).double()
         self.builder_tokens += torch.bincount(batch["builder_index"], weights=batch["tokens"].double(),
                                               minlength=len(self.builders))
-        sides = [batch["positive_ids"].to(device)]
+        host_sides = [batch["positive_ids"]]  # the stream's CPU tensors, read for FLOPs
         groups = [batch["group"].to(device)]
         exclude = [torch.zeros(len(batch["group"]), dtype=torch.bool, device=device)]
         if "negative_ids" in batch:
             rows, k, length = batch["negative_ids"].shape
-            sides.append(batch["negative_ids"].reshape(rows * k, length).to(device))
+            host_sides.append(batch["negative_ids"].reshape(rows * k, length))
             groups.append(batch["negative_group"].reshape(-1).to(device))
             exclude.append((batch["negative_len"].reshape(-1) == 0).to(device))
         query_groups = batch["group"].to(device)
@@ -236,22 +245,29 @@ class ContrastiveLoop(TrainingLoop):
         ineligible = self.gather_ids(torch.cat(exclude).long()).bool()
         tau = self.temperature() if self.temperature is not None else settings.temperature
 
+        scores = FlopTally()  # the score matrices, counted at the shapes they are computed at
+
         def contrastive_term(queries: torch.Tensor, local_candidates: torch.Tensor):
             """This worker's queries against every worker's candidates (+ the reverse direction)."""
             masks = pair_masks(query_groups, candidate_groups,
                                exclude=ineligible[None, :].expand(len(queries), -1).contiguous())
-            term = multi_positive_infonce(queries, self.gather(local_candidates), masks.positive, masks.eligible,
-                                          temperature=tau)
+            candidates = self.gather(local_candidates)
+            scores.similarity(len(queries), len(candidates), queries.shape[1])
+            term = multi_positive_infonce(queries, candidates, masks.positive, masks.eligible, temperature=tau)
             if settings.symmetric:
                 # Reverse direction: this worker's positives against every worker's queries,
                 # pooled with the forward term so sums and counts stay exact across workers.
                 reverse = pair_masks(query_groups, self.gather_ids(query_groups))
+                all_queries = self.gather(queries)
+                scores.similarity(len(queries), len(all_queries), queries.shape[1])
                 term = pooled([term, multi_positive_infonce(
-                    local_candidates[: len(queries)], self.gather(queries), reverse.positive, reverse.eligible,
+                    local_candidates[: len(queries)], all_queries, reverse.positive, reverse.eligible,
                     temperature=tau,
                 )])
             return term
 
+        sides = [side.to(device) for side in host_sides]
+        flops = self._encode_flops((batch["query_ids"], torch.cat(host_sides)), settings.gradcache_chunk)
         if settings.gradcache_chunk:
             term = gradcache_step(
                 self._encode, batch["query_ids"].to(device).split(settings.gradcache_chunk),
@@ -262,17 +278,24 @@ class ContrastiveLoop(TrainingLoop):
             ((1.0 - settings.mlm_weight) * term.loss_sum / valid).backward()
         if term.valid != self.anchors_per_query * len(query_groups):
             raise RuntimeError(f"worker {self.rank}: {term.anchors - term.valid} anchors without a positive")
-        # Every encoded text's non-padding tokens (queries, positives, negatives), for FLOPs.
-        encoded = float((batch["query_ids"] != self.tokenizer.pad_id).sum()) + float(
-            sum((side != self.tokenizer.pad_id).sum() for side in sides))
-        return term, encoded, tau
+        return term, flops + scores.flops, tau
 
-    def _mlm_backward(self, batches: list[dict[str, torch.Tensor]]) -> tuple[float, float, float]:
+    def _encode_flops(self, texts: tuple[torch.Tensor, ...], chunk: int) -> float:
+        """FLOPs of encoding each (B, L) id tensor with gradients: one trained pass, or with
+        GradCache a no-grad pass and a trained one per chunk (the kernel's work is per chunk)."""
+        tally, model, pad_id = FlopTally(), self.trial.model, self.tokenizer.pad_id
+        for ids in texts:
+            kernel = attention_path(model, device=self.device, half=self.half, length=ids.shape[1], training=True)
+            for part in (ids.split(chunk) if chunk else (ids,)):
+                tally.encode(model, (part != pad_id).long(), kernel=kernel, mode=GRADCACHE if chunk else TRAINED)
+        return tally.flops
+
+    def _mlm_backward(self, batches: list[dict[str, torch.Tensor]]) -> tuple[float, float]:
         """The joint arm's MLM term on separately corrupted copies of every microbatch's texts:
         all are masked first, so the global selected count divides every backward. Returns the
-        global mean loss and this worker's encoded and selected token counts."""
+        global mean loss and the FLOPs this worker's passes ran."""
         device, pad_id = self.device, self.tokenizer.pad_id
-        parts = []
+        parts, trained, forward_only = [], FlopTally(), FlopTally()
         for batch in batches:
             texts = torch.cat([batch["query_ids"], batch["positive_ids"]]).to(device)
             segments = (texts != pad_id).long()
@@ -280,6 +303,11 @@ class ContrastiveLoop(TrainingLoop):
             masked = mask_tokens(texts.cpu(), eligible.cpu(), self.trial.masking, mask_id=self.tokenizer.mask_id,
                                  random_token_range=self.random_range, generator=self.masking_rng)
             parts.append((texts, segments, masked.inputs.to(device), masked.selected.to(device)))
+            kernel = attention_path(self.trial.model, device=device, half=self.half, length=texts.shape[1],
+                                  training=True)
+            for tally, mode in ((trained, TRAINED), (forward_only, FORWARD)):
+                tally.encode(self.trial.model, segments.cpu(), kernel=kernel, mode=mode)
+                tally.head(self.trial.model, float(masked.selected.sum()), mode=mode)
         local_selected = float(sum(int(selected.sum()) for *_, selected in parts))
         global_count = int(self.all_reduce(torch.tensor([local_selected], dtype=torch.float64)).item())
         loss_local = 0.0
@@ -291,8 +319,8 @@ class ContrastiveLoop(TrainingLoop):
                 (self.settings.mlm_weight * mlm_sum / global_count).backward()
             loss_local += float(mlm_sum.detach())
         mlm_total = float(self.all_reduce(torch.tensor([loss_local], dtype=torch.float64)).item())
-        encoded = float(sum(int(segments.sum()) for _, segments, *_ in parts))
-        return mlm_total / max(global_count, 1), encoded, local_selected
+        # No selected token on any worker: no MLM backward ran, only the forwards.
+        return mlm_total / max(global_count, 1), (trained if global_count else forward_only).flops
 
     def metrics(self) -> dict[str, Any]:
         progress = self.progress
@@ -327,9 +355,7 @@ class ContrastiveLoop(TrainingLoop):
             "budget/tokens": progress.tokens,
             "budget/fraction": clock / budget,
             "budget/flops": progress.flops,
-            "compute/wall_seconds": elapsed,
-            "compute/worker_seconds": elapsed * self.world,
-            "compute/device_seconds": elapsed * self.world,
+            **self.loop_config.get("mining_compute", {}),
         }
         self.window, self.window_mlm = [], []
         return metrics
@@ -338,8 +364,8 @@ class ContrastiveLoop(TrainingLoop):
         clock, budget = self.clock()
         return RuntimeError(
             f"worker {self.rank}: the pair stream ended after {self.progress.pairs:,} pairs, {clock / budget:.1%} "
-            "of the budget" + (" (a FLOPs budget: raise budget_pairs, the pair schedule's length)"
-                               if self.trial.train.budget_flops else "")
+            "of the budget" + (" (a device-time budget: raise budget_pairs, the pair schedule's length)"
+                               if self.trial.train.budget_device_seconds else "")
         )
 
     def weights(self) -> tuple[torch.nn.Module, torch.nn.Module | None]:
@@ -424,15 +450,39 @@ def mine_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, schedule, of
                              config=config, pair_ids=[p.pair_id for p in pairs])
     directory = prepared.directory / "mined" / version[:16]
     if not (directory / "manifest.json").is_file():
+        tally = FlopTally()
         encode = partial(encode_texts, encoder, tokenizer, max_length=trial.contrastive.pair_length,
-                         pooling=manifest["pooling"]["method"], progress=progress, label="mining: encoding")
+                         pooling=manifest["pooling"]["method"], progress=progress, label="mining: encoding",
+                         tally=tally)
+        cpu, wall = time.thread_time(), time.perf_counter()
         mined = mine_hard_negatives(pairs, prepared.corpus.read(), encode, config=config,
                                     encoder_id=manifest["content_hash"], corpus_revision=prepared.data_revision,
                                     progress=progress)
+        cost = {"flops": tally.flops, "seconds": time.thread_time() - cpu, "wall_seconds": time.perf_counter() - wall,
+                "clock": "thread-cpu of the trial driver (encoding and the Faiss search)"}
         mined.save(directory)
         (directory / "report.md").write_text(mined.report())
-        progress(f"mining: {len(pairs):,} pairs, negatives in {directory} (version {version[:16]})")
+        (directory / MINING_COST_FILE).write_text(json.dumps(cost, indent=2, sort_keys=True))
+        progress(f"mining: {len(pairs):,} pairs, negatives in {directory} (version {version[:16]}), "
+                 f"{tally.flops:.3g} encode FLOPs")
     return directory
+
+
+MINING_COST_FILE = "compute.json"
+
+
+def mining_compute(directory: Path | None) -> dict[str, float]:
+    """`compute/mining_*` of a trial: what mining its negatives cost (encode FLOPs, CPU and
+    wall seconds), outside the training budget and reported beside it. A set is mined once
+    per parent, pairs and settings, then
+    shared by every trial that needs the same set, so a sum over trials counts it again)."""
+    if directory is None:
+        return {}
+    path = directory / MINING_COST_FILE
+    cost = json.loads(path.read_text()) if path.is_file() else {}
+    return {"compute/mining_flops": float(cost.get("flops", math.nan)),
+            "compute/mining_seconds": float(cost.get("seconds", math.nan)),
+            "compute/mining_wall_seconds": float(cost.get("wall_seconds", math.nan))}
 
 
 def run_contrastive(trial: TrialConfig, prepared, *, storage_path: Path, name: str, callbacks: list | None = None,
@@ -449,7 +499,7 @@ def run_contrastive(trial: TrialConfig, prepared, *, storage_path: Path, name: s
     pairs_path = pair_table_path(prepared, list(shares), progress)
     step_pairs = trial.train.num_workers * trial.train.batch_rows * trial.train.microbatches
     schedule, offsets = pair_schedule(
-        pairs_path, shares, target_pairs=schedule_target(trial.train.budget_pairs, step_pairs),
+        pairs_path, shares, target_pairs=schedule_target(schedule_units(trial), step_pairs),
         max_epochs=trial.data.mixture.max_epochs, seed=data_seed(trial),
     )
     mined = None
@@ -472,6 +522,7 @@ def run_contrastive(trial: TrialConfig, prepared, *, storage_path: Path, name: s
             "intended_shares": shares,
             "schedule": {"version": schedule.version, "seed": schedule.seed, "pairs": int(len(schedule.item))},
             "mined_version": None if mined is None else mined.name,
+            "mining_compute": mining_compute(mined),
             "run": options.to_dict(),
         },
         trial,

@@ -31,7 +31,9 @@ from embedlab.data.stream import worker_rows
 from embedlab.train.checkpoint import load_weights, read_manifest, save_checkpoint
 from embedlab.train.nonfinite import REJECTED_UPDATE_POLICY, STOPPED_KEY, NonFiniteError
 from embedlab.train.optim import optimizer_record
+from embedlab.train.budget import final_rows, trim_rows, unit_of
 from embedlab.train.compiling import compile_record
+from embedlab.train.device_time import DeviceClock
 from embedlab.train.precision import PRECISION_POLICY, resolve_precision
 from embedlab.train.session import Batch, FaultDrill, Session
 from embedlab.train.state import (
@@ -60,6 +62,8 @@ class Progress:
     elapsed: float = 0.0  # wall seconds of the attempts before this one
     stream_start: float = 0.0  # wall seconds until each attempt's first batches arrived
     data_wait: float = 0.0  # wall seconds spent waiting for batches after those, all attempts
+    device_seconds: float = 0.0  # device time of the steps, summed over workers (`device_time`)
+    last_step_cost: float = 0.0  # budget units the last step consumed (the final step is cut to fit)
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,12 @@ class TrainingLoop:
     masking_rng: torch.Generator
     progress: Progress
     batches_per_step: int = 1
+    all_reduce: Callable[[torch.Tensor], torch.Tensor]
+    device_clock: DeviceClock | None = None
+
+    def clock(self) -> tuple[float, float]:
+        """(consumed, budget) in the trial's budget unit, global."""
+        raise NotImplementedError
 
     def step(self, batches: list[Batch]) -> None:
         """One optimizer step (or a rejected one) on this worker's rows of `batches`."""
@@ -127,6 +137,14 @@ class TrainingLoop:
 
     def elapsed(self) -> float:
         return self.progress.elapsed + time.perf_counter() - self.started
+
+    def sync_device_time(self) -> float:
+        """Add every worker's device time since the last sync to `progress.device_seconds`
+        (a collective: every rank calls it at the same steps); returns the new total."""
+        local = self.device_clock.take() if self.device_clock is not None else 0.0
+        total = self.all_reduce(torch.tensor([local], dtype=torch.float64))
+        self.progress.device_seconds += float(total[0])
+        return self.progress.device_seconds
 
     def peak_memory_bytes(self) -> int:
         """This worker's peak memory so far: allocated CUDA memory on a GPU, else the process's
@@ -221,6 +239,8 @@ def run(loop: TrainingLoop, session: Session, options: RunOptions = RunOptions()
     if loop.done() or (stop_after is not None and loop.progress.steps >= stop_after):
         return  # resumed from a checkpoint that already ends this run
     loop.start_clock()
+    loop.device_clock = DeviceClock(loop.device, loop.trial.train.torch_threads)
+    per_step_time = unit_of(loop.trial.train, loop.trial.phase) == "device_seconds"
     batches = session.global_batches(loop.world * loop.trial.train.batch_rows)
     for _ in range(loop.progress.batches):
         if next(batches, None) is None:
@@ -239,11 +259,21 @@ def run(loop: TrainingLoop, session: Session, options: RunOptions = RunOptions()
             loop.progress.data_wait += waited
         if len(group) < loop.batches_per_step:
             raise loop.stream_ended()
+        rows = [worker_rows(batch, loop.rank, loop.world) for batch in group]
+        before, budget = loop.clock()
+        rows = [trim_rows(part, final_rows(budget - before, loop.progress.last_step_cost, _row_count(part)))
+                for part in rows]
         try:
-            loop.step([worker_rows(batch, loop.rank, loop.world) for batch in group])
+            loop.device_clock.start()
+            loop.step(rows)
+            loop.device_clock.stop()
         except NonFiniteError:
+            loop.device_clock.stop()
             _report(loop, session, checkpoint=False, final=False, stopped=True)
             raise
+        if per_step_time:  # the budget clock itself: every worker needs the global figure now
+            loop.sync_device_time()
+        loop.progress.last_step_cost = loop.clock()[0] - before
         step, done = loop.progress.steps, loop.done()
         stop = done or (stop_after is not None and step >= stop_after)
         checkpoint = stop or (train.checkpoint_every_steps > 0 and step % train.checkpoint_every_steps == 0)
@@ -255,7 +285,12 @@ def run(loop: TrainingLoop, session: Session, options: RunOptions = RunOptions()
             options.fault_drill.fire_if_due(session, step)
 
 
+def _row_count(batch: dict[str, torch.Tensor]) -> int:
+    return next(iter(batch.values())).shape[0]
+
+
 def _report(loop: TrainingLoop, session: Session, *, checkpoint: bool, final: bool, stopped: bool = False) -> None:
+    loop.sync_device_time()
     metrics = loop.metrics()
     # Waiting for batches once the stream runs, as a share of this worker's time: Ray Data
     # prefetches a batch ahead, so near 0 means training never waits for data.
@@ -264,6 +299,10 @@ def _report(loop: TrainingLoop, session: Session, *, checkpoint: bool, final: bo
     metrics["compute/data_wait_seconds"] = progress.data_wait
     metrics["compute/data_wait_fraction"] = progress.data_wait / max(loop.elapsed() - progress.stream_start, 1e-9)
     metrics["compute/peak_memory_bytes"] = loop.peak_memory_bytes()  # rank 0's is the one logged
+    metrics["compute/wall_seconds"] = loop.elapsed()
+    # Device time of the steps summed over workers; never wall time x workers.
+    metrics["compute/device_seconds"] = progress.device_seconds
+    metrics["compute/device_clock"] = loop.device_clock.name if loop.device_clock is not None else "none"
     if stopped:
         metrics[STOPPED_KEY] = 1.0
     if not checkpoint:

@@ -56,6 +56,7 @@ class StepResult:
     # With mixed ratios: {"head/<name>" or "ratio/<name>": (loss sum, selected count)}, global.
     groups: dict[str, tuple[float, int]] = field(default_factory=dict)
     rejected: bool = False  # non-finite loss or gradient: no update (embedlab.train.nonfinite)
+    flops: float = 0.0  # the training FLOPs the step ran, all workers (0 when skipped)
 
 
 def accumulate_gradients(
@@ -64,18 +65,23 @@ def accumulate_gradients(
     all_reduce: AllReduce = no_reduce,
     mixed_ratios: tuple[tuple[float, float], ...] = (),
     precision: str = "fp32",
+    flops: float = 0.0,
 ) -> StepResult:
     """Forward/backward every microbatch; gradients end up equal to d(global loss)/d(theta)
     on every worker. Returns the global loss sum, selected count and token count.
-    `precision` "bf16" runs the forward passes under bf16 autocast (`embedlab.train.precision`)."""
+    `precision` "bf16" runs the forward passes under bf16 autocast (`embedlab.train.precision`).
+    `flops` is what this worker's passes cost (`embedlab.train.flops`), summed over workers in
+    the same collective as the counts; a skipped step runs no pass and reports 0."""
     local = torch.tensor(
         [
             sum(int(mb.masked.selected.sum()) for mb in microbatches),
             sum(int((mb.segment_ids > 0).sum()) for mb in microbatches),
+            flops,
         ],
         dtype=torch.float64,
     )
-    selected, tokens = (int(v) for v in all_reduce(local.clone()))
+    reduced_counts = all_reduce(local.clone())
+    selected, tokens, global_flops = int(reduced_counts[0]), int(reduced_counts[1]), float(reduced_counts[2])
     if selected == 0:
         # Documented policy (objectives.mlm): no target anywhere -> no update, step skipped.
         return StepResult(0.0, 0, tokens, 0.0, skipped=True)
@@ -93,7 +99,8 @@ def accumulate_gradients(
     keys = sorted(groups)
     reduced = all_reduce(torch.tensor([loss_sum] + [v for k in keys for v in groups[k]], dtype=torch.float64))
     global_groups = {k: (float(reduced[1 + 2 * i]), int(reduced[2 + 2 * i])) for i, k in enumerate(keys)}
-    return StepResult(float(reduced[0]), selected, tokens, 0.0, skipped=False, groups=global_groups)
+    return StepResult(float(reduced[0]), selected, tokens, 0.0, skipped=False, groups=global_groups,
+                      flops=global_flops)
 
 
 def _microbatch_loss(

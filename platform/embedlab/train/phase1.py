@@ -29,14 +29,15 @@ from embedlab.objectives.dual_mlm import assign_ratios, head_names, mask_mixed, 
 from embedlab.objectives.masking import mask_tokens
 from embedlab.objectives.mlm import combine
 from embedlab.tokenizer import load_tokenizer
-from embedlab.train.budget import body_parameters, consumption, tokens_for, training_flops
+from embedlab.train.budget import consumption, schedule_units
+from embedlab.train.flops import TRAINED, FlopTally, attention_path
 from embedlab.train.launch import fit
 from embedlab.train.loop import Progress, RunOptions, TrainingLoop, run_on_ray
 from embedlab.train.length import split_rows, stage_length
 from embedlab.train.mlm_step import Microbatch, StepResult, accumulate_gradients, no_reduce, optimizer_step
 from embedlab.train.optim import build_optimizer, set_learning_rate
 from embedlab.train.compiling import compile_blocks, resolve_compile
-from embedlab.train.precision import resolve_precision
+from embedlab.train.precision import half_activations, resolve_precision
 from embedlab.train.state import seed_everything
 
 
@@ -69,6 +70,7 @@ def sum_all_reduce(device: torch.device):
 class Phase1Progress(Progress):
     tokens: int = 0  # consumed non-padding tokens, all workers
     selected: int = 0  # selected (masked) tokens, all workers
+    flops: float = 0.0  # training FLOPs the steps ran, all workers (`embedlab.train.flops`)
     length_switches: list[dict] = field(default_factory=list)  # {"step", "tokens", "length"} per stage change
     consumed_by_source: list[float] = field(default_factory=list)  # tokens per source, as of the last report
 
@@ -95,6 +97,8 @@ class Phase1Loop(TrainingLoop):
             compile_blocks(self.model.encoder)
         self.optimizer = build_optimizer(self.model, trial.train, device)
         self.precision = resolve_precision(trial.train)
+        self.half = half_activations(self.precision, device)
+        self.step_flops = 0.0
         self.masking_rng = torch.Generator().manual_seed(seed_for(trial.train.seed, "masking", rank))
         torch.manual_seed(seed_for(trial.train.seed, "dropout", rank))
         seed_everything(seed_for(trial.train.seed, "python", rank))
@@ -103,7 +107,6 @@ class Phase1Loop(TrainingLoop):
         self.random_range = (len(self.tokenizer.special_ids), self.tokenizer.vocab_size)
         self.sources = loop_config["sources"]
         self.batches_per_step = trial.train.microbatches
-        self.body = body_parameters(trial.model)
         self.progress = Phase1Progress(consumed_by_source=[0.0] * len(self.sources))
         # Since the last report (empty at every checkpoint, which always reports):
         self.source_tokens = torch.zeros(len(self.sources), dtype=torch.float64)  # this worker's
@@ -114,8 +117,8 @@ class Phase1Loop(TrainingLoop):
 
     def clock(self) -> tuple[float, float]:
         progress = self.progress
-        flops = training_flops(self.trial.model, progress.tokens, progress.selected, self.body)
-        return consumption(self.trial.train, 1, tokens=progress.tokens, pairs=0, flops=flops)
+        return consumption(self.trial.train, 1, tokens=progress.tokens, pairs=0, flops=progress.flops,
+                           device_seconds=progress.device_seconds)
 
     def done(self) -> bool:
         clock, budget = self.clock()
@@ -135,6 +138,13 @@ class Phase1Loop(TrainingLoop):
             head_index = route_heads(self.trial.masking, ratio_index).to(self.device)
         else:
             masked = mask_tokens(input_ids, eligible, self.trial.masking, **masking_ids)
+        # Counted from the CPU tensors, so a GPU step adds no host synchronisation for it.
+        tally = FlopTally()
+        kernel = attention_path(self.trial.model, device=self.device, half=self.half, length=input_ids.shape[1],
+                              training=True)
+        tally.encode(self.trial.model, segment_ids, kernel=kernel, mode=TRAINED)
+        tally.head(self.trial.model, float(masked.selected.sum()))
+        self.step_flops += tally.flops
         # Masking draws on the CPU generator so its stream is the same on any device.
         return Microbatch(masked=masked.to(self.device), segment_ids=segment_ids.to(self.device),
                           ratio_index=ratio_index, head_index=head_index,
@@ -147,15 +157,18 @@ class Phase1Loop(TrainingLoop):
         if length != self.sequence_length():
             progress.length_switches.append({"step": progress.steps, "tokens": progress.tokens, "length": length})
         batches = [split_rows(batch, length) for batch in batches]
+        self.step_flops = 0.0
         pending = [self._microbatch(batch) for batch in batches]
         set_learning_rate(self.optimizer, clock, budget, train)
-        result = accumulate_gradients(self.model, pending, self.all_reduce, self.mixed, self.precision)
+        result = accumulate_gradients(self.model, pending, self.all_reduce, self.mixed, self.precision,
+                                      flops=self.step_flops)
         result = optimizer_step(self.model, self.optimizer, result, train.max_grad_norm)
         progress.steps += 1
         progress.batches += len(batches)
         # A rejected step's batch counts as consumed (embedlab.train.nonfinite).
         progress.tokens += result.tokens
         progress.selected += result.selected
+        progress.flops += result.flops
         progress.skipped += int(result.skipped)
         self.last = result
         if not result.rejected:
@@ -199,11 +212,7 @@ class Phase1Loop(TrainingLoop):
             "budget/tokens": progress.tokens,
             "budget/selected_tokens": progress.selected,
             "budget/fraction": clock / budget,
-            "budget/flops": training_flops(self.trial.model, progress.tokens, progress.selected, self.body),
-            "compute/wall_seconds": elapsed,
-            "compute/worker_seconds": elapsed * self.world,
-            # One device per worker (a GPU, or a CPU share on CPU clusters).
-            "compute/device_seconds": elapsed * self.world,
+            "budget/flops": progress.flops,
             **{
                 f"data/observed_share/{name}": progress.consumed_by_source[i] / max(progress.tokens, 1)
                 for i, name in enumerate(self.sources)
@@ -308,7 +317,7 @@ def trial_schedule(trial: TrialConfig, prepared: PreparedData) -> tuple[Schedule
     step_tokens = (
         trial.train.num_workers * trial.train.batch_rows * trial.train.microbatches * trial.data.sequence_length
     )
-    target = schedule_target(tokens_for(trial.train, trial.model), step_tokens)
+    target = schedule_target(schedule_units(trial), step_tokens)
     schedule = sample_schedule(
         units,
         prepared.record["mixture"]["shares"],

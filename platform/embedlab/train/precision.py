@@ -41,3 +41,10 @@ def forward_precision(precision: str, device: torch.device) -> contextlib.Abstra
     if precision == "bf16":
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+def half_activations(precision: str, device: torch.device) -> bool:
+    """Whether the encoder's attention inputs are half precision under `precision` on `device`
+    (what `embedlab.model.encoder.use_varlen` sees): bf16 autocast on CUDA. On the CPU the
+    embedding output that attention first reads stays fp32 under autocast."""
+    return precision == "bf16" and device.type == "cuda"
