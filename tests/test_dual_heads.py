@@ -8,15 +8,16 @@ from embedlab.model.encoder import Encoder, MLMModel, count_parameters
 from embedlab.model.heads import MultiHeadMLMModel, select_by_head
 from embedlab.objectives import dual_mlm
 from embedlab.objectives.dual_mlm import (
-    apportion,
     assign_ratios,
     combined_loss_sum,
     head_names,
     loss_metrics,
     mask_mixed,
+    next_ratios,
     per_head_loss_sums,
     per_ratio_loss_sums,
     route_heads,
+    worker_ratios,
 )
 from embedlab.objectives.masking import MaskedBatch
 from embedlab.objectives.mlm import mlm_loss_sum
@@ -73,23 +74,40 @@ def test_each_head_sees_only_its_rows_selected_hidden_states():
     assert sum(v.shape[0] for v in seen.values()) == int(masked.selected.sum())
 
 
-@pytest.mark.parametrize("rows, expected", [(5, [4, 1]), (10, [8, 2]), (20, [16, 4]), (8, [6, 2])])
-def test_every_batch_holds_the_4_to_1_proportion(rows, expected):
-    """Every draw gives exactly 4:1 rows for 5/10/20 rows and the largest-remainder 6:2 for 8 rows."""
+@pytest.mark.parametrize("rows", [5, 8, 10, 32])
+def test_the_run_holds_the_4_to_1_proportion_at_every_batch_size(rows):
+    """Over a run of batches the rows per ratio are exactly 4:1 at every multiple of 5 rows
+    and never a row off in between, at 8 and 32 rows a batch too; rows are shuffled."""
     generator = torch.Generator().manual_seed(0)
-    assignments = [assign_ratios(rows, MIXED, generator) for _ in range(50)]
-    for ratio_index in assignments:
-        assert torch.bincount(ratio_index, minlength=2).tolist() == expected
-    # The counts are fixed but the rows that carry each ratio are shuffled.
-    assert len({tuple(a.tolist()) for a in assignments}) > 1
+    counts, assignments = [0, 0], []
+    for batch in range(1, 26):
+        ratio_index = assign_ratios(rows, MIXED, generator, counts)
+        counts = (torch.tensor(counts) + torch.bincount(ratio_index, minlength=2)).tolist()
+        assignments.append(tuple(ratio_index.tolist()))
+        seen = batch * rows
+        assert abs(counts[1] - seen / 5) < 1 and sum(counts) == seen
+        if seen % 5 == 0:
+            assert counts == [seen * 4 // 5, seen // 5]
+    assert len(set(assignments)) > 1  # the rows that carry each ratio are shuffled
 
 
-def test_largest_remainder_rounding_rule():
-    """Leftover rows go to the largest fractional quotas, ties to the ratio listed first."""
-    assert apportion(8, [4, 1]) == [6, 2]        # quotas 6.4, 1.6
-    assert apportion(10, [1, 1, 1]) == [4, 3, 3]  # equal remainders: first listed wins
-    assert apportion(7, [0.5, 0.3, 0.2]) == [4, 2, 1]  # quotas 3.5, 2.1, 1.4 (exact decimals)
-    assert apportion(2, [4, 1]) == [2, 0]        # a sub-row quota can round to zero
+def test_deficit_rule_by_hand():
+    """Each row goes to the ratio furthest below its share, ties to the first listed."""
+    assert next_ratios([0, 0], [4, 1], 5) == [0, 0, 1, 0, 0]  # deficits .8/.2, .6/.4, .4/.6, ...
+    assert next_ratios([0, 0, 0], [1, 1, 1], 4) == [0, 1, 2, 0]
+    assert next_ratios([6, 2], [4, 1], 2) == [0, 0]  # 3:1 after 8 rows is caught up: [8, 2]
+    for weights in ([0.5, 0.3, 0.2], [3, 2], [7, 1, 1]):
+        counts = [0] * len(weights)
+        for n, k in enumerate(next_ratios(counts, weights, 200), start=1):
+            counts[k] += 1
+            assert all(abs(c - n * w / sum(weights)) < 1 for c, w in zip(counts, weights))
+
+
+def test_workers_split_one_global_assignment():
+    """Two workers' rows of a global batch are its assignment dealt as the stream deals rows."""
+    assigned = assign_ratios(16, MIXED, torch.Generator().manual_seed(1), [0, 0])
+    rank0, rank1 = worker_ratios(assigned, 0, 2), worker_ratios(assigned, 1, 2)
+    assert torch.equal(torch.stack([rank0, rank1], dim=1).reshape(-1), assigned)
 
 
 def test_per_ratio_selected_share_over_100k_tokens():
@@ -238,3 +256,22 @@ def test_per_ratio_report_groups_rows_in_both_arms():
     assert metrics["train/selected/ratio/mask5"] + metrics["train/selected/ratio/mask50"] == (
         metrics["train/selected/head/mlm"]
     )
+
+
+def test_a_dual_head_run_records_the_proportion_it_ran_at(tmp_path):
+    """A phase-1 run with mixed ratios reports, and its checkpoint manifest records, the rows
+    each ratio got over the whole run: the deficit rule's counts over all its rows."""
+    import json
+
+    import synthetic
+
+    frozen = synthetic.tokenizer(tmp_path / "tokenizer")
+    trial = synthetic.phase1_trial(dual_heads=True)
+    reports, loop = synthetic.train(trial, frozen, tmp_path / "run")
+    rows = loop.progress.batches * trial.train.batch_rows
+    weights = [weight for _, weight in trial.masking.mixed_ratios]
+    counts = torch.bincount(torch.tensor(next_ratios([0, 0], weights, rows)), minlength=2).tolist()
+    expected = dict(zip(dual_mlm.ratio_names(trial.masking.mixed_ratios), counts))
+    assert {name: reports[-1][f"masking/ratio_rows/{name}"] for name in expected} == expected
+    manifests = sorted((tmp_path / "run").rglob("manifest.json"), key=lambda p: p.stat().st_mtime)
+    assert json.loads(manifests[-1].read_text())["objective"]["observed_ratio_rows"] == expected

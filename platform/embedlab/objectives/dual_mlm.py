@@ -59,38 +59,49 @@ def route_heads(config: MaskingConfig, ratio_index: torch.Tensor) -> torch.Tenso
     return ratio_index if config.head_per_ratio else torch.zeros_like(ratio_index)
 
 
-def apportion(batch_rows: int, weights: Sequence[float]) -> list[int]:
-    """Rows per ratio by largest remainder: floor(B * w_k / sum w) each, then one more row to
-    each of the largest fractional remainders until B rows are given out.
+def next_ratios(counts: Sequence[int], weights: Sequence[float], rows: int) -> list[int]:
+    """The ratio index of each of the next `rows` rows of a run that has given `counts[k]`
+    rows to ratio k so far: each row goes to the ratio furthest below its share of all rows up
+    to and including it, (n + 1) * w_k / sum(w) - count_k, ties to the ratio listed first.
 
-    Exact (rational) arithmetic; equal remainders go to the ratio listed first. When B is a
-    multiple of sum w (after scaling to integers) the proportion is exact: 4:1 with 10 rows
-    -> [8, 2]. Otherwise it is the closest whole split: 4:1 with 8 rows (quotas 6.4, 1.6)
-    -> [6, 2]. A quota below one row can round to zero, so a small batch may hold no row of
-    a light-weight ratio: at 4:1, 2 rows -> [2, 0]; 3 rows or more give both ratios a row.
-    """
+    Exact (rational) arithmetic. Every ratio stays within one row of its share over every
+    prefix of the run, so the proportion is exact whenever the rows so far are a multiple of
+    the weights' total (4:1: every 5 rows), whatever the batch size: 8-row batches give
+    [32, 8] over five of them, where a per-batch rounding would give [30, 10] (3:1)."""
     exact = [Fraction(str(weight)) for weight in weights]
-    quotas = [batch_rows * weight / sum(exact) for weight in exact]
-    rows = [int(quota) for quota in quotas]  # floor: quotas are non-negative
-    by_remainder = sorted(range(len(quotas)), key=lambda k: (-(quotas[k] - rows[k]), k))
-    for k in by_remainder[: batch_rows - sum(rows)]:
-        rows[k] += 1
-    return rows
+    total, counts = sum(exact), list(counts)
+    done = sum(counts)
+    out = []
+    for n in range(done, done + rows):
+        deficits = [(n + 1) * weight / total - count for weight, count in zip(exact, counts)]
+        k = max(range(len(exact)), key=lambda i: (deficits[i], -i))
+        counts[k] += 1
+        out.append(k)
+    return out
 
 
 def assign_ratios(
-    batch_rows: int, mixed_ratios: Sequence[tuple[float, float]], generator: torch.Generator
+    batch_rows: int, mixed_ratios: Sequence[tuple[float, float]], generator: torch.Generator,
+    counts: Sequence[int] | None = None,
 ) -> torch.Tensor:
-    """(B,) long (CPU): the index into `mixed_ratios` of each row's masking ratio.
+    """(B,) long (CPU): the index into `mixed_ratios` of each row's masking ratio, for a batch
+    that follows `counts` rows per ratio earlier in the run (None: the run's first batch).
 
-    Row counts per ratio follow `apportion` in every batch, so no batch drifts from the
-    sequence proportion. Which rows get which ratio is a permutation drawn from `generator`
-    (one `randperm`): rows arrive in packing order, and a fixed row-to-ratio map would tie a
-    ratio to whatever the packer puts in a given row (e.g. the short leftover documents).
+    How many rows each ratio gets follows `next_ratios`, so the proportion holds over the run
+    and never drifts by more than a row. Which rows get which ratio is a permutation drawn from
+    `generator` (one `randperm`): rows arrive in packing order, and a fixed row-to-ratio map
+    would tie a ratio to whatever the packer puts in a given row (e.g. the short leftover
+    documents).
     """
-    counts = apportion(batch_rows, [weight for _, weight in mixed_ratios])
-    ordered = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
+    counts = [0] * len(mixed_ratios) if counts is None else counts
+    ordered = torch.tensor(next_ratios(counts, [weight for _, weight in mixed_ratios], batch_rows), dtype=torch.long)
     return ordered[torch.randperm(batch_rows, generator=generator)]
+
+
+def worker_ratios(global_ratios: torch.Tensor, rank: int, world: int) -> torch.Tensor:
+    """Worker `rank`'s rows of a global batch's (world * B,) ratio assignment, in the order
+    `embedlab.data.stream.worker_rows` deals rows: rank, rank + world, ..."""
+    return global_ratios[rank::world]
 
 
 def mask_mixed(

@@ -25,7 +25,7 @@ from embedlab.data.prepare import PreparedData
 from embedlab.data.stream import packed_dataset, units_by_source
 from embedlab.model.encoder import MLMModel
 from embedlab.model.heads import MultiHeadMLMModel
-from embedlab.objectives.dual_mlm import assign_ratios, head_names, mask_mixed, route_heads
+from embedlab.objectives.dual_mlm import assign_ratios, head_names, mask_mixed, ratio_names, route_heads, worker_ratios
 from embedlab.objectives.masking import mask_tokens
 from embedlab.objectives.mlm import combine
 from embedlab.tokenizer import load_tokenizer
@@ -71,6 +71,7 @@ class Phase1Progress(Progress):
     tokens: int = 0  # consumed non-padding tokens, all workers
     selected: int = 0  # selected (masked) tokens, all workers
     flops: float = 0.0  # training FLOPs the steps ran, all workers (`embedlab.train.flops`)
+    ratio_rows: list[int] = field(default_factory=list)  # mixed ratios: rows given each ratio, all workers
     length_switches: list[dict] = field(default_factory=list)  # {"step", "tokens", "length"} per stage change
     consumed_by_source: list[float] = field(default_factory=list)  # tokens per source, as of the last report
 
@@ -124,7 +125,20 @@ class Phase1Loop(TrainingLoop):
         clock, budget = self.clock()
         return clock >= budget
 
-    def _microbatch(self, batch: dict[str, torch.Tensor]) -> Microbatch:
+    def _ratio_index(self, rows: int, position: int) -> torch.Tensor:
+        """This worker's rows' masking ratios in the global batch at data `position`: the
+        run's proportion over every worker's rows (`assign_ratios` from the counts so far),
+        shuffled by a generator that every worker seeds alike, so all agree on the split."""
+        progress = self.progress
+        if not progress.ratio_rows:
+            progress.ratio_rows = [0] * len(self.mixed)
+        shuffle = torch.Generator().manual_seed(seed_for(self.trial.train.seed, f"ratio-rows:{position}"))
+        assigned = assign_ratios(rows * self.world, self.mixed, shuffle, progress.ratio_rows)
+        progress.ratio_rows = (torch.tensor(progress.ratio_rows)
+                               + torch.bincount(assigned, minlength=len(self.mixed))).tolist()
+        return worker_ratios(assigned, self.rank, self.world)
+
+    def _microbatch(self, batch: dict[str, torch.Tensor], position: int) -> Microbatch:
         input_ids, segment_ids = batch["input_ids"], batch["segment_ids"]
         self.source_tokens += torch.bincount(
             batch["source_index"][segment_ids > 0], minlength=len(self.sources)).double()
@@ -133,7 +147,7 @@ class Phase1Loop(TrainingLoop):
                            generator=self.masking_rng, word_start=batch["word_start"].bool(), segment_ids=segment_ids)
         ratio_index = head_index = None
         if self.mixed:
-            ratio_index = assign_ratios(len(input_ids), self.mixed, self.masking_rng)
+            ratio_index = self._ratio_index(len(input_ids), position)
             masked = mask_mixed(input_ids, eligible, self.trial.masking, ratio_index, **masking_ids)
             head_index = route_heads(self.trial.masking, ratio_index).to(self.device)
         else:
@@ -158,7 +172,7 @@ class Phase1Loop(TrainingLoop):
             progress.length_switches.append({"step": progress.steps, "tokens": progress.tokens, "length": length})
         batches = [split_rows(batch, length) for batch in batches]
         self.step_flops = 0.0
-        pending = [self._microbatch(batch) for batch in batches]
+        pending = [self._microbatch(batch, progress.batches + i) for i, batch in enumerate(batches)]
         set_learning_rate(self.optimizer, clock, budget, train)
         result = accumulate_gradients(self.model, pending, self.all_reduce, self.mixed, self.precision,
                                       flops=self.step_flops)
@@ -217,11 +231,19 @@ class Phase1Loop(TrainingLoop):
                 f"data/observed_share/{name}": progress.consumed_by_source[i] / max(progress.tokens, 1)
                 for i, name in enumerate(self.sources)
             },
+            **{f"masking/ratio_rows/{name}": rows for name, rows in self.ratio_rows().items()},
             **{f"train/loss/{key}": combine([tuple(v)]) for key, v in self.group_window.items()},
             **{f"train/selected/{key}": v[1] for key, v in self.group_window.items()},
         }
         self.window, self.group_window = [], {}
         return metrics
+
+    def ratio_rows(self) -> dict[str, int]:
+        """Mixed ratios: {ratio name: rows masked at it so far, all workers}; else empty."""
+        if not self.mixed:
+            return {}
+        counts = self.progress.ratio_rows or [0] * len(self.mixed)
+        return dict(zip(ratio_names(self.mixed), counts))
 
     def stream_ended(self) -> Exception:
         clock, budget = self.clock()
@@ -259,6 +281,8 @@ class Phase1Loop(TrainingLoop):
                     "masking_ratio": trial.masking.ratio,
                     "masking_strategy": trial.masking.strategy,
                     "mixed_ratios": trial.masking.mixed_ratios,
+                    # Rows each ratio was given over the run, all workers: the proportion it ran at.
+                    "observed_ratio_rows": self.ratio_rows(),
                     "heads": list(model.head_names) if isinstance(model, MultiHeadMLMModel) else ["mlm"],
                     "replacement": REPLACEMENT_POLICY,
                     "mask_fraction": trial.masking.mask_fraction,
