@@ -256,3 +256,27 @@ def test_invalid_config_and_inputs_are_refused(base, pairs):
         mine([stranger], base)
     with pytest.raises(ValueError, match="more than once"):
         mine([pairs[0], pairs[0]], base)
+
+
+def test_a_pair_short_of_mined_negatives_masks_the_missing_ones(tmp_path):
+    """A pair with one of two mined negatives gets it once and an empty (masked) slot, never
+    its last negative repeated; a pair with none gets two empty slots."""
+    import pyarrow.parquet as pq
+    import synthetic
+
+    from embedlab.data.pair_stream import group_hash, tokenize_pair_window
+
+    frozen = synthetic.tokenizer(tmp_path / "tokenizer")
+    pq.write_table(pa.table({"pair_id": ["p1", "p2"], "query": ["a fox", "a dog"], "positive": ["fox text", "dog text"],
+                             "positive_group": ["g1", "g2"]}), tmp_path / "pairs.parquet")
+    pq.write_table(pa.table({"pair_id": ["p1"], "doc_id": ["d9"], "rank": pa.array([0], pa.int32()),
+                             "negative": ["the lazy dog"]}), tmp_path / "negatives.parquet")
+    out = tokenize_pair_window(
+        {"rows": [np.array([0, 1])], "source_index": [np.array([0, 0])]},
+        pairs_path=str(tmp_path / "pairs.parquet"), tokenizer_path=str(frozen.path), length=12,
+        query_prefix="", passage_prefix="", negatives_path=str(tmp_path / "negatives.parquet"), negatives_per_pair=2)
+    assert out["negative_len"][0, 0] > 0 and out["negative_len"][0, 1] == 0
+    assert out["negative_group"].tolist() == [[group_hash("d9"), 0], [0, 0]]
+    assert out["negative_len"][1].tolist() == [0, 0]
+    texts = [(out[side] != frozen.pad_id).sum(axis=1) for side in ("query_ids", "positive_ids")]
+    assert out["tokens"].tolist() == (texts[0] + texts[1] + out["negative_len"][:, 0]).tolist()

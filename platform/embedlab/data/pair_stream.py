@@ -106,13 +106,14 @@ def tokenize_pair_window(
     if negatives_path is not None:
         negatives = _negatives(negatives_path)
         texts, groups = [], []
-        for pair_id, fallback in zip(picked["pair_id"].to_pylist(), picked["positive"].to_pylist()):
+        for pair_id in picked["pair_id"].to_pylist():
             mined = negatives.get(pair_id, [])[:negatives_per_pair]
-            # A pair with too few mined negatives repeats its last one (or, with none, is
-            # given padding rows that are masked out as ineligible by an empty length).
+            # A pair with fewer mined negatives than slots fills the rest with empty rows,
+            # which the loss masks out as ineligible by their empty length: a repeated
+            # negative would count twice in the denominator.
             for k in range(negatives_per_pair):
-                if mined:
-                    doc_id, text = mined[min(k, len(mined) - 1)]
+                if k < len(mined):
+                    doc_id, text = mined[k]
                     texts.append(passage_prefix + text)
                     groups.append(group_hash(doc_id))
                 else:
