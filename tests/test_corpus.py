@@ -94,7 +94,8 @@ def test_stream_is_deterministic_and_honours_shares(prepared, ray_session):
     def rows():
         schedule, offsets = trial_schedule(trial, prepared)
         dataset = packed_dataset(prepared.pieces_path, schedule, offsets,
-                                 sequence_length=trial.data.sequence_length, pad_id=prepared.tokenizer.pad_id)
+                                 sequence_length=trial.data.sequence_length, pad_id=prepared.tokenizer.pad_id,
+                                 cls_id=prepared.tokenizer.cls_id)
         batches = list(dataset.iter_batches(batch_size=None, batch_format="numpy"))
         return {k: np.concatenate([b[k] for b in batches]) for k in ("input_ids", "segment_ids", "source_index")}, schedule
 

@@ -1,6 +1,7 @@
 """Boundary-preserving packing: nothing lost, nothing crosses a document, rows full."""
 
 import numpy as np
+import torch
 import pytest
 
 from embedlab.data.packing import pack_documents, pack_pieces
@@ -193,3 +194,58 @@ def test_document_blocks_cover_the_documents_in_equal_parallel_blocks():
     assert [b.num_rows for b in document_blocks(documents.slice(0, 3), 4)] == [1, 1, 1]
     with pytest.raises(ValueError, match="parallelism >= 1"):
         document_blocks(documents, 0)
+
+
+def test_phase1_trains_the_layout_evaluation_encodes(tmp_path):
+    """Every document phase 1 packs is the id sequence evaluation feeds the encoder for the
+    same text, `[CLS] tokens [SEP]` from its segment's position 0; CLS is never maskable."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import synthetic
+
+    from embedlab.data.stream import pack_window, tokenize_pieces
+    from embedlab.evaluate.encode import encode_texts
+    from embedlab.model.encoder import Encoder, segment_positions
+
+    frozen = synthetic.tokenizer(tmp_path / "tokenizer")
+    texts = synthetic.TEXTS[:5]
+    documents = pa.table({"doc_id": [f"d{i}" for i in range(5)], "source": ["a"] * 5, "title": [""] * 5,
+                          "text": texts, "split": ["train"] * 5})
+    pieces = tokenize_pieces(documents, tokenizer_path=str(frozen.path), sequence_length=64, sources=["a"])
+    pq.write_table(pieces, tmp_path / "pieces.parquet")
+    packed = pack_window({"rows": [np.arange(5)], "source_index": [np.zeros(5, dtype=np.int32)]},
+                         pieces_path=str(tmp_path / "pieces.parquet"), sequence_length=64,
+                         pad_id=frozen.pad_id, cls_id=frozen.cls_id)
+    trained = []
+    for ids, segments in zip(packed["input_ids"], packed["segment_ids"]):
+        positions = segment_positions(torch.from_numpy(segments[None].astype(np.int64)))[0].numpy()
+        for segment in range(1, int(segments.max()) + 1):
+            here = segments == segment
+            assert positions[here][0] == 0 and ids[here][0] == frozen.cls_id
+            trained.append(ids[here].tolist())
+    encoder = Encoder(synthetic.MODEL).eval()
+    evaluated = []
+    encoder.embed.register_forward_hook(lambda module, args, out: evaluated.append(args[0][0].tolist()))
+    for text in texts:
+        encode_texts(encoder, frozen, [text], max_length=64)
+    assert trained == evaluated
+    assert frozen.cls_id in frozen.special_ids  # the masking ban: `Phase1Loop` never selects it
+
+
+def test_every_fragment_of_a_split_piece_opens_with_the_opener():
+    """With an opener, a piece split across rows opens each of its segments with it, and no
+    piece token is lost or moved out of order."""
+    from embedlab.data.packing import flatten_pieces, pack_layout
+
+    OPEN = 2
+    pieces = [list(range(10, 70)), list(range(100, 110)), list(range(200, 203))]
+    values, offsets = flatten_pieces(pieces)
+    rows = pack_layout(offsets, sequence_length=32, opener=True).packed(values, PAD, OPEN)
+    recovered: dict[int, list[int]] = {}
+    for ids, segments, doc in zip(rows.input_ids, rows.segment_ids, rows.document_index):
+        for segment in range(1, int(segments.max()) + 1):
+            here = segments == segment
+            assert ids[here][0] == OPEN and len(set(doc[here].tolist())) == 1
+            recovered.setdefault(int(doc[here][0]), []).extend(ids[here][1:].tolist())
+    assert [recovered[i] for i in range(3)] == pieces
+    assert (rows.input_ids == OPEN).sum() == 4  # 60 tokens take two rows' segments (31 + 29)

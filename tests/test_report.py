@@ -89,7 +89,7 @@ def _train_phase1(directory: Path, trial, prepared) -> tuple[str, dict]:
     schedule, offsets = trial_schedule(trial, prepared)
     packed = [pack_window({"rows": [window["rows"]], "source_index": [window["source_index"]]},
                           pieces_path=str(prepared.pieces_path), sequence_length=trial.data.sequence_length,
-                          pad_id=prepared.tokenizer.pad_id)
+                          pad_id=prepared.tokenizer.pad_id, cls_id=prepared.tokenizer.cls_id)
               for window in schedule_windows(schedule, offsets)]
     rows = {key: np.concatenate([part[key] for part in packed]) for key in packed[0]}
     session = _LoggedSession(rows, directory)

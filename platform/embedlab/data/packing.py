@@ -10,12 +10,17 @@ positions are left, in which case the row is padded instead (a two-token fragmen
 teaches nothing). `segment_ids` number the segments inside a row from 1 and mark padding
 with 0; the encoder restricts attention and restarts RoPE positions per segment, so no
 token ever sees another document.
+
+With an opener (`pack_layout(..., opener=True)`, phase 1's stream: CLS), every segment
+starts with that token at its position 0, so a document trains in the layout evaluation
+encodes it in, `[CLS] tokens [SEP]`; the opener takes a position of the row and is a
+special token, never selected for masking.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -91,31 +96,47 @@ class PackLayout:
     target: np.ndarray  # (N,) its flat position in the (rows, sequence_length) output
     segment: np.ndarray  # (N,) its segment id inside its row, from 1
     piece: np.ndarray  # (N,) its piece's index in packing order
+    # With an opener: one per segment, its flat position, segment id and piece (else empty).
+    opener_target: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    opener_segment: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    opener_piece: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
-    def place(self, values: np.ndarray, fill: int) -> np.ndarray:
-        """(rows, L) int32: `values` (one per placed token) at their positions, `fill` elsewhere."""
+    def place(self, values: np.ndarray, fill: int, opener: int | np.ndarray | None = None) -> np.ndarray:
+        """(rows, L) int32: `values` (one per placed token) at their positions, `opener` (one
+        value, or one per segment) at the segments' opening positions, `fill` elsewhere."""
         out = np.full((self.rows, self.sequence_length), fill, dtype=np.int32)
-        out.reshape(-1)[self.target] = values
+        flat = out.reshape(-1)
+        flat[self.target] = values
+        if len(self.opener_target):
+            if opener is None:
+                raise ValueError("this layout opens every segment with a token: give its value")
+            flat[self.opener_target] = opener
         return out
 
-    def packed(self, values: np.ndarray, pad_id: int) -> PackedRows:
+    def packed(self, values: np.ndarray, pad_id: int, opener_id: int | None = None) -> PackedRows:
         """The flat token `values` packed: ids, segment ids and piece index per position."""
-        return PackedRows(input_ids=self.place(values[self.source], pad_id), segment_ids=self.place(self.segment, 0),
-                          document_index=self.place(self.piece, -1))
+        return PackedRows(input_ids=self.place(values[self.source], pad_id, opener_id),
+                          segment_ids=self.place(self.segment, 0, self.opener_segment),
+                          document_index=self.place(self.piece, -1, self.opener_piece))
 
     def word_starts(self, starts: np.ndarray) -> np.ndarray:
         """Flat word-start flags packed like their tokens. A piece split across rows starts a
-        word (and a segment) where the next row begins, so every row's first flag is set."""
-        flags = self.place(starts[self.source], 1)
+        word (and a segment) where the next row begins, so every row's first flag is set; an
+        opener is a word of its own, and so is the token after it."""
+        flags = self.place(starts[self.source], 1, 1)
+        if len(self.opener_target):
+            flags.reshape(-1)[self.opener_target + 1] = 1  # every segment has a token after its opener
         flags[:, 0] = 1
         return flags
 
 
 def pack_layout(
-    offsets: np.ndarray, *, sequence_length: int, min_fragment: int = 8, pieces: np.ndarray | None = None
+    offsets: np.ndarray, *, sequence_length: int, min_fragment: int = 8, pieces: np.ndarray | None = None,
+    opener: bool = False,
 ) -> PackLayout:
     """The greedy layout of the pieces given by `offsets` (or the `pieces`-selected ones, in
-    that order), as Arrow list columns hold them.
+    that order), as Arrow list columns hold them; with `opener`, every segment (every
+    fragment of a piece) opens with one extra position for the opener token.
 
     Which fragment of which piece goes to which row, column and segment is decided in a loop
     over pieces; the per-token indices are then built with array operations, so moving the
@@ -123,16 +144,22 @@ def pack_layout(
     """
     order = np.arange(len(offsets) - 1) if pieces is None else np.asarray(pieces, dtype=np.int64)
     starts, lengths = offsets[order], offsets[order + 1] - offsets[order]
-    frag_src, frag_len, frag_dst, frag_seg, frag_piece = [], [], [], [], []
+    extra = 1 if opener else 0
+    if sequence_length <= extra:
+        raise ValueError(f"sequence_length {sequence_length}: no room for a token after the opener")
+    frag_src, frag_len, frag_dst, frag_seg, frag_piece, opened = [], [], [], [], [], []
     row = fill = segment = 0
     for index, (source, remaining) in enumerate(zip(starts.tolist(), lengths.tolist())):
         while remaining:
             space = sequence_length - fill
-            if space < min(min_fragment, remaining):
+            if space <= extra or space < min(min_fragment, remaining + extra):
                 row, fill, segment = row + 1, 0, 0  # pad the rest of the row
                 continue
-            take = min(space, remaining)
+            take = min(space - extra, remaining)
             segment += 1
+            if opener:
+                opened.append((row * sequence_length + fill, segment, index))
+                fill += 1
             frag_src.append(source)
             frag_len.append(take)
             frag_dst.append(row * sequence_length + fill)
@@ -148,9 +175,11 @@ def pack_layout(
     def per_token(values: list[int]) -> np.ndarray:
         return np.repeat(np.asarray(values, dtype=np.int64), frag_len_array)
 
+    openers = np.asarray(opened, dtype=np.int64).reshape(-1, 3)
     return PackLayout(rows=row + (fill > 0), sequence_length=sequence_length,
                       source=per_token(frag_src) + within, target=per_token(frag_dst) + within,
-                      segment=per_token(frag_seg), piece=per_token(frag_piece))
+                      segment=per_token(frag_seg), piece=per_token(frag_piece),
+                      opener_target=openers[:, 0], opener_segment=openers[:, 1], opener_piece=openers[:, 2])
 
 
 def pack_flat(

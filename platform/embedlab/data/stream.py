@@ -213,14 +213,15 @@ def _piece_arrays(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def pack_window(
-    batch: dict[str, np.ndarray], *, pieces_path: str, sequence_length: int, pad_id: int
+    batch: dict[str, np.ndarray], *, pieces_path: str, sequence_length: int, pad_id: int, cls_id: int
 ) -> dict[str, np.ndarray]:
-    """Ray Data UDF: one schedule window (piece rows + source indices) -> packed rows."""
+    """Ray Data UDF: one schedule window (piece rows + source indices) -> packed rows, every
+    segment opening with CLS as evaluation encodes a text (`embedlab.data.packing`)."""
     offsets, values, starts = _piece_arrays(pieces_path)
     rows_out: dict[str, list[np.ndarray]] = {"input_ids": [], "segment_ids": [], "source_index": [], "word_start": []}
     for piece_rows, sources in zip(batch["rows"], batch["source_index"]):
-        layout = pack_layout(offsets, pieces=piece_rows, sequence_length=sequence_length)
-        packed = layout.packed(values, pad_id)
+        layout = pack_layout(offsets, pieces=piece_rows, sequence_length=sequence_length, opener=True)
+        packed = layout.packed(values, pad_id, cls_id)
         source_of = np.asarray(sources, dtype=np.int32)
         rows_out["word_start"].append(layout.word_starts(starts))
         rows_out["input_ids"].append(packed.input_ids)
@@ -242,14 +243,16 @@ def schedule_windows(schedule: Schedule, offsets: dict[str, int]) -> list[dict[s
 
 
 def packed_dataset(
-    pieces_path: Path, schedule: Schedule, offsets: dict[str, int], *, sequence_length: int, pad_id: int
+    pieces_path: Path, schedule: Schedule, offsets: dict[str, int], *, sequence_length: int, pad_id: int,
+    cls_id: int,
 ):
     """The Ray Dataset of packed rows for one trial, in schedule order."""
     import ray.data
 
     return ray.data.from_items(schedule_windows(schedule, offsets)).map_batches(
         pack_window,
-        fn_kwargs={"pieces_path": str(pieces_path), "sequence_length": sequence_length, "pad_id": pad_id},
+        fn_kwargs={"pieces_path": str(pieces_path), "sequence_length": sequence_length, "pad_id": pad_id,
+                   "cls_id": cls_id},
         batch_size=1,
         batch_format="numpy",
         num_cpus=0.25,

@@ -172,8 +172,9 @@ def mask_figure(runs: list[Run]) -> Figure | None:
         return None
     directory, limit = variants[0][2], variants[0][3]
     tokenizer = measure.prepared_tokenizer(directory)
-    row = measure.sample_rows(directory, limit, tokenizer.pad_id, rows=1, short=True)
-    many = measure.sample_rows(directory, limit, tokenizer.pad_id, rows=-(-measure.MASK_STATISTIC_TOKENS // limit))
+    ids = tokenizer.pad_id, tokenizer.cls_id
+    row = measure.sample_rows(directory, limit, *ids, rows=1, short=True)
+    many = measure.sample_rows(directory, limit, *ids, rows=-(-measure.MASK_STATISTIC_TOKENS // limit))
     figure, axes = new_mosaic([["strip", "mask"], ["tokens", "mask"]], height=4.6,
                               width_ratios=[2.3, 1], height_ratios=[1.2, 1])
     strip, attention, listing = axes["strip"], axes["mask"], axes["tokens"]

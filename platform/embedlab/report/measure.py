@@ -81,18 +81,18 @@ class PackedSample:
 
 
 def pack(pieces: list[list[int]], flags: list[list[int]], sources: list[str], sequence_length: int,
-         pad_id: int) -> PackedSample:
-    """Pieces -> rows by the trainer's packer, word starts with them (`PackLayout`, as
-    `embedlab.data.stream.pack_window` packs)."""
+         pad_id: int, cls_id: int) -> PackedSample:
+    """Pieces -> rows by the trainer's packer, every segment opened by CLS and word starts with
+    them (`PackLayout`, as `embedlab.data.stream.pack_window` packs)."""
     values, offsets = flatten_pieces(pieces)
-    layout = pack_layout(offsets, sequence_length=sequence_length)
-    packed = layout.packed(values, pad_id)
+    layout = pack_layout(offsets, sequence_length=sequence_length, opener=True)
+    packed = layout.packed(values, pad_id, cls_id)
     word_start = layout.word_starts(flatten_pieces(flags)[0])
     return PackedSample(torch.from_numpy(packed.input_ids).long(), torch.from_numpy(packed.segment_ids).long(),
                         torch.from_numpy(word_start).bool(), sources)
 
 
-def sample_rows(prepared_dir: Path, sequence_length: int, pad_id: int, *, rows: int, seed: int = SEED,
+def sample_rows(prepared_dir: Path, sequence_length: int, pad_id: int, cls_id: int, *, rows: int, seed: int = SEED,
                 short: bool = False) -> PackedSample:
     """`rows` packed rows of training pieces drawn uniformly (seeded). With `short`, one row of
     short pieces from different sources, so the segment structure of packing is visible."""
@@ -103,7 +103,7 @@ def sample_rows(prepared_dir: Path, sequence_length: int, pad_id: int, *, rows: 
         picks = rng.choice(table.num_rows, size=min(table.num_rows, rows * 8), replace=False).tolist()
     chosen = table.take(picks)
     sample = pack(chosen["ids"].to_pylist(), chosen["word_start"].to_pylist(), chosen["source"].to_pylist(),
-                  sequence_length, pad_id)
+                  sequence_length, pad_id, cls_id)
     return PackedSample(sample.input_ids[:rows], sample.segment_ids[:rows], sample.word_start[:rows], sample.sources)
 
 
@@ -180,7 +180,7 @@ def heldout_rows(prepared_dir: Path, sources: tuple[str, ...], sequence_length: 
             ids.append(piece)
             flags.append(starts)
             total += len(piece)
-        out[source] = pack(ids, flags, [source] * len(ids), sequence_length, tokenizer.pad_id)
+        out[source] = pack(ids, flags, [source] * len(ids), sequence_length, tokenizer.pad_id, tokenizer.cls_id)
     return out
 
 
