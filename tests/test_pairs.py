@@ -235,3 +235,37 @@ def test_pairs_to_table_and_stats(rows: list[dict]) -> None:
     assert stats["pairs"] == len(pairs) == sum(stats["by_builder"].values()) == sum(stats["by_source"].values())
     assert stats["mean_query_chars"] == pytest.approx(sum(len(p.query) for p in pairs) / len(pairs))
     assert pairs_to_table([]).num_rows == 0 and pair_stats([])["pairs"] == 0
+
+
+def test_near_duplicates_and_equal_positives_share_a_positive_group():
+    """Pairs of one near-duplicate cluster, or with the same positive text, end in one group;
+    the rest keep their own, and the merge does not depend on the pairs' order."""
+    from embedlab.data.pairs import Pair, merge_positive_groups
+
+    def pair(pair_id, doc, group, positive):
+        return Pair(pair_id=pair_id, builder="b", query=f"q {pair_id}", positive=positive, source="s",
+                    doc_ids=(doc,), split="train", confidence=0.9, positive_group=group)
+
+    pairs = [pair("1", "d1", "d1", "an inherited docstring"), pair("2", "d2", "d2", "the same docstring, copied"),
+             pair("3", "d3", "w-amsterdam", "Dutch capital"), pair("4", "d4", "w-capital", "dutch  Capital"),
+             pair("5", "d5", "d5", "something else")]
+    clusters = {"d1": "d1", "d2": "d1", "d3": "d3", "d4": "d4", "d5": "d5"}
+    groups = [p.positive_group for p in merge_positive_groups(pairs, clusters)]
+    assert groups == ["d1", "d1", "w-amsterdam", "w-amsterdam", "d5"]
+    again = [p.positive_group for p in merge_positive_groups(pairs[::-1], clusters)][::-1]
+    assert again == groups
+
+
+def test_build_pairs_groups_by_the_corpus_clusters(rows):
+    """`build_pairs` on a table with `group_id` puts two documents of one cluster in one group."""
+    import dataclasses as dc
+
+    table = corpus_table(rows)
+    pairs = build_pairs(table, ["title-body"], split="train", seed=0)
+    first, second = sorted({p.doc_ids[0] for p in pairs})[:2]
+    clusters = [first if doc in (first, second) else doc for doc in table["doc_id"].to_pylist()]
+    clustered = build_pairs(table.append_column("group_id", pa.array(clusters)), ["title-body"], split="train", seed=0)
+    group = {p.doc_ids[0]: p.positive_group for p in clustered}
+    assert group[first] == group[second]
+    assert {p.positive_group for p in pairs if p.doc_ids[0] == second} != {group[second]}
+    assert [dc.replace(p, positive_group="") for p in clustered] == [dc.replace(p, positive_group="") for p in pairs]

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,6 +29,9 @@ from embedlab.data.prepare import PreparedData
 from embedlab.data.stream import cached_tokenizer, schedule_windows
 
 
+PAIRS_FORMAT = "embedlab-pairs/2"  # 2: groups joined over near-duplicate clusters and equal positives
+
+
 def group_hash(group: str) -> int:
     """A positive group id as a signed 64-bit integer (equal strings, equal numbers)."""
     return int.from_bytes(hashlib.sha256(group.encode()).digest()[:8], "big", signed=True)
@@ -34,7 +39,8 @@ def group_hash(group: str) -> int:
 
 def pair_table_path(prepared: PreparedData, builders: list[str], progress: Callable[[str], None] = print) -> Path:
     """Build (once) and freeze every pair the builders make from the training split."""
-    key = hashlib.sha256(json.dumps(sorted(builders)).encode()).hexdigest()[:12]
+    # The format is part of the key: pairs frozen by an older builder are rebuilt, not reused.
+    key = hashlib.sha256(json.dumps([PAIRS_FORMAT, sorted(builders)]).encode()).hexdigest()[:12]
     path = prepared.directory / "pairs" / f"{key}.parquet"
     if path.is_file():
         return path
@@ -42,7 +48,9 @@ def pair_table_path(prepared: PreparedData, builders: list[str], progress: Calla
     pairs = build_pairs(prepared.corpus.read(split="train"), builders, split="train", seed=0)
     table = pairs_to_table(pairs).sort_by([("builder", "ascending"), ("pair_id", "ascending")])
     path.parent.mkdir(exist_ok=True)
-    staging = path.with_suffix(".tmp")
+    # Concurrent trials may build the same table: each writes its own staging file, and the
+    # rename is atomic, so a reader sees a whole table from one of them.
+    staging = path.with_suffix(f".{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
     pq.write_table(table, staging)
     staging.rename(path)
     progress(f"data: {table.num_rows:,} pairs frozen in {path}")

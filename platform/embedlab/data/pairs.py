@@ -4,7 +4,10 @@ Every pair comes from exactly one document, so a pair can never mix splits: `bui
 reads the rows of one split only, and each pair carries its document's id and split. A
 pair's `confidence` says how sure we are that query and positive mean the same thing; a
 trainer may weight or filter by it. Items sharing a `positive_group` must never serve as
-each other's in-batch negatives.
+each other's in-batch negatives. Each builder names a group (below); `build_pairs` then
+widens it to the document's near-duplicate cluster (the corpus's `group_id`) and merges the
+groups of pairs whose positives are the same text (`merge_positive_groups`), so an inherited
+docstring or a synonym set listed under several headwords is never its own copy's negative.
 
     same-source-spans  two adjacent, non-overlapping windows of 20-80 words from one
                        long document of any prose source (bible chapters, handbook
@@ -32,6 +35,7 @@ each other's in-batch negatives.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 from collections import Counter
@@ -413,6 +417,7 @@ PAIR_BUILDERS: dict[str, Callable[[Iterable[Row]], Iterator[Pair]]] = {
 }
 
 _ROW_COLUMNS = ["doc_id", "source", "title", "text", "split"]
+CLUSTER_COLUMN = "group_id"  # the corpus's near-duplicate cluster of each document
 
 
 def pair_builder(name: str) -> Callable[[Iterable[Row]], Iterator[Pair]]:
@@ -452,14 +457,49 @@ def build_pairs(
     if len(set(builders)) != len(builders):
         raise ValueError(f"pair builders listed more than once: {builders}")
     functions = {name: pair_builder(name) for name in builders}  # every name checked before any work
-    table = corpus_table.filter(pc.equal(corpus_table["split"], split)).select(_ROW_COLUMNS)
+    table = corpus_table.filter(pc.equal(corpus_table["split"], split))
+    # A table without clusters (no dedup run) counts every document as its own cluster.
+    cluster_of = dict(zip(table["doc_id"].to_pylist(), table[CLUSTER_COLUMN].to_pylist())) \
+        if CLUSTER_COLUMN in table.column_names else {}
     # Sorted by id, so the pairs do not depend on the order of the table's rows.
-    rows = sorted(table.to_pylist(), key=lambda row: row["doc_id"])
+    rows = sorted(table.select(_ROW_COLUMNS).to_pylist(), key=lambda row: row["doc_id"])
     pairs: list[Pair] = []
     for name, build in functions.items():
         built = list(build(rows))
         pairs += built if max_pairs_per_builder is None else _subsample(built, max_pairs_per_builder, seed)
-    return pairs
+    return merge_positive_groups(pairs, cluster_of)
+
+
+def merge_positive_groups(pairs: list[Pair], cluster_of: Mapping[str, str]) -> list[Pair]:
+    """The pairs with groups joined (union-find) wherever two pairs' builder groups share a
+    document cluster (`cluster_of`: doc id -> cluster; a document not in it is its own) or
+    their positives are the same text (whitespace and case folded). A joined group is named
+    by its smallest member's name, so the result does not depend on the pairs' order."""
+    parent: dict[str, str] = {}
+
+    def find(node: str) -> str:
+        parent.setdefault(node, node)
+        while parent[node] != node:
+            parent[node] = parent[parent[node]]
+            node = parent[node]
+        return node
+
+    def union(a: str, b: str) -> None:
+        a, b = find(a), find(b)
+        if a != b:
+            parent[max(a, b)] = min(a, b)
+
+    for pair in pairs:
+        group = f"group:{pair.positive_group}"
+        for doc_id in pair.doc_ids:
+            union(group, f"cluster:{cluster_of.get(doc_id, doc_id)}")
+        union(group, f"positive:{' '.join(pair.positive.lower().split())}")
+    # Name each joined group by its smallest builder group (the root may be a cluster or a text).
+    names: dict[str, str] = {}
+    for pair in pairs:
+        root = find(f"group:{pair.positive_group}")
+        names[root] = min(names.get(root, pair.positive_group), pair.positive_group)
+    return [dataclasses.replace(pair, positive_group=names[find(f"group:{pair.positive_group}")]) for pair in pairs]
 
 
 PAIR_SCHEMA = pa.schema([
