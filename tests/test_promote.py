@@ -1,14 +1,17 @@
-"""Promotion: the dev-best arm wins, test numbers never decide, a retention break is refused,
-unequal compute is refused, and the next phase's study starts from the winner's checkpoint."""
+"""Promotion: the dev-best arm wins, test numbers never decide, the winner alone is scored on
+the final-eval split after selection, a retention break is refused, unequal compute (between
+trials or against the declared budget) is refused, what the arms were matched in is recorded,
+and the next phase's study starts from the winner's checkpoint."""
 
 import json
 from pathlib import Path
 
 import pytest
 
-from embedlab.config import ModelConfig
+from embedlab.config import EvalConfig, ModelConfig
+from embedlab.evaluate.beir import Task, load_task, write_task
 from embedlab.model.encoder import MLMModel
-from embedlab.sweep.promote import NEXT_STUDY_FILE, PROMOTION_FILE, PromotionError, promote
+from embedlab.sweep.promote import FINAL_EVAL_NOTE, NEXT_STUDY_FILE, PROMOTION_FILE, PromotionError, promote
 from embedlab.sweep.study import load_study
 from embedlab.sweep.table import UnequalComputeError
 from embedlab.train.checkpoint import save_checkpoint, verify_checkpoint
@@ -37,28 +40,36 @@ def _checkpoint(directory: Path, tokenizer, seed: int, phase: int = 1) -> str:
 
 def _run_dir(tmp_path: Path, tokenizer, dev: dict[str, list[float]], *, test: dict[str, list[float]] | None = None,
              phase: int = 1, retention: dict[str, list[float]] | None = None, parent_scores: dict | None = None,
-             tokens: dict[str, list[int]] | None = None, study_file: Path | None = None) -> Path:
-    """A finished run: arms x seeds rows with the given dev (and test) metrics, real checkpoints."""
+             tokens: dict[str, list[int]] | None = None, study_file: Path | None = None,
+             flops: dict[str, float] | None = None, eval_config: dict | None = None,
+             prepared: dict | None = None) -> Path:
+    """A finished run: arms x seeds rows with the given dev (and test) metrics, real checkpoints;
+    `eval_config` is every arm's recorded eval section, `prepared` the run's prepared.json."""
     run_dir = tmp_path / "run"
     (run_dir / "trials").mkdir(parents=True)
     arms = list(dev)
     seeds = list(range(len(next(iter(dev.values())))))
     study_file = study_file or ABLATIONS / "dual_heads.py"
     record = {
-        "study": {"name": "s", "factor": "masking.ratio", "arms": {a: {} for a in arms}, "seeds": seeds,
-                  "budget_tokens": 1000, "budget_pairs": 0, "budget_unit": "tokens" if phase == 1 else "pairs",
+        "study": {"name": "s", "factor": "masking.ratio", "arms": {a: {"eval": eval_config} if eval_config else {}
+                                                                   for a in arms}, "seeds": seeds,
+                  "budget_tokens": 1000, "budget_pairs": 0 if phase == 1 else 64,
+                  "budget_unit": "tokens" if phase == 1 else "pairs",
                   "metric": "dev/ndcg@10", "profile": "demo", "disclosed_overlap": None},
         "arm_order": arms, "study_hash": "h" * 64, "study_file": str(study_file), "parent": None,
     }
     if parent_scores:
         record["parent_scores"] = parent_scores
     (run_dir / "study.json").write_text(json.dumps(record))
+    if prepared is not None:
+        (run_dir / "prepared.json").write_text(json.dumps(prepared))
     for arm in arms:
         for seed in seeds:
             trial_id = f"{arm}-{seed}"
             row = {"trial_id": trial_id, "arm": arm, "seed": seed, "stage": "final", "status": "finished",
                    "phase": phase, "dev/ndcg@10": dev[arm][seed],
                    "budget/tokens": (tokens or {}).get(arm, [1000] * len(seeds))[seed], "budget/pairs": 64,
+                   "budget/flops": (flops or {}).get(arm, 1e12),
                    "checkpoint": _checkpoint(tmp_path / "ckpt" / trial_id, tokenizer, seed + 10 * arms.index(arm),
                                              phase)}
             if test:
@@ -78,6 +89,8 @@ def test_promotion_picks_the_dev_best_arm_and_never_reads_test(tmp_path, tokeniz
     run_dir = _run_dir(tmp_path, tokenizer, dev={"single-15": [0.30, 0.32], "mixed-dual-heads": [0.35, 0.31]},
                        test={"single-15": [0.9, 0.9], "mixed-dual-heads": [0.1, 0.1]})
     promotion = promote(run_dir, progress=lambda m: None)
+    # an old record without the arms' eval config: the final eval says why it has no number
+    assert promotion["final_eval"]["value"] is None and "no eval config" in promotion["final_eval"]["reason"]
     assert promotion["winner"]["arm"] == "mixed-dual-heads" and promotion["winner"]["seed"] == 0
     assert [r["arm"] for r in promotion["ranking"]] == ["mixed-dual-heads", "single-15"]
     assert promotion["lineage"]["content_hash"] == verify_checkpoint(Path(promotion["checkpoint"]))["content_hash"]
@@ -143,3 +156,107 @@ def test_a_trial_stopped_for_non_finite_steps_blocks_promotion_with_its_reason(t
     assert table.set_index("trial_id").loc["mixed-dual-heads-1", "status"] == "nonfinite"
     with pytest.raises(PromotionError, match="mixed-dual-heads seed 1: nonfinite .8 consecutive steps"):
         promote(run_dir, progress=lambda m: None)
+
+
+QUERY_TEXTS = [f"where does the quick fox number {i} jump" for i in range(12)]
+
+
+def _task(directory: Path, *, test_targets: dict[str, str] | None = None) -> Path:
+    """A small BEIR task: 30 documents, 12 queries, dev qrels on the first 6, test on the last 6."""
+    corpus = {f"d{i}": ("", f"the quick brown fox {i} jumps over the lazy dog number {i * 7}") for i in range(30)}
+    queries = {f"q{i}": text for i, text in enumerate(QUERY_TEXTS)}
+    test = test_targets or {f"q{i}": f"d{i}" for i in range(6, 12)}
+    qrels = {"dev": {f"q{i}": {f"d{i}": 1} for i in range(6)}, "test": {q: {d: 1} for q, d in test.items()}}
+    write_task(Task(name="toy-task", corpus=corpus, queries=queries, qrels=qrels), directory)
+    return directory
+
+
+EVAL = {**EvalConfig(task="", max_length=64, batch_size=8).__dict__}
+
+
+def test_final_eval_scores_the_winner_once_after_selection(tmp_path, tokenizer, monkeypatch):
+    """The winner's checkpoint, and no other, is scored once on the task's test split; the number
+    equals the evaluator's on that checkpoint, is labelled as never used, and changing every test
+    label changes it but not the winner, the ranking or the chosen seed."""
+    import embedlab.evaluate.checkpoint_eval as checkpoint_eval
+
+    real = checkpoint_eval.evaluate_checkpoint
+    calls = []
+
+    def recording(checkpoint, task, split, **kwargs):
+        calls.append((str(checkpoint), split))
+        return real(checkpoint, task, split, **kwargs)
+
+    monkeypatch.setattr(checkpoint_eval, "evaluate_checkpoint", recording)
+    dev = {"single-15": [0.30, 0.32], "mixed-dual-heads": [0.35, 0.31]}
+    results = []
+    for name, targets in (("a", None), ("b", {f"q{i}": f"d{29 - i}" for i in range(6, 12)})):
+        task_dir = _task(tmp_path / name / "task", test_targets=targets)
+        run_dir = _run_dir(tmp_path / name, tokenizer, dev=dev, eval_config={**EVAL, "task": str(task_dir)})
+        for path in (run_dir / "trials").glob("*.json"):  # scored on this very task, as the sweep records
+            path.write_text(json.dumps({**json.loads(path.read_text()), "eval/task_hash": load_task(task_dir).hash}))
+        lines = []
+        calls.clear()
+        promotion = promote(run_dir, progress=lines.append)
+        assert calls == [(promotion["checkpoint"], "test")]
+        scored = promotion["final_eval"]
+        expected = real(Path(promotion["checkpoint"]), load_task(task_dir), "test", max_length=64, batch_size=8)
+        assert scored == {"split": "test", "metric": "test/ndcg@10", "value": expected["ndcg@10"],
+                          "note": FINAL_EVAL_NOTE, "task": "task", "task_hash": load_task(task_dir).hash,
+                          "queries": 6, "checkpoint_hash": expected["checkpoint_hash"]}
+        assert json.loads((run_dir / PROMOTION_FILE).read_text())["final_eval"] == scored
+        assert any(line.startswith(f"promote: final eval test/ndcg@10 {scored['value']:.4f} on task (6 queries), "
+                                   "beside dev 0.3500: reported once after selection; never used to choose anything")
+                   for line in lines), lines
+        results.append(promotion)
+    assert [p["winner"] for p in results] == [results[0]["winner"]] * 2 and results[0]["winner"]["arm"] == "mixed-dual-heads"
+    assert results[0]["ranking"] == results[1]["ranking"]
+    assert results[0]["final_eval"]["value"] != results[1]["final_eval"]["value"]
+
+
+def test_final_eval_records_why_it_has_no_number(tmp_path, tokenizer):
+    """A task without test qrels, one whose content changed since its trials were scored, or a
+    built-in task whose prepared data is gone gives a reason instead of a value; promotion
+    itself goes ahead on dev."""
+    task_dir = _task(tmp_path / "task")
+    (task_dir / "qrels" / "test.tsv").unlink()
+    dev = {"single-15": [0.2, 0.2], "mixed-dual-heads": [0.1, 0.1]}
+    run_dir = _run_dir(tmp_path / "a", tokenizer, dev=dev, eval_config={**EVAL, "task": str(task_dir)})
+    lines = []
+    scored = promote(run_dir, progress=lines.append)["final_eval"]
+    assert scored["value"] is None and "test.tsv: file not found (every task needs a test split)" in scored["reason"]
+    assert f"promote: final eval not scored: {scored['reason']}" in lines
+    changed = _task(tmp_path / "changed")
+    run_dir = _run_dir(tmp_path / "moved", tokenizer, dev=dev, eval_config={**EVAL, "task": str(changed)})
+    for path in (run_dir / "trials").glob("*.json"):  # as scored by the sweep, on other content
+        path.write_text(json.dumps({**json.loads(path.read_text()), "eval/task_hash": "f" * 64}))
+    scored = promote(run_dir, progress=lambda m: None)["final_eval"]
+    assert scored["value"] is None and "was scored on ffffffffffff: its content changed" in scored["reason"]
+    run_dir = _run_dir(tmp_path / "b", tokenizer, dev=dev, eval_config={**EVAL, "task": "python-docstrings"})
+    scored = promote(run_dir, progress=lambda m: None)["final_eval"]
+    assert scored["value"] is None and "built-in task 'python-docstrings' needs prepared data" in scored["reason"]
+    run_dir = _run_dir(tmp_path / "c", tokenizer, dev=dev, eval_config={**EVAL, "task": "python-docstrings"},
+                       prepared={arm: {"directory": str(tmp_path / "gone")} for arm in dev})
+    assert "task directory not found" in promote(run_dir, progress=lambda m: None)["final_eval"]["reason"]
+
+
+def test_promotion_records_what_the_arms_were_matched_in(tmp_path, tokenizer):
+    """At a pairs budget, an arm spending 43.2% more FLOPs than the control is named in one line,
+    printed and written to promotion.json."""
+    lines = []
+    run_dir = _run_dir(tmp_path, tokenizer, phase=2, dev={"contrastive-only": [0.5, 0.6], "joint-mlm-30": [0.4, 0.45]},
+                       flops={"contrastive-only": 1e12, "joint-mlm-30": 1.432e12},
+                       study_file=ABLATIONS / "joint_vs_contrastive.py")
+    promotion = promote(run_dir, progress=lines.append)
+    line = "data-matched (equal pairs per trial); FLOPs differ from control contrastive-only by +43.2% in joint-mlm-30"
+    assert promotion["compute_match"] == line and f"promote: {line}" in lines
+    assert json.loads((run_dir / PROMOTION_FILE).read_text())["compute_match"] == line
+
+
+def test_consumption_off_the_declared_budget_is_refused(tmp_path, tokenizer):
+    """Every trial 1.5% over the study's 1,000-token budget: equal to each other, still refused."""
+    run_dir = _run_dir(tmp_path, tokenizer, dev={"single-15": [0.2, 0.2], "mixed-dual-heads": [0.1, 0.1]},
+                       tokens={"single-15": [1015, 1015], "mixed-dual-heads": [1015, 1015]})
+    with pytest.raises(UnequalComputeError, match=r"declared budget of 1,000 tokens.*consumed 1,015 \(\+1.50%\)"):
+        promote(run_dir, progress=lambda m: None)
+    assert not (run_dir / PROMOTION_FILE).exists()

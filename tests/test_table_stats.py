@@ -1,5 +1,6 @@
 """Arm comparisons of a run directory: confidence intervals and paired differences against
-scipy, the equal-compute refusal, and every rendering; synthetic run directories, no Ray."""
+scipy, the equal-compute refusal (between trials and against the declared budget), the
+compute-match and tuning lines, and every rendering; synthetic run directories, no Ray."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ import pytest
 from scipy import stats
 
 from embedlab.sweep.table import (
-    NO_TRIALS, UnequalComputeError, budget_unit, check_equal_compute, format_table, load_table,
-    render, summarize,
+    NO_TRIALS, UnequalComputeError, budget_unit, check_equal_compute, compute_match_line, format_table, load_table,
+    render, summarize, tuning_line,
 )
 
 ARMS = ("base", "wide", "deep")
@@ -177,7 +178,7 @@ def test_compute_unit_columns_and_old_rows(run):
     assert check_equal_compute(table, "flops") < 0.01
     with pytest.raises(UnequalComputeError, match="no budget/pairs column"):
         check_equal_compute(table, "pairs")
-    with pytest.raises(ValueError, match="tokens, pairs, flops"):
+    with pytest.raises(ValueError, match="tokens, pairs, flops, device_seconds"):
         check_equal_compute(table, "steps")
     old = next(r for r in rows if "budget/flops_estimate" in r)
     table.loc[table["trial_id"] == old["trial_id"], "budget/flops_estimate"] = 1.05e12
@@ -205,7 +206,7 @@ def test_every_format_renders_and_parses_back(tmp_path):
     assert max(len(line) for line in text.splitlines()) < 200
     markdown = render(run_dir, "markdown")
     assert "| arm | seeds | dev/ndcg@10 |" in markdown and "| --- |" in markdown
-    csv = pd.read_csv(io.StringIO(render(run_dir, "csv")))
+    csv = pd.read_csv(io.StringIO(render(run_dir, "csv")), comment="#")
     assert list(csv["arm"]) == list(ARMS) and list(csv["control"]) == [True, False, False]
     assert {"dev/ndcg@10:mean", "dev/ndcg@10:ci95", "dev/ndcg@10:diff", "dev/ndcg@10:diff_ci95"} <= set(csv)
     parsed = json.loads(render(run_dir, "json"))
@@ -230,7 +231,7 @@ def test_empty_run_directory(tmp_path):
     run_dir = write_run(tmp_path, [])
     assert NO_TRIALS in render(run_dir, "text") and NO_TRIALS in render(run_dir, "markdown")
     assert [a["seeds"] for a in json.loads(render(run_dir, "json"))["arms"]] == [0, 0, 0]
-    assert list(pd.read_csv(io.StringIO(render(run_dir, "csv")))["arm"]) == list(ARMS)
+    assert list(pd.read_csv(io.StringIO(render(run_dir, "csv")), comment="#")["arm"]) == list(ARMS)
     assert format_table(load_table(run_dir), run_dir) == NO_TRIALS
 
 
@@ -241,3 +242,125 @@ def test_single_seed_has_no_interval(tmp_path):
     summary = summarize(load_table(run_dir), ["dev/ndcg@10"])
     assert summary["dev/ndcg@10:mean"].notna().all() and summary["dev/ndcg@10:ci95"].isna().all()
     assert "± n/a" in render(run_dir)
+
+
+def test_consumption_must_match_the_declared_budget(tmp_path):
+    """Equal trials 1.5% over (or under) the declared budget are refused naming the trial, the
+    overshoot included; exactly 1% passes; a record without a budget in its unit skips the rule;
+    summarize refuses too unless told not to check."""
+    rng = np.random.default_rng(4)
+    rows = [trial_row(rng, f"{arm}-{s}", arm, s) for arm in ARMS for s in (0, 1)]
+    for used, worst, refused in ((1015, 1016, "+1.60%"), (985, 984, "-1.60%"), (1010, 1010, None),
+                                 (990, 990, None)):
+        for row in rows:
+            row["budget/tokens"] = used
+        rows[3]["budget/tokens"] = worst  # wide seed 1: named first, as the furthest off
+        run_dir = write_run(tmp_path / str(used), rows)
+        table = load_table(run_dir)
+        assert table.attrs["budget"] == 1000
+        if refused is None:  # exactly 1% over or under: within the tolerance
+            assert check_equal_compute(table, "tokens") == 0
+            continue
+        with pytest.raises(UnequalComputeError) as error:
+            check_equal_compute(table, "tokens")
+        message = str(error.value)
+        assert "declared budget of 1,000 tokens" in message and "overshoot" in message and refused in message
+        assert message.index("(trial wide-1)") < message.index("(trial base-0)")
+        with pytest.raises(UnequalComputeError):
+            summarize(table)
+        assert len(summarize(table, check_compute=False)) == len(ARMS)
+        for fmt in ("text", "json"):
+            with pytest.raises(UnequalComputeError, match="declared budget"):
+                render(run_dir, fmt)
+    for row in rows:
+        row["budget/pairs"] = 70
+    unbudgeted = load_table(write_run(tmp_path / "pairs", rows, budget_unit="pairs", budget_pairs=0))
+    assert unbudgeted.attrs["budget"] is None and check_equal_compute(unbudgeted, "pairs") == 0
+
+
+def test_summarize_refuses_a_table_that_does_not_say_its_unit(run):
+    """A hand-built table cannot be compared silently: naming check_compute=False is the way."""
+    _, rows = run
+    table = pd.DataFrame(rows)
+    with pytest.raises(ValueError, match="check_compute=False"):
+        summarize(table, ["dev/ndcg@10"])
+    unchecked = summarize(table, ["dev/ndcg@10"], arm_order=ARMS, check_compute=False).set_index("arm")
+    assert unchecked["seeds"].to_dict() == {"base": 5, "wide": 5, "deep": 4}
+
+
+def _flops_rows(flops: dict[str, float]) -> list[dict]:
+    rng = np.random.default_rng(6)
+    rows = [trial_row(rng, f"{arm}-{s}", arm, s) for arm in ARMS for s in (0, 1)]
+    for row in rows:
+        row["budget/tokens"], row["budget/flops"] = 1000, flops[row["arm"]] * (1 + 0.001 * row["seed"])
+    return rows
+
+
+def test_data_matched_arms_say_how_far_their_flops_differ(tmp_path):
+    """At a data budget every arm over 1% from the control's mean FLOPs is named, signed, in one
+    line of every format; within 1% none is; a FLOPs or device-time study says what it matched."""
+    rows = _flops_rows({"base": 1e12, "wide": 1.432e12, "deep": 0.995e12})
+    run_dir = write_run(tmp_path / "data", rows)
+    line = "data-matched (equal tokens per trial); FLOPs differ from control base by +43.2% in wide"
+    assert compute_match_line(load_table(run_dir)) == line
+    for fmt in ("text", "markdown", "csv"):
+        assert [text for text in render(run_dir, fmt).splitlines() if "data-matched" in text] == \
+            [line if fmt != "csv" else f"# {line}"]
+    assert json.loads(render(run_dir, "json"))["compute_match"] == line
+    rows = _flops_rows({"base": 1e12, "wide": 0.9e12, "deep": 1.2e12})
+    assert compute_match_line(load_table(write_run(tmp_path / "two", rows))).endswith(
+        "by -10.0% in wide, +20.0% in deep")
+    rows = _flops_rows({"base": 1e12, "wide": 1.004e12, "deep": 0.997e12})
+    assert compute_match_line(load_table(write_run(tmp_path / "close", rows))) == (
+        "data-matched (equal tokens per trial); FLOPs within 1% of control base in every arm")
+    flops = load_table(write_run(tmp_path / "flops", rows, budget_unit="flops", budget_flops=1e12))
+    assert compute_match_line(flops) == "compute-matched: equal measured training FLOPs (within 1%)"
+    assert check_equal_compute(flops, "flops") < 0.01
+    for row in rows:
+        row["compute/device_seconds"] = 60.0 + 0.1 * row["seed"]
+    timed_dir = write_run(tmp_path / "time", rows, budget_unit="device_seconds", budget_device_seconds=60.0)
+    timed = load_table(timed_dir)
+    assert timed.attrs["unit"] == "device_seconds" and timed.attrs["budget"] == 60.0
+    assert compute_match_line(timed).startswith("device-time-matched: equal device seconds per trial (within 1%)")
+    assert "60.0 device seconds per trial" in render(timed_dir)
+    for row in rows:
+        row["compute/device_seconds"] = 60.7  # equal to each other, +1.17% over the declared 60 s
+    with pytest.raises(UnequalComputeError, match=r"trial base-0\) consumed 60.70 \(\+1.17%\)"):
+        check_equal_compute(load_table(write_run(tmp_path / "late", rows, budget_unit="device_seconds",
+                                                 budget_device_seconds=60.0)), "device_seconds")
+    for row in rows:
+        del row["budget/flops"]
+    assert compute_match_line(load_table(write_run(tmp_path / "none", rows))).endswith(
+        "training FLOPs not recorded, so compute per trial may differ")
+
+
+TUNING = {"sampler": "TPESampler(n_startup_trials=3, seed=10000)", "trials_per_arm": 4, "seeds": [10000, 10001],
+          "failed": {"wide": [{"trial_id": "tw1", "status": "nonfinite", "error": "8 steps non-finite"},
+                              {"trial_id": "tw2", "status": "failed", "error": "OOM"}]}}
+
+
+def test_tuning_line_and_tuning_trials_without_metrics(tmp_path):
+    """A study that tuned prints sampler, trials per arm, its seeds (disjoint from the study's)
+    and failures per arm once in every format; failed and non-finite tuning rows with no metric
+    load, render and stay out of every statistic."""
+    rows = synthetic_rows()
+    rows += [{"trial_id": "tw1", "arm": "wide", "seed": 10000, "stage": "tune", "status": "nonfinite",
+              "error": "8 steps non-finite", "param/train.learning_rate": 0.01},
+             {"trial_id": "tw2", "arm": "wide", "seed": 10001, "stage": "tune", "status": "failed", "error": "OOM"}]
+    run_dir = write_run(tmp_path, rows)
+    record = json.loads((run_dir / "study.json").read_text())
+    (run_dir / "study.json").write_text(json.dumps({**record, "tuning": TUNING}))
+    table = load_table(run_dir)
+    line = ("tuning: TPESampler(n_startup_trials=3, seed=10000), 4 trials per arm at tuning seeds 10000, 10001 "
+            "(disjoint from the study seeds); failed tuning trials: base 0; wide 2 (1 nonfinite, 1 failed); deep 0")
+    assert tuning_line(table) == line
+    assert summarize(table, ["dev/ndcg@10"]).set_index("arm")["seeds"].to_dict() == {"base": 5, "wide": 5, "deep": 4}
+    text = render(run_dir)
+    assert text.count(line) == 1 and "excluded from statistics: 1 failed, 3 tune (1 failed, 1 nonfinite)" in text and "tw2" in text
+    assert render(run_dir, "markdown").count(line) == 1 and render(run_dir, "csv").count(f"# {line}\n") == 1
+    assert json.loads(render(run_dir, "json"))["tuning"] == line
+    clash = {**TUNING, "seeds": [3, 10001]}
+    (run_dir / "study.json").write_text(json.dumps({**record, "tuning": clash}))
+    assert "(NOT disjoint from the study seeds: 3 also reported)" in tuning_line(load_table(run_dir))
+    (run_dir / "study.json").write_text(json.dumps(record))
+    assert tuning_line(load_table(run_dir)) == "" and "tuning:" not in render(run_dir)

@@ -16,8 +16,10 @@ import pandas as pd
 from embedlab import __version__
 from embedlab.report.collect import Run
 from embedlab.report.plotting import Figure
+from embedlab.sweep import paired
 from embedlab.sweep.table import (
-    CONFIDENCE, STUDY_BUDGETS, UNIT_COLUMNS, UnequalComputeError, check_equal_compute, ci_label, summarize,
+    CONFIDENCE, UNIT_COLUMNS, UnequalComputeError, check_equal_compute, ci_label, compute_match_line, summarize,
+    tuning_line,
 )
 
 # The checkout's dashboards/report/ (platform/embedlab/report/html.py -> repository root).
@@ -59,35 +61,52 @@ def _run_summary(run: Run) -> str:
         ("factor", study["factor"]),
         ("arms", ", ".join(run.arms) + f" (control: {run.arms[0]})"),
         ("seeds", ", ".join(map(str, study["seeds"]))),
-        ("budget", f"{study.get(STUDY_BUDGETS[unit], 0):,} {unit} per trial"),
+        ("budget", f"{run.table.attrs.get('budget') or 0:,g} {unit} per trial"),
+        ("matched in", compute_match_line(run.table) or "-"),
         ("metric", run.metric),
         ("trials", f"{len(run.final)} finished of {len(run.table)}"),
         ("parent", run.record.get("parent") or "none (phase 1 starts from scratch)"),
     ]
+    if tuning_line(run.table):
+        items.append(("tuning", tuning_line(run.table).removeprefix("tuning: ")))
     if run.promotion:
         winner = run.promotion["winner"]
         items.append(("promoted", f"{winner['arm']} seed {winner['seed']} ({run.metric} "
                                   f"{winner[run.metric]:.4f}) into {run.promotion.get('next_study') or '-'}"))
+        final_eval = run.promotion.get("final_eval")
+        if final_eval:
+            value = final_eval.get("value")
+            shown = f"{final_eval['metric']} {value:.4f}" if value is not None else \
+                f"not scored: {final_eval.get('reason', '-')}"
+            items.append(("final eval", f"{shown} ({final_eval.get('note', '')})"))
     rows = "".join(f"<dt>{escape(k)}</dt><dd>{escape(str(v))}</dd>" for k, v in items)
     return (f'<div class="run"><h3>{escape(run.label)}</h3><p class="path">{escape(str(run.directory))}</p>'
             f"<dl>{rows}</dl></div>")
 
 
 def _trial_tables(run: Run) -> str:
-    """Per-arm mean and CI (and paired difference from the control), refused at unequal compute;
-    every trial's row below it."""
+    """Per-arm mean and CI (and seed-level paired difference from the control), the paired
+    per-query test with Holm's correction, all refused at unequal compute; what the arms are
+    matched in, how they were tuned; every trial's row below."""
     table, unit = run.table, run.table.attrs["unit"]
     head = f"<h3>{escape(run.label)}</h3>"
     metrics = [m for m in dict.fromkeys((run.metric, *TABLE_METRICS)) if m in table]
     budget = next((c for c in UNIT_COLUMNS[unit] if c in table), None)
     if budget is not None:
         metrics.append(budget)
+    notes = "".join(f'<p class="meta">{escape(line)}</p>' for line in (compute_match_line(table), tuning_line(table))
+                    if line)
     try:
         check_equal_compute(table, unit)
-        comparison = _comparison(summarize(table, metrics, confidence=CONFIDENCE), metrics)
+        comparison = _comparison(summarize(table, metrics, confidence=CONFIDENCE, check_compute=False), metrics)
     except (UnequalComputeError, ValueError) as error:
         comparison = f'<p class="warning">No arm comparison: {escape(str(error))}</p>'
-    comparison += _identical_seeds(run)
+    else:
+        try:
+            comparison += _paired(paired.compare_to_control(run.directory, table))
+        except ValueError as error:  # unreadable per-query files: the seed-level table still stands
+            comparison += f'<p class="warning">No paired per-query test: {escape(str(error))}</p>'
+    comparison = notes + comparison + _identical_seeds(run)
     columns = [c for c in ("trial_id", "arm", "seed", "status", *metrics) if c in table]
     trials = _html_table(table[columns], numeric=metrics)
     return f"{head}{comparison}<details><summary>every trial ({len(table)})</summary>{trials}</details>"
@@ -105,9 +124,19 @@ def _identical_seeds(run: Run) -> str:
     return "".join(f'<p class="warning">{escape(w)}.</p>' for w in warnings)
 
 
+def _paired(comparison: paired.PairedComparison) -> str:
+    """The paired per-query test: what "significant" means, then one row per non-control arm
+    (difference, corrected interval, raw and Holm p, the verdict, MDE); or why there is none."""
+    header = "".join(f'<p class="meta">{escape(line)}</p>' for line in comparison.header.splitlines())
+    if comparison.tests is None:
+        return header
+    cells = paired.cells(comparison.tests, comparison.resamples)
+    return header + _html_table(cells, numeric=[])
+
+
 def _comparison(summary: pd.DataFrame, metrics: list[str]) -> str:
-    """Metrics down, arms across: each arm's mean ± CI, then each other arm's paired
-    difference from the control."""
+    """Metrics down, arms across: each arm's mean ± CI, then each other arm's seed-level
+    paired difference from the control (Student's t, uncorrected: descriptive only)."""
     label = ci_label(CONFIDENCE)
     records = summary.to_dict("records")
     control = next(r for r in records if r["control"])
@@ -115,7 +144,8 @@ def _comparison(summary: pd.DataFrame, metrics: list[str]) -> str:
     header = "<tr><th>metric</th>" + "".join(
         f"<th>{escape(r['arm'])}{' (control)' if r['control'] else ''}<br>{r['seeds']} seeds, "
         f"mean ± {label[2:]}% CI</th>" for r in records) + "".join(
-        f"<th>{escape(r['arm'])} − {escape(control['arm'])}<br>paired over {r['paired_seeds']} seeds</th>"
+        f"<th>{escape(r['arm'])} − {escape(control['arm'])}<br>paired over {r['paired_seeds']} seeds, "
+        f"seed-level {label[2:]}% t, uncorrected</th>"
         for r in others) + "</tr>"
     body = "".join(
         f"<tr><td>{escape(metric)}</td>"

@@ -10,7 +10,9 @@ from matplotlib.ticker import NullFormatter
 
 from embedlab.report.collect import Run
 from embedlab.report.plotting import Caption, Figure, color, new_figure, to_png
-from embedlab.sweep.table import CONFIDENCE, ci_label, summarize
+from embedlab.sweep.table import (
+    CONFIDENCE, UnequalComputeError, check_equal_compute, ci_label, compute_match_line, summarize,
+)
 
 RETENTION = ("retention/probe_accuracy", "retention/similarity_spearman", "retention/mlm_accuracy")
 MARKERS = "osD^vP*X"
@@ -48,8 +50,11 @@ def phases_figure(runs: list[Run]) -> Figure | None:
     if not runs:
         return None
     metrics = _metrics(runs)
-    summaries = {r.label: summarize(r.table, [m for m in metrics if m in r.table], confidence=CONFIDENCE)
-                 for r in runs}
+    # Each arm's own mean and interval are drawn whatever the compute; the caption names the
+    # runs whose arms are not compute-equal, so their bars are not read as a comparison.
+    summaries = {r.label: summarize(r.table, [m for m in metrics if m in r.table], confidence=CONFIDENCE,
+                                    check_compute=False) for r in runs}
+    unequal = _unequal_compute(runs)
     slots = _slots(runs)
     figure, axes = new_figure(len(metrics), 1, height=2.3)
     for ax, metric in zip(axes.flat, metrics):
@@ -97,11 +102,24 @@ def phases_figure(runs: list[Run]) -> Figure | None:
             mechanism=("Each phase starts from the previous phase's promoted checkpoint: contrastive phases "
                        "optimise the retrieval objective directly, and can overwrite what masked-language "
                        "modelling taught, which shows as retention below the parent's diamond (forgetting)."),
-            limitation=("Few seeds make wide intervals (two seeds: t = 12.7 times the standard error); the dev "
-                        "split chose the winners, so their dev scores are optimistic; final-eval scores are not "
-                        "in the report; runs of different phases used different budgets."),
+            limitation=("Few seeds make wide intervals (two seeds: t = 12.7 times the standard error), and these "
+                        "seed-level intervals are uncorrected for the number of arms (the trial tables hold the "
+                        "corrected paired test); the dev split chose the winners, so their dev scores are "
+                        "optimistic; final-eval scores are not drawn; runs of different phases used different "
+                        "budgets." + unequal),
         ),
     )
+
+
+def _unequal_compute(runs: list[Run]) -> str:
+    """A sentence naming the runs whose arms fail the equal-compute check ("" when none do)."""
+    refused = []
+    for run in runs:
+        try:
+            check_equal_compute(run.table, run.table.attrs["unit"])
+        except UnequalComputeError as error:
+            refused.append(f"{run.label} ({error})")
+    return f" Not compute-equal, so not a comparison: {'; '.join(refused)}." if refused else ""
 
 
 def _phase_observation(runs: list[Run]) -> str:
@@ -150,13 +168,14 @@ def runtime_figure(runs: list[Run]) -> Figure | None:
     for ax in (seconds_ax, flops_ax):
         ax.set_ylabel(metric)
     flops_ax.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    matched = "; ".join(f"{run.label}: {line}" for run in runs if (line := compute_match_line(run.table)))
     return Figure(
         key="runtime", title="Quality vs runtime", png=to_png(figure),
         caption=Caption(
             units=(f"{metric} on the dev split (0-1) of every finished trial (one point per seed; colour: run, "
                    "marker: arm) against its measured training wall-clock seconds (left) and its estimated "
                    "training FLOPs (right, log axis)."),
-            observed="Arm means: " + "; ".join(parts) + ".",
+            observed="Arm means: " + "; ".join(parts) + "." + (f" Matched in: {matched}." if matched else ""),
             mechanism=("Within a study every arm consumes the same budget unit (tokens or pairs), so runtime "
                        "differences come from what an arm computes per unit (extra heads, mined negatives "
                        "encoded alongside each pair, a joint MLM term) and from contention between trials "

@@ -8,6 +8,13 @@ retention panel falls more than `max_retention_drop` below its parent's (scored 
 evaluator when the run started) is refused. The result is `RUN_DIR/promotion.json` and,
 unless the study was phase 3, `RUN_DIR/next_study.py`: the next phase's study file with the
 winner as every arm's parent, which `embedlab sweep` (or `promote --run`) runs.
+
+After the winner is chosen, and only then, its checkpoint is scored once on the final-eval
+split (the `test` qrels of the task the study scored on dev) and the number is written beside
+its dev metric as `final_eval`, labelled as never used for selection: nothing reads it back to
+choose an arm, a seed or a hyperparameter. A task without a test split, or a run whose task
+can no longer be found, records why instead of a number. The record also carries the one line
+saying what the arms were matched in (`compute_match`: data, FLOPs or device time).
 """
 
 from __future__ import annotations
@@ -22,10 +29,15 @@ from typing import Any
 import pandas as pd
 
 from embedlab.sweep import store
-from embedlab.sweep.table import budget_unit, check_equal_compute, final_trials, load_table, read_study_record
+from embedlab.sweep.table import (
+    budget_unit, check_equal_compute, compute_match_line, final_trials, load_table, read_study_record,
+)
 
 PROMOTION_FILE = "promotion.json"
 NEXT_STUDY_FILE = "next_study.py"
+PREPARED_FILE = "prepared.json"
+FINAL_EVAL_SPLIT = "test"
+FINAL_EVAL_NOTE = "reported once after selection; never used to choose anything"
 DEFAULT_MAX_RETENTION_DROP = 0.05
 # The next phase's study when none is named: the recipe's order of ablations.
 NEXT_STUDY = {1: "joint_vs_contrastive.py", 2: "hard_negatives.py"}
@@ -84,8 +96,10 @@ def promote(
     table = load_table(run_dir)
     if table.empty:
         raise PromotionError(f"{run_dir}: no finished trials to promote")
-    stopped = table[table.get("status", "finished").fillna("finished").isin(["nonfinite", "failed"])] \
+    stopped = table[table["status"].fillna("finished").isin(["nonfinite", "failed"])] \
         if "status" in table.columns else table.iloc[0:0]
+    if "stage" in stopped.columns:  # a failed tuning trial is not why a grid trial is missing
+        stopped = stopped[stopped["stage"].fillna("final") == "final"]
     table = final_trials(table)
     if metric not in table.columns:
         raise PromotionError(f"--metric {metric}: not a column of the trial table")
@@ -97,7 +111,9 @@ def promote(
         raise PromotionError(f"{run_dir}: trials missing for (arm, seed) {missing}; "
                              + (f"stopped: {why}" if why else
                                 f"finish the study first (embedlab sweep STUDY --resume {run_dir})"))
-    check_equal_compute(table, budget_unit(record))
+    unit = budget_unit(record)
+    check_equal_compute(table, unit)
+    matched = compute_match_line(table, unit)
     ranking = rank_arms(table, metric, record["arm_order"])
     candidates = [arm] if arm is not None else list(ranking.index)
     if arm is not None and arm not in ranking.index:
@@ -124,6 +140,8 @@ def promote(
         )
     winner, row, drops = chosen
     manifest = verify_checkpoint(Path(row["checkpoint"]))
+    # Selection is over: the winner is fixed before its final-eval number exists.
+    scored = final_eval(run_dir, record, row, metric)
     promotion = {
         "run_dir": str(run_dir),
         "study": study["name"],
@@ -133,6 +151,8 @@ def promote(
         "selection": "best arm by mean over seeds on recipe-dev; its best seed's checkpoint",
         "ranking": [{"arm": a, "mean": float(r["mean"]), "seeds": int(r["count"])} for a, r in ranking.iterrows()],
         "winner": {"arm": winner, "seed": int(row["seed"]), "trial_id": row["trial_id"], metric: float(row[metric])},
+        "final_eval": scored,
+        "compute_match": matched,
         "retention": {"max_drop": max_retention_drop, "parent_scored": bool(parent_scores), "drops": drops},
         "checkpoint": row["checkpoint"],
         "lineage": {k: manifest[k] for k in LINEAGE_FIELDS if k in manifest},
@@ -140,6 +160,12 @@ def promote(
     }
     progress(f"promote: {winner} (seed {int(row['seed'])}) wins on {metric} "
              f"{ranking.loc[winner, 'mean']:.4f} mean over {int(ranking.loc[winner, 'count'])} seeds")
+    progress(f"promote: {matched}")
+    if scored["value"] is not None:
+        progress(f"promote: final eval {scored['metric']} {scored['value']:.4f} on {scored['task']} "
+                 f"({scored['queries']} queries), beside dev {float(row[metric]):.4f}: {FINAL_EVAL_NOTE}")
+    else:
+        progress(f"promote: final eval not scored: {scored['reason']}")
     if not parent_scores:
         progress("promote: no parent scores (phase 1 starts from scratch): retention margin not applicable")
     for key, value in drops.items():
@@ -155,6 +181,51 @@ def promote(
         progress(f"promote: phase 3 is the last; release with: {promotion['release']}")
     store.write_text(store.join(run_dir, PROMOTION_FILE), json.dumps(promotion, indent=2, sort_keys=True, default=str))
     return promotion
+
+
+def final_eval(run_dir: str, record: dict[str, Any], row: dict[str, Any], metric: str) -> dict[str, Any]:
+    """The checkpoint of trial `row` (the winner) scored on the final-eval split of the task its
+    arm was scored on, for `metric`'s measure (dev/ndcg@10 -> test/ndcg@10).
+
+    The task is resolved as the sweep resolves it: the arm's `eval.task` (a BEIR directory, or
+    a built-in task inside the arm's prepared data, `prepared.json`), and must still hash as
+    it did when the trial was scored (`eval/task_hash`). Returns {"split": "test", "metric":
+    "test/<name>", "value", "note", "task", "task_hash", "queries", "checkpoint_hash"}; when
+    the task cannot be found, has no test split or has changed, "value" is None and "reason"
+    says why."""
+    from embedlab.config import EvalConfig
+    from embedlab.evaluate.beir import load_task
+    from embedlab.evaluate.checkpoint_eval import evaluate_checkpoint, resolve_task
+
+    name = metric.split("/", 1)[1]
+    entry: dict[str, Any] = {"split": FINAL_EVAL_SPLIT, "metric": f"{FINAL_EVAL_SPLIT}/{name}", "value": None,
+                             "note": FINAL_EVAL_NOTE}
+    arm = row["arm"]
+    arm_config = record["study"]["arms"].get(arm) or {}
+    if "eval" not in arm_config:
+        return {**entry, "reason": f"the study record holds no eval config for arm {arm} (written before "
+                                   "arms were recorded in full), so its task is unknown"}
+    config = EvalConfig(**arm_config["eval"])
+    if config.split == FINAL_EVAL_SPLIT:
+        return {**entry, "reason": f"arm {arm} was scored on the {FINAL_EVAL_SPLIT} split itself, so no "
+                                   "held-out final-eval split is left"}
+    prepared_location = store.join(run_dir, PREPARED_FILE)
+    prepared = json.loads(store.read_text(prepared_location)) if store.is_file(prepared_location) else {}
+    prepared_dir = prepared.get(arm, {}).get("directory")
+    try:  # every split, so the hash is the one the trial rows recorded
+        task = load_task(resolve_task(config.task, Path(prepared_dir) if prepared_dir else None))
+    except (FileNotFoundError, ValueError) as error:  # TaskFormatError is a ValueError: e.g. no test qrels
+        return {**entry, "reason": f"task {config.task!r}: {error}"}
+    scored_on = row.get("eval/task_hash")
+    if isinstance(scored_on, str) and scored_on != task.hash:
+        return {**entry, "reason": f"task {config.task!r} now hashes {task.hash[:12]}, but trial {row['trial_id']} "
+                                   f"was scored on {scored_on[:12]}: its content changed since the study ran"}
+    scores = evaluate_checkpoint(Path(row["checkpoint"]), task, FINAL_EVAL_SPLIT, batch_size=config.batch_size,
+                                 max_length=config.max_length, index=config.index)
+    if name not in scores:
+        return {**entry, "reason": f"the evaluator reports no {name} (it reports {', '.join(sorted(scores))})"}
+    return {**entry, "value": float(scores[name]), "task": task.name, "task_hash": task.hash,
+            "queries": int(scores["queries"]), "checkpoint_hash": scores["checkpoint_hash"]}
 
 
 def _resolve_next(record: dict[str, Any], phase: int, next_study: str | Path | None) -> Path:

@@ -6,8 +6,14 @@ the study's arm order and then by seed. Nothing is parsed out of logs.
 A comparison is computed over finished grid ("final") trials only: failed, stopped and tuning
 trials are listed but never averaged. Each arm gets a mean and a Student's t confidence
 interval across seeds, and a difference from the control arm (the first in arm order) paired
-by seed, so seed-to-seed variance shared by both arms cancels. No comparison is rendered
-unless every trial consumed the same compute in the study's budget unit.
+by seed, so seed-to-seed variance shared by both arms cancels. These seed-level intervals are
+uncorrected for the number of arms and descriptive: the only test a table calls
+"significant" is the paired per-query bootstrap with Holm's correction (`embedlab.sweep.paired`),
+shown beside them when the trials wrote per-query values. No comparison is computed unless
+every trial consumed the same compute in the study's budget unit, within 1% of each other
+and of the study's declared budget; one line says what the arms are matched in
+(`compute_match_line`) and, for studies that tuned hyperparameters, one line says how
+(`tuning_line`).
 
     embedlab.sweep.table.render("runs/masking-ratio-...", fmt="markdown")
 """
@@ -38,9 +44,15 @@ UNIT_COLUMNS = {
     "tokens": ("budget/tokens",),
     "pairs": ("budget/pairs",),
     "flops": ("budget/flops", "budget/flops_estimate"),
+    "device_seconds": ("compute/device_seconds",),
 }
-# The study's per-trial budget in each unit (budget_flops only in studies that declare it).
-STUDY_BUDGETS = {"tokens": "budget_tokens", "pairs": "budget_pairs", "flops": "budget_flops"}
+# The study's per-trial budget in each unit (budget_flops and budget_device_seconds only in
+# studies that declare them; 0 or absent: not declared).
+STUDY_BUDGETS = {"tokens": "budget_tokens", "pairs": "budget_pairs", "flops": "budget_flops",
+                 "device_seconds": "budget_device_seconds"}
+DATA_UNITS = ("tokens", "pairs")  # budgets of data: arms may still differ in FLOPs per unit
+COMPUTE_TOLERANCE = 0.01  # relative: between trials, and between a trial and the declared budget
+NAMED_TRIALS = 5  # trials an error names before it counts the rest
 RETRIEVAL_METRICS = ("dev/ndcg@10", "dev/recall@100", "dev/mrr@10")
 BUDGET_COLUMNS = ("budget/tokens", "budget/pairs", "budget/flops", "budget/flops_estimate")
 NO_TRIALS = "(no finished trials)"
@@ -61,7 +73,7 @@ def read_study_record(run_dir: str | Path) -> dict:
 
 
 def budget_unit(record: dict) -> str:
-    """The unit the study's arms are held equal in: tokens, pairs or flops."""
+    """The unit the study's arms are held equal in: tokens, pairs, flops or device_seconds."""
     study = record["study"]
     if "budget_unit" in study:
         unit = study["budget_unit"]
@@ -74,11 +86,21 @@ def budget_unit(record: dict) -> str:
     return unit
 
 
+def declared_budget(record: dict, unit: str) -> float | None:
+    """The study's per-trial budget in `unit` (`STUDY_BUDGETS`), or None when the record
+    declares none (0 or absent: older records, or a unit the study does not train to)."""
+    value = record["study"].get(STUDY_BUDGETS[unit])
+    return float(value) if isinstance(value, (int, float)) and value > 0 else None
+
+
 def load_table(run_dir: str | Path) -> pd.DataFrame:
     """The trial table of a run directory as a DataFrame, one row per trial file.
 
-    `table.attrs` carries the study's name, metric, arm order and budget unit, so `summarize`
-    needs nothing else."""
+    `table.attrs` carries the study's name, metric, arm order, seeds, budget unit, declared
+    budget in that unit (`budget`, None if undeclared; `budgets`: in every unit) and tuning
+    record (`tuning`, None if it did not tune), so `summarize`, `check_equal_compute`,
+    `compute_match_line` and `tuning_line` need nothing else.
+    Rows of failed, stopped and tuning trials are kept (with NaN where they have no metric)."""
     record = read_study_record(run_dir)
     arms = list(record.get("arm_order", record["study"]["arms"]))
     rows = [json.loads(store.read_text(p)) for p in store.list_files(store.join(run_dir, TRIALS_DIR), ".json")]
@@ -89,8 +111,11 @@ def load_table(run_dir: str | Path) -> pd.DataFrame:
         table = table.reset_index(drop=True)
     else:
         table = pd.DataFrame(columns=list(SUMMARY_COLUMNS))
+    unit = budget_unit(record)
     table.attrs.update(study=record["study"]["name"], metric=record["study"]["metric"],
-                       arm_order=arms, unit=budget_unit(record))
+                       arm_order=arms, unit=unit, budget=declared_budget(record, unit),
+                       budgets={u: declared_budget(record, u) for u in STUDY_BUDGETS},
+                       seeds=list(record["study"].get("seeds", [])), tuning=record.get("tuning"))
     return table
 
 
@@ -124,9 +149,15 @@ def consumption(table: pd.DataFrame, unit: str) -> pd.Series:
     return used
 
 
-def check_equal_compute(table: pd.DataFrame, unit: str, tolerance: float = 0.01) -> float:
+def check_equal_compute(table: pd.DataFrame, unit: str, tolerance: float = COMPUTE_TOLERANCE, *,
+                        budget: float | None = None) -> float:
     """Raise UnequalComputeError unless every finished final trial consumed the same amount of
-    `unit` within `tolerance` (largest / smallest - 1); returns that relative difference."""
+    `unit` within `tolerance` (largest / smallest - 1) and, when the study declares a budget in
+    that unit, each consumed within `tolerance` of it: |consumed - budget| <= tolerance x budget,
+    so the last step's overshoot counts. `budget` defaults to `table.attrs["budget"]` (set by
+    load_table; `table.attrs["budgets"][unit]` when `unit` is not the table's own); None
+    there, or a table built by hand, skips the budget part. Returns the relative difference
+    between the trials."""
     if tolerance < 0:
         raise ValueError(f"tolerance: {tolerance} is negative")
     final = final_trials(table)
@@ -137,10 +168,101 @@ def check_equal_compute(table: pd.DataFrame, unit: str, tolerance: float = 0.01)
     relative = high / low - 1 if low > 0 else (0.0 if high == low else math.inf)
     if relative > tolerance:
         raise UnequalComputeError(
-            f"unequal compute in {unit}: smallest {low:,.0f} by {_trial_name(final.loc[used.idxmin()])}, "
-            f"largest {high:,.0f} by {_trial_name(final.loc[used.idxmax()])}; {relative:.2%} apart, "
+            f"unequal compute in {unit}: smallest {_amount(low, unit)} by {_trial_name(final.loc[used.idxmin()])}, "
+            f"largest {_amount(high, unit)} by {_trial_name(final.loc[used.idxmax()])}; {relative:.2%} apart, "
             f"over the {tolerance:.2%} tolerance; the comparison is refused")
+    if budget is None:
+        budget = (table.attrs.get("budgets") or {}).get(unit)
+    if budget is not None and budget > 0:
+        off = used - budget
+        outside = off[off.abs() > tolerance * budget]
+        if not outside.empty:
+            worst = outside.abs().sort_values(ascending=False, kind="stable").index
+            named = "; ".join(f"{_trial_name(final.loc[i])} consumed {_amount(used[i], unit)} "
+                              f"({off[i] / budget:+.2%})" for i in worst[:NAMED_TRIALS])
+            if len(worst) > NAMED_TRIALS:
+                named += f"; {len(worst) - NAMED_TRIALS} more"
+            raise UnequalComputeError(
+                f"compute off the declared budget of {_amount(budget, unit)} {unit} per trial: {named}; beyond "
+                f"the {tolerance:.2%} tolerance (the last step's overshoot counts); the comparison is refused")
     return relative
+
+
+def _amount(value: float, unit: str) -> str:
+    """A consumption as its unit is read: counts whole, FLOPs in 4 digits, seconds to 0.01."""
+    return f"{value:.4g}" if unit == "flops" else f"{value:,.2f}" if unit == "device_seconds" else f"{value:,.0f}"
+
+
+def compute_match_line(table: pd.DataFrame, unit: str | None = None, *,
+                       tolerance: float = COMPUTE_TOLERANCE) -> str:
+    """One line saying what the arms of the finished final trials are matched in ("" without any).
+
+    flops: "compute-matched: equal measured training FLOPs (within 1%)"; device_seconds: matched
+    in device time. A data unit (tokens, pairs) holds data equal, not arithmetic: each arm's
+    mean `budget/flops` (an older row's `budget/flops_estimate` where it has no measurement) is
+    compared with the control's (the first arm), and every arm more than `tolerance` away is
+    named with its signed difference, e.g. "data-matched (equal pairs per trial); FLOPs differ
+    from control contrastive-only by +43.2% in joint-mlm-30". `unit` defaults to
+    `table.attrs["unit"]`; the control and arm order come from `table.attrs["arm_order"]`."""
+    unit = unit or table.attrs.get("unit")
+    final = final_trials(table)
+    if final.empty or unit is None:
+        return ""
+    if unit == "flops":
+        return f"compute-matched: equal measured training FLOPs (within {tolerance:.0%})"
+    if unit == "device_seconds":
+        return (f"device-time-matched: equal device seconds per trial (within {tolerance:.0%}); "
+                "data consumed and FLOPs may differ between arms")
+    if unit not in DATA_UNITS:
+        raise ValueError(f"budget unit {unit!r} is not one of {', '.join(UNIT_COLUMNS)}")
+    matched = f"data-matched (equal {unit} per trial)"
+    measured = pd.to_numeric(final.get("budget/flops", pd.Series(np.nan, index=final.index)), errors="coerce")
+    flops = measured.copy()
+    if "budget/flops_estimate" in final:  # rows written before FLOPs were measured
+        flops = flops.fillna(pd.to_numeric(final["budget/flops_estimate"], errors="coerce"))
+    estimated = (" (partly the older estimate, budget/flops_estimate)"
+                 if (measured.isna() & flops.notna()).any() else "")
+    order = list(table.attrs.get("arm_order") or [])
+    arms = order + [arm for arm in pd.unique(final["arm"]) if arm not in order]
+    means = flops.groupby(final["arm"]).mean().dropna()
+    control = arms[0]
+    if means.empty:
+        return f"{matched}; training FLOPs not recorded, so compute per trial may differ"
+    if control not in means:
+        return f"{matched}; control {control} has no recorded FLOPs to compare the arms' with"
+    off = {arm: means[arm] / means[control] - 1 for arm in arms[1:] if arm in means}
+    named = [f"{change:+.1%} in {arm}" for arm, change in off.items() if abs(change) > tolerance]
+    if not named:
+        return f"{matched}; FLOPs{estimated} within {tolerance:.0%} of control {control} in every arm"
+    return f"{matched}; FLOPs{estimated} differ from control {control} by {', '.join(named)}"
+
+
+def tuning_line(table: pd.DataFrame) -> str:
+    """One line on the hyperparameter tuning the study ran ("" when it did not): the sampler,
+    trials per arm, the tuning seeds and whether they are disjoint from the study's seeds, and
+    the failed tuning trials per arm, from `table.attrs["tuning"]` (study.json's "tuning")."""
+    tuning = table.attrs.get("tuning")
+    if not tuning:
+        return ""
+    seeds = list(tuning.get("seeds") or [])
+    study_seeds = list(table.attrs.get("seeds") or [])
+    shared = sorted(set(seeds) & set(study_seeds))
+    seed_list = ", ".join(map(str, seeds)) or "not recorded"
+    disjoint = (f"NOT disjoint from the study seeds: {', '.join(map(str, shared))} also reported" if shared
+                else "disjoint from the study seeds")
+    failed = tuning.get("failed") or {}
+    order = list(table.attrs.get("arm_order") or [])
+    arms = order + [arm for arm in failed if arm not in order]
+
+    def failures(arm: str) -> str:
+        trials = failed.get(arm) or []
+        statuses = pd.Series([t.get("status", "failed") for t in trials], dtype=object).value_counts()
+        detail = ", ".join(f"{n} {status}" for status, n in statuses.items())
+        return f"{arm} {len(trials)}" + (f" ({detail})" if trials else "")
+
+    return (f"tuning: {tuning.get('sampler') or 'sampler not recorded'}, {tuning.get('trials_per_arm', '?')} "
+            f"trials per arm at tuning seeds {seed_list} ({disjoint}); failed tuning trials: "
+            + "; ".join(failures(arm) for arm in arms))
 
 
 def _trial_name(row: pd.Series) -> str:
@@ -176,6 +298,7 @@ def summarize(
     confidence: float = 0.95,
     *,
     arm_order: Sequence[str] | None = None,
+    check_compute: bool = True,
 ) -> pd.DataFrame:
     """One row per arm over finished final trials: mean and CI half-width of each metric across
     seeds, and the difference from `control` paired by seed (only seeds both arms finished).
@@ -183,9 +306,23 @@ def summarize(
     Columns: arm, control (bool), seeds, paired_seeds, then per metric `<metric>:mean`,
     `<metric>:ci95`, `<metric>:diff`, `<metric>:diff_ci95` (ci95 follows `confidence`). The
     control arm's diff columns are NaN. Arm order and study metric come from `table.attrs`
-    (set by load_table) unless `arm_order` is given; `control` defaults to the first arm."""
+    (set by load_table) unless `arm_order` is given; `control` defaults to the first arm.
+    The intervals are seed-level Student's t, uncorrected for the number of arms: descriptive,
+    not a significance test (that is `embedlab.sweep.paired`).
+
+    Unless `check_compute=False`, the arms must first pass `check_equal_compute` in the
+    table's budget unit (`table.attrs["unit"]`, within 1% of each other and of the declared
+    budget): UnequalComputeError otherwise, and ValueError for a table that does not say its
+    unit, so unequal arms are never compared silently."""
     if not 0 < confidence < 1:
         raise ValueError(f"confidence: {confidence} is not between 0 and 1")
+    if check_compute:
+        unit = table.attrs.get("unit")
+        if unit is None:
+            raise ValueError("summarize: the table does not say its budget unit (table.attrs['unit'], set by "
+                             "load_table), so equal compute cannot be checked; load it with load_table, or pass "
+                             "check_compute=False to compare the arms unchecked")
+        check_equal_compute(table, unit)
     final = final_trials(table)
     arms = list(arm_order or table.attrs.get("arm_order") or [])
     arms += [arm for arm in pd.unique(final["arm"]) if arm not in arms]
@@ -224,41 +361,68 @@ def summarize(
     return pd.DataFrame(records, columns=columns)
 
 
+SEED_LEVEL = ("seed-level: mean ± {pct} CI half-width across seeds (Student's t, n-1 degrees of freedom), "
+              "uncorrected for the number of arms, descriptive only")
+
+
 def render(run_dir: str | Path, fmt: str = "text", metrics: Sequence[str] | None = None) -> str:
     """The run's comparison as text, csv, markdown or json, refused (UnequalComputeError) unless
-    the arms consumed equal compute in the study's budget unit."""
+    the arms consumed equal compute in the study's budget unit.
+
+    Every format carries the compute-match line, the tuning line (studies that tuned), the
+    seed-level summary and the paired per-query test of the study metric with Holm's
+    correction (or one line saying why it is unavailable). csv starts with those lines as
+    `# ` comments (`pd.read_csv(..., comment="#")`) and adds the test as
+    `<metric>:paired_<column>` columns; json holds them under "compute_match", "tuning" and
+    "paired"."""
+    from embedlab.sweep import paired  # paired reads final_trials from this module
+
     if fmt not in FORMATS:
         raise ValueError(f"format {fmt!r}: choose one of {', '.join(FORMATS)}")
     record = read_study_record(run_dir)
     table = load_table(run_dir)
     unit = table.attrs["unit"]
     check_equal_compute(table, unit)
+    final = final_trials(table)
+    notes = [line for line in (compute_match_line(table), tuning_line(table)) if line]
+    try:
+        comparison = paired.compare_to_control(run_dir, table)
+    except ValueError as error:  # unreadable per-query files: say so, keep the seed-level table
+        control = table.attrs["arm_order"][0] if table.attrs["arm_order"] else None
+        comparison = paired.PairedComparison(metric=table.attrs["metric"], control=control,
+                                             unavailable=f"per-query values unreadable: {error}")
     if fmt in ("csv", "json"):
-        summary = summarize(table, metrics, confidence=CONFIDENCE)
+        summary = summarize(table, metrics, confidence=CONFIDENCE, check_compute=False)  # checked above
         if fmt == "csv":
-            return summary.to_csv(index=False)
+            comments = [_seed_level_note(), *notes, *comparison.header.splitlines()]
+            return "".join(f"# {line}\n" for line in comments) + _with_paired(summary, comparison).to_csv(index=False)
         return json.dumps({
             "study": record["study"]["name"], "factor": record["study"]["factor"],
-            "metric": record["study"]["metric"], "unit": unit,
-            "budget": record["study"].get(STUDY_BUDGETS[unit]),
+            "metric": record["study"]["metric"], "unit": unit, "budget": table.attrs["budget"],
             "control": table.attrs["arm_order"][0] if table.attrs["arm_order"] else None,
-            "confidence": CONFIDENCE, "arms": _records(summary), "trials": _records(table),
+            "confidence": CONFIDENCE, "seed_level": _seed_level_note(),
+            "compute_match": compute_match_line(table) or None, "tuning": tuning_line(table) or None,
+            "paired": _paired_json(comparison), "arms": _records(summary), "trials": _records(table),
         }, indent=2, default=_json_scalar)
-    final = final_trials(table)
     unit_column = next((c for c in UNIT_COLUMNS[unit] if c in table), UNIT_COLUMNS[unit][0])
     if metrics is None:  # a few key columns: this is printed to a terminal
         metrics = [m for m in dict.fromkeys((record["study"]["metric"], "dev/recall@100", "train/loss",
                                              "retention/probe_accuracy", unit_column,
                                              "compute/wall_seconds")) if m in table]
     table_of = _text_table if fmt == "text" else _markdown_table
-    blocks = [_header(record, unit)]
+    blocks = ["\n".join([_header(record, unit), *notes])]
     if final.empty:
         blocks.append(NO_TRIALS)
     else:
-        summary = summarize(table, metrics, confidence=CONFIDENCE)
+        summary = summarize(table, metrics, confidence=CONFIDENCE, check_compute=False)  # checked above
         means, differences = _summary_cells(summary, metrics, ci_label(CONFIDENCE))
-        blocks += [table_of(means), f"paired difference from control (same seeds), mean ± {CONFIDENCE:.0%} "
-                   f"CI half-width:\n{table_of(differences)}"]
+        blocks += [table_of(means),
+                   f"seed-level paired difference from control (same seeds), mean ± {CONFIDENCE:.0%} Student's t "
+                   f"half-width, uncorrected (descriptive, not a significance test):\n{table_of(differences)}"]
+        if comparison.tests is None:
+            blocks.append(comparison.header)
+        else:
+            blocks.append(f"{comparison.header}\n{table_of(paired.cells(comparison.tests, comparison.resamples))}")
         excluded = _excluded(table, final)
         if excluded:
             blocks.append(f"excluded from statistics: {excluded}")
@@ -273,16 +437,55 @@ def render(run_dir: str | Path, fmt: str = "text", metrics: Sequence[str] | None
     return "\n\n".join(blocks) + "\n"
 
 
+def _seed_level_note() -> str:
+    return SEED_LEVEL.format(pct=f"{CONFIDENCE:.0%}")
+
+
+def _with_paired(summary: pd.DataFrame, comparison) -> pd.DataFrame:
+    """The summary with the paired test's columns, `<metric>:paired_<column>`, NaN for the control."""
+    from embedlab.sweep import paired
+
+    columns = [c for c in paired.COLUMNS if c != "arm"]
+    prefix = f"{comparison.metric}:paired_"
+    if comparison.tests is None:
+        tests = pd.DataFrame({"arm": summary["arm"], **{c: np.nan for c in columns}})
+    else:
+        tests = comparison.tests
+    renamed = tests.rename(columns={c: prefix + c for c in columns})
+    return summary.merge(renamed, on="arm", how="left")
+
+
+def _paired_json(comparison) -> dict:
+    """The paired test as JSON: how it was run, what "significant" means, each arm's result."""
+    from embedlab.sweep import paired
+
+    return {
+        "metric": comparison.metric, "control": comparison.control, "test": paired.TEST,
+        "interval": "percentile, at the Holm step-down level of each arm", "correction": "holm-bonferroni",
+        "alpha": comparison.alpha, "resamples": comparison.resamples, "seed": comparison.seed,
+        "power": paired.POWER, "significant_means": comparison.header.splitlines()[-1],
+        "unavailable": comparison.unavailable or None, "missing": list(comparison.missing),
+        "arms": [] if comparison.tests is None else _records(comparison.tests),
+    }
+
+
+def _budget_text(budget: float | None, unit: str) -> str:
+    if not budget:
+        return unit
+    if unit == "flops":
+        return f"{budget:.3g} FLOPs"
+    if unit == "device_seconds":
+        return f"{budget:,.1f} device seconds"
+    return f"{budget:,.0f} {unit}"
+
+
 def _header(record: dict, unit: str) -> str:
     study = record["study"]
     arms = list(record.get("arm_order", study["arms"]))
-    budget = study.get(STUDY_BUDGETS[unit])
-    budget_text = f"{budget:,} {unit}" if budget else unit
     control = f"; differences vs control {arms[0]}, paired by seed" if arms else ""
     return (f"study {study['name']} (factor {study['factor']}): {len(arms)} arms x {len(study['seeds'])} "
-            f"seeds at an equal budget of {budget_text} per trial\n"
-            f"mean ± {CONFIDENCE:.0%} CI half-width across seeds (Student's t, n-1 degrees of freedom)"
-            f"{control}")
+            f"seeds at an equal budget of {_budget_text(declared_budget(record, unit), unit)} per trial\n"
+            f"{_seed_level_note()}{control}")
 
 
 def _decimals(values: pd.Series) -> int:
@@ -315,12 +518,21 @@ def _summary_cells(
 
 
 def _excluded(table: pd.DataFrame, final: pd.DataFrame) -> str:
-    """How many trials of each kind the statistics left out, e.g. '1 failed, 4 tune'."""
+    """How many trials of each kind the statistics left out, e.g. '1 failed, 4 tune (1 nonfinite)':
+    a stage other than final names the kind, with how many of those did not finish."""
     rest = table.drop(index=final.index)
     absent = [None] * len(rest)
-    kinds = [stage if isinstance(stage, str) and stage != "final" else status
-             for status, stage in zip(rest.get("status", absent), rest.get("stage", absent))]
-    return ", ".join(f"{kinds.count(kind)} {kind}" for kind in sorted(set(kinds)))
+    kinds: dict[str, list[str]] = {}
+    for status, stage in zip(rest.get("status", absent), rest.get("stage", absent)):
+        status = status if isinstance(status, str) else "finished"
+        kind = stage if isinstance(stage, str) and stage != "final" else status
+        kinds.setdefault(kind, []).append(status)
+    parts = []
+    for kind in sorted(kinds):
+        unfinished = pd.Series([s for s in kinds[kind] if s not in ("finished", kind)], dtype=object).value_counts()
+        detail = ", ".join(f"{n} {status}" for status, n in sorted(unfinished.items()))
+        parts.append(f"{len(kinds[kind])} {kind}" + (f" ({detail})" if detail else ""))
+    return ", ".join(parts)
 
 
 def _cell(value: Any) -> str:

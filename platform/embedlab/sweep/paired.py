@@ -1,0 +1,348 @@
+"""The paired per-query test of each arm against the control: a bootstrap over seeds and
+queries of the study metric, Holm-Bonferroni across the arms, and the smallest effect the
+study's seeds and queries could detect.
+
+Data. Every finished final trial (arm a, seed s) scored the same Q dev queries, and its
+driver wrote `per_query/<trial_id>.json` with each query's value of every metric. For arm a
+against the control c (the first arm), over the S seeds both finished and the Q query ids
+they share, the paired differences are D[s, q] = value_a[s, q] - value_c[s, q], shape (S, Q).
+The statistic is theta = mean of D over seeds and queries (the arm's mean minus the control's).
+
+Bootstrap, exactly reproducible. Arm a gets its own numpy Generator,
+`np.random.default_rng([seed, zlib.crc32(a.encode())])` (seed = BOOTSTRAP_SEED unless given),
+so its numbers do not depend on which other arms the study has. For each of the B resamples
+in turn it draws `rng.integers(0, S, size=S)` (seed rows, with replacement) and then
+`rng.integers(0, Q, size=Q)` (query columns, with replacement); the replicate is
+theta*_b = mean(D[seeds][:, queries]). Resampling rows of D keeps a seed's arm and control
+values together (the pairing by seed), and resampling columns keeps a query's values for both
+arms together (the pairing by query id): seeds and queries are crossed sources of variance,
+and both are resampled.
+
+Interval and p-value. With the replicates sorted, theta*_(1) <= ... <= theta*_(B), the
+percentile interval at level 1 - a is [theta*_(c+1), theta*_(B-c)] with c = floor(B a / 2).
+The two-sided p-value is p = min(1, 2 min(#{theta* <= 0}, #{theta* >= 0}) / B), the smallest
+a whose interval excludes 0: "p <= a" and "the level 1 - a interval excludes 0" are one
+statement. p is a multiple of 2/B; p = 0 means below that resolution.
+
+Correction. Holm-Bonferroni across the m non-control arms tested, family-wise alpha (0.05):
+with the raw p sorted, p_(1) <= ... <= p_(m), the adjusted p_(i) = max over k <= i of
+min(1, (m - k + 1) p_(k)), and an arm is "significant" exactly when its adjusted p <= alpha.
+Its corrected interval is at level 1 - alpha / (m - r + 1), r = min(its rank, k*), k* the first
+rank Holm does not reject (m + 1 when it rejects all): the level the step-down tested the arm
+at, or the one at which it stopped. That interval excludes 0 exactly when the arm is
+significant (p-values are exact fractions of B, so no rounding can split the two).
+
+Minimum detectable effect. SE = the standard deviation (ddof 1) of the replicates, and
+MDE = (z_{1 - alpha/(2m)} + z_{0.80}) x SE: the true paired difference a two-sided normal test
+at Holm's strictest per-arm level alpha/m (Bonferroni) detects with 80% power. A smaller
+observed difference that is "not significant" is not evidence of no effect.
+
+Limitation: with few seeds (2-3) the seed resampling is coarse and the bootstrap understates
+seed-to-seed variance; the seed-level Student's t intervals of the table stay beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+from statistics import NormalDist
+
+import numpy as np
+import pandas as pd
+
+from embedlab.sweep import store
+from embedlab.sweep.table import final_trials
+
+PER_QUERY_DIR = "per_query"
+BOOTSTRAP_SEED = 20_240_601
+RESAMPLES = 10_000
+ALPHA = 0.05  # family-wise, across the study's non-control arms
+POWER = 0.80  # of the minimum detectable effect
+TEST = "paired bootstrap over seeds and queries"
+COLUMNS = ("arm", "seeds", "queries", "diff", "ci_low", "ci_high", "ci_level", "p", "p_holm", "significant",
+           "se", "mde")
+
+
+@dataclass(frozen=True)
+class PerQuery:
+    """Per-query values of a run's finished final trials.
+
+    `values[metric][(arm, seed)]` is a (Q,) float array aligned with `query_ids[metric]`
+    (sorted query ids, the same for every trial of that metric). `missing` names the final
+    trials that have no per-query file (e.g. finished before a resume that added them)."""
+
+    split: str
+    task_hash: str
+    query_ids: dict[str, tuple[str, ...]]
+    values: dict[str, dict[tuple[str, int], np.ndarray]]
+    missing: tuple[str, ...] = ()
+
+
+def load_per_query(run_dir: str | Path, table: pd.DataFrame) -> PerQuery | None:
+    """The per-query values of `table`'s finished final trials, read from
+    `<run_dir>/per_query/<trial_id>.json` (a local path or a pyarrow filesystem URI); None when
+    the run has no per_query/ directory (runs written before per-query values existed).
+
+    Files of tuning, failed or duplicate trials are skipped. A file whose arm, seed or stage
+    disagrees with its trial row, a task or split other than the other trials', query ids
+    other than the other trials' or a non-finite value raises ValueError naming it: values of
+    different queries cannot be paired."""
+    directory = store.join(run_dir, PER_QUERY_DIR)
+    if not store.exists(directory):
+        return None
+    rows = {str(row["trial_id"]): row for row in final_trials(table).to_dict("records")}
+    split = task_hash = reference = None
+    query_ids: dict[str, tuple[str, ...]] = {}
+    first_trial: dict[str, str] = {}
+    values: dict[str, dict[tuple[str, int], np.ndarray]] = {}
+    found = set()
+    for location in store.list_files(directory, ".json"):
+        try:
+            record = json.loads(store.read_text(location))
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{location}: not a JSON per-query record ({error})") from None
+        trial_id = str(record.get("trial_id"))
+        if trial_id not in rows:  # not a finished final trial: never part of a comparison
+            continue
+        row = rows[trial_id]
+        for key in ("arm", "seed"):
+            if record.get(key) != row[key]:
+                raise ValueError(f"{location}: {key} {record.get(key)!r}, but the trial table has "
+                                 f"{row[key]!r} for trial {trial_id}")
+        if record.get("stage", "final") != "final":
+            raise ValueError(f"{location}: stage {record.get('stage')!r}, but trial {trial_id} is a final trial")
+        scored_on = (record.get("split"), record.get("task_hash"))
+        if reference is None:
+            split, task_hash, reference = *scored_on, trial_id
+        elif scored_on != (split, task_hash):
+            raise ValueError(
+                f"{location}: trial {trial_id} was scored on split {scored_on[0]!r} of task {str(scored_on[1])[:12]}, "
+                f"trial {reference} on split {split!r} of task {str(task_hash)[:12]}; values of different "
+                "queries cannot be paired")
+        row_hash = row.get("eval/task_hash")
+        if isinstance(row_hash, str) and row_hash != record.get("task_hash"):
+            raise ValueError(f"{location}: task hash {str(record.get('task_hash'))[:12]}, but trial {trial_id}'s "
+                             f"row was scored on task {row_hash[:12]}")
+        if not isinstance(record.get("values"), dict):
+            raise ValueError(f"{location}: no 'values' object (metric -> query id -> value)")
+        for metric, by_query in record["values"].items():
+            ids = tuple(sorted(by_query))
+            if metric not in query_ids:
+                query_ids[metric], first_trial[metric] = ids, trial_id
+            elif ids != query_ids[metric]:
+                differ = len(set(ids) ^ set(query_ids[metric]))
+                raise ValueError(
+                    f"{location}: {metric} of trial {trial_id} covers {len(ids)} queries, trial "
+                    f"{first_trial[metric]}'s {len(query_ids[metric])} ({differ} ids in only one of them); "
+                    "per-query values must cover the same queries to be paired")
+            array = np.array([by_query[q] for q in ids], dtype=float)
+            bad = np.flatnonzero(~np.isfinite(array))
+            if bad.size:
+                raise ValueError(f"{location}: {metric} of query {ids[bad[0]]!r} is {array[bad[0]]}, not a finite number")
+            values.setdefault(metric, {})[(row["arm"], int(row["seed"]))] = array
+        found.add(trial_id)
+    return PerQuery(split=split or "", task_hash=task_hash or "", query_ids=query_ids, values=values,
+                    missing=tuple(t for t in rows if t not in found))
+
+
+def arm_generator(arm: str, seed: int = BOOTSTRAP_SEED) -> np.random.Generator:
+    """The Generator of `arm`'s bootstrap: default_rng([seed, crc32(arm name)])."""
+    return np.random.default_rng([seed, zlib.crc32(arm.encode())])
+
+
+def paired_bootstrap(arm: np.ndarray, control: np.ndarray, *, rng: np.random.Generator,
+                     resamples: int = RESAMPLES) -> np.ndarray:
+    """(B,) bootstrap replicates of the mean paired difference of two (S, Q) arrays.
+
+    Rows are seeds (row s of `arm` pairs with row s of `control`), columns query ids. Replicate
+    b draws seed rows i = rng.integers(0, S, size=S), then query columns j =
+    rng.integers(0, Q, size=Q), and is mean(D[i][:, j]) with D = arm - control, computed as
+    (counts_i @ D @ counts_j) / (S Q) where counts are how often each row / column was drawn."""
+    arm, control = np.asarray(arm, dtype=float), np.asarray(control, dtype=float)
+    if arm.ndim != 2 or arm.shape != control.shape or 0 in arm.shape:
+        raise ValueError(f"arm {arm.shape} and control {control.shape}: need two equal (seeds, queries) "
+                         "shapes with at least one seed and one query")
+    if resamples < 2:
+        raise ValueError(f"resamples: {resamples}; a standard error needs at least 2")
+    differences = arm - control
+    seeds, queries = differences.shape
+    replicates = np.empty(resamples)
+    for b in range(resamples):
+        seed_counts = np.bincount(rng.integers(0, seeds, size=seeds), minlength=seeds)
+        query_counts = np.bincount(rng.integers(0, queries, size=queries), minlength=queries)
+        replicates[b] = seed_counts @ differences @ query_counts
+    return replicates / (seeds * queries)
+
+
+def bootstrap_p(replicates: np.ndarray) -> Fraction:
+    """Two-sided p = min(1, 2 min(#{r <= 0}, #{r >= 0}) / B), exact: the smallest a whose
+    level 1 - a percentile interval (`percentile_interval`) excludes 0."""
+    below, above = int((replicates <= 0).sum()), int((replicates >= 0).sum())
+    return min(Fraction(1), Fraction(2 * min(below, above), len(replicates)))
+
+
+def percentile_interval(replicates: np.ndarray, alpha: float | Fraction) -> tuple[float, float]:
+    """The level 1 - alpha percentile interval of (B,) replicates: the (c+1)-th smallest and
+    the (c+1)-th largest, c = floor(B alpha / 2) (exact arithmetic, so integer boundaries
+    round the same way as `bootstrap_p`)."""
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha: {alpha} is not between 0 and 1")
+    ordered = np.sort(replicates)
+    c = math.floor(Fraction(alpha) * len(ordered) / 2)
+    return float(ordered[c]), float(ordered[len(ordered) - c - 1])
+
+
+def holm_adjust(p_values: Sequence[float]) -> list[float]:
+    """Holm-Bonferroni adjusted p-values, in input order: with p sorted ascending (ties keep
+    input order), adjusted_(i) = max over k <= i of min(1, (m - k + 1) p_(k))."""
+    for p in p_values:
+        if not 0 <= p <= 1:
+            raise ValueError(f"p-value {p} is not between 0 and 1")
+    m = len(p_values)
+    adjusted: list = [None] * m
+    running = 0
+    for rank, index in enumerate(sorted(range(m), key=lambda i: p_values[i])):
+        running = max(running, min(1, (m - rank) * p_values[index]))
+        adjusted[index] = running
+    return adjusted
+
+
+def holm_levels(p_values: Sequence[float], alpha: float) -> tuple[list, list, list[bool]]:
+    """(adjusted p, per-hypothesis level, rejected) of Holm's step-down at family-wise `alpha`.
+
+    The level of the hypothesis of rank r (1-based, ascending p) is alpha / (m - r + 1) while
+    the step-down still rejects, and the level at which it stopped for every later rank; so
+    `p <= level` holds exactly when Holm rejects, which is exactly when adjusted p <= alpha."""
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha: {alpha} is not between 0 and 1")
+    m = len(p_values)
+    levels: list = [None] * m
+    rejected = [False] * m
+    stopped = None
+    for rank, index in enumerate(sorted(range(m), key=lambda i: p_values[i])):
+        level = alpha / (m - rank)
+        if stopped is None and p_values[index] <= level:
+            rejected[index], levels[index] = True, level
+        else:
+            stopped = level if stopped is None else stopped
+            levels[index] = stopped
+    return holm_adjust(p_values), levels, rejected
+
+
+def minimum_detectable_effect(standard_error: float, alpha: float, power: float = POWER) -> float:
+    """(z_{1 - alpha/2} + z_power) x standard_error: the true difference a two-sided normal test
+    at level `alpha` detects with probability `power`."""
+    z = NormalDist().inv_cdf
+    return (z(1 - alpha / 2) + z(power)) * standard_error
+
+
+def paired_tests(per_query: PerQuery, metric: str, arms: Sequence[str], *, alpha: float = ALPHA,
+                 resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED) -> pd.DataFrame:
+    """One row per non-control arm (`arms[0]` is the control) on `metric`: `COLUMNS`.
+
+    seeds / queries: the paired seeds and query ids tested; diff: theta; ci_low, ci_high at
+    ci_level: the Holm-corrected percentile interval; p, p_holm: raw and Holm-adjusted
+    two-sided p; significant: p_holm <= alpha; se: bootstrap SE; mde: (z_{1-alpha/(2m)} +
+    z_0.80) x se. An arm with no seed paired with the control is listed with NaN and left out
+    of the family (m counts the arms tested)."""
+    if len(arms) < 2:
+        raise ValueError(f"arms: {list(arms)}; a paired test needs a control and at least one other arm")
+    control, by_trial = arms[0], per_query.values.get(metric, {})
+    queries = len(per_query.query_ids.get(metric, ()))
+    control_seeds = {s for a, s in by_trial if a == control}
+    rows, replicates = [], {}
+    for arm in arms[1:]:
+        seeds = sorted({s for a, s in by_trial if a == arm} & control_seeds)
+        row = {column: math.nan for column in COLUMNS} | {"arm": arm, "seeds": len(seeds), "queries": queries,
+                                                          "significant": False}
+        if seeds:
+            ours = np.stack([by_trial[(arm, s)] for s in seeds])
+            theirs = np.stack([by_trial[(control, s)] for s in seeds])
+            replicates[arm] = paired_bootstrap(ours, theirs, rng=arm_generator(arm, seed), resamples=resamples)
+            row.update(diff=float((ours - theirs).mean()), se=float(replicates[arm].std(ddof=1)))
+        rows.append(row)
+    tested = [row for row in rows if row["arm"] in replicates]
+    raw = [bootstrap_p(replicates[row["arm"]]) for row in tested]
+    adjusted, levels, rejected = holm_levels(raw, Fraction(alpha))
+    for row, p, p_holm, level, significant in zip(tested, raw, adjusted, levels, rejected):
+        low, high = percentile_interval(replicates[row["arm"]], level)
+        if significant != (low > 0 or high < 0):  # the module's contract; a failure here is a bug
+            raise AssertionError(f"arm {row['arm']}: Holm says {significant} but the interval is [{low}, {high}]")
+        row.update(p=float(p), p_holm=float(p_holm), ci_low=low, ci_high=high, ci_level=float(1 - level),
+                   significant=significant,
+                   mde=minimum_detectable_effect(row["se"], alpha / len(tested)))
+    return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
+@dataclass(frozen=True)
+class PairedComparison:
+    """The paired per-query test of a run, or why there is none (`unavailable`)."""
+
+    metric: str
+    control: str | None
+    alpha: float = ALPHA
+    resamples: int = RESAMPLES
+    seed: int = BOOTSTRAP_SEED
+    tests: pd.DataFrame | None = field(default=None, repr=False)
+    unavailable: str = ""
+    missing: tuple[str, ...] = ()
+
+    @property
+    def header(self) -> str:
+        """What "significant" means, in two lines (or the one line saying why there is no test)."""
+        if self.tests is None:
+            return f"paired per-query test: unavailable: {self.unavailable}"
+        m = int((self.tests["seeds"] > 0).sum())
+        missing = f"; {len(self.missing)} final trial(s) without per-query values left out" if self.missing else ""
+        return (f"paired per-query test of {self.metric} vs control {self.control}: {TEST} ({self.resamples:,} "
+                f"resamples, numpy seed {self.seed}), percentile intervals{missing}\n"
+                f'"significant" = Holm-Bonferroni-adjusted p <= {self.alpha:g} across {m} non-control arm(s) '
+                f"(family-wise alpha {self.alpha:g}), i.e. the corrected interval excludes 0; "
+                f"MDE = (z_(1-alpha/2m) + z_{POWER:g}) x bootstrap SE")
+
+
+def compare_to_control(run_dir: str | Path, table: pd.DataFrame, *, alpha: float = ALPHA,
+                       resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED) -> PairedComparison:
+    """The paired per-query test of the study metric (`table.attrs`, set by load_table) for
+    every non-control arm, read from the run's per_query/ files."""
+    metric, arms = table.attrs.get("metric"), list(table.attrs.get("arm_order") or [])
+    base = dict(metric=metric, control=arms[0] if arms else None, alpha=alpha, resamples=resamples, seed=seed)
+    per_query = load_per_query(run_dir, table)
+    if per_query is None:
+        return PairedComparison(**base, unavailable=f"the run has no {PER_QUERY_DIR}/ directory (written before "
+                                                    "trials recorded per-query values); seed-level intervals only")
+    if len(arms) < 2:
+        return PairedComparison(**base, unavailable="the study has fewer than two arms")
+    if not per_query.values.get(metric):
+        return PairedComparison(**base, missing=per_query.missing,
+                                unavailable=f"no per-query {metric} values for the finished final trials")
+    tests = paired_tests(per_query, metric, arms, alpha=alpha, resamples=resamples, seed=seed)
+    return PairedComparison(**base, tests=tests, missing=per_query.missing)
+
+
+def cells(tests: pd.DataFrame, resamples: int = RESAMPLES) -> pd.DataFrame:
+    """The tests as display strings: difference, corrected interval with its level, p, Holm p,
+    significant / not significant, MDE (4 decimals; p = 0 shows as below the 2/B resolution)."""
+    def p_text(p: float) -> str:
+        return "n/a" if math.isnan(p) else f"<{2 / resamples:.2g}" if p == 0 else f"{p:.4f}"
+
+    def interval(low: float, high: float, level: float) -> str:
+        return "n/a" if math.isnan(low) else f"[{low:+.4f}, {high:+.4f}] at {level * 100:.4g}%"
+
+    return pd.DataFrame({
+        "arm": tests["arm"].to_list(),
+        "seeds": tests["seeds"].astype(str).to_list(),
+        "queries": tests["queries"].astype(str).to_list(),
+        "diff": ["n/a" if math.isnan(d) else f"{d:+.4f}" for d in tests["diff"]],
+        "corrected interval": [interval(*values) for values in zip(tests["ci_low"], tests["ci_high"], tests["ci_level"])],
+        "p": [p_text(p) for p in tests["p"]],
+        "Holm p": [p_text(p) for p in tests["p_holm"]],
+        "result": ["no paired seeds" if seeds == 0 else "significant" if significant else "not significant"
+                   for seeds, significant in zip(tests["seeds"], tests["significant"])],
+        f"MDE ({POWER:.0%} power)": ["n/a" if math.isnan(m) else f"{m:.4f}" for m in tests["mde"]],
+    })
