@@ -233,3 +233,11 @@ def test_expected_step_flops_predicts_a_dense_contrastive_step(frozen, parent, t
     plain = dataclasses.replace(plain, contrastive=dataclasses.replace(plain.contrastive, mlm_weight=0.0))
     counted, _ = reference_step_flops(plain, frozen, synthetic.pair_rows(frozen, 16), tmp_path / "pairs")
     assert counted == pytest.approx(expected_step_flops(plain), rel=1e-12)
+
+
+def test_token_budget_lands_on_the_token(frozen, tmp_path):
+    """A token-budgeted run's last step keeps exactly the tokens the budget has left."""
+    trial = synthetic.phase1_trial(microbatches=1, budget_tokens=round(7.4 * synthetic.ROWS * synthetic.CONTENT))
+    last = run_to_budget(trial, frozen, synthetic.mlm_rows(frozen, 40), tmp_path / "run")
+    assert last["budget/tokens"] == trial.train.budget_tokens
+    assert last["train/step"] == 8

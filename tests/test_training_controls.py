@@ -198,7 +198,7 @@ def test_bf16_policy_keeps_fp32_master_weights_state_and_reductions(frozen):
     loop.model.mlm_head.register_forward_hook(lambda module, args, out: logits.append(out.detach()))
     rows = synthetic.mlm_rows(frozen, 8)
     batches = [{k: torch.as_tensor(v[i * 4:(i + 1) * 4]) for k, v in rows.items()} for i in range(2)]
-    pending = [loop._microbatch(b) for b in batches]
+    pending = [loop._microbatch(b, position) for position, b in enumerate(batches)]
     from embedlab.train.mlm_step import accumulate_gradients
 
     result = accumulate_gradients(loop.model, pending, precision="bf16")
@@ -304,7 +304,7 @@ def test_masking_draws_do_not_depend_on_dropout(frozen):
         trial = dataclasses.replace(trial, model=dataclasses.replace(trial.model, dropout=dropout))
         loop = make_loop(trial, frozen)
         loop.step(batches)
-        selections.append(loop._microbatch(batches[0]).masked.selected)
+        selections.append(loop._microbatch(batches[0], 0).masked.selected)
     assert torch.equal(*selections)
 
 

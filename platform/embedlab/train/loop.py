@@ -138,6 +138,13 @@ class TrainingLoop:
     def elapsed(self) -> float:
         return self.progress.elapsed + time.perf_counter() - self.started
 
+    def fit_to_budget(self, batches: list[Batch], remaining: float) -> list[Batch]:
+        """This worker's rows of the next step, cut when the budget has less `remaining` than
+        the last step consumed: to that share of each microbatch's rows (`final_rows`), so a
+        trial overshoots its budget by at most a row per worker and microbatch."""
+        last = self.progress.last_step_cost
+        return [trim_rows(part, final_rows(remaining, last, _row_count(part))) for part in batches]
+
     def sync_device_time(self) -> float:
         """Add every worker's device time since the last sync to `progress.device_seconds`
         (a collective: every rank calls it at the same steps); returns the new total."""
@@ -259,10 +266,8 @@ def run(loop: TrainingLoop, session: Session, options: RunOptions = RunOptions()
             loop.progress.data_wait += waited
         if len(group) < loop.batches_per_step:
             raise loop.stream_ended()
-        rows = [worker_rows(batch, loop.rank, loop.world) for batch in group]
         before, budget = loop.clock()
-        rows = [trim_rows(part, final_rows(budget - before, loop.progress.last_step_cost, _row_count(part)))
-                for part in rows]
+        rows = loop.fit_to_budget([worker_rows(batch, loop.rank, loop.world) for batch in group], budget - before)
         try:
             loop.device_clock.start()
             loop.step(rows)

@@ -12,6 +12,7 @@ the same step.
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from embedlab.objectives.dual_mlm import assign_ratios, head_names, mask_mixed, 
 from embedlab.objectives.masking import mask_tokens
 from embedlab.objectives.mlm import combine
 from embedlab.tokenizer import load_tokenizer
-from embedlab.train.budget import consumption, schedule_units
+from embedlab.train.budget import consumption, schedule_units, trim_rows, unit_of
 from embedlab.train.flops import TRAINED, FlopTally, attention_path
 from embedlab.train.launch import fit
 from embedlab.train.loop import Progress, RunOptions, TrainingLoop, run_on_ray
@@ -163,6 +164,28 @@ class Phase1Loop(TrainingLoop):
         return Microbatch(masked=masked.to(self.device), segment_ids=segment_ids.to(self.device),
                           ratio_index=ratio_index, head_index=head_index,
                           source_index=batch["source_index"], source_names=tuple(self.sources))
+
+    def fit_to_budget(self, batches: list[dict[str, torch.Tensor]], remaining: float) -> list[dict[str, torch.Tensor]]:
+        """A token budget's last step keeps only the tokens the budget has left, this worker's
+        share of them, in stream order (the rest become padding, and rows left empty are
+        dropped), so the trial lands on its budget within a token per worker; other units
+        cut whole rows (`TrainingLoop.fit_to_budget`), as every row position costs FLOPs."""
+        last = self.progress.last_step_cost
+        if unit_of(self.trial.train, 1) != "tokens" or last <= 0 or remaining >= last:
+            return super().fit_to_budget(batches, remaining)
+        target, out = math.ceil(max(remaining, 0.0) / self.world), []
+        for batch in batches:
+            real = batch["segment_ids"] > 0
+            keep = real & (real.reshape(-1).cumsum(0).reshape(real.shape) <= target)
+            target -= int(keep.sum())
+            used = keep.any(dim=1).nonzero()
+            rows = int(used.max()) + 1 if len(used) else 1
+            cut = {name: column.clone() for name, column in batch.items()}
+            cut["input_ids"][real & ~keep] = self.tokenizer.pad_id
+            cut["segment_ids"][~keep] = 0
+            cut["source_index"][~keep] = -1
+            out.append(trim_rows(cut, rows))
+        return out
 
     def step(self, batches: list[dict[str, torch.Tensor]]) -> None:
         train, progress = self.trial.train, self.progress
@@ -374,7 +397,8 @@ def run_phase1(
 def trial_stream(trial: TrialConfig, prepared: PreparedData, schedule: Schedule, offsets: dict[str, int]):
     """The trial's Ray Dataset of packed rows, in schedule order."""
     return packed_dataset(prepared.pieces_path, schedule, offsets,
-                          sequence_length=trial.data.sequence_length, pad_id=prepared.tokenizer.pad_id)
+                          sequence_length=trial.data.sequence_length, pad_id=prepared.tokenizer.pad_id,
+                          cls_id=prepared.tokenizer.cls_id)
 
 
 def phase1_loop_config(trial: TrialConfig, prepared: PreparedData, schedule: Schedule,
