@@ -95,6 +95,43 @@ def test_actor_serves_two_concurrent_trials_loading_the_task_once(trained, prepa
     assert first["ndcg@10"] == second["ndcg@10"]  # the same encoder weights, exported
 
 
+def test_per_query_values_average_to_the_reported_means(trained, prepared):
+    """In process, on the real dev split: "per_query" holds one value per judged query for every
+    metric, and their mean is the reported mean (to 1e-12: only summation order differs). The
+    evaluation's FLOPs are those of encoding its documents and queries, plus the retention
+    panel's texts when it is scored; its thread and wall seconds cover the whole call."""
+    import math
+
+    from embedlab.evaluate.beir import load_task
+    from embedlab.evaluate.checkpoint_eval import evaluate_checkpoint
+    from embedlab.evaluate.encode import encode_texts
+    from embedlab.evaluate.metrics import METRIC_NAMES
+    from embedlab.train.flops import FlopTally
+
+    _, result = trained
+    checkpoint = Path(result.checkpoint.path)
+    task = load_task(prepared.task_dir("python-docstrings"))
+    scores = evaluate_checkpoint(checkpoint, task, "dev")
+    judged = {q for q, grades in task.qrels["dev"].items() if any(g > 0 for g in grades.values())}
+    assert set(scores["per_query"]) == set(METRIC_NAMES)
+    for metric, values in scores["per_query"].items():
+        assert set(values) == judged and len(values) == scores["queries"]
+        assert math.fsum(values.values()) / len(values) == pytest.approx(scores[metric], abs=1e-12)
+    # The same passes by hand, with a tally of their own: the evaluation counted exactly these.
+    encoder, tokenizer, manifest = load_encoder(checkpoint)
+    prefixes = manifest["pooling"].get("prefixes", {"query": "", "passage": ""})
+    by_hand = FlopTally()
+    queries = task.split_queries("dev")
+    for texts, prefix in (([task.doc_text(d) for d in sorted(task.corpus)], prefixes["passage"]),
+                          (list(queries.values()), prefixes["query"])):
+        encode_texts(encoder, tokenizer, texts, prefix=prefix, pooling=manifest["pooling"]["method"], tally=by_hand)
+    assert scores["eval_flops"] == pytest.approx(by_hand.flops, rel=1e-12) and by_hand.flops > 0
+    assert 0 < scores["eval_seconds"] and scores["seconds"] <= scores["eval_wall_seconds"]
+    with_panel = evaluate_checkpoint(checkpoint, task, "dev", retention_dir=prepared.directory / "retention")
+    assert with_panel["eval_flops"] > scores["eval_flops"]
+    assert with_panel["per_query"] == scores["per_query"]
+
+
 def test_evaluate_cli_json(trained, prepared, capsys):
     """`embedlab evaluate --json` prints the contract's keys for a BEIR directory."""
     _, result = trained
@@ -136,7 +173,8 @@ def test_optuna_sweep_promotion_and_child_phase(ray_session, prepared, tmp_path,
     study_file = write_study(tmp_path / "tiny_study.py", tiny_trial(num_workers=1), name="tiny-masking", extra=(
         "budget_tokens=4_000, search=(Search('train.learning_rate', low=1e-4, high=1e-2, log=True),), search_trials=1"))
     assert main(["sweep", str(study_file), "--dry-run"]) == 0
-    assert "trials: 4 (2 arms x (1 tuning + 1 seeds))" in capsys.readouterr().out
+    plan = capsys.readouterr().out
+    assert "trials: 4 (2 arms x (1 tuning + 1 seeds))" in plan and "tuning seeds: 10000 (never a study seed" in plan
     # A filesystem URI (any pyarrow filesystem) as the storage: the run's records and Ray's state.
     assert main(["sweep", str(study_file), "--storage", f"file://{tmp_path / 'runs'}"]) == 0
     run_dir = next((tmp_path / "runs").iterdir())
@@ -152,6 +190,25 @@ def test_optuna_sweep_promotion_and_child_phase(ray_session, prepared, tmp_path,
             "train.learning_rate": tuned}
     assert check_equal_compute(final, "tokens") <= 0.01
     assert final["budget/flops"].gt(0).all() and final["compute/device_seconds"].gt(0).all()
+    # Tuning ran at its own seed, the grid at the study's: no final trial repeats a tuning trial.
+    assert set(table.loc[table["stage"] == "tune", "seed"]) == {10_000} and set(final["seed"]) == {0}
+    record = json.loads((run_dir / "study.json").read_text())
+    assert record["tuning"] == {
+        "sampler": "RandomSampler(seed=10000), random search (TPE needs at least 6 trials per arm)",
+        "trials_per_arm": 1, "seeds": [10_000], "failed": {}}
+    for column in ("compute/eval_flops", "compute/eval_seconds", "compute/eval_wall_seconds"):
+        assert table[column].gt(0).all(), column
+    # Every scored trial's per-query values, beside (not inside) its row, average to its means.
+    for row in table.to_dict("records"):
+        assert "per_query" not in row
+        stored = json.loads((run_dir / "per_query" / f"{row['trial_id']}.json").read_text())
+        assert {k: stored[k] for k in ("trial_id", "arm", "seed", "stage", "split", "task_hash")} == {
+            "trial_id": row["trial_id"], "arm": row["arm"], "seed": row["seed"], "stage": row["stage"],
+            "split": "dev", "task_hash": row["eval/task_hash"]}
+        assert set(stored["values"]) == {"dev/ndcg@10", "dev/recall@100", "dev/mrr@10", "dev/map"}
+        for column, values in stored["values"].items():
+            assert len(values) == row["dev/queries"]
+            assert sum(values.values()) / len(values) == pytest.approx(row[column], abs=1e-12)
     assert "mask-30" in capsys.readouterr().out
     assert main(["table", str(run_dir), "--format", "markdown"]) == 0
 

@@ -62,10 +62,13 @@ def test_dry_run_prints_the_plan_and_starts_nothing(capsys, monkeypatch):
     monkeypatch.setattr(run, "connect", lambda *a, **k: pytest.fail("a dry run connected to Ray"))
     monkeypatch.setattr(run, "prepare_data", lambda *a, **k: pytest.fail("a dry run prepared data"))
 
-    assert main(["sweep", str(ABLATIONS[0].parent / "masking_ratio.py"), "--dry-run"]) == 0
+    path = ABLATIONS[0].parent / "masking_ratio.py"
+    assert main(["sweep", str(path), "--dry-run"]) == 0
     out = capsys.readouterr().out
-    for text in ("mask-5", "mask-50", "seeds: 0, 1, 2", "5,000,000 non-padding tokens",
-                 "train.learning_rate: 0.0003 .. 0.003 (log)", "trials: 28 (4 arms x (4 tuning + 3 seeds))"):
+    for text in ("mask-5", "mask-50", "seeds: 0, 1, 2", f"budget per trial: {load_study(path).budget_text}\n",
+                 "train.learning_rate: 0.0003 .. 0.003 (log)", "trials: 28 (4 arms x (4 tuning + 3 seeds))",
+                 "tuning seeds: 10000..10003 (never a study seed",
+                 "Optuna search, 4 trials per arm, RandomSampler(seed=10000), random search (TPE needs at least 6"):
         assert text in out
     assert main(["sweep", str(ABLATIONS[0].parent / "masking_ratio.py"), "--dry-run", "--profile", "big"]) == 2
     assert "unknown profile 'big'" in capsys.readouterr().err
@@ -87,6 +90,7 @@ def test_search_and_budget_unit_rules():
         (Search("train.nope", low=0.1, high=0.2), "not a config path"),
         (Search("train.learning_rate", low=0.0, high=0.1, log=True), "low > 0"),
         (Search("train.schedule.warmup_fraction", low=0.5, high=1.5), "train.schedule.warmup_fraction"),
+        (Search("train.precision", choices=("fp32", "fp13")), "train.precision"),  # not only the first choice
     ]:
         with pytest.raises(ConfigError, match=match):
             Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget_tokens=10_000, search=(search,),
@@ -100,6 +104,59 @@ def test_search_and_budget_unit_rules():
     assert flops.trial_config("a", 0).train.budget_flops == 1e12 and flops.unit == "flops"
     with pytest.raises(ConfigError, match="phase 1 trains on tokens"):
         Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget_tokens=10_000, budget_unit="pairs")
+
+
+def test_tuning_seeds_never_overlap_the_study_seeds():
+    """Tuning trial k of every arm runs at seed 10000 + k, never at a study seed, so no final
+    trial reruns a tuning trial; a study seed inside that range is refused by name."""
+    from embedlab import Search
+    from embedlab.sweep.study import TUNING_SEED_OFFSET
+
+    base = recipes.phase1_baseline()
+    arms = {"a": base, "b": replace(base, masking=replace(base.masking, ratio=0.3))}
+    search = dict(search=(Search("train.learning_rate", low=1e-4, high=1e-2, log=True),), search_trials=4)
+    study = Study(name="x", factor="masking.ratio", arms=arms, seeds=(0, 1, 2), budget_tokens=10_000, **search)
+    assert study.tuning_seeds == (10_000, 10_001, 10_002, 10_003) and TUNING_SEED_OFFSET == 10_000
+    assert not set(study.tuning_seeds) & set(study.seeds)
+    assert Study.from_dict(study.to_dict()).tuning_seeds == study.tuning_seeds
+    for load in STUDIES:  # every shipped study, at both profiles
+        for profile in ("demo", "full"):
+            shipped = load_study(load, profile)
+            assert not set(shipped.tuning_seeds) & set(shipped.seeds) and len(shipped.tuning_seeds) == (
+                shipped.search_trials if shipped.search else 0)
+    with pytest.raises(ConfigError, match=r"study.seeds: \[10002\] are tuning seeds"):
+        Study(name="x", factor="masking.ratio", arms=arms, seeds=(0, 10_002), budget_tokens=10_000, **search)
+    # Just past the range, and any seed without a search, are fine.
+    assert Study(name="x", factor="masking.ratio", arms=arms, seeds=(10_004,), budget_tokens=10_000, **search)
+    assert Study(name="x", factor="masking.ratio", arms=arms, seeds=(10_000,), budget_tokens=10_000).tuning_seeds == ()
+
+
+def test_device_seconds_budget_unit():
+    """A device-seconds study sets budget_device_seconds exactly when that is its unit, passes it
+    to every trial, round-trips through JSON (and its hash), and says its budget in words;
+    FLOPs budgets are measured, and say so."""
+    base = recipes.phase1_baseline()
+    arms = {"a": base, "b": replace(base, masking=replace(base.masking, ratio=0.3))}
+    timed = Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget_tokens=10_000,
+                  budget_unit="device_seconds", budget_device_seconds=90.0)
+    assert timed.unit == "device_seconds" and timed.budget_text == "90 device seconds"
+    assert timed.trial_config("a", 0).train.budget_device_seconds == 90.0
+    assert Study.from_dict(timed.to_dict()) == timed and timed.to_dict()["budget_device_seconds"] == 90.0
+    assert timed.hash != replace(timed, budget_device_seconds=60.0).hash
+    with pytest.raises(ConfigError, match="study.budget_device_seconds"):
+        Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget_tokens=10_000,
+              budget_unit="device_seconds")
+    with pytest.raises(ConfigError, match="study.budget_device_seconds"):
+        Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget_tokens=10_000, budget_device_seconds=5.0)
+    from embedlab import Search
+
+    with pytest.raises(ConfigError, match="train.budget_device_seconds"):
+        Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget_tokens=10_000,
+              search=(Search("train.budget_device_seconds", low=1.0, high=2.0),), search_trials=1)
+    flops = Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget_tokens=10_000, budget_unit="flops",
+                  budget_flops=1e12)
+    assert flops.budget_text == "1e+12 measured training FLOPs"
+    assert flops.trial_config("a", 0).train.budget_device_seconds == 0.0
 
 
 def test_phase2_study_without_parent_is_refused():

@@ -44,13 +44,22 @@ def test_killed_driver_resumes_without_loss_or_duplicates(ray_session, prepared,
     run_dir = next(storage.iterdir())
     before = {p.name: p.stat().st_mtime_ns for p in (run_dir / "trials").glob("*.json")}
     assert len(before) == 1
+    # The other arm's trial as a crash leaves it (the driver's "failed" row): resume runs it again.
+    survivor = json.loads(next((run_dir / "trials").glob("*.json")).read_text())
+    other = next(arm for arm in ("mask-15", "mask-30") if arm != survivor["arm"])
+    crashed = {**{k: survivor[k] for k in ("study", "stage", "seed", "factor")}, "trial_id": "crashed_00000",
+               "arm": other, "factor_value": 0.3 if other == "mask-30" else 0.15, "status": "failed",
+               "error": "RayActorError: The actor died unexpectedly before finishing this task."}
+    (run_dir / "trials" / "crashed_00000.json").write_text(json.dumps(crashed))
 
     assert main(["sweep", str(study_file), "--resume", str(run_dir)]) == 0, capsys.readouterr().err
-    assert "finished trial(s) kept" in capsys.readouterr().out
+    assert ("resume: 1 finished trial(s) kept, 1 to run (1 failed grid trial(s) among them run again)"
+            in capsys.readouterr().out)
     table = load_table(run_dir)
     finished = table[table["status"] == "finished"]
     assert sorted(zip(finished["arm"], finished["seed"])) == [("mask-15", 0), ("mask-30", 0)]
     assert table["trial_id"].is_unique
+    assert table.loc[table["trial_id"] == "crashed_00000", "status"].item() == "failed"  # kept, never averaged
     for name, mtime in before.items():  # finished trials were not rerun
         assert (run_dir / "trials" / name).stat().st_mtime_ns == mtime
     assert json.loads((run_dir / "study.json").read_text())["study"]["name"] == "resumable"

@@ -587,11 +587,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from embedlab.data.audit import ContaminationError
     from embedlab.data.external import SourceError
+    from embedlab.sweep.run import TuningError
 
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError, ConnectionError, KeyError, ContaminationError, SourceError) as error:
+    except (ValueError, FileNotFoundError, ConnectionError, KeyError, ContaminationError, SourceError,
+            TuningError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
 

@@ -50,7 +50,9 @@ class Evaluator:
         self, checkpoint_dir: str, task_dir: str, split: str, index: str = "flat", retention_dir: str | None = None,
         request: str | None = None, max_length: int = EvalConfig.max_length,
     ) -> dict:
-        """Scores of the checkpoint on the task's split, texts cut at `max_length` tokens (cached);
+        """Scores of the checkpoint on the task's split, texts cut at `max_length` tokens (cached):
+        `evaluate_checkpoint`'s dict, per-query values and evaluation cost included (a cached
+        answer repeats the cost of the evaluation that computed it, with "cached" True);
         `request` names this call in `progress()` (default: the checkpoint directory)."""
         task = self.task(task_dir)
         key = (read_manifest(Path(checkpoint_dir))["content_hash"], task.hash, split, index, retention_dir, max_length)

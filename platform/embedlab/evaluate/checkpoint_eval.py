@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -13,6 +14,7 @@ from embedlab.evaluate.beir import Task
 from embedlab.evaluate.encode import encode_texts
 from embedlab.evaluate.retrieval import evaluate_encoder
 from embedlab.train.checkpoint import load_encoder
+from embedlab.train.flops import FlopTally
 
 
 def evaluate_checkpoint(
@@ -24,7 +26,16 @@ def evaluate_checkpoint(
     """Retrieval metrics and representation health on `task`; with `retention_dir` (the
     prepared data's `retention/`), the retention panel too. `progress` gets throttled
     encoding lines (`embedlab.evaluate.encode.EncodingProgress`) for each pass: documents,
-    queries, retention texts."""
+    queries, retention texts.
+
+    Besides the means, "per_query" holds each query's values of the split
+    (``{metric: {query_id: value}}``, what the means average), and the evaluation's cost:
+    "eval_flops" (the forward FLOPs of every text encoded: documents, queries, retention
+    texts; the retention panel's MLM-accuracy pass is not counted), "eval_seconds" (this
+    thread's CPU time, `time.thread_time`) and "eval_wall_seconds", both over the whole call;
+    "seconds" stays the wall time of the retrieval part alone."""
+    started_wall, started_thread = time.perf_counter(), time.thread_time()
+    tally = FlopTally()
     encoder, tokenizer, manifest = load_encoder(Path(checkpoint_dir))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     encoder.to(device)
@@ -32,7 +43,7 @@ def evaluate_checkpoint(
     prefixes = pooling.get("prefixes", {"query": "", "passage": ""})
     encode = partial(
         encode_texts, encoder, tokenizer, batch_size=batch_size, max_length=max_length, device=device,
-        pooling=pooling["method"], progress=progress,
+        pooling=pooling["method"], progress=progress, tally=tally,
     )
     where = f"evaluate {task.name}/{split}"
     metrics = evaluate_encoder(
@@ -45,7 +56,9 @@ def evaluate_checkpoint(
         retention_encode = partial(encode, prefix=prefixes["passage"], label="evaluate retention panel")
         metrics.update(retention_scores(Path(retention_dir), retention_encode,
                                         mlm_accuracy_function(Path(checkpoint_dir))))
-    return {**metrics, "checkpoint_hash": manifest["content_hash"]}
+    return {**metrics, "checkpoint_hash": manifest["content_hash"], "eval_flops": tally.flops,
+            "eval_seconds": time.thread_time() - started_thread,
+            "eval_wall_seconds": time.perf_counter() - started_wall}
 
 
 def resolve_task(name_or_path: str, prepared_dir: Path | None = None) -> Path:

@@ -91,7 +91,18 @@ def retrieval_metrics(
     ``queries`` is the number of queries averaged over. Raises ValueError when no query in
     `qrels` has a relevant document, since a mean over nothing is undefined.
     """
-    per_query = per_query_metrics(qrels, ranked)
+    return mean_metrics(per_query_metrics(qrels, ranked))
+
+
+def by_metric(per_query: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """`per_query_metrics`' result turned metric-major: ``{metric: {query_id: value}}``, the
+    shape a paired test across checkpoints reads (one metric's values, query by query)."""
+    return {name: {qid: values[name] for qid, values in per_query.items()} for name in METRIC_NAMES}
+
+
+def mean_metrics(per_query: dict[str, dict[str, float]]) -> dict[str, float]:
+    """The reduction of `retrieval_metrics`: each metric's mean over `per_query`'s queries
+    (``math.fsum``, so the order of queries does not change it), plus ``queries``."""
     if not per_query:
         raise ValueError("no query in qrels has a relevant document (grade > 0)")
     count = len(per_query)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 
 from embedlab.evaluate.beir import Task
 from embedlab.evaluate.health import health_report
-from embedlab.evaluate.metrics import rank_run, retrieval_metrics
+from embedlab.evaluate.metrics import by_metric, mean_metrics, per_query_metrics, rank_run
 
 TOP_K = 100
 
@@ -102,20 +103,23 @@ def score_embeddings(
     query_ids: list[str],
     query_embeddings: np.ndarray,
     index: str = "flat",
-) -> dict[str, float]:
-    """Metrics of one split from precomputed embeddings (rows aligned with the id lists)."""
+) -> dict[str, Any]:
+    """Metrics of one split from precomputed embeddings (rows aligned with the id lists):
+    their means, and under "per_query" each query's values (``{metric: {query_id: value}}``),
+    the numbers those means average, computed once for both."""
     scores, rows = search(doc_embeddings, query_embeddings, TOP_K, index)
     run = {
         qid: {doc_ids[r]: float(s) for s, r in zip(scores[i], rows[i]) if r >= 0}
         for i, qid in enumerate(query_ids)
     }
-    metrics = retrieval_metrics(task.qrels[split], rank_run(run, TOP_K))
-    return {**metrics, "docs": len(doc_ids), "index": index}
+    per_query = per_query_metrics(task.qrels[split], rank_run(run, TOP_K))
+    return {**mean_metrics(per_query), "docs": len(doc_ids), "index": index, "per_query": by_metric(per_query)}
 
 
-def evaluate_encoder(encode, task: Task, split: str, *, encode_documents=None, index: str = "flat") -> dict[str, float]:
+def evaluate_encoder(encode, task: Task, split: str, *, encode_documents=None, index: str = "flat") -> dict[str, Any]:
     """`encode(texts) -> (N, d)` embeddings scored on `task`'s `split` qrels; documents go
-    through `encode_documents` when the two sides are encoded differently (prefixes)."""
+    through `encode_documents` when the two sides are encoded differently (prefixes). The
+    metrics are means; "per_query" holds what they average (`score_embeddings`)."""
     started = time.perf_counter()
     doc_ids = sorted(task.corpus)
     queries = task.split_queries(split)

@@ -2,9 +2,13 @@
 fits a phase-1 `TorchTrainer` and asks the shared evaluation actor for its dev metrics.
 
 Run directory (`<storage>/<study>-<timestamp>/`):
-    study.json          the resolved study, its hash, the study file's text, versions
+    study.json          the resolved study, its hash, the study file's text, versions, and
+                        (with a search) "tuning": sampler, trials per arm, seeds, failures
     prepared.json       the prepared data each arm used (paths, hashes, token shares)
-    trials/<id>.json    one finished trial's row (what `embedlab table` reads)
+    trials/<id>.json    one trial's row, whatever its end: finished, nonfinite, failed
+                        (what `embedlab table` reads)
+    per_query/<id>.json a scored trial's per-query values (`PER_QUERY_DIR`, for paired tests)
+    search.json         each arm's tuned values     optuna.db  Optuna's storage
     train/              Ray Train runs (checkpoints)     tune/  Ray Tune experiment state
 """
 
@@ -26,6 +30,7 @@ from embedlab.data.prepare import PreparedData, prepare_data
 from embedlab.evaluate.beir import load_task
 from embedlab.evaluate.checkpoint_eval import resolve_task
 from embedlab.sweep import store
+from embedlab.sweep.paired import PER_QUERY_DIR
 from embedlab.sweep.study import Study, load_study, set_path, study_origin
 from embedlab.sweep.table import STUDY_FILE, TRIALS_DIR, read_study_record
 from embedlab.train.checkpoint import versions
@@ -46,6 +51,7 @@ TRIAL_RETRIES = 1
 # workers can start (a CPU-holding driver deadlocks a 2-CPU box).
 TRIAL_DRIVER_RESOURCES = {"CPU": 0, "memory": 200 * 1024**2}
 OPTUNA_FILE = "optuna.db"
+ERROR_CHARS = 2_000  # of an error's text kept in a failed trial's row
 # Console lines: a trial's budget at each quarter and at most every 30 s between them; the
 # evaluator's encoding line polled every 5 s (it writes one at most every 10 s).
 BUDGET_LINE_SECONDS = 30.0
@@ -171,8 +177,42 @@ def trial_driver(config: dict[str, Any], *, context: dict[str, Any]) -> None:
     """One Tune trial: train, evaluate through the actor, write the trial's row.
 
     `config` holds the arm, the seed, the stage ("tune": an Optuna trial; "final": a grid
-    trial) and any tuned values as dotted config paths."""
-    import ray
+    trial) and any tuned values as dotted config paths. Every trial leaves a row: "finished",
+    "nonfinite" (training stopped by non-finite steps), or "failed" with the error's text,
+    written before the error goes on to Tune (which retries the trial once, `TRIAL_RETRIES`;
+    the retry's row replaces it)."""
+    from ray import tune
+
+    study = Study.from_dict(context["study"])
+    run_dir = context["run_dir"]
+    identity = trial_identity(study, config, tune.get_context().get_trial_id())
+    try:
+        final = _run_trial(study, identity, trial_params(config), context)
+    except Exception as error:
+        write_row(run_dir, {**identity, "status": "failed", "error": _error_text(f"{type(error).__name__}: {error}")})
+        raise
+    tune.report(final)  # outside the try: the row is written, whatever Tune does with this
+
+
+def trial_params(config: dict[str, Any]) -> dict[str, Any]:
+    """A Tune trial config's tuned values as dotted config paths (Optuna's, or a grid entry's)."""
+    config = config.get("trial", config)  # a grid entry: the whole trial as one value
+    return {**{k: v for k, v in config.items() if "." in k}, **config.get("params", {})}
+
+
+def trial_identity(study: Study, config: dict[str, Any], trial_id: str) -> dict[str, Any]:
+    """The columns every row of a trial has, whatever its end, from its Tune config."""
+    entry = config.get("trial", config)
+    return {
+        "study": study.name, "trial_id": trial_id, "stage": entry.get("stage", "final"), "arm": entry["arm"],
+        "seed": entry["seed"], "factor": study.factor, "factor_value": study.factor_value(entry["arm"]),
+        **{f"param/{k}": v for k, v in trial_params(config).items()},
+    }
+
+
+def _run_trial(study: Study, identity: dict[str, Any], params: dict[str, Any], context: dict[str, Any]) -> dict:
+    """Train and score one trial and write its row (and per-query file); returns the trial's
+    final Tune result. `trial_driver` records whatever this raises."""
     from ray import tune
     from ray.tune.integration.ray_train import TuneReportCallback
 
@@ -180,20 +220,12 @@ def trial_driver(config: dict[str, Any], *, context: dict[str, Any]) -> None:
     from embedlab.train.checkpoint import read_manifest
     from embedlab.train.nonfinite import NonFiniteError
 
-    if "trial" in config:  # a grid entry: the whole trial as one value
-        config = config["trial"]
-    study = Study.from_dict(context["study"])
-    arm, seed, stage = config["arm"], config["seed"], config.get("stage", "final")
-    params = {k: v for k, v in config.items() if "." in k}
-    params.update(config.get("params", {}))
+    arm, seed, stage, trial_id = identity["arm"], identity["seed"], identity["stage"], identity["trial_id"]
+    run_dir = context["run_dir"]
     trial = set_path(study.trial_config(arm, seed, context.get("parent")), params)
     prepared = PreparedData(Path(context["prepared"][arm]["directory"]), context["prepared"][arm])
-    trial_id = tune.get_context().get_trial_id()
-    run_dir = context["run_dir"]
     identity = {
-        "study": study.name, "trial_id": trial_id, "stage": stage, "arm": arm, "seed": seed,
-        "factor": study.factor, "factor_value": study.factor_value(arm),
-        **{f"param/{k}": v for k, v in params.items()},
+        **identity,
         "config_hash": hashlib.sha256(trial.to_json().encode()).hexdigest(),
         "phase": trial.phase, "parent": trial.parent,
         "parent_hash": read_manifest(Path(trial.parent))["content_hash"] if trial.parent else None,
@@ -206,8 +238,7 @@ def trial_driver(config: dict[str, Any], *, context: dict[str, Any]) -> None:
     except NonFiniteError as error:
         # Deterministic: retrying would stop the same way. The table shows why it has no metrics.
         write_row(run_dir, {**identity, "status": "nonfinite", "error": str(error)})
-        tune.report({study.metric: float("nan")})
-        return
+        return {study.metric: float("nan")}
     if result.error is not None:
         raise result.error
     checkpoint_dir = result.checkpoint.path
@@ -230,18 +261,35 @@ def trial_driver(config: dict[str, Any], *, context: dict[str, Any]) -> None:
         "train/steps": train["train/step"],
         "train/skipped_steps": train["train/skipped_steps"],
         **_score_columns(scores, trial.eval.split),
+        **_eval_compute_columns(scores),
         "checkpoint": checkpoint_dir,
         "checkpoint_hash": scores["checkpoint_hash"],
         "data_revision": prepared.data_revision,
         "status": "finished",
     }
-    if stage == "final" and any(r.get("stage", "final") == "final" and (r["arm"], r["seed"]) == (arm, seed)
+    if stage == "final" and any(r.get("status") == "finished" and r.get("stage", "final") == "final"
+                                and (r["arm"], r["seed"]) == (arm, seed) and r["trial_id"] != trial_id
                                 for r in _finished_rows(run_dir)):
         # A trial of an interrupted pass finished after its driver died: one row per (arm, seed).
         row["status"] = "duplicate"
         row["trial_id"] = f"{trial_id}-duplicate"
+    # The per-query file first: a row on disk means its trial's per-query values are there too.
+    write_per_query(run_dir, row, scores, trial.eval.split)
     write_row(run_dir, row)
-    tune.report({k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
+    return {k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def _eval_compute_columns(scores: dict[str, Any]) -> dict[str, float]:
+    """The evaluation's cost as row columns (`evaluate_checkpoint`); a cached result carries
+    the cost of the evaluation that computed it."""
+    return {"compute/eval_flops": scores["eval_flops"], "compute/eval_seconds": scores["eval_seconds"],
+            "compute/eval_wall_seconds": scores["eval_wall_seconds"]}
+
+
+def _error_text(text: str) -> str:
+    """An error's text for a row: its end, where the exception's own line is."""
+    text = text.strip()
+    return text if len(text) <= ERROR_CHARS else "..." + text[-ERROR_CHARS:]
 
 
 EVAL_PROGRESS = "eval/progress"  # a Tune result holding one evaluation progress line (text)
@@ -326,6 +374,19 @@ def write_row(run_dir: str, row: dict[str, Any]) -> None:
     store.write_text(store.join(run_dir, TRIALS_DIR, f"{row['trial_id']}.json"), json.dumps(row, indent=2, sort_keys=True))
 
 
+def write_per_query(run_dir: str, row: dict[str, Any], scores: dict[str, Any], split: str) -> None:
+    """`per_query/<trial_id>.json`: each query's value of every metric the row averages, keyed
+    as the row's columns are (`<split>/ndcg@10`), so a paired test across arms can match
+    queries. Kept out of the row, which stays one line of numbers per trial."""
+    record = {
+        "trial_id": row["trial_id"], "arm": row["arm"], "seed": row["seed"], "stage": row["stage"],
+        "split": split, "task_hash": scores["task_hash"],
+        "values": {f"{split}/{metric}": values for metric, values in scores["per_query"].items()},
+    }
+    store.write_text(store.join(run_dir, PER_QUERY_DIR, f"{row['trial_id']}.json"),
+                     json.dumps(record, indent=2, sort_keys=True))
+
+
 def dry_run(study_path: str | Path, *, profile: str | None = None, parent: str | None = None) -> str:
     """What `embedlab sweep` would run, without starting Ray or touching data."""
     study = load_study(study_path, profile)
@@ -353,7 +414,12 @@ def dry_run(study_path: str | Path, *, profile: str | None = None, parent: str |
         f"  seeds: {', '.join(map(str, study.seeds))}",
     ]
     if study.search:
-        lines.append(f"  Optuna search, {study.search_trials} trials per arm (seed {study.seeds[0]}):")
+        from embedlab.sweep.optuna_search import SamplerChoice
+
+        sampler = SamplerChoice.for_trials(study.search_trials, study.tuning_seeds[0]).description
+        lines.append(f"  tuning seeds: {_seed_range(study.tuning_seeds)} (never a study seed: reported numbers "
+                     "come from the seeds above alone)")
+        lines.append(f"  Optuna search, {study.search_trials} trials per arm, {sampler}:")
         lines += [f"    {s.path}: " + (f"one of {list(s.choices)}" if s.choices else
                                           f"{s.low:g} .. {s.high:g}" + (" (log)" if s.log else "")) for s in study.search]
     if study.needs_parent:
@@ -362,6 +428,10 @@ def dry_run(study_path: str | Path, *, profile: str | None = None, parent: str |
                  + (f"({study.search_trials} tuning + {len(study.seeds)} seeds))" if study.search
                     else f"{len(study.seeds)} seeds)"))
     return "\n".join(line for line in lines if line)
+
+
+def _seed_range(seeds: tuple[int, ...]) -> str:
+    return f"{seeds[0]}..{seeds[-1]}" if len(seeds) > 2 else ", ".join(map(str, seeds))
 
 
 def run_sweep(
@@ -450,54 +520,117 @@ def run_sweep(
     context = {"study": study.to_dict(), "prepared": prepared, "run_dir": run_dir, "parent": parent}
     driver = tune.with_resources(tune.with_parameters(trial_driver, context=context), TRIAL_DRIVER_RESOURCES)
     rows = _finished_rows(run_dir)
+    kept = [r for r in rows if _kept_on_resume(r)]
     if resume is not None:
-        progress(f"resume: {len(rows)} finished trial(s) kept, {study.trials - len(rows)} to run")
+        rerun = len(rows) - len(kept)
+        progress(f"resume: {len(kept)} finished trial(s) kept, {study.trials - len(kept)} to run"
+                 + (f" ({rerun} failed grid trial(s) among them run again)" if rerun else ""))
     best: dict[str, dict[str, Any]] = {arm: {} for arm in study.arms}
     if study.search:
-        best = _tune_arms(study, driver, run_dir, rows, concurrency, progress)
+        best = _tune_arms(study, driver, run_dir, record, rows, concurrency, progress)
         _write_json(store.join(run_dir, "search.json"), best)
-    done = {(r["arm"], r["seed"]) for r in rows if r.get("stage", "final") == "final"}
+    done = {(r["arm"], r["seed"]) for r in kept if r.get("stage", "final") == "final"}
     todo = [{"arm": arm, "seed": seed, "stage": "final", "params": best[arm]}
             for arm in study.arms for seed in study.seeds if (arm, seed) not in done]
     if todo:
         progress(f"tune: {len(todo)} trials, at most {concurrency} at a time")
-        _fit(driver, {"trial": tune.grid_search(todo)}, run_dir, "grid", concurrency, progress, metric=study.metric)
+        _fit(driver, {"trial": tune.grid_search(todo)}, run_dir, "grid", concurrency, progress, study=study)
     return run_dir
 
 
-def _tune_arms(study: Study, driver, run_dir: str, rows: list[dict], concurrency: int,
+def _kept_on_resume(row: dict[str, Any]) -> bool:
+    """Whether a resumed run keeps a trial's row as done. A failed grid trial (a crash, after
+    Tune's retry) runs again; a nonfinite one would stop the same way, so it stays. Tuning
+    trials all stay, failed ones too: each spent one of the arm's equal tuning budget."""
+    return row.get("stage", "final") == "tune" or row.get("status") != "failed"
+
+
+def _tune_arms(study: Study, driver, run_dir: str, record: dict, rows: list[dict], concurrency: int,
                progress: Callable[[str], None]) -> dict[str, dict[str, Any]]:
-    """Optuna's search per arm, `study.search_trials` trials each at the first seed (equal
-    tuning effort); returns each arm's best values on the study metric (recipe-dev)."""
+    """Optuna's search per arm, `study.search_trials` trials each at `study.tuning_seeds` (equal
+    tuning effort, never at a study seed); returns each arm's best values on the study metric
+    (recipe-dev) among its tuning trials that finished with a finite value. Failed and
+    nonfinite trials count against the budget, are excluded from the choice, printed, and
+    listed in study.json's "tuning"; an arm with none usable raises `TuningError`."""
     import optuna
 
-    from embedlab.sweep.optuna_search import FinalResultOptuna, SearchSpace
+    from embedlab.sweep.optuna_search import FinalResultOptuna, SamplerChoice, SearchSpace
 
     database = _optuna_database(run_dir)
     storage_url = f"sqlite:///{database}"
+    sampler = SamplerChoice.for_trials(study.search_trials, study.tuning_seeds[0])
+    tuning = {"sampler": sampler.description, "trials_per_arm": study.search_trials,
+              "seeds": list(study.tuning_seeds), "failed": {}}
     best: dict[str, dict[str, Any]] = {}
     for arm in study.arms:
-        finished = [r for r in rows if r.get("stage") == "tune" and r["arm"] == arm]
-        remaining = study.search_trials - len(finished)
+        attempted = _tuning_rows(rows, arm)
+        remaining = study.search_trials - len(attempted)
         if remaining > 0:
-            progress(f"optuna: arm {arm}: {remaining} of {study.search_trials} tuning trials "
+            progress(f"optuna: arm {arm}: {remaining} of {study.search_trials} tuning trials, {sampler.description} "
                      f"(storage {storage_url}, study {study.name}-{arm})")
-
             searcher = FinalResultOptuna(
-                space=SearchSpace(study.search, arm, study.seeds[0]), metric=study.metric, mode="max", seed=study.seeds[0],
-                study_name=f"{study.name}-{arm}", storage=optuna.storages.RDBStorage(storage_url),
+                space=SearchSpace(study.search, arm, study.tuning_seeds), metric=study.metric, mode="max",
+                sampler=sampler.build(done=len(attempted)), study_name=f"{study.name}-{arm}",
+                storage=optuna.storages.RDBStorage(storage_url),
             )
             _fit(driver, None, run_dir, f"optuna-{arm}", concurrency, progress,
-                 searcher=searcher, num_samples=remaining, metric=study.metric)
+                 study=study, searcher=searcher, num_samples=remaining)
             if store.local_path(run_dir) is None:  # keep the run directory's copy current
                 store.write_bytes(store.join(run_dir, OPTUNA_FILE), database.read_bytes())
-        finished = [r for r in _finished_rows(run_dir) if r.get("stage") == "tune" and r["arm"] == arm]
-        if not finished:
-            raise RuntimeError(f"optuna: no tuning trial of arm {arm} finished; see {run_dir}")
-        top = max(finished, key=lambda r: r[study.metric])
+        arm_rows = _tuning_rows(_finished_rows(run_dir), arm)
+        _, failures = split_tuning_rows(arm_rows, study.metric)
+        if failures:
+            tuning["failed"][arm] = failures
+            progress(f"optuna: arm {arm}: {len(failures)} of {len(arm_rows)} tuning trial(s) failed, excluded "
+                     f"from the choice: {_failure_text(failures)}")
+        record["tuning"] = tuning  # written before a TuningError, so the failures are on record
+        _write_json(store.join(run_dir, STUDY_FILE), record)
+        top = best_tuning_row(arm, arm_rows, study.metric, where=run_dir)
         best[arm] = {k.removeprefix("param/"): v for k, v in top.items() if k.startswith("param/")}
-        progress(f"optuna: arm {arm}: best {study.metric} {top[study.metric]:.4f} at {best[arm]}")
+        progress(f"optuna: arm {arm}: best {study.metric} {top[study.metric]:.4f} at {best[arm]} "
+                 f"(tuning seed {top['seed']})")
     return best
+
+
+class TuningError(RuntimeError):
+    """An arm's tuning left no trial to choose from: every one failed or went non-finite."""
+
+
+def _tuning_rows(rows: list[dict[str, Any]], arm: str) -> list[dict[str, Any]]:
+    return [r for r in rows if r.get("stage") == "tune" and r["arm"] == arm]
+
+
+def split_tuning_rows(rows: list[dict[str, Any]], metric: str) -> tuple[list[dict], list[dict]]:
+    """An arm's tuning rows as (usable, failures): usable rows finished with a finite `metric`;
+    every other row becomes a failure {"trial_id", "status", "error"} (study.json's
+    "tuning.failed" entries)."""
+    usable, failures = [], []
+    for row in sorted(rows, key=lambda r: str(r["trial_id"])):
+        value = row.get(metric)
+        finite = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if row.get("status") == "finished" and finite:
+            usable.append(row)
+            continue
+        error = row.get("error") or (f"{metric} is {value}" if row.get("status") == "finished"
+                                     else f"status {row.get('status')}")
+        failures.append({"trial_id": row["trial_id"], "status": row.get("status"), "error": error})
+    return usable, failures
+
+
+def best_tuning_row(arm: str, rows: list[dict[str, Any]], metric: str, *, where: str = "") -> dict[str, Any]:
+    """The arm's tuning row with the highest `metric` among those that finished with a finite
+    value; `TuningError` naming the arm and every failure when there is none."""
+    usable, failures = split_tuning_rows(rows, metric)
+    if not usable:
+        raise TuningError(
+            f"optuna: arm {arm}: none of its {len(rows)} tuning trial(s) finished with a finite {metric}"
+            + (f": {_failure_text(failures)}" if failures else "") + (f"; see {where}" if where else ""))
+    return max(usable, key=lambda r: r[metric])
+
+
+def _failure_text(failures: list[dict]) -> str:
+    return "; ".join(f"trial {f['trial_id']} {f['status']}: {f['error'].splitlines()[-1] if f['error'] else ''}"
+                     for f in failures)
 
 
 def _trial_progress(total: int, metric: str, progress: Callable[[str], None]):
@@ -529,6 +662,9 @@ def _trial_progress(total: int, metric: str, progress: Callable[[str], None]):
         def on_trial_complete(self, iteration, trials, trial, **info):
             self.done += 1
             value = trial.last_result.get(metric)
+            if value is not None and not math.isfinite(value):  # the driver's nonfinite report
+                progress(f"trial {self._name(trial)}: stopped, non-finite training ({self.done}/{total})")
+                return
             progress(f"trial {self._name(trial)}: finished ({self.done}/{total})"
                      + (f", {metric} {value:.4f}" if value is not None else ""))
 
@@ -537,6 +673,22 @@ def _trial_progress(total: int, metric: str, progress: Callable[[str], None]):
             progress(f"trial {self._name(trial)}: FAILED ({self.done}/{total}); see {trial.local_path}")
 
     return TrialProgress()
+
+
+def _failed_rows(study: Study, run_dir: str):
+    """A Tune callback that writes a "failed" row for a trial that errored without writing one
+    itself (its process died: out of memory, a lost node), so every trial leaves a row."""
+    from ray import tune
+
+    class FailedRows(tune.Callback):
+        def on_trial_error(self, iteration, trials, trial, **info):
+            if store.exists(store.join(run_dir, TRIALS_DIR, f"{trial.trial_id}.json")):
+                return  # the driver's own row says more
+            error = trial.get_error() or f"see {trial.local_path}"
+            write_row(run_dir, {**trial_identity(study, trial.config, trial.trial_id), "status": "failed",
+                                "error": _error_text(str(error))})
+
+    return FailedRows()
 
 
 def _optuna_database(run_dir: str) -> Path:
@@ -556,7 +708,7 @@ def _optuna_database(run_dir: str) -> Path:
 
 
 def _fit(driver, param_space, run_dir: str, name: str, concurrency: int, progress: Callable[[str], None], *,
-         searcher=None, num_samples: int = 1, metric: str = "dev/ndcg@10") -> None:
+         study: Study, searcher=None, num_samples: int = 1) -> None:
     from ray import tune
 
     total = num_samples if param_space is None else len(param_space["trial"]["grid_search"])
@@ -569,7 +721,8 @@ def _fit(driver, param_space, run_dir: str, name: str, concurrency: int, progres
         param_space=param_space,
         tune_config=tune.TuneConfig(max_concurrent_trials=concurrency, search_alg=searcher, num_samples=num_samples),
         run_config=tune.RunConfig(name=name, storage_path=store.join(run_dir, "tune"), verbose=0,
-                                  callbacks=[_trial_progress(total, metric, progress)],
+                                  callbacks=[_trial_progress(total, study.metric, progress),
+                                             _failed_rows(study, run_dir)],
                                   # A trial whose trainer died (a lost node, a removed placement
                                   # group) runs once more before it counts as failed.
                                   failure_config=tune.FailureConfig(max_failures=TRIAL_RETRIES)),

@@ -5,6 +5,11 @@ study names the factor it varies (a dotted config path such as `masking.ratio`),
 construction refuses arms that differ anywhere else, so a comparison is controlled by
 construction. The budget and the seeds belong to the study, not to the arms: every arm
 trains to the same measured budget under the same seeds.
+
+Tuning runs at its own seeds (`Study.tuning_seeds`, from `TUNING_SEED_OFFSET` up), never at
+a study seed: the tuning trial Optuna picks is the best of several noisy draws, so its value
+is biased upward (the winner's curse), and a final trial at the same seed would repeat it
+and carry that bias into the reported mean. Reported numbers come from the study seeds only.
 """
 
 from __future__ import annotations
@@ -22,11 +27,15 @@ from typing import Any
 from embedlab.config import ConfigError, TrialConfig
 
 METRICS = ("dev/ndcg@10", "dev/recall@100", "dev/mrr@10", "dev/map")
-BUDGET_UNITS = ("tokens", "pairs", "flops")
+BUDGET_UNITS = ("tokens", "pairs", "flops", "device_seconds")
+# Tuning trial k of every arm runs at seed TUNING_SEED_OFFSET + k: the same seeds for every
+# arm (equal tuning conditions), and far from the small seeds studies use (0, 1, 2).
+TUNING_SEED_OFFSET = 10_000
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 # Config paths a search may not touch: the factor is what the study compares, and the
 # budget and seed belong to the study, so tuning them would break equal compute.
-_UNSEARCHABLE = ("train.budget_tokens", "train.budget_pairs", "train.budget_flops", "train.seed", "parent", "phase")
+_BUDGET_PATHS = ("train.budget_tokens", "train.budget_pairs", "train.budget_flops", "train.budget_device_seconds")
+_UNSEARCHABLE = (*_BUDGET_PATHS, "train.seed", "parent", "phase")
 
 
 @dataclass(frozen=True)
@@ -80,11 +89,13 @@ class Study:
     """Arms x seeds at one measured budget, ranked by `metric` on recipe-dev.
 
     `budget_unit` is what every trial trains to: consumed non-padding `tokens` (phase-1
-    default), positive `pairs` (phases 2-3 default) or estimated training `flops`
+    default), positive `pairs` (phases 2-3 default), measured training `flops`
     (`budget_flops`, e.g. to compare a joint MLM+contrastive arm with a contrastive-only one
-    at equal arithmetic). `search` names nuisance hyperparameters that Optuna tunes with
-    `search_trials` trials for every arm (equal tuning effort); each arm's seeds then run
-    with that arm's best values. `profile` records the sizes the file was built at.
+    at equal arithmetic) or `device_seconds` (`budget_device_seconds`: device time summed
+    over a trial's workers, to compare arms at equal time). `search` names nuisance
+    hyperparameters that Optuna tunes with `search_trials` trials for every arm (equal tuning
+    effort) at `tuning_seeds`; each arm's `seeds` then run with that arm's best values.
+    `profile` records the sizes the file was built at.
     """
 
     name: str
@@ -95,6 +106,7 @@ class Study:
     budget_pairs: int = 0  # phases 2-3: consumed positive pairs per trial (required there)
     budget_unit: str = ""  # "" = tokens in phase 1, pairs in phases 2-3
     budget_flops: float = 0.0
+    budget_device_seconds: float = 0.0
     metric: str = "dev/ndcg@10"
     description: str = ""
     search: tuple[Search, ...] = ()
@@ -135,8 +147,11 @@ class Study:
             raise ConfigError("study.budget_unit: phase 1 trains on tokens, not pairs")
         if (self.unit == "flops") != (self.budget_flops > 0):
             raise ConfigError("study.budget_flops: set it exactly when budget_unit is 'flops'")
+        if (self.unit == "device_seconds") != (self.budget_device_seconds > 0):
+            raise ConfigError("study.budget_device_seconds: set it exactly when budget_unit is 'device_seconds'")
         self._check_controlled()
         self._check_search()
+        self._check_tuning_seeds()
         self._check_budget()
 
     def _check_controlled(self) -> None:
@@ -153,7 +168,7 @@ class Study:
                     continue
                 if key == self.factor or key.startswith(f"{self.factor}."):
                     varied = True
-                elif key not in ("train.budget_tokens", "train.budget_pairs", "train.budget_flops", "train.seed", "parent"):
+                elif key not in (*_BUDGET_PATHS, "train.seed", "parent"):
                     raise ConfigError(
                         f"study.arms[{arm!r}]: differs from arm {first_arm!r} in {key} "
                         f"({value!r} vs {reference[key]!r}), outside the declared factor {self.factor}"
@@ -176,10 +191,18 @@ class Study:
             if not item.choices and not (item.low < item.high and (not item.log or item.low > 0)):
                 raise ConfigError(f"study.search[{item.path!r}]: needs low < high (and low > 0 when log) or choices")
             for arm, config in self.arms.items():
-                value = item.choices[0] if item.choices else item.low
-                set_path(config, {item.path: value})  # the range's ends are valid configs
-                if not item.choices:
-                    set_path(config, {item.path: item.high})
+                # Every choice and both ends of a range make valid configs: a bad value found
+                # here names its field, instead of failing each trial that draws it.
+                for value in item.choices or (item.low, item.high):
+                    set_path(config, {item.path: value})
+
+    def _check_tuning_seeds(self) -> None:
+        clash = sorted(set(self.seeds) & set(self.tuning_seeds))
+        if clash:
+            raise ConfigError(
+                f"study.seeds: {clash} are tuning seeds (tuning trial k runs at seed {TUNING_SEED_OFFSET} + k, "
+                f"here {self.tuning_seeds[0]}..{self.tuning_seeds[-1]}); a final trial there would repeat a "
+                "tuning trial, so choose study seeds outside that range")
 
     def _check_budget(self) -> None:
         """A budget below one optimizer step would stop every arm after a single step,
@@ -210,7 +233,16 @@ class Study:
         """Each trial's budget in words, in the study's unit."""
         return {"tokens": f"{self.budget_tokens:,} non-padding tokens",
                 "pairs": f"{self.budget_pairs:,} positive pairs",
-                "flops": f"{self.budget_flops:.3g} estimated training FLOPs"}[self.unit]
+                "flops": f"{self.budget_flops:.3g} measured training FLOPs",
+                "device_seconds": f"{self.budget_device_seconds:,g} device seconds"}[self.unit]
+
+    @property
+    def tuning_seeds(self) -> tuple[int, ...]:
+        """The seeds Optuna's tuning trials run at: trial k of every arm at
+        `TUNING_SEED_OFFSET` + k, one per tuning trial (empty without a search). Disjoint from
+        `seeds` (checked at construction), so no final trial reruns a tuning trial and the
+        tuning winner's upward-biased value never enters a reported mean."""
+        return tuple(TUNING_SEED_OFFSET + k for k in range(self.search_trials if self.search else 0))
 
     @property
     def trials(self) -> int:
@@ -233,7 +265,7 @@ class Study:
             raise KeyError(f"study {self.name}: no arm {arm!r}; arms: {list(self.arms)}")
         config = self.arms[arm]
         train = dataclasses.replace(config.train, budget_tokens=self.budget_tokens, seed=seed,
-                                    budget_flops=self.budget_flops)
+                                    budget_flops=self.budget_flops, budget_device_seconds=self.budget_device_seconds)
         if self.budget_pairs:
             train = dataclasses.replace(train, budget_pairs=self.budget_pairs)
         config = dataclasses.replace(config, train=train, parent=parent or config.parent)
@@ -282,6 +314,7 @@ class Study:
             "budget_pairs": self.budget_pairs,
             "budget_unit": self.unit,
             "budget_flops": self.budget_flops,
+            "budget_device_seconds": self.budget_device_seconds,
             "metric": self.metric,
             "description": self.description,
             "disclosed_overlap": self.disclosed_overlap,
@@ -305,6 +338,7 @@ class Study:
             budget_pairs=raw.get("budget_pairs", 0),
             budget_unit=raw.get("budget_unit", ""),
             budget_flops=raw.get("budget_flops", 0.0),
+            budget_device_seconds=raw.get("budget_device_seconds", 0.0),
             metric=raw["metric"],
             description=raw.get("description", ""),
             disclosed_overlap=raw.get("disclosed_overlap"),
