@@ -56,3 +56,27 @@ def test_retention_scores_a_dual_head_checkpoint_with_its_head_nearest_15_percen
     assert got == scores["mask5"] > 0 and scores["mask50"] == 0
     save_checkpoint(tmp_path / "encoder-only", dual.encoder, head=None, tokenizer=tokenizer, fields={})
     assert mlm_accuracy_function(tmp_path / "encoder-only") is None
+
+
+def test_a_contrastive_only_child_keeps_its_parents_head_frozen(tmp_path):
+    """A contrastive-only phase-2 child trains its encoder and saves its parent's MLM head
+    unchanged (dense, norm, bias), so its masked-token accuracy can be scored."""
+    import dataclasses
+    import json
+
+    from safetensors.torch import load_file
+
+    import synthetic
+
+    frozen = synthetic.tokenizer(tmp_path / "tokenizer")
+    parent = synthetic.write_parent(tmp_path / "parent", frozen)
+    trial = synthetic.contrastive_trial(parent)
+    trial = dataclasses.replace(trial, contrastive=dataclasses.replace(trial.contrastive, mlm_weight=0.0))
+    synthetic.train(trial, frozen, tmp_path / "run")
+    final = max((tmp_path / "run").rglob("manifest.json"), key=lambda p: p.stat().st_mtime).parent
+    before, after = load_file(str(parent / "mlm_head.safetensors")), load_file(str(final / "mlm_head.safetensors"))
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    encoder_before = load_file(str(parent / "encoder.safetensors"))
+    encoder_after = load_file(str(final / "encoder.safetensors"))
+    assert any(not torch.equal(encoder_before[k], encoder_after[k]) for k in encoder_before)  # it did train
+    assert json.loads((final / "manifest.json").read_text())["objective"]["mlm_head"].startswith("the parent's")

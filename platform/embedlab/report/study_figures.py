@@ -16,7 +16,7 @@ from embedlab.sweep.table import (
 
 RETENTION = ("retention/probe_accuracy", "retention/similarity_spearman", "retention/mlm_accuracy")
 MARKERS = "osD^vP*X"
-FLOPS_COLUMNS = ("budget/flops", "budget/flops_estimate")  # runs before budget/flops wrote an estimate
+FLOPS_COLUMNS = ("budget/flops", "budget/flops_estimate")  # older runs wrote an estimate under the second
 
 
 def _metrics(runs: list[Run]) -> list[str]:
@@ -162,7 +162,7 @@ def runtime_figure(runs: list[Run]) -> Figure | None:
             parts.append(f"{run.label}/{arm} {rows[metric].mean():.3f} in {rows['compute/wall_seconds'].mean():.1f} s"
                          f" and {flops[rows.index].mean():.2g} FLOPs")
     seconds_ax.set_xlabel("training wall-clock seconds per trial")
-    flops_ax.set_xlabel("estimated training FLOPs per trial")
+    flops_ax.set_xlabel("measured training FLOPs per trial")
     flops_ax.set_xscale("log")
     flops_ax.xaxis.set_minor_formatter(NullFormatter())  # unlabelled minor ticks: no overlapping labels
     for ax in (seconds_ax, flops_ax):
@@ -173,18 +173,19 @@ def runtime_figure(runs: list[Run]) -> Figure | None:
         key="runtime", title="Quality vs runtime", png=to_png(figure),
         caption=Caption(
             units=(f"{metric} on the dev split (0-1) of every finished trial (one point per seed; colour: run, "
-                   "marker: arm) against its measured training wall-clock seconds (left) and its estimated "
+                   "marker: arm) against its measured training wall-clock seconds (left) and its measured "
                    "training FLOPs (right, log axis)."),
             observed="Arm means: " + "; ".join(parts) + "." + (f" Matched in: {matched}." if matched else ""),
-            mechanism=("Within a study every arm consumes the same budget unit (tokens or pairs), so runtime "
-                       "differences come from what an arm computes per unit (extra heads, mined negatives "
-                       "encoded alongside each pair, a joint MLM term) and from contention between trials "
-                       "running side by side; FLOPs count 6 x body parameters per encoded token plus one head "
-                       "per masked token."),
+            mechanism=("Within a study every arm consumes the same budget (measured FLOPs, or a declared data "
+                       "unit), so at equal FLOPs an arm that computes more per pair or token (mined negatives "
+                       "encoded alongside each pair, a joint MLM term, more masked positions) reads less data, "
+                       "and wall-clock differences come from contention between trials running side by side "
+                       "and from work the FLOPs leave out; FLOPs are every pass's matrix products at the shapes "
+                       "it ran (embedlab.train.flops)."),
             limitation=("Wall seconds exclude evaluation and data preparation and are inflated by whatever else "
-                        "shared the machine; FLOPs are the platform's estimate (no attention scores, no GradCache "
-                        "re-forward), not a measurement; phases used different budgets, so cross-phase points "
-                        "are not an equal-compute comparison."),
+                        "shared the machine; FLOPs leave out element-wise work (norms, softmax, the optimizer) "
+                        "and the evaluation's and mining's encodes; phases used different budgets, so "
+                        "cross-phase points are not an equal-compute comparison."),
         ),
     )
 

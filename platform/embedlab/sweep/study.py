@@ -88,11 +88,12 @@ def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 class Study:
     """Arms x seeds at one measured budget, ranked by `metric` on recipe-dev.
 
-    `budget_unit` is what every trial trains to: consumed non-padding `tokens` (phase-1
-    default), positive `pairs` (phases 2-3 default), measured training `flops`
-    (`budget_flops`, e.g. to compare a joint MLM+contrastive arm with a contrastive-only one
-    at equal arithmetic) or `device_seconds` (`budget_device_seconds`: device time summed
-    over a trial's workers, to compare arms at equal time). `search` names nuisance
+    `budget_unit` is what every trial trains to: measured training `flops` (`budget_flops`;
+    the unit whenever it is set, and what every shipped study declares through
+    `recipes.budget_for`), `device_seconds` (`budget_device_seconds`: device time summed over
+    a trial's workers), or a data unit: consumed non-padding `tokens` (phase 1 without a FLOPs
+    budget) or positive `pairs` (phases 2-3 without one), whose tables then say the arms are
+    data-matched and by how much their FLOPs differ. `search` names nuisance
     hyperparameters that Optuna tunes with `search_trials` trials for every arm (equal tuning
     effort) at `tuning_seeds`; each arm's `seeds` then run with that arm's best values.
     `profile` records the sizes the file was built at.
@@ -142,7 +143,10 @@ class Study:
         if self.budget_unit not in ("", *BUDGET_UNITS):
             raise ConfigError(f"study.budget_unit: {self.budget_unit!r}; valid: {list(BUDGET_UNITS)}")
         # Resolved once, so a study and its JSON round trip compare equal.
-        object.__setattr__(self, "budget_unit", self.budget_unit or ("tokens" if self.phase == 1 else "pairs"))
+        # Measured FLOPs whenever a FLOPs budget is given; a data unit only without one.
+        object.__setattr__(self, "budget_unit", self.budget_unit or (
+            "flops" if self.budget_flops > 0 else "device_seconds" if self.budget_device_seconds > 0
+            else "tokens" if self.phase == 1 else "pairs"))
         if self.unit == "pairs" and self.phase == 1:
             raise ConfigError("study.budget_unit: phase 1 trains on tokens, not pairs")
         if (self.unit == "flops") != (self.budget_flops > 0):

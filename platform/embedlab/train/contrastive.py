@@ -42,7 +42,7 @@ from embedlab.objectives.mlm import mlm_loss_sum
 from embedlab.tokenizer import load_tokenizer
 from embedlab.train.budget import consumption, schedule_units
 from embedlab.train.flops import FORWARD, GRADCACHE, TRAINED, FlopTally, attention_path
-from embedlab.train.checkpoint import load_parent
+from embedlab.train.checkpoint import HEAD_FILE, load_parent
 from embedlab.train.launch import fit
 from embedlab.train.loop import Progress, RunOptions, TrainingLoop, run_on_ray
 from embedlab.train.mlm_step import all_reduce_gradients, no_reduce
@@ -114,16 +114,25 @@ class ContrastiveLoop(TrainingLoop):
         torch.set_num_threads(trial.train.torch_threads)
         self.tokenizer = load_tokenizer(loop_config["tokenizer_path"], expected_hash=loop_config["tokenizer_hash"])
         self.joint = settings.mlm_weight > 0
-        self.parent = load_parent(Path(trial.parent), tokenizer_hash=self.tokenizer.hash, need_head=self.joint,
+        # A contrastive-only child carries its parent's MLM head along, frozen (its own dense,
+        # norm and bias; the decoder stays tied to the child's embeddings), so masked-token
+        # accuracy can be measured for every child, as retention asks.
+        keeps_head = self.joint or (Path(trial.parent) / HEAD_FILE).is_file()
+        self.parent = load_parent(Path(trial.parent), tokenizer_hash=self.tokenizer.hash, need_head=keeps_head,
                                   masking_ratio=trial.masking.ratio)
-        self.model = self.parent.model.to(device)  # MLMModel when joint, else an Encoder
-        self.encoder = self.model.encoder if self.joint else self.model
+        self.model = self.parent.model.to(device)  # MLMModel with a head, else an Encoder
+        self.encoder = self.model.encoder if isinstance(self.model, MLMModel) else self.model
+        if isinstance(self.model, MLMModel) and not self.joint:
+            for name, parameter in self.model.mlm_head.named_parameters():
+                if not name.startswith("embedding."):
+                    parameter.requires_grad_(False)
         if resolve_compile(trial.train):
             compile_blocks(self.encoder)
         self.temperature = (
             LearnableTemperature(settings.temperature).to(device) if settings.learnable_temperature else None
         )
-        trained = [self.model] + ([self.temperature] if self.temperature is not None else [])
+        trained = [self.model if self.joint else self.encoder] + (
+            [self.temperature] if self.temperature is not None else [])
         self.parameters = torch.nn.ModuleList(trained)
         self.optimizer = build_optimizer(self.parameters, trial.train, device)
         self.precision = resolve_precision(trial.train)
@@ -400,6 +409,9 @@ class ContrastiveLoop(TrainingLoop):
                     "temperature": metrics["train/temperature"],
                     "learnable_temperature": settings.learnable_temperature,
                     "mlm_weight": settings.mlm_weight,
+                    "mlm_head": ("trained with the joint MLM term" if self.joint else
+                                 "the parent's, frozen (decoder tied to these embeddings)" if head is not None
+                                 else None),
                     "reduction": "sum over valid anchors / global valid anchors; gradients summed over workers",
                     "candidates": "gathered across workers" if settings.gather_across_workers else "local",
                     "hard_negatives": settings.hard_negatives,
