@@ -85,6 +85,14 @@ def reference_varlen_attention(q, k, v, cu_seqlens: torch.Tensor, max_length: in
     return out
 
 
+BUCKET_MIN = 16  # the shortest length bucket of the CPU variable-length kernel
+
+
+def length_buckets(lengths: torch.Tensor) -> torch.Tensor:
+    """(S,) sequence lengths -> (S,) their buckets: the next power of two, at least `BUCKET_MIN`."""
+    return torch.clamp(2 ** torch.ceil(torch.log2(lengths.double().clamp(min=1))), min=BUCKET_MIN).long()
+
+
 def bucketed_varlen_attention(q, k, v, cu_seqlens: torch.Tensor, max_length: int,
                               dropout_p: float = 0.0) -> torch.Tensor:
     """(N, H, Dh) packed queries/keys/values -> (N, H, Dh): attention inside each sequence of
@@ -98,7 +106,7 @@ def bucketed_varlen_attention(q, k, v, cu_seqlens: torch.Tensor, max_length: int
     lengths = cu_seqlens[1:] - cu_seqlens[:-1]  # (S,)
     if lengths.numel() == 0:
         return q.new_zeros(q.shape)
-    buckets = torch.clamp(2 ** torch.ceil(torch.log2(lengths.double().clamp(min=1))), min=16).long()
+    buckets = length_buckets(lengths)
     positions, results = [], []
     for bucket in torch.unique(buckets).tolist():
         members = (buckets == bucket).nonzero().squeeze(1)  # (S_b,)

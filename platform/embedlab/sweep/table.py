@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from embedlab.errors import UserError
 from embedlab.sweep import store
 
 TRIALS_DIR = "trials"
@@ -59,7 +60,7 @@ NO_TRIALS = "(no finished trials)"
 CONFIDENCE = 0.95  # of the intervals `render` shows
 
 
-class UnequalComputeError(ValueError):
+class UnequalComputeError(UserError, ValueError):
     """The arms' trials cannot be shown to have consumed equal compute, so their metrics are
     not compared: a difference could come from the budget rather than from the factor."""
 
@@ -406,8 +407,10 @@ def render(run_dir: str | Path, fmt: str = "text", metrics: Sequence[str] | None
         }, indent=2, default=_json_scalar)
     unit_column = next((c for c in UNIT_COLUMNS[unit] if c in table), UNIT_COLUMNS[unit][0])
     if metrics is None:  # a few key columns: this is printed to a terminal
+        # The budget unit's column, and beside FLOPs or device time the data each arm read.
+        data_column = "budget/pairs" if "budget/pairs" in table else "budget/tokens"
         metrics = [m for m in dict.fromkeys((record["study"]["metric"], "dev/recall@100", "train/loss",
-                                             "retention/probe_accuracy", unit_column,
+                                             "retention/probe_accuracy", unit_column, data_column,
                                              "compute/wall_seconds")) if m in table]
     table_of = _text_table if fmt == "text" else _markdown_table
     blocks = ["\n".join([_header(record, unit), *notes])]
@@ -488,15 +491,21 @@ def _header(record: dict, unit: str) -> str:
             f"{_seed_level_note()}{control}")
 
 
+SCIENTIFIC = -1  # `_decimals` for columns too large to print digit by digit (FLOPs)
+
+
 def _decimals(values: pd.Series) -> int:
-    """Decimals that show a column's scale: 4 for scores and losses, fewer for counts."""
+    """Decimals that show a column's scale: 4 for scores and losses, fewer for counts, and
+    `SCIENTIFIC` from 10^7 (FLOPs)."""
     largest = values.abs().max()
-    return 0 if largest >= 1000 else 2 if largest >= 10 else 4
+    return SCIENTIFIC if largest >= 1e7 else 0 if largest >= 1000 else 2 if largest >= 10 else 4
 
 
 def _plus_minus(value: float, half: float, decimals: int, sign: str = "") -> str:
     if math.isnan(value):
         return "n/a"
+    if decimals == SCIENTIFIC:
+        return f"{value:{sign}.4g} ± " + ("n/a" if math.isnan(half) else f"{half:.2g}")
     spread = "n/a" if math.isnan(half) else f"{half:,.{decimals}f}"
     return f"{value:{sign},.{decimals}f} ± {spread}"
 

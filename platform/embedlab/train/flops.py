@@ -17,9 +17,9 @@ segment lengths squared. A backward pass costs twice its forward (both operands'
 of every product), so a trained pass is 3x its forward and a no-grad pass (GradCache's first
 encode, evaluation, mining) is 1x; but a fused attention kernel recomputes the scores in its
 backward (5 products, not 4): 3.5x for attention. Fused kernels run on CUDA and on the CPU
-unless attention dropout trains, which takes SDPA's math path. The MLM head adds 2 * N_selected * (d^2 + d*V) per forward
-(its dense transform and the tied decoder, at selected positions only), and the contrastive
-score matrix 2 * N_queries * N_candidates * d. Element-wise work (norms, GELU, softmax,
+unless attention dropout trains, which takes SDPA's math path. The MLM head adds
+2 * N_selected * (d^2 + d*V) per forward (its dense transform and the tied decoder, at
+selected positions only), and the contrastive score matrix 2 * N_queries * N_candidates * d. Element-wise work (norms, GELU, softmax,
 losses, the optimizer) is not counted, as FlopCounterMode does not count it.
 """
 
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from embedlab.config import ModelConfig, TrialConfig
-from embedlab.model.encoder import segment_layout, varlen_rule
+from embedlab.model.encoder import length_buckets, segment_layout, varlen_rule
 
 FORWARD, TRAINED, GRADCACHE = "forward", "trained", "gradcache"
 # Forward passes of each product per mode: a backward is 2 forwards (one per operand gradient);
@@ -38,7 +38,6 @@ FORWARD, TRAINED, GRADCACHE = "forward", "trained", "gradcache"
 PASSES = {FORWARD: 1.0, TRAINED: 3.0, GRADCACHE: 4.0}
 RECOMPUTE = 0.5  # a fused attention backward also recomputes QK^T: half a forward more
 PATHS = ("dense", "bucketed", "flash")
-BUCKET_MIN = 16  # the CPU kernel's smallest length bucket (`bucketed_varlen_attention`)
 
 
 def linear_parameters(config: ModelConfig) -> int:
@@ -86,7 +85,7 @@ def attention_area(segment_ids: torch.Tensor, path: str) -> float:
     if path == "flash":
         return float(lengths.double().square().sum())
     # The bucketed kernel pads each bucket's sequences to the bucket's longest member.
-    buckets = torch.clamp(2 ** torch.ceil(torch.log2(lengths.double().clamp(min=1))), min=BUCKET_MIN).long()
+    buckets = length_buckets(lengths)
     area = 0.0
     for bucket in torch.unique(buckets).tolist():
         members = lengths[buckets == bucket]
