@@ -80,3 +80,45 @@ def test_a_contrastive_only_child_keeps_its_parents_head_frozen(tmp_path):
     encoder_after = load_file(str(final / "encoder.safetensors"))
     assert any(not torch.equal(encoder_before[k], encoder_after[k]) for k in encoder_before)  # it did train
     assert json.loads((final / "manifest.json").read_text())["objective"]["mlm_head"].startswith("the parent's")
+
+
+def test_a_dual_head_checkpoint_is_scored_on_each_of_its_heads(tmp_path):
+    """The retention panel of a dual-head checkpoint reports retention/mlm_accuracy/mask5 and
+    /mask50, each equal to that head scored alone, and retention/mlm_accuracy is mask5's (the
+    head nearest 15%); a single-head checkpoint reports the plain key only."""
+    from collections import Counter
+
+    import numpy as np
+    import pyarrow as pa
+
+    from embedlab.evaluate.retention import build_panel, mlm_accuracy_function, retention_scores
+    from embedlab.tokenizer import save_tokenizer, train_tokenizer
+
+    texts = [f"panel passage {i} from source {i % 2} holds {i * 7} words and more of them" for i in range(40)]
+    tokenizer = save_tokenizer(train_tokenizer(texts, vocab_size=300), tmp_path / "tokenizer")
+    corpus = pa.table({"doc_id": [f"d{i}" for i in range(40)], "source": [f"s{i % 2}" for i in range(40)],
+                       "title": [""] * 40, "hash": [f"h{i:02d}" for i in range(40)], "split": ["dev"] * 40,
+                       "text": texts})
+    build_panel(corpus, tmp_path / "panel")
+    torch.manual_seed(2)
+    dual = MultiHeadMLMModel(TINY, ["mask5", "mask50"])
+    common = Counter(t for ids in tokenizer.encode_batch(texts) for t in ids).most_common(1)[0][0]
+    with torch.no_grad():  # heads that answer differently, so each score shows which head made it
+        dual.heads["mask5"].bias[common] = 1e4
+        dual.heads["mask50"].bias[TINY.vocab_size - 1] = 1e4
+    save_checkpoint(tmp_path / "dual", dual.encoder, head=dual.heads, tokenizer=tokenizer,
+                    fields={"objective": {"heads": ["mask5", "mask50"]}})
+
+    def encode(batch: list[str]) -> np.ndarray:  # any embedding: the masked-token scores ignore it
+        rows = np.array([[len(text) % 7 + 1.0, 1.0, 0.0, 0.0] for text in batch])
+        return rows / np.linalg.norm(rows, axis=1, keepdims=True)
+
+    alone = {}
+    for name in ("mask5", "mask50"):
+        save_checkpoint(tmp_path / name, dual.encoder, head=dual.heads[name], tokenizer=tokenizer, fields={})
+        alone[name] = retention_scores(tmp_path / "panel", encode, mlm_accuracy_function(tmp_path / name))
+    scores = retention_scores(tmp_path / "panel", encode, mlm_accuracy_function(tmp_path / "dual"))
+    assert scores["retention/mlm_accuracy/mask5"] == alone["mask5"]["retention/mlm_accuracy"] > 0
+    assert scores["retention/mlm_accuracy/mask50"] == alone["mask50"]["retention/mlm_accuracy"] == 0
+    assert scores["retention/mlm_accuracy"] == scores["retention/mlm_accuracy/mask5"]
+    assert not any(key.startswith("retention/mlm_accuracy/") for key in alone["mask5"])

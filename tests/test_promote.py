@@ -11,7 +11,10 @@ import pytest
 from embedlab.config import EvalConfig, ModelConfig
 from embedlab.evaluate.beir import Task, load_task, write_task
 from embedlab.model.encoder import MLMModel
-from embedlab.sweep.promote import FINAL_EVAL_NOTE, NEXT_STUDY_FILE, PROMOTION_FILE, PromotionError, promote
+from embedlab.sweep.promote import (
+    FINAL_EVAL_NOTE, NEXT_STUDY_FILE, PROMOTION_FILE, PromotionError, RetentionMarginError, RetentionMetricMissing,
+    promote,
+)
 from embedlab.sweep.study import load_study
 from embedlab.sweep.table import UnequalComputeError
 from embedlab.train.checkpoint import save_checkpoint, verify_checkpoint
@@ -42,17 +45,20 @@ def _run_dir(tmp_path: Path, tokenizer, dev: dict[str, list[float]], *, test: di
              phase: int = 1, retention: dict[str, list[float]] | None = None, parent_scores: dict | None = None,
              tokens: dict[str, list[int]] | None = None, study_file: Path | None = None,
              flops: dict[str, float] | None = None, eval_config: dict | None = None,
-             prepared: dict | None = None) -> Path:
+             prepared: dict | None = None, arm_configs: dict[str, dict] | None = None) -> Path:
     """A finished run: arms x seeds rows with the given dev (and test) metrics, real checkpoints;
-    `eval_config` is every arm's recorded eval section, `prepared` the run's prepared.json."""
+    `eval_config` is every arm's recorded eval section, `arm_configs` more of an arm's recorded
+    config, `prepared` the run's prepared.json. A `retention` value per arm is every seed's, or
+    a list of one value per seed."""
     run_dir = tmp_path / "run"
     (run_dir / "trials").mkdir(parents=True)
     arms = list(dev)
     seeds = list(range(len(next(iter(dev.values())))))
     study_file = study_file or ABLATIONS / "dual_heads.py"
     record = {
-        "study": {"name": "s", "factor": "masking.ratio", "arms": {a: {"eval": eval_config} if eval_config else {}
-                                                                   for a in arms}, "seeds": seeds,
+        "study": {"name": "s", "factor": "masking.ratio",
+                  "arms": {a: {**({"eval": eval_config} if eval_config else {}), **(arm_configs or {}).get(a, {})}
+                           for a in arms}, "seeds": seeds,
                   "budget_tokens": 1000, "budget_pairs": 0 if phase == 1 else 64,
                   "budget_unit": "tokens" if phase == 1 else "pairs",
                   "metric": "dev/ndcg@10", "profile": "demo", "disclosed_overlap": None},
@@ -75,7 +81,8 @@ def _run_dir(tmp_path: Path, tokenizer, dev: dict[str, list[float]], *, test: di
             if test:
                 row["test/ndcg@10"] = test[arm][seed]
             for key, values in (retention or {}).items():
-                row[key] = values[arms.index(arm)]
+                value = values[arms.index(arm)]
+                row[key] = value[seed] if isinstance(value, list) else value
             (run_dir / "trials" / f"{trial_id}.json").write_text(json.dumps(row))
     return run_dir
 
@@ -260,3 +267,82 @@ def test_consumption_off_the_declared_budget_is_refused(tmp_path, tokenizer):
     with pytest.raises(UnequalComputeError, match=r"declared budget of 1,000 tokens.*consumed 1,015 \(\+1.50%\)"):
         promote(run_dir, progress=lambda m: None)
     assert not (run_dir / PROMOTION_FILE).exists()
+
+
+PHASE2 = dict(phase=2, study_file=ABLATIONS / "joint_vs_contrastive.py")
+PARENT = {"dev/ndcg@10": 0.1, "retention/probe_accuracy": 0.80}
+
+
+def test_the_margin_is_checked_on_the_arms_mean_over_seeds(tmp_path, tokenizer):
+    """The dev winner's best seed keeps the probe within 0.10 of the parent's, but its mean
+    over seeds does not: refused, with the arm, the broken metric (mean, drop, worst seed) and
+    the best arm within the margin as attributes."""
+    run_dir = _run_dir(tmp_path, tokenizer, **PHASE2, parent_scores=PARENT,
+                       dev={"contrastive-only": [0.6, 0.5], "joint-mlm-30": [0.4, 0.45]},
+                       retention={"retention/probe_accuracy": [[0.79, 0.55], [0.78, 0.76]]})
+    with pytest.raises(RetentionMarginError) as refused:
+        promote(run_dir, max_retention_drop=0.10, progress=lambda m: None)
+    assert refused.value.arm == "contrastive-only" and refused.value.within_margin == "joint-mlm-30"
+    assert refused.value.max_drop == 0.10 and list(refused.value.broken) == ["retention/probe_accuracy"]
+    broken = refused.value.broken["retention/probe_accuracy"]
+    assert broken["child"] == pytest.approx(0.67) and broken["drop"] == pytest.approx(0.13)
+    assert (broken["worst_seed"], broken["worst_child"]) == (1, 0.55)
+    assert not (run_dir / PROMOTION_FILE).exists()
+
+
+def test_promotion_prints_each_retention_check_with_its_unit_and_worst_seed(tmp_path, tokenizer):
+    """Each retention metric's line gives the parent, the arm's mean over seeds, the drop and the
+    worst seed; the margin is stated as absolute metric points, in the output and the record."""
+    run_dir = _run_dir(tmp_path, tokenizer, **PHASE2, parent_scores=PARENT,
+                       dev={"contrastive-only": [0.6, 0.5], "joint-mlm-30": [0.4, 0.45]},
+                       retention={"retention/probe_accuracy": [[0.78, 0.76], [0.78, 0.76]]})
+    lines = []
+    promotion = promote(run_dir, max_retention_drop=0.10, progress=lines.append)
+    assert ("promote: retention/probe_accuracy parent 0.8000 -> mean 0.7700 over 2 seeds (drop +0.0300); "
+            "worst seed 1: 0.7600 (drop +0.0400)") in lines
+    assert any(line.startswith("promote: retention margin 0.1 (absolute, in metric points: 0.10 lets a score end "
+                               "0.10 below the parent's, not 10% below it)") for line in lines), lines
+    assert json.loads((run_dir / PROMOTION_FILE).read_text())["retention"]["unit"].startswith("absolute")
+    assert promotion["retention"]["drops"]["retention/probe_accuracy"]["worst_seed"] == 1
+
+
+def test_a_retention_metric_the_parent_has_and_the_arm_lacks_is_refused(tmp_path, tokenizer):
+    """The parent has a masked-token accuracy; the winner's trials have none: a PromotionError
+    naming the metric and the arm, not a silent skip."""
+    run_dir = _run_dir(tmp_path, tokenizer, **PHASE2, parent_scores={**PARENT, "retention/mlm_accuracy": 0.3},
+                       dev={"contrastive-only": [0.6, 0.5], "joint-mlm-30": [0.4, 0.45]},
+                       retention={"retention/probe_accuracy": [0.8, 0.8]})
+    with pytest.raises(RetentionMetricMissing, match=r"arm 'contrastive-only' has no retention/mlm_accuracy "
+                                                     r"at seed\(s\) \[0, 1\], but its parent scored 0\.3000"):
+        promote(run_dir, progress=lambda m: None)
+
+
+def test_a_child_of_a_dual_head_parent_is_checked_against_the_head_it_continued(tmp_path, tokenizer):
+    """A dual-head parent scores 0.30 with its 5% head (the one nearest 15%) and 0.10 with its
+    50% head. An arm at masking ratio 0.15 continued the 5% head and its 0.12 breaks the margin;
+    an arm at 0.5 continued the 50% head, so the same 0.12 keeps it."""
+    parent = {**PARENT, "retention/mlm_accuracy": 0.30, "retention/mlm_accuracy/mask5": 0.30,
+              "retention/mlm_accuracy/mask50": 0.10}
+    run_dir = _run_dir(tmp_path, tokenizer, **PHASE2, parent_scores=parent,
+                       dev={"contrastive-only": [0.6, 0.5], "joint-mlm-30": [0.4, 0.45]},
+                       retention={"retention/probe_accuracy": [0.8, 0.8], "retention/mlm_accuracy": [0.12, 0.12]},
+                       arm_configs={"contrastive-only": {"masking": {"ratio": 0.15}},
+                                    "joint-mlm-30": {"masking": {"ratio": 0.5}}})
+    with pytest.raises(RetentionMarginError) as refused:
+        promote(run_dir, max_retention_drop=0.10, progress=lambda m: None)
+    assert list(refused.value.broken) == ["retention/mlm_accuracy/mask5"]
+    assert refused.value.within_margin == "joint-mlm-30"
+
+
+def test_the_tour_carries_on_with_the_arm_the_refusal_names(tmp_path, tokenizer):
+    """The tour's promotion step takes the fallback arm from the refusal itself: an arm whose
+    name ends in ")" (which a parsed message would cut) is promoted as named."""
+    from embedlab.sweep.tour import promote_stage
+
+    run_dir = _run_dir(tmp_path, tokenizer, **PHASE2, parent_scores=PARENT,
+                       dev={"contrastive-only": [0.6, 0.5], "joint (mlm 0.3)": [0.4, 0.45]},
+                       retention={"retention/probe_accuracy": [0.5, 0.79]})
+    lines = []
+    promotion = promote_stage(run_dir, dict(max_retention_drop=0.10, progress=lines.append))
+    assert promotion["winner"]["arm"] == "joint (mlm 0.3)"
+    assert any(line.startswith("promote: refused: winner 'contrastive-only' breaks") for line in lines), lines

@@ -147,7 +147,13 @@ def test_device_seconds_budget_unit():
         Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget_tokens=10_000,
               budget_unit="device_seconds")
     with pytest.raises(ConfigError, match="study.budget_device_seconds"):
-        Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget_tokens=10_000, budget_device_seconds=5.0)
+        Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget_tokens=10_000, budget_unit="tokens",
+              budget_device_seconds=5.0)
+    # A budget given without naming its unit is in that budget's unit, FLOPs first.
+    assert Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget_tokens=10_000,
+                 budget_device_seconds=5.0).unit == "device_seconds"
+    assert Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget_tokens=10_000,
+                 budget_flops=1e12).unit == "flops"
     from embedlab import Search
 
     with pytest.raises(ConfigError, match="train.budget_device_seconds"):

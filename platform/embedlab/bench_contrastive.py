@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 
+from embedlab.errors import UsageError
 from embedlab.bench_measure import Comparison, interleaved_rates, median, peak_since, start_peak_window
 from embedlab.config import ContrastiveConfig, DataConfig, TrainConfig, TrialConfig, model_preset
 
@@ -42,7 +43,7 @@ class ContrastiveBench:
     def __post_init__(self) -> None:
         for name in ("batch_pairs", "gradcache_chunk", "pair_length", "steps", "repeats", "threads"):
             if getattr(self, name) < 1:
-                raise ValueError(f"bench.{name}: must be >= 1, got {getattr(self, name)}")
+                raise UsageError(f"bench.{name}: must be >= 1, got {getattr(self, name)}")
         model_preset(self.preset)
 
 

@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 import torch
 
+from embedlab.errors import UsageError
 from embedlab.bench_measure import Comparison, median
 from embedlab.config import DataConfig, TrialConfig, model_preset
 from embedlab.data.mixture import Schedule
@@ -39,7 +40,7 @@ class PrefetchBench:
 
     def __post_init__(self) -> None:
         if self.budget_tokens < 1 or self.repeats < 1:
-            raise ValueError(f"bench prefetch needs budget_tokens >= 1 and repeats >= 1, "
+            raise UsageError(f"bench prefetch needs budget_tokens >= 1 and repeats >= 1, "
                              f"got {self.budget_tokens} and {self.repeats}")
 
 

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 
 import torch
 
+from embedlab.errors import UsageError
 from embedlab.bench_measure import Comparison, interleaved_rates, median, peak_since, start_peak_window
 from embedlab.config import MaskingConfig, ModelConfig, TrainConfig, model_preset
 from embedlab.data.document import document_texts
@@ -79,7 +80,7 @@ class TrainBench:
     def __post_init__(self) -> None:
         for name in ("sequence_length", "documents", "batch_documents", "repeats", "threads"):
             if getattr(self, name) < 1:
-                raise ValueError(f"bench.{name}: must be >= 1, got {getattr(self, name)}")
+                raise UsageError(f"bench.{name}: must be >= 1, got {getattr(self, name)}")
         model_preset(self.preset)  # unknown presets fail here, naming the valid ones
 
     def model(self) -> ModelConfig:

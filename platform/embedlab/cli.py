@@ -1,9 +1,9 @@
 """The `embedlab` command.
 
-    embedlab demo                       the three-phase tour (demo profile) on a local Ray cluster
+    embedlab demo [--ablations DIR]     the three-phase tour (demo profile) on a local Ray cluster
     embedlab sweep STUDY_FILE           run a study (arms x seeds, Optuna per arm) with Ray Tune
                    [--profile P] [--parent CKPT] [--dry-run] [--resume RUN_DIR] [--address A]
-    embedlab tour TOUR_FILE [--profile P]   studies of consecutive phases, winners promoted between
+    embedlab tour TOUR_FILE [--profile P] [--dry-run]   studies of consecutive phases, winners promoted between
     embedlab plan STUDY_FILE [--profile P] [--parent CKPT] [--pilot-reports N] [--json]
                                         measured pilots: time, memory and storage of the study
     embedlab table RUN_DIR [--format text|csv|markdown|json]   per-arm mean ± 95% CI, paired differences
@@ -26,7 +26,10 @@
     embedlab bench eval [--json]        evaluator time vs sentence-transformers' IR evaluator
     embedlab bench mfu [--preset 300m] [--sequence-length 512] [--json]   MFU on a CUDA GPU (bf16)
 
-`main(argv)` returns an exit code, so tests call it in-process.
+`main(argv)` returns an exit code, so tests call it in-process. An error in what was asked
+(`embedlab.errors.UserError`, and FileNotFoundError or ConnectionError) prints one line,
+`error: ...`, and returns 2. Anything else is a bug and is not caught: it propagates with its
+traceback, and the `embedlab` command exits 1 as Python does for an uncaught exception.
 """
 
 from __future__ import annotations
@@ -36,8 +39,12 @@ import json
 import sys
 from pathlib import Path
 
-DEMO_TOUR = Path("ablations") / "recipe.py"
+from embedlab.errors import UsageError, UserError
+
+DEMO_TOUR = "recipe.py"  # in the repository's ablations/
 DEMO_PROFILE = "demo"
+# The errors `main` shows in one line: the user's to fix, not a bug.
+USER_ERRORS = (UserError, FileNotFoundError, ConnectionError)
 
 
 def _progress(message: str) -> None:
@@ -64,9 +71,8 @@ def cmd_model_check_cuda(args: argparse.Namespace) -> int:
 
     from embedlab.cuda_checks import run_checks
 
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("model check-cuda needs CUDA (torch.cuda.is_available() is False here); "
-                         "--device cpu runs the same checks on the CPU")
+    if args.device == "cuda":
+        _require_cuda("model check-cuda", "--device cpu runs the same checks on the CPU")
     checks = run_checks(torch.device(args.device), progress=_stderr)
     if args.json:
         print(json.dumps({"device": args.device, "torch": torch.__version__,
@@ -76,6 +82,13 @@ def cmd_model_check_cuda(args: argparse.Namespace) -> int:
             detail = check.error or ", ".join(f"{k} {v:.2e}" for k, v in check.measured.items())
             print(f"{'ok' if check.ok else 'FAILED':<7} {check.name:<14} {detail}  [{check.compares}]")
     return 0 if all(c.ok for c in checks) else 1
+
+
+def _require_cuda(command: str, instead: str) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UsageError(f"{command} needs CUDA (torch.cuda.is_available() is False here); {instead}")
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -127,17 +140,32 @@ def _expected_trials(run_dir: Path) -> int:
     return len(study["arms"]) * len(study["seeds"])
 
 
+def find_demo_tour(ablations: str | Path | None = None) -> Path:
+    """The demo's tour file: `ablations/recipe.py` in the directory given (--ablations), else in
+    the installed checkout's `ablations/` (beside `platform/`, wherever the command runs from),
+    else in the working directory's. UsageError naming where it looked when none has it."""
+    from embedlab.sweep.tour import packaged_ablations
+
+    places = [Path(ablations)] if ablations is not None else [packaged_ablations(), Path.cwd() / "ablations"]
+    found = next((place / DEMO_TOUR for place in places if (place / DEMO_TOUR).is_file()), None)
+    if found is None:
+        raise UsageError(f"the demo's study files ({DEMO_TOUR} and the studies it names) are not in "
+                         f"{' or '.join(str(p) for p in dict.fromkeys(places))}; point at the repository's "
+                         "ablations/ directory with `embedlab demo --ablations DIR`")
+    return found
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
-    if not DEMO_TOUR.is_file():
-        print(f"error: {DEMO_TOUR} not found; run `embedlab demo` from the repository root", file=sys.stderr)
-        return 2
-    args.tour, args.profile = str(DEMO_TOUR), DEMO_PROFILE
+    args.tour, args.profile = str(find_demo_tour(args.ablations)), DEMO_PROFILE
     return cmd_tour(args)
 
 
 def cmd_tour(args: argparse.Namespace) -> int:
-    from embedlab.sweep.tour import run_tour
+    from embedlab.sweep.tour import dry_run_tour, run_tour
 
+    if args.dry_run:
+        print(dry_run_tour(args.tour, args.profile))
+        return 0
     failed = []
     run_dirs = run_tour(args.tour, profile=args.profile, storage=args.storage, address=args.address,
                         show=lambda run_dir: failed.append(_show_run(run_dir)), progress=_progress)
@@ -362,6 +390,7 @@ def cmd_bench_scaling(args: argparse.Namespace) -> int:
 def cmd_bench_mfu(args: argparse.Namespace) -> int:
     from embedlab.bench_mfu import MfuBench, bench_mfu
 
+    _require_cuda("bench mfu", "run workers/bench-gpu.sh on a GPU machine")
     bench = MfuBench(preset=args.preset, sequence_length=args.sequence_length, batch_rows=args.batch_rows,
                      steps=args.steps, compile=not args.no_compile, attention=args.attention,
                      **({} if args.compare_steps is None else {"compare_steps": args.compare_steps}))
@@ -388,8 +417,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--address", default=None, help="an existing Ray cluster (default: start a local one)")
 
     demo = sub.add_parser("demo", help="the three-phase tour on the demo profile, on a local Ray cluster")
+    demo.add_argument("--ablations", default=None, metavar="DIR",
+                      help="the repository's ablations/ directory (default: the installed checkout's)")
     add_run_options(demo)
-    demo.set_defaults(func=cmd_demo)
+    demo.set_defaults(func=cmd_demo, dry_run=False)
 
     def add_profile(p: argparse.ArgumentParser) -> None:
         p.add_argument("--profile", default=None,
@@ -419,6 +450,8 @@ def build_parser() -> argparse.ArgumentParser:
     tour = sub.add_parser("tour", help="run a tour file: consecutive phases with promotion between them")
     tour.add_argument("tour", help="a tour file, e.g. ablations/recipe.py")
     add_profile(tour)
+    tour.add_argument("--dry-run", action="store_true",
+                      help="print each stage's study plan and how winners are promoted; start nothing")
     add_run_options(tour)
     tour.set_defaults(func=cmd_tour)
 
@@ -432,8 +465,9 @@ def build_parser() -> argparse.ArgumentParser:
     promote.add_argument("run_dir")
     promote.add_argument("--metric", default=None, help="a dev/ metric (default: the study's)")
     promote.add_argument("--max-retention-drop", type=float, default=None,
-                         help="refuse a winner whose retention panel falls more than this below its parent's "
-                              "(absolute; default 0.05)")
+                         help="refuse a winner whose retention panel, as its mean over seeds, falls more than "
+                              "this below its parent's: absolute, in metric points (0.10 is 0.10 below, not 10%%; "
+                              "default 0.05)")
     promote.add_argument("--arm", default=None, help="promote this arm instead of the dev winner (margin still applies)")
     promote.add_argument("--next", default=None, help="the next phase's study file (default: the recipe's next)")
     promote.add_argument("--run", action="store_true", help="launch the next phase's study after promoting")
@@ -585,17 +619,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from embedlab.data.audit import ContaminationError
-    from embedlab.data.external import SourceError
-    from embedlab.sweep.run import TuningError
-
+    """Run one command; 2 and one `error:` line for a user error, a bug's traceback otherwise."""
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError, ConnectionError, KeyError, ContaminationError, SourceError,
-            TuningError) as error:
-        print(f"error: {error}", file=sys.stderr)
+    except USER_ERRORS as error:
+        print(f"error: {one_line(error)}", file=sys.stderr)
         return 2
+
+
+def one_line(error: BaseException) -> str:
+    """The error's message on one line (a multi-line message is joined with " | ")."""
+    return " | ".join(line.strip() for line in str(error).splitlines() if line.strip()) or type(error).__name__
 
 
 if __name__ == "__main__":

@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from embedlab.data.external import HFDataset, LocalFiles
+from embedlab.errors import UserError
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A config value is invalid; the message names the field."""
 
 

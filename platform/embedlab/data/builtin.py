@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from embedlab.data.document import Document
+from embedlab.errors import UsageError, UserError
 
 STDLIB_DIR = Path(sysconfig.get_paths()["stdlib"])
 BIBLE_PROGRAM = Path("/usr/bin/bible")
@@ -57,7 +58,7 @@ MIN_SECTION_CHARS = 40  # shorter HTML sections are title-page scraps ("Edition 
 MAX_PAGE_CHARS = 20_000  # PostgreSQL pages longer than this are split at headings
 
 
-class SourceUnavailableError(FileNotFoundError):
+class SourceUnavailableError(UserError, FileNotFoundError):
     """A built-in source's files are missing; the message names the package and how to install it."""
 
 
@@ -133,7 +134,7 @@ def _lookup(name: str) -> Source:
     try:
         return SOURCES[name]
     except KeyError:
-        raise ValueError(f"unknown built-in source {name!r}; valid names: {', '.join(SOURCE_NAMES)}") from None
+        raise UsageError(f"unknown built-in source {name!r}; valid names: {', '.join(SOURCE_NAMES)}") from None
 
 
 def source_status() -> dict[str, str | None]:

@@ -29,6 +29,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from embedlab.errors import UsageError
 from embedlab import __version__
 from embedlab.config import DataConfig
 from embedlab.data import builtin
@@ -77,7 +78,7 @@ def resolve_sources(config: DataConfig) -> list[str]:
         return names
     unknown = [n for n in config.sources if n not in status]
     if unknown:
-        raise ValueError(f"data.sources: unknown {unknown}; valid: {list(builtin.SOURCE_NAMES)}")
+        raise UsageError(f"data.sources: unknown {unknown}; valid: {list(builtin.SOURCE_NAMES)}")
     missing = {n: status[n] for n in config.sources if status[n] is not None}
     if missing:
         raise FileNotFoundError(f"data.sources not available: {missing}")
@@ -122,7 +123,7 @@ def build_corpus(
     readers = [(name, builtin.iter_documents(name), _builtin_provenance(name), None) for name in names]
     for source in (*config.local_files, *config.hf_datasets):
         if source.name in builtin.SOURCE_NAMES:
-            raise ValueError(f"external source name {source.name!r} is a built-in source's name")
+            raise UsageError(f"external source name {source.name!r} is a built-in source's name")
         stats = ReadStats()
         readers.append((source.name, iter_external(source, stats=stats), _external_provenance(source), stats))
     for name, documents, record, stats in readers:

@@ -36,13 +36,14 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from embedlab.data.document import Document
+from embedlab.errors import UserError
 
 SUPPORTED_EXTENSIONS = (".jsonl", ".parquet", ".txt")
 MAX_SKIPPED_EXAMPLES = 5  # locators kept per skip reason, enough to find the bad rows
 _PARQUET_BATCH_ROWS = 1024
 
 
-class SourceError(Exception):
+class SourceError(UserError):
     """An external source cannot be read; the message names the file or dataset and what is wrong."""
 
 

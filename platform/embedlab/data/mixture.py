@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from embedlab.errors import UserError
+
 SCHEDULE_VERSION = "deficit/1"
 
 PHASE1_FAMILIES: dict[str, tuple[str, ...]] = {
@@ -41,7 +43,7 @@ PHASE1_FAMILIES: dict[str, tuple[str, ...]] = {
 PHASE1_PILOT: dict[str, float] = {"general": 0.5, "reference": 0.2, "technical": 0.2, "question-answer": 0.1}
 
 
-class MixtureError(ValueError):
+class MixtureError(UserError, ValueError):
     """A mixture cannot be honoured (unknown source, empty source, repetition cap)."""
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from embedlab.errors import UsageError
 from embedlab.evaluate.beir import Task
 from embedlab.evaluate.metrics import rank_run, retrieval_metrics
 from embedlab.evaluate.retrieval import TOP_K, evaluate_encoder
@@ -58,7 +59,7 @@ def evaluate_baseline(name: str, task: Task, split: str) -> dict:
     if name == MINILM:
         model = load_minilm()
         return {**evaluate_encoder(model.encode, task, split), "encoder": model.identity()}
-    raise ValueError(f"unknown baseline {name!r}; valid names: {', '.join(BASELINES)}")
+    raise UsageError(f"unknown baseline {name!r}; valid names: {', '.join(BASELINES)}")
 
 
 # --- BM25 ----------------------------------------------------------------------------------

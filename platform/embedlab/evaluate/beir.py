@@ -23,6 +23,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from embedlab.errors import UnknownKey, UserError
+
 CORPUS_FILE = "corpus.jsonl"
 QUERIES_FILE = "queries.jsonl"
 QRELS_DIR = "qrels"
@@ -35,7 +37,7 @@ _INTEGER = re.compile(r"[+-]?[0-9]+")
 Qrels = dict[str, dict[str, int]]
 
 
-class TaskFormatError(ValueError):
+class TaskFormatError(UserError, ValueError):
     """A task directory or its contents do not follow the BEIR format."""
 
 
@@ -71,7 +73,7 @@ class Task:
     def split_queries(self, split: str) -> dict[str, str]:
         """Query id -> text for the queries judged in `split`, ordered by query id."""
         if split not in self.qrels:
-            raise KeyError(f"task {self.name!r} has no split {split!r}, only {sorted(self.qrels)}")
+            raise UnknownKey(f"task {self.name!r} has no split {split!r}, only {sorted(self.qrels)}")
         return {qid: self.queries[qid] for qid in sorted(self.qrels[split])}
 
 

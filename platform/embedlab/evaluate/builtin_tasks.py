@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 
+from embedlab.errors import UsageError
 from embedlab.data.audit import Finding
 from embedlab.data.corpus import Corpus
 from embedlab.evaluate.beir import Task
@@ -69,7 +70,7 @@ def decontaminate(task: Task, findings: Iterable[Finding]) -> tuple[Task, dict]:
 def build_builtin_task(name: str, corpus: Corpus) -> Task:
     """The named task built from `corpus` (dev and test split documents only)."""
     if name != "python-docstrings":
-        raise ValueError(f"unknown built-in task {name!r}; valid: {list(BUILTIN_TASKS)}")
+        raise UsageError(f"unknown built-in task {name!r}; valid: {list(BUILTIN_TASKS)}")
     table = corpus.read(sources=["python-docstrings"]).to_pydict()
     documents: dict[str, tuple[str, str]] = {}
     queries: dict[str, str] = {}
@@ -93,5 +94,5 @@ def build_builtin_task(name: str, corpus: Corpus) -> Task:
             queries[query_id] = summary
             qrels[split][query_id] = {doc_id: 1}
     if not qrels["dev"] or not qrels["test"]:
-        raise ValueError(f"task {name}: the corpus gave no dev or no test queries")
+        raise UsageError(f"task {name}: the corpus gave no dev or no test queries")
     return Task(name=name, corpus=documents, queries=queries, qrels=qrels)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from embedlab.errors import UsageError
 from embedlab.config import EvalConfig
 from embedlab.evaluate.beir import Task
 from embedlab.evaluate.encode import encode_texts
@@ -70,7 +71,7 @@ def resolve_task(name_or_path: str, prepared_dir: Path | None = None) -> Path:
         return path
     if name_or_path in BUILTIN_TASKS:
         if prepared_dir is None:
-            raise ValueError(f"built-in task {name_or_path!r} needs prepared data")
+            raise UsageError(f"built-in task {name_or_path!r} needs prepared data")
         return Path(prepared_dir) / "tasks" / name_or_path
     raise FileNotFoundError(
         f"task {name_or_path!r} is neither a BEIR directory (corpus.jsonl, queries.jsonl, "

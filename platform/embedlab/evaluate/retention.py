@@ -10,8 +10,13 @@ training text), so the same panel scores phase 1, 2 and 3:
   one source) and 0 (two sources); the Spearman rank correlation between cosine
   similarity and grade.
 - `mlm`: masked-token accuracy on passages (15% of tokens, fixed seed, 80/10/10) for
-  checkpoints that still carry an MLM head (a dual-head checkpoint: its head trained
-  nearest 15%); None otherwise.
+  checkpoints that still carry an MLM head; None otherwise. A dual-head checkpoint is
+  scored under each of its heads on the same masked passages
+  (`retention/mlm_accuracy/mask5`, `.../mask50`), and `retention/mlm_accuracy` is its
+  head trained nearest 15%, so every checkpoint has the plain key.
+
+Every score is a fraction or a correlation, so a retention margin against a parent is in
+the same absolute units (metric points), never a percentage of the parent's score.
 """
 
 from __future__ import annotations
@@ -19,7 +24,9 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -34,6 +41,7 @@ PAIRS_PER_GRADE = 150
 SEED = 0
 PANEL_MASKING_RATIO = 0.15  # the masked-token score's ratio, the same for every checkpoint
 PANEL_MAX_LENGTH = 128  # its passages are cut here, whatever the trial's eval.max_length
+MLM_ACCURACY = "retention/mlm_accuracy"  # per head of a dual-head checkpoint: MLM_ACCURACY/<head>
 
 
 def _bucket(doc_id: str) -> float:
@@ -136,12 +144,19 @@ def probe_accuracy(embeddings: np.ndarray, labels: list[str], fit: np.ndarray) -
     return float((predicted == y[score_rows]).double().mean())
 
 
+def head_metric(head: str) -> str:
+    """The retention column of one head of a dual-head checkpoint: retention/mlm_accuracy/mask5."""
+    return f"{MLM_ACCURACY}/{head}"
+
+
 def retention_scores(
     directory: Path,
     encode: Callable[[list[str]], np.ndarray],
-    mlm_accuracy: Callable[[list[str]], float] | None = None,
+    mlm_accuracy: MaskedTokenAccuracy | Callable[[list[str]], float] | None = None,
 ) -> dict[str, float | None]:
-    """The panel's three scores for one encoder (`encode` gives L2-normalised rows)."""
+    """The panel's scores for one encoder (`encode` gives L2-normalised rows): source probe,
+    graded-pair Spearman and masked-token accuracy, plus one masked-token accuracy per head
+    when `mlm_accuracy` is a dual-head checkpoint's (`mlm_accuracy_function`)."""
     probe = pq.read_table(Path(directory) / "probe.parquet").to_pydict()
     pairs = pq.read_table(Path(directory) / "pairs.parquet").to_pydict()
     fit = np.array([fold == "fit" for fold in probe["fold"]], dtype=bool)
@@ -156,30 +171,52 @@ def retention_scores(
     return {
         "retention/probe_accuracy": probe_score,
         "retention/similarity_spearman": spearman,
-        "retention/mlm_accuracy": None if mlm_accuracy is None or not probe["text"] else mlm_accuracy(probe["text"]),
+        **_mlm_scores(mlm_accuracy, probe["text"]),
     }
 
 
-def mlm_accuracy_function(checkpoint_dir: Path,
-                          max_length: int = PANEL_MAX_LENGTH) -> Callable[[list[str]], float] | None:
-    """Masked-token accuracy at `PANEL_MASKING_RATIO` of a checkpoint's MLM head (None
-    without one, before any weights are loaded). A dual-head checkpoint is scored with its
-    head trained nearest that ratio (`single_head_state`), the one a phase-2 child would
-    continue with."""
-    from embedlab.config import MaskingConfig
-    from embedlab.objectives.masking import mask_tokens
-    from embedlab.train.checkpoint import load_encoder, mlm_model, read_manifest, single_head_state
+def _mlm_scores(mlm_accuracy: MaskedTokenAccuracy | Callable[[list[str]], float] | None,
+                texts: list[str]) -> dict[str, float | None]:
+    if mlm_accuracy is None or not texts:
+        return {MLM_ACCURACY: None}
+    if not isinstance(mlm_accuracy, MaskedTokenAccuracy) or not mlm_accuracy.dual:
+        return {MLM_ACCURACY: mlm_accuracy(texts)}
+    per_head = mlm_accuracy.per_head(texts)
+    return {MLM_ACCURACY: per_head[mlm_accuracy.nearest], **{head_metric(h): v for h, v in per_head.items()}}
 
-    manifest = read_manifest(Path(checkpoint_dir))
-    head_state = single_head_state(Path(checkpoint_dir), manifest, PANEL_MASKING_RATIO)
-    if head_state is None or not all(key.startswith(("dense.", "norm.", "bias")) for key in head_state):
-        return None
-    encoder, tokenizer, _ = load_encoder(Path(checkpoint_dir))
-    model = mlm_model(encoder, head_state)
+
+@dataclass(frozen=True)
+class MaskedTokenAccuracy:
+    """Masked-token accuracy at `PANEL_MASKING_RATIO` of a checkpoint's encoder under each of
+    its MLM heads, on one masking of the passages (fixed seed) shared by every head.
+
+    Calling it scores the head nearest the panel's ratio (`nearest`, the one
+    `single_head_state` picks and a child continues with at that ratio); `per_head` scores
+    them all, by head name ("mlm" for a single-head checkpoint)."""
+
+    model: Any  # an MLMModel whose mlm_head is loaded with each head's state in turn
+    heads: dict[str, dict[str, torch.Tensor]]
+    nearest: str
+    tokenizer: Any
+    max_length: int = PANEL_MAX_LENGTH
+
+    @property
+    def dual(self) -> bool:
+        return "mlm" not in self.heads
+
+    def __call__(self, texts: list[str]) -> float:
+        return self._score(texts, [self.nearest])[self.nearest]
+
+    def per_head(self, texts: list[str]) -> dict[str, float]:
+        return self._score(texts, list(self.heads))
 
     @torch.inference_mode()
-    def accuracy(texts: list[str]) -> float:
-        rows = [[tokenizer.cls_id, *ids[: max_length - 2], tokenizer.sep_id] for ids in tokenizer.encode_batch(texts)]
+    def _score(self, texts: list[str], names: list[str]) -> dict[str, float]:
+        from embedlab.config import MaskingConfig
+        from embedlab.objectives.masking import mask_tokens
+
+        tokenizer, limit = self.tokenizer, self.max_length
+        rows = [[tokenizer.cls_id, *ids[: limit - 2], tokenizer.sep_id] for ids in tokenizer.encode_batch(texts)]
         width = max(len(r) for r in rows)
         ids = torch.full((len(rows), width), tokenizer.pad_id, dtype=torch.long)
         for i, row in enumerate(rows):
@@ -190,7 +227,41 @@ def mlm_accuracy_function(checkpoint_dir: Path,
                              mask_id=tokenizer.mask_id,
                              random_token_range=(len(tokenizer.special_ids), tokenizer.vocab_size),
                              generator=torch.Generator().manual_seed(SEED))
-        logits = model(masked.inputs, segments, masked.selected)
-        return float((logits.argmax(dim=1) == ids[masked.selected]).double().mean())
+        # One encoder pass; the heads differ only after it.
+        hidden = self.model.encoder(masked.inputs, segments)[masked.selected]
+        targets = ids[masked.selected]
+        scores = {}
+        for name in names:
+            self.model.mlm_head.load_state_dict(self.heads[name], strict=False)
+            scores[name] = float((self.model.mlm_head(hidden).argmax(dim=1) == targets).double().mean())
+        return scores
 
-    return accuracy
+
+def nearest_head(names: list[str], ratio: float) -> str:
+    """The head a checkpoint with heads `names` continues with at masking `ratio`: "mlm" for a
+    single head, else the mask<percent> head trained nearest `ratio` (the first on a tie).
+    The rule of `embedlab.train.checkpoint.single_head_state`, on names alone, so promotion
+    can tell which of a dual-head parent's heads a child carries from the parent's scores."""
+    from embedlab.train.checkpoint import head_ratio
+
+    if not names:
+        raise ValueError("nearest_head: no head names")
+    return "mlm" if "mlm" in names else min(names, key=lambda name: abs(head_ratio(name) - ratio))
+
+
+def mlm_accuracy_function(checkpoint_dir: Path, max_length: int = PANEL_MAX_LENGTH) -> MaskedTokenAccuracy | None:
+    """The masked-token accuracy of a checkpoint's MLM heads (`MaskedTokenAccuracy`), or None
+    without a head, before any weights are loaded. Called on texts it scores the head trained
+    nearest `PANEL_MASKING_RATIO`, the one a phase-2 child would continue with; `per_head`
+    scores every head of a dual-head checkpoint."""
+    from embedlab.train.checkpoint import head_states, load_encoder, mlm_model, read_manifest
+
+    directory = Path(checkpoint_dir)
+    heads = head_states(directory, read_manifest(directory))
+    # A head stored with other tensors than an MLMHead's (dense, norm, bias) cannot be loaded.
+    if not heads or not all(key.startswith(("dense.", "norm.", "bias")) for state in heads.values() for key in state):
+        return None
+    nearest = nearest_head(list(heads), PANEL_MASKING_RATIO)
+    encoder, tokenizer, _ = load_encoder(directory)
+    return MaskedTokenAccuracy(model=mlm_model(encoder, heads[nearest]), heads=heads, nearest=nearest,
+                               tokenizer=tokenizer, max_length=max_length)

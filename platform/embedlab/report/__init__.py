@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from embedlab.errors import UsageError
 from embedlab.report import collect, data_figures, html, model_figures, plotting, study_figures
 
 __all__ = ["write_report"]
@@ -38,9 +39,9 @@ def write_report(run_dirs: list[str | Path], out: Path, *, templates: Path = htm
     is told; the rest of the page stands.
     """
     if not run_dirs:
-        raise ValueError("write_report: no run directories given")
+        raise UsageError("write_report: no run directories given")
     if torch_threads < 1:
-        raise ValueError(f"torch_threads: {torch_threads} must be >= 1")
+        raise UsageError(f"torch_threads: {torch_threads} must be >= 1")
     runs = collect.read_runs(list(run_dirs))
     probes = collect.probes(runs)
     builders = [

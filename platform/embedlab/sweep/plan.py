@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from embedlab.errors import UsageError
 from embedlab.config import TrialConfig
 from embedlab.data.prepare import PreparedData
 from embedlab.sweep.study import Study, load_study
@@ -257,7 +258,7 @@ def plan_study(study_path: str | Path, *, profile: str | None = None, parent: st
     from embedlab.sweep.tour import load_tour, stage_path
 
     if reports < 4:
-        raise ValueError(f"--pilot-reports {reports}: at least 4 are needed to time steady intervals "
+        raise UsageError(f"--pilot-reports {reports}: at least 4 are needed to time steady intervals "
                          "around a checkpoint")
     path = Path(study_path)
     tour = load_tour(path, profile) if path.is_file() and "def tour(" in path.read_text() else None
@@ -265,7 +266,7 @@ def plan_study(study_path: str | Path, *, profile: str | None = None, parent: st
         load_study(path, profile)]
     parent = parent or studies[0].parent
     if studies[0].needs_parent and parent is None:
-        raise ValueError(f"study {studies[0].name} needs --parent: any checkpoint with the study's tokenizer and "
+        raise UsageError(f"study {studies[0].name} needs --parent: any checkpoint with the study's tokenizer and "
                          "model will do (the pilots measure speed, not quality)")
     with tempfile.TemporaryDirectory(prefix="embedlab-plan-") as storage:
         plans = []

@@ -4,8 +4,15 @@ lineage and the next phase's study.
 The winner is the arm with the best mean of a `dev/` metric across seeds (final-eval
 columns are never read: selection on test labels would leak them into the recipe). Within
 the winning arm, the seed with the best dev metric supplies the checkpoint. A winner whose
-retention panel falls more than `max_retention_drop` below its parent's (scored by the same
-evaluator when the run started) is refused. The result is `RUN_DIR/promotion.json` and,
+retention panel, as the arm's mean over seeds, falls more than `max_retention_drop` below its
+parent's (scored by the same evaluator when the run started) is refused with a
+`RetentionMarginError` that names the arm, the broken metrics and the best arm within the
+margin. The margin is absolute, in metric points: 0.10 lets a score end 0.10 below the
+parent's, not 10% below it. Every retention metric the parent has is checked; an arm
+without one is refused (`RetentionMetricMissing`), never skipped. A dual-head parent is
+scored per head (`retention/mlm_accuracy/<head>`): a child, which carries one head on, is
+checked against the head it continued (the one nearest its masking ratio, as
+`single_head_state` chose when it loaded the parent). The result is `RUN_DIR/promotion.json` and,
 unless the study was phase 3, `RUN_DIR/next_study.py`: the next phase's study file with the
 winner as every arm's parent, which `embedlab sweep` (or `promote --run`) runs.
 
@@ -28,6 +35,7 @@ from typing import Any
 
 import pandas as pd
 
+from embedlab.errors import UserError
 from embedlab.sweep import store
 from embedlab.sweep.table import (
     budget_unit, check_equal_compute, compute_match_line, final_trials, load_table, read_study_record,
@@ -39,6 +47,10 @@ PREPARED_FILE = "prepared.json"
 FINAL_EVAL_SPLIT = "test"
 FINAL_EVAL_NOTE = "reported once after selection; never used to choose anything"
 DEFAULT_MAX_RETENTION_DROP = 0.05
+MARGIN_UNIT = "absolute, in metric points: 0.10 lets a score end 0.10 below the parent's, not 10% below it"
+RETENTION_PREFIX = "retention/"
+# A drop equal to the margin passes; float subtraction (0.8 - 0.7) must not tip it over.
+MARGIN_TOLERANCE = 1e-9
 # The next phase's study when none is named: the recipe's order of ablations.
 NEXT_STUDY = {1: "joint_vs_contrastive.py", 2: "hard_negatives.py"}
 # Manifest fields that make up the stage contract a child run inherits.
@@ -48,8 +60,37 @@ LINEAGE_FIELDS = (
 )
 
 
-class PromotionError(ValueError):
+class PromotionError(UserError, ValueError):
     """A promotion was refused: the message says which rule and the numbers behind it."""
+
+
+class RetentionMarginError(PromotionError):
+    """An arm's mean retention over seeds fell more than the margin below its parent's.
+
+    `arm` is the refused arm, `broken` its broken metrics (metric -> the drop record of
+    `arm_retention`), `max_drop` the margin, and `within_margin` the best-ranked arm that
+    keeps it (None when no arm does, or when the refused arm was asked for with --arm)."""
+
+    def __init__(self, arm: str, broken: dict[str, dict[str, Any]], max_drop: float, within_margin: str | None):
+        self.arm, self.broken, self.max_drop, self.within_margin = arm, broken, max_drop, within_margin
+        detail = "; ".join(f"{k} {v['parent']:.4f} -> {v['child']:.4f} (drop {v['drop']:.4f}; worst seed "
+                           f"{v['worst_seed']}: {v['worst_child']:.4f})" for k, v in broken.items())
+        seeds = next(iter(broken.values()))["seeds"]
+        passing = (f"; the best arm within the margin is {within_margin!r} (promote it with --arm {within_margin})"
+                   if within_margin is not None else "")
+        super().__init__(f"winner {arm!r} breaks the retention margin {max_drop:g} ({MARGIN_UNIT}) against its "
+                         f"parent, on its mean over {seeds} seeds: {detail}{passing}")
+
+
+class RetentionMetricMissing(PromotionError):
+    """The parent has a retention metric that an arm's trials lack, so the margin cannot be
+    checked: refused rather than skipped. `arm`, `metric` and `seeds` (the seeds without it)."""
+
+    def __init__(self, arm: str, metric: str, seeds: list[int], parent: float):
+        self.arm, self.metric, self.seeds = arm, metric, seeds
+        super().__init__(f"arm {arm!r} has no {metric} at seed(s) {seeds}, but its parent scored {parent:.4f}: "
+                         "the retention margin cannot be checked without it (the trials were scored without "
+                         "that part of the retention panel)")
 
 
 def rank_arms(table: pd.DataFrame, metric: str, arm_order: list[str]) -> pd.DataFrame:
@@ -59,17 +100,65 @@ def rank_arms(table: pd.DataFrame, metric: str, arm_order: list[str]) -> pd.Data
     return grouped.sort_values(["mean", "order"], ascending=[False, True]).drop(columns="order")
 
 
-def retention_drops(row: dict[str, Any], parent_scores: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """Parent minus child for every retention metric both have (positive: forgetting)."""
+def parent_retention(parent_scores: dict[str, Any]) -> dict[str, float]:
+    """The parent's retention metrics that hold a number (a panel part it could not score is None)."""
+    return {k: float(v) for k, v in parent_scores.items()
+            if k.startswith(RETENTION_PREFIX) and isinstance(v, (int, float)) and not math.isnan(v)}
+
+
+def arm_masking_ratio(record: dict[str, Any], arm: str) -> float:
+    """The masking ratio `arm` trained at, which chose the head it took from a dual-head parent;
+    the config default for a record that holds no masking config (written before arms were
+    recorded in full)."""
+    from embedlab.config import MaskingConfig
+
+    return float((record["study"]["arms"].get(arm) or {}).get("masking", {}).get("ratio", MaskingConfig.ratio))
+
+
+def retention_pairs(parent: dict[str, float], child_columns: set[str],
+                    masking_ratio: float) -> tuple[dict[str, str], dict[str, str]]:
+    """Which child column each parent retention metric is checked against, and why the others
+    are not: ({parent metric: child column}, {parent metric: reason}).
+
+    Metric for metric, except when a dual-head parent (per-head masked-token accuracy) has a
+    single-head child: the child's masked-token accuracy is checked against the parent's head
+    it continued, and the parent's other heads (and its nearest-15% alias) against nothing,
+    as the child does not carry them."""
+    from embedlab.evaluate.retention import MLM_ACCURACY, head_metric, nearest_head
+
+    heads = {key: key.removeprefix(f"{MLM_ACCURACY}/") for key in parent if key.startswith(f"{MLM_ACCURACY}/")}
+    if not heads or any(column.startswith(f"{MLM_ACCURACY}/") for column in child_columns):
+        return {key: key for key in parent}, {}
+    carried = nearest_head(list(heads.values()), masking_ratio)
+    pairs = {key: key for key in parent if key not in heads and key != MLM_ACCURACY}
+    pairs[head_metric(carried)] = MLM_ACCURACY
+    reason = (f"this arm carries the parent's head {carried} alone (nearest its masking ratio {masking_ratio:g}), "
+              f"checked as {head_metric(carried)}")
+    skipped = {key: reason for key in parent if key not in pairs}
+    return pairs, skipped
+
+
+def arm_retention(rows: pd.DataFrame, arm: str, parent: dict[str, float],
+                  pairs: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """Per parent metric: the parent's score, the arm's mean over its seeds ("child"), the drop
+    (parent minus mean; positive is forgetting, in metric points) and the worst seed. A
+    metric missing at any seed raises `RetentionMetricMissing`."""
     drops = {}
-    for key, parent in parent_scores.items():
-        child = row.get(key)
-        if not key.startswith("retention/") or child is None or parent is None:
-            continue
-        if isinstance(child, float) and math.isnan(child) or isinstance(parent, float) and math.isnan(parent):
-            continue
-        drops[key] = {"parent": float(parent), "child": float(child), "drop": float(parent) - float(child)}
+    for key, column in pairs.items():
+        values = rows.set_index("seed")[column].astype(float) if column in rows else pd.Series(math.nan, rows["seed"])
+        lacking = [int(seed) for seed, value in values.items() if math.isnan(value)]
+        if lacking:
+            raise RetentionMetricMissing(arm, column, lacking, parent[key])
+        worst_seed = values.idxmin()
+        drops[key] = {"parent": parent[key], "child": float(values.mean()), "drop": parent[key] - float(values.mean()),
+                      "seeds": len(values), "worst_seed": int(worst_seed), "worst_child": float(values[worst_seed]),
+                      "worst_drop": parent[key] - float(values[worst_seed]),
+                      **({"child_metric": column} if column != key else {})}
     return drops
+
+
+def breaks_margin(drop: dict[str, Any], max_drop: float) -> bool:
+    return drop["drop"] > max_drop + MARGIN_TOLERANCE
 
 
 def promote(
@@ -119,26 +208,22 @@ def promote(
     if arm is not None and arm not in ranking.index:
         raise PromotionError(f"--arm {arm}: not an arm of this study; arms: {list(ranking.index)}")
     parent_scores = record.get("parent_scores") or {}
+    parent = parent_retention(parent_scores)
     chosen = refusal = None
     for candidate in candidates:
         rows = table[table["arm"] == candidate]
-        best = rows.loc[rows[metric].idxmax()].to_dict()
-        drops = retention_drops(best, parent_scores)
-        broken = {k: v for k, v in drops.items() if v["drop"] > max_retention_drop}
+        pairs, not_compared = retention_pairs(parent, {c for c in rows if rows[c].notna().any()},
+                                              arm_masking_ratio(record, candidate))
+        drops = arm_retention(rows, candidate, parent, pairs)
+        broken = {k: v for k, v in drops.items() if breaks_margin(v, max_retention_drop)}
         if not broken:
-            chosen = (candidate, best, drops)
+            chosen = (candidate, rows.loc[rows[metric].idxmax()].to_dict(), drops, not_compared)
             break
         if refusal is None:
             refusal = (candidate, broken)
-    if chosen is None or (refusal is not None and chosen[0] != candidates[0]):
-        candidate, broken = refusal
-        detail = "; ".join(f"{k} {v['parent']:.4f} -> {v['child']:.4f} (drop {v['drop']:.4f})" for k, v in broken.items())
-        passing = f"; the best arm within the margin is {chosen[0]!r} (promote it with --arm {chosen[0]})" if chosen else ""
-        raise PromotionError(
-            f"winner {candidate!r} breaks the retention margin {max_retention_drop:g} against its parent: "
-            f"{detail}{passing}"
-        )
-    winner, row, drops = chosen
+    if refusal is not None:
+        raise RetentionMarginError(*refusal, max_retention_drop, chosen[0] if chosen else None)
+    winner, row, drops, not_compared = chosen
     manifest = verify_checkpoint(Path(row["checkpoint"]))
     # Selection is over: the winner is fixed before its final-eval number exists.
     scored = final_eval(run_dir, record, row, metric)
@@ -153,7 +238,8 @@ def promote(
         "winner": {"arm": winner, "seed": int(row["seed"]), "trial_id": row["trial_id"], metric: float(row[metric])},
         "final_eval": scored,
         "compute_match": matched,
-        "retention": {"max_drop": max_retention_drop, "parent_scored": bool(parent_scores), "drops": drops},
+        "retention": {"max_drop": max_retention_drop, "unit": MARGIN_UNIT, "over": "the arm's mean over its seeds",
+                      "parent_scored": bool(parent_scores), "drops": drops, "not_compared": not_compared},
         "checkpoint": row["checkpoint"],
         "lineage": {k: manifest[k] for k in LINEAGE_FIELDS if k in manifest},
         "promoted": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -168,9 +254,12 @@ def promote(
         progress(f"promote: final eval not scored: {scored['reason']}")
     if not parent_scores:
         progress("promote: no parent scores (phase 1 starts from scratch): retention margin not applicable")
+    else:
+        progress(f"promote: retention margin {max_retention_drop:g} ({MARGIN_UNIT}), on {winner}'s mean over its seeds")
     for key, value in drops.items():
-        progress(f"promote: {key} {value['parent']:.4f} -> {value['child']:.4f} "
-                 f"(drop {value['drop']:+.4f}, margin {max_retention_drop:g})")
+        progress(f"promote: {retention_line(key, value)}")
+    for key, reason in not_compared.items():
+        progress(f"promote: {key} not checked: {reason}")
     if promotion["phase"] < 3:
         next_path = _resolve_next(record, promotion["phase"], next_study)
         child = _write_next_study(run_dir, next_path, promotion, study.get("profile") or None)
@@ -181,6 +270,14 @@ def promote(
         progress(f"promote: phase 3 is the last; release with: {promotion['release']}")
     store.write_text(store.join(run_dir, PROMOTION_FILE), json.dumps(promotion, indent=2, sort_keys=True, default=str))
     return promotion
+
+
+def retention_line(metric: str, drop: dict[str, Any]) -> str:
+    """One metric's check: parent, the arm's mean over seeds, the drop, and the worst seed."""
+    child = f" (this arm's {drop['child_metric']})" if "child_metric" in drop else ""
+    return (f"{metric}{child} parent {drop['parent']:.4f} -> mean {drop['child']:.4f} over {drop['seeds']} seeds "
+            f"(drop {drop['drop']:+.4f}); worst seed {drop['worst_seed']}: {drop['worst_child']:.4f} "
+            f"(drop {drop['worst_drop']:+.4f})")
 
 
 def final_eval(run_dir: str, record: dict[str, Any], row: dict[str, Any], metric: str) -> dict[str, Any]:
@@ -232,11 +329,17 @@ def _resolve_next(record: dict[str, Any], phase: int, next_study: str | Path | N
     if next_study is not None:
         path = Path(next_study)
     else:
+        from embedlab.sweep.tour import packaged_ablations
+
         name = NEXT_STUDY[phase]
         origin = Path(record.get("study_origin") or record["study_file"])
-        path = origin.parent / name
+        # Beside the study that ran, else the installed checkout's ablations/, else the
+        # working directory's (the only place looked at before).
+        looked = [origin.parent / name, packaged_ablations() / name, Path.cwd() / "ablations" / name]
+        path = next((candidate for candidate in looked if candidate.is_file()), looked[0])
         if not path.is_file():
-            path = Path.cwd() / "ablations" / name
+            raise PromotionError(f"next study file {name} not found in {', '.join(str(c.parent) for c in looked)} "
+                                 "(name one with --next)")
     if not path.is_file():
         raise PromotionError(f"next study file not found: {path} (name one with --next)")
     return path.resolve()

@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 
 import pyarrow.fs as pafs
+from embedlab.errors import UsageError
 
 
 def is_uri(location: str | Path) -> bool:
@@ -47,7 +48,7 @@ def _split(location: str | Path) -> tuple[pafs.FileSystem, str]:
         try:
             return pafs.FileSystem.from_uri(str(location))
         except (ValueError, OSError) as error:  # pyarrow's ArrowInvalid is a ValueError
-            raise ValueError(f"storage {location!r}: not a filesystem pyarrow can open ({error})") from None
+            raise UsageError(f"storage {location!r}: not a filesystem pyarrow can open ({error})") from None
     return pafs.LocalFileSystem(), str(Path(location).resolve())
 
 

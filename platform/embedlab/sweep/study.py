@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from embedlab.errors import UnknownKey
 from embedlab.config import ConfigError, TrialConfig
 
 METRICS = ("dev/ndcg@10", "dev/recall@100", "dev/mrr@10", "dev/map")
@@ -266,7 +267,7 @@ class Study:
         """The arm's config with the study's budget, this seed and (phases 2-3) the parent
         checkpoint: `parent` when given (`embedlab sweep --parent`), else the arm's own."""
         if arm not in self.arms:
-            raise KeyError(f"study {self.name}: no arm {arm!r}; arms: {list(self.arms)}")
+            raise UnknownKey(f"study {self.name}: no arm {arm!r}; arms: {list(self.arms)}")
         config = self.arms[arm]
         train = dataclasses.replace(config.train, budget_tokens=self.budget_tokens, seed=seed,
                                     budget_flops=self.budget_flops, budget_device_seconds=self.budget_device_seconds)

@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from embedlab.errors import UserError
+from embedlab.errors import UsageError, UserError
 from embedlab.sweep import store
 
 TRIALS_DIR = "trials"
@@ -83,7 +83,7 @@ def budget_unit(record: dict) -> str:
         phase = max((arm.get("phase") or 1 for arm in study["arms"].values()), default=1)
         unit = "pairs" if study.get("budget_pairs", 0) > 0 and phase > 1 else "tokens"
     if unit not in UNIT_COLUMNS:
-        raise ValueError(f"study.budget_unit: {unit!r} is not one of {', '.join(UNIT_COLUMNS)}")
+        raise UsageError(f"study.budget_unit: {unit!r} is not one of {', '.join(UNIT_COLUMNS)}")
     return unit
 
 
@@ -330,7 +330,7 @@ def summarize(
     metrics = list(metrics) if metrics is not None else default_metrics(table, table.attrs.get("metric"))
     unknown = [m for m in metrics if m not in table]
     if unknown:
-        raise ValueError(f"metrics {unknown} are not columns of the trial table; it has "
+        raise UsageError(f"metrics {unknown} are not columns of the trial table; it has "
                          f"{', '.join(c for c in table if '/' in c)}")
     duplicated = final[final.duplicated(["arm", "seed"], keep=False)]
     if not duplicated.empty:
@@ -338,7 +338,7 @@ def summarize(
                          f"cannot be paired: trials {', '.join(map(str, duplicated['trial_id']))}")
     control = control if control is not None else (arms[0] if arms else None)
     if arms and control not in arms:
-        raise ValueError(f"control: no arm {control!r}; arms: {arms}")
+        raise UsageError(f"control: no arm {control!r}; arms: {arms}")
     label = ci_label(confidence)
     by_seed = {arm: final[final["arm"] == arm].set_index("seed") for arm in arms}
     records = []
@@ -379,7 +379,7 @@ def render(run_dir: str | Path, fmt: str = "text", metrics: Sequence[str] | None
     from embedlab.sweep import paired  # paired reads final_trials from this module
 
     if fmt not in FORMATS:
-        raise ValueError(f"format {fmt!r}: choose one of {', '.join(FORMATS)}")
+        raise UsageError(f"format {fmt!r}: choose one of {', '.join(FORMATS)}")
     record = read_study_record(run_dir)
     table = load_table(run_dir)
     unit = table.attrs["unit"]

@@ -4,6 +4,8 @@ A tour file (`ablations/recipe.py`) defines `tour(profile) -> Tour`; `embedlab t
 (and `make demo`, on the demo profile) runs each stage's study, prints its table, promotes
 its winner on recipe-dev under the stage's retention margin, and starts the next stage from
 the promoted checkpoint. The last winner is exported as an inference release.
+`embedlab tour FILE --dry-run` prints each stage's study plan instead (`dry_run_tour`),
+starting nothing.
 """
 
 from __future__ import annotations
@@ -15,7 +17,10 @@ from pathlib import Path
 
 from embedlab.config import ConfigError
 from embedlab.sweep import store
-from embedlab.sweep.study import load_study
+from embedlab.sweep.promote import DEFAULT_MAX_RETENTION_DROP
+from embedlab.sweep.study import Study, load_study
+
+ABLATIONS_DIR = "ablations"
 
 
 @dataclass(frozen=True)
@@ -23,7 +28,8 @@ class Stage:
     """One study of the tour and the rule that promotes its winner."""
 
     study: str  # a study file, relative to the tour file
-    max_retention_drop: float = 0.05
+    # Absolute, in metric points: 0.10 lets a retention score end 0.10 below the parent's.
+    max_retention_drop: float = DEFAULT_MAX_RETENTION_DROP
     metric: str = "dev/ndcg@10"
 
 
@@ -49,7 +55,7 @@ def load_tour(path: str | Path, profile: str | None = None) -> Tour:
     tour = factory(profile) if profile is not None else factory()
     if not isinstance(tour, Tour) or not tour.stages:
         raise ConfigError(f"{path}: tour() must return an embedlab Tour with at least one stage")
-    phases = [load_study(stage_path(path, stage), tour.profile).phase for stage in tour.stages]
+    phases = [study.phase for study in load_stage_studies(path, tour)]
     if phases != list(range(phases[0], phases[0] + len(phases))):
         raise ConfigError(f"{path}: stages must train consecutive phases, got {phases}")
     return tour
@@ -57,6 +63,65 @@ def load_tour(path: str | Path, profile: str | None = None) -> Tour:
 
 def stage_path(tour_path: Path, stage: Stage) -> Path:
     return (Path(tour_path).parent / stage.study).resolve()
+
+
+def load_stage_studies(path: str | Path, tour: Tour) -> list[Study]:
+    """Every stage's study under the tour's profile; a stage that fails to load is named: in the
+    one-line ConfigError of a study file that is missing or invalid, and as a note on the
+    traceback of anything else its code raises."""
+    studies = []
+    for number, stage in enumerate(tour.stages, start=1):
+        where = f"{path}: stage {number}/{len(tour.stages)} ({stage.study})"
+        try:
+            studies.append(load_study(stage_path(Path(path), stage), tour.profile))
+        except (ConfigError, FileNotFoundError) as error:
+            raise ConfigError(f"{where}: {error}") from None
+        except Exception as error:
+            error.add_note(f"while loading {where}")
+            raise
+    return studies
+
+
+def packaged_ablations() -> Path:
+    """The repository's `ablations/` beside `platform/`, found from the installed package (an
+    editable install is the checkout itself), so it does not depend on the working directory."""
+    import embedlab
+
+    return Path(embedlab.__file__).resolve().parents[2] / ABLATIONS_DIR
+
+
+def dry_run_tour(path: str | Path, profile: str | None = None) -> str:
+    """What `embedlab tour` would run, stage by stage, without starting Ray or touching data:
+    each stage's study plan (`embedlab.sweep.run.dry_run`, under the tour's profile) and how
+    its winner is promoted. Stages after the first start from the previous stage's winner,
+    which exists only once that stage has run."""
+    from embedlab.sweep.run import dry_run
+
+    tour = load_tour(path, profile)
+    blocks = [f"tour {tour.name} ({path}), profile {tour.profile}: {len(tour.stages)} stages"
+              + (f"\n  {tour.description}" if tour.description else "")]
+    for number, (stage, study) in enumerate(zip(tour.stages, load_stage_studies(path, tour)), start=1):
+        parent = None if number == 1 else (f"the winner promoted from stage {number - 1} "
+                                            f"({tour.stages[number - 2].study}), known once that stage has run")
+        plan = dry_run(stage_path(Path(path), stage), profile=tour.profile, parent=parent)
+        header = f"== stage {number}/{len(tour.stages)}: {stage.study}"
+        has_parent = number > 1 or study.needs_parent or study.parent is not None
+        last = number == len(tour.stages)
+        blocks.append(f"{header}\n{plan}\n{promotion_plan(stage, has_parent, last)}")
+    return "\n\n".join(blocks)
+
+
+def promotion_plan(stage: Stage, has_parent: bool, last: bool) -> str:
+    """How a stage's winner is chosen (the retention margin only where there is a parent to
+    retain) and where it goes next."""
+    rule = f"  promotion: best arm by mean {stage.metric} over seeds (recipe-dev)"
+    if has_parent:
+        rule += (f"; an arm whose mean over seeds of a retention metric falls more than "
+                 f"{stage.max_retention_drop:g} (absolute, metric points) below the parent's is refused, "
+                 "and the best-ranked arm within that margin promoted instead")
+    following = ("is exported as the release (RUN_DIR/release)" if last
+                 else "becomes every arm's parent in the next stage")
+    return f"{rule}\n  then: the winner's checkpoint {following}"
 
 
 def run_tour(
@@ -69,7 +134,7 @@ def run_tour(
     progress: Callable[[str], None] = print,
 ) -> list[Path]:
     """Run every stage, promoting between them; returns the stages' run directories."""
-    from embedlab.sweep.promote import NEXT_STUDY_FILE, PromotionError, promote
+    from embedlab.sweep.promote import NEXT_STUDY_FILE
     from embedlab.sweep.run import run_sweep
 
     tour = load_tour(path, profile)
@@ -84,15 +149,7 @@ def run_tour(
         following = tour.stages[index + 1] if index + 1 < len(tour.stages) else None
         rule = dict(metric=stage.metric, max_retention_drop=stage.max_retention_drop,
                     next_study=stage_path(Path(path), following) if following else None, progress=progress)
-        try:
-            promotion = promote(run_dir, **rule)
-        except PromotionError as error:
-            # The dev winner broke the margin: say so, and carry on with the best arm within
-            # it when there is one (the refusal names it), so the tour shows what follows.
-            progress(f"promote: refused: {error}")
-            if "--arm " not in str(error):
-                raise
-            promotion = promote(run_dir, arm=str(error).rsplit("--arm ", 1)[1].rstrip(")"), **rule)
+        promotion = promote_stage(run_dir, rule)
         if following is None:
             from embedlab.release import export_release
 
@@ -102,3 +159,19 @@ def run_tour(
         else:
             study_file = store.join(run_dir, NEXT_STUDY_FILE)
     return run_dirs
+
+
+def promote_stage(run_dir: str | Path, rule: dict) -> dict:
+    """Promote a stage's winner under `rule` (`promote`'s keyword arguments, `progress`
+    among them). When the dev winner breaks the retention margin, say so and carry on with
+    the best arm within it (the refusal's `within_margin`), so the tour shows what follows;
+    with no arm within it, the refusal stands."""
+    from embedlab.sweep.promote import RetentionMarginError, promote
+
+    try:
+        return promote(run_dir, **rule)
+    except RetentionMarginError as refusal:
+        rule.get("progress", print)(f"promote: refused: {refusal}")
+        if refusal.within_margin is None:
+            raise
+        return promote(run_dir, **{**rule, "arm": refusal.within_margin})

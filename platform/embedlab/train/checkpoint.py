@@ -34,6 +34,7 @@ from safetensors.torch import load_file, save_file
 
 from embedlab import __version__
 from embedlab.config import ModelConfig
+from embedlab.errors import UserError
 from embedlab.model.encoder import Encoder, MLMModel
 from embedlab.tokenizer import FILE_NAME as TOKENIZER_FILE
 from embedlab.tokenizer import FrozenTokenizer, load_tokenizer
@@ -47,7 +48,7 @@ HEAD_FILE = "mlm_head.safetensors"
 MANIFEST_FILE = "manifest.json"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
     """A checkpoint directory is missing, incomplete or corrupt; the message names the file."""
 
 

@@ -1,0 +1,25 @@
+"""The line between a user's mistake and a bug.
+
+`embedlab.cli.main` prints a `UserError` (and FileNotFoundError, ConnectionError) as one
+`error: ...` line and exits 2; every other exception is a bug and keeps its traceback. The
+project's own exception classes for bad input subclass `UserError` beside their older bases
+(ValueError, RuntimeError ...), so code that catches those still catches them.
+"""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """An error in what the user asked for, shown in one line."""
+
+
+class UsageError(UserError, ValueError):
+    """A command asked for something its arguments or this machine cannot give (e.g. CUDA on
+    a machine without it, demo study files that are not where they were looked for)."""
+
+
+class UnknownKey(UserError, KeyError):
+    """A name the user gave (an arm, a split) that is not there; still a KeyError for callers."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""

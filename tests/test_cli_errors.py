@@ -1,0 +1,66 @@
+"""The command line tells a user's mistake from a bug: a UserError (and FileNotFoundError,
+ConnectionError) is one `error:` line and exit code 2; anything else keeps its traceback.
+The demo finds its study files from the installed package, wherever it runs from."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from embedlab.cli import find_demo_tour, main
+from embedlab.errors import UserError
+
+REPOSITORY = Path(__file__).parent.parent
+
+
+def test_a_user_error_is_one_line_and_exit_code_2(capsys):
+    """An unknown model preset (a ConfigError) prints one `error:` line naming it, no traceback."""
+    assert main(["model", "params", "no-such-preset"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: model.preset: unknown preset 'no-such-preset'") and err.count("\n") == 1
+
+
+def test_an_internal_key_error_keeps_its_traceback(tmp_path, capsys):
+    """A run directory whose study.json lacks its "study" section makes the table code hit a
+    bare KeyError: that is a bug to see, so it propagates instead of becoming `error: 'study'`."""
+    (tmp_path / "trials").mkdir()
+    (tmp_path / "study.json").write_text(json.dumps({"arm_order": ["a"]}))
+    with pytest.raises(KeyError, match="study"):
+        main(["table", str(tmp_path), "--json"])
+    assert "error:" not in capsys.readouterr().err
+
+
+def test_the_projects_input_errors_are_user_errors_and_keep_their_old_bases():
+    """Every user-facing exception class is a UserError, and still what callers caught before."""
+    from embedlab.config import ConfigError
+    from embedlab.data.audit import ContaminationError
+    from embedlab.data.builtin import SourceUnavailableError
+    from embedlab.data.external import SourceError
+    from embedlab.data.mixture import MixtureError
+    from embedlab.evaluate.beir import TaskFormatError
+    from embedlab.sweep.promote import PromotionError
+    from embedlab.sweep.run import TuningError
+    from embedlab.sweep.table import UnequalComputeError
+    from embedlab.train.checkpoint import CheckpointError
+
+    old_bases = {ConfigError: ValueError, PromotionError: ValueError, UnequalComputeError: ValueError,
+                 TaskFormatError: ValueError, CheckpointError: ValueError, MixtureError: ValueError,
+                 SourceError: Exception, ContaminationError: RuntimeError, TuningError: RuntimeError,
+                 SourceUnavailableError: FileNotFoundError}
+    assert [cls.__name__ for cls, base in old_bases.items() if not issubclass(cls, UserError)] == []
+    assert [cls.__name__ for cls, base in old_bases.items() if not issubclass(cls, base)] == []
+
+
+def test_the_demo_finds_its_tour_from_another_working_directory(tmp_path, monkeypatch):
+    """From a directory without ablations/, the demo's tour is the installed checkout's."""
+    monkeypatch.chdir(tmp_path)
+    assert find_demo_tour() == (REPOSITORY / "ablations" / "recipe.py").resolve()
+
+
+def test_demo_study_files_that_are_not_there_fail_in_one_line(tmp_path, capsys):
+    """`--ablations` pointing at a directory without recipe.py: one line saying where it looked
+    and how to point at the study files; nothing is run."""
+    assert main(["demo", "--ablations", str(tmp_path), "--storage", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"not in {tmp_path};" in err and "embedlab demo --ablations DIR" in err
+    assert not (tmp_path / "runs").exists()
