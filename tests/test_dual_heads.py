@@ -275,3 +275,11 @@ def test_a_dual_head_run_records_the_proportion_it_ran_at(tmp_path):
     assert {name: reports[-1][f"masking/ratio_rows/{name}"] for name in expected} == expected
     manifests = sorted((tmp_path / "run").rglob("manifest.json"), key=lambda p: p.stat().st_mtime)
     assert json.loads(manifests[-1].read_text())["objective"]["observed_ratio_rows"] == expected
+
+
+def test_head_names_and_ratios_round_trip():
+    """Every head name reads back as its ratio, decimal ratios included (2.5% is "mask2_5")."""
+    from embedlab.train.checkpoint import head_ratio
+
+    ratios = ((0.05, 4), (0.5, 1), (0.025, 1), (0.125, 1))
+    assert [head_ratio(name) for name in dual_mlm.ratio_names(ratios)] == pytest.approx([r for r, _ in ratios])

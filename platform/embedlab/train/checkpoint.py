@@ -262,7 +262,7 @@ def mlm_model(encoder: Encoder, head_state: dict[str, torch.Tensor]) -> MLMModel
 
 def head_ratio(name: str) -> float:
     """The masking ratio a dual-head checkpoint's head mask<percent> was trained at."""
-    return int(name.removeprefix("mask")) / 100
+    return float(name.removeprefix("mask").replace("_", ".")) / 100  # "mask2_5" is 2.5% (`ratio_names`)
 
 
 def single_head_state(directory: Path, manifest: dict[str, Any], masking_ratio: float) -> dict[str, torch.Tensor] | None:
