@@ -29,10 +29,54 @@ def spec(tmp_path_factory, prepared) -> Path:
 
 
 def test_data_build_reuses_the_prepared_directory(spec, prepared, capsys):
-    """`data build` on a JSON spec equal to the test config finds the same prepared data and its card."""
+    """`data build` on a JSON spec equal to the test config finds the same prepared data and its
+    card; the record names the code revision it was prepared with."""
+    from embedlab.data.prepare import build_code_revision
+
     assert main(["data", "build", str(spec)]) == 0
     out = capsys.readouterr().out
     assert str(prepared.directory) in out and "data_card.md" in out
+    assert prepared.record["code_revision"] == build_code_revision()
+
+
+def test_prepare_key_follows_the_code_that_builds_the_data(tmp_path):
+    """The cache key holds a hash of the preparation code (`BUILD_SOURCES`): a byte-equal copy of
+    those files elsewhere gives the same key, and one changed byte in one of them another; the
+    key is otherwise stable from call to call."""
+    from embedlab.data.prepare import BUILD_SOURCES, PACKAGE_ROOT, build_code_revision, code_revision, prepare_key
+
+    copy = tmp_path / "embedlab"
+    for name in BUILD_SOURCES:
+        (copy / name).parent.mkdir(parents=True, exist_ok=True)
+        (copy / name).write_bytes((PACKAGE_ROOT / name).read_bytes())
+    assert code_revision(copy) == code_revision() == build_code_revision()
+    assert prepare_key(TEST_DATA) == prepare_key(TEST_DATA) == prepare_key(TEST_DATA, code=code_revision(copy))
+    assert {"data/prepare.py", "data/corpus.py", "data/stream.py", "tokenizer.py"} <= set(BUILD_SOURCES)
+    stream = copy / "data" / "stream.py"
+    stream.write_bytes(stream.read_bytes().replace(b"def ", b"def  ", 1))
+    changed = code_revision(copy)
+    assert changed != code_revision()
+    assert prepare_key(TEST_DATA, code=changed) != prepare_key(TEST_DATA)
+    stream.unlink()
+    with pytest.raises(FileNotFoundError, match="data/stream.py"):
+        code_revision(copy)
+
+
+def test_preparing_data_prints_no_ray_log_line(tmp_path, ray_session, capfd):
+    """Preparing data through the real path (corpus, tokenizer, pieces on Ray Data) prints
+    embedlab's progress lines and none of Ray Data's own (its execution plan, the progress it
+    logs at INFO), which stay in Ray's log files."""
+    import re
+
+    from embedlab.data.prepare import prepare_data
+
+    small = DataConfig(sources=("python-docs",), tokenizer_vocab_size=256, sequence_length=32)
+    prepare_data(small, cache_dir=tmp_path)
+    out, err = capfd.readouterr()
+    assert "data: tokenising training documents into pieces on Ray Data" in out and "data: prepared in" in out
+    ray_lines = [line for line in (out + err).splitlines()
+                 if re.search(r"\b(INFO|WARNING)\b \w+\.py:\d+ --|MapBatches|streaming_executor", line)]
+    assert not ray_lines, ray_lines
 
 
 def test_data_audit_covers_every_stage(spec, capsys):

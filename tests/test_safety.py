@@ -1,5 +1,5 @@
 """Safe defaults: a local Ray head listens on loopback with token authentication on, and the
-code base loads no pickles, unsafe YAML or shell strings."""
+code base loads no pickles, unsafe YAML or shell strings, and stages no file under a fixed name."""
 
 import re
 from pathlib import Path
@@ -37,6 +37,8 @@ def test_disabled_auth_is_refused(monkeypatch):
     (r"yaml\.load\(", "YAML only through yaml.safe_load"),
     (r"\bpickle\b|\bcloudpickle\b", "weights and state never go through pickle"),
     (r"torch\.load\((?![^)]*weights_only\s*=\s*True)", "torch.load only with weights_only=True"),
+    (r"with_suffix\(\s*[\"']\.tmp[\"']\s*\)",
+     "concurrent writers stage under names of their own (pid + random suffix), never one fixed .tmp"),
 ])
 def test_no_unsafe_loading_in_the_code_base(pattern, why):
     """Every source file under platform/, ablations/, workers/ and dashboards/ is free of it."""

@@ -45,6 +45,7 @@ import numpy as np
 
 from embedlab.data.dedup import NearDuplicateIndex, ngram_hashes, word_hashes
 from embedlab.data.document import content_hash, normalise_text
+from embedlab.errors import UserError
 from embedlab.evaluate.beir import REQUIRED_SPLIT, Task
 
 FINAL_EVAL_SPLIT = REQUIRED_SPLIT
@@ -55,7 +56,7 @@ SNIPPET_CHARS = 80
 _WORD = re.compile(r"\w+")
 
 
-class ContaminationError(RuntimeError):
+class ContaminationError(UserError, RuntimeError):
     """Final-evaluation items overlap training-stage text and no overlap policy was given."""
 
 

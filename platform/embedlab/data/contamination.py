@@ -2,22 +2,38 @@
 
 `prepare_data` audits the phase-1 stages (pretraining text, tokenizer sample) against every
 task built with the data and saves each report under `audits/<task hash>.json`; `embedlab data
-audit` also covers contrastive pairs and mined negatives, and extra BEIR tasks. Before a
-sweep trains, `check_training_data` refuses data in which final-eval (test-split) items
-were found, unless the study declares a disclosed-overlap policy; the policy is then
-recorded with the run and printed with its table.
+audit` also covers contrastive pairs and mined negatives, and extra BEIR tasks.
+
+The gate refuses final-eval (test-split) items in what a trial trains on, unless the study
+declares a disclosed-overlap policy (then recorded with the run and printed with its table):
+
+    every phase   the phase-1 stages of the data (pretraining text of the mixture's sources,
+                  the tokenizer sample the tokenizer every phase uses was trained on)
+    phases 2-3    the frozen pairs table of the arm's builders (`check_training_data` with
+                  `pairs_path`); the sweep checks both before any trial starts
+    phase 3       the mined negatives, once mined and before training (`check_mined_negatives`,
+                  run by `run_contrastive` right after mining)
+
+A stage file's audit is saved as `audits/<task hash>-<stage>-<file hash>.json`, so it is
+computed once per task content and file content, and a changed file is audited afresh.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Callable, Sequence
+import os
+import uuid
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from embedlab.data.audit import AuditReport, ContaminationError, audit
 from embedlab.data.prepare import PreparedData
-from embedlab.data.stages import PHASE1_STAGES, training_stages
+from embedlab.data.stages import (
+    MINED_STAGE, NEGATIVES_FILE, PAIRS_STAGE, PHASE1_STAGES, mined_set_items, pair_table_items, training_stages,
+)
 from embedlab.evaluate.beir import load_task
+
 
 def _audit_tasks(
     prepared: PreparedData, tasks: list, stages: Sequence[str], progress: Callable[[str], None]
@@ -44,6 +60,20 @@ def run_audit(
     return _audit_tasks(prepared, tasks, stages, progress)
 
 
+def _write_json_atomically(path: Path, content: dict) -> None:
+    """Write `path` whole or not at all. Concurrent trials may audit the same file: each
+    stages under its own name (pid and a random suffix), and the rename is atomic, so a
+    reader sees one writer's whole report."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+    staging.write_text(json.dumps(content, indent=2, sort_keys=True))
+    staging.rename(path)
+
+
+def _report_content(report: AuditReport) -> dict:
+    return {**report.to_dict(), "markdown": report.to_markdown()}
+
+
 def task_audit(prepared: PreparedData, task_dir: Path, progress: Callable[[str], None] = print) -> dict:
     """The phase-1 audit of one task against this data, computed once per task content and
     saved as `audits/<task hash>.json` (findings, counts and the markdown report)."""
@@ -52,28 +82,86 @@ def task_audit(prepared: PreparedData, task_dir: Path, progress: Callable[[str],
     if path.is_file():
         return json.loads(path.read_text())
     progress(f"audit: task {task.name} ({task_dir}) against stages {', '.join(PHASE1_STAGES)}")
-    report = _audit_tasks(prepared, [task], PHASE1_STAGES, progress)
-    content = {**report.to_dict(), "markdown": report.to_markdown()}
-    path.parent.mkdir(exist_ok=True)
-    staging = path.with_suffix(".tmp")
-    staging.write_text(json.dumps(content, indent=2, sort_keys=True))
-    staging.rename(path)
+    content = _report_content(_audit_tasks(prepared, [task], PHASE1_STAGES, progress))
+    _write_json_atomically(path, content)
     return content
 
 
+def _file_hash(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def stage_file_audit(
+    prepared: PreparedData, task_dir: Path, stage: str, path: Path, items: Iterable[tuple[str, str]],
+    progress: Callable[[str], None] = print,
+) -> dict:
+    """One task against one stage file's `items` (a pairs table, a mined set), computed once per
+    task content and file content and saved as `audits/<task hash>-<stage>-<file hash>.json`."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"stage {stage}: no file {path} to audit")
+    task = load_task(task_dir)
+    saved = prepared.directory / "audits" / f"{task.hash}-{stage}-{_file_hash(path)}.json"
+    if saved.is_file():
+        return json.loads(saved.read_text())
+    progress(f"audit: task {task.name} ({task_dir}) against stage {stage} ({path})")
+    report = audit([task], {stage: items}, threshold=prepared.record["config"]["near_duplicate_threshold"],
+                   progress=progress)
+    content = _report_content(report)
+    _write_json_atomically(saved, content)
+    return content
+
+
+def _final_eval(content: dict) -> list[dict]:
+    return [f for f in content["findings"] if f["split"] == "test"]
+
+
+def refuse_unless_disclosed(final: list[dict], where: Path, policy: str | None) -> None:
+    """ContaminationError naming the findings in `where`, unless `policy` discloses the overlap."""
+    if not final or (policy is not None and policy.strip()):
+        return
+    examples = "; ".join(
+        f"{f['task']} {f['item_kind']} {f['item_id']} ~ {f['stage']} {f['stage_item_id']} ({f['match']})"
+        for f in final[:3]
+    )
+    stages = ", ".join(sorted({f["stage"] for f in final}))
+    raise ContaminationError(
+        f"{len(final)} final-eval finding(s) in the training data {where} (stages {stages}; e.g. {examples}); "
+        "training refused. Remove them, or declare the overlap with Study(disclosed_overlap='...') to train "
+        "anyway with the policy printed in every table"
+    )
+
+
 def check_training_data(
-    prepared: PreparedData, task_dir: Path, policy: str | None, progress: Callable[[str], None] = print
+    prepared: PreparedData, task_dir: Path, policy: str | None, progress: Callable[[str], None] = print,
+    *, pairs_path: Path | None = None,
 ) -> list[dict]:
-    """Final-eval findings of the task in this data; raises ContaminationError if any and no policy."""
-    final = [f for f in task_audit(prepared, task_dir, progress)["findings"] if f["split"] == "test"]
-    if final and policy is None:
-        examples = "; ".join(
-            f"{f['task']} {f['item_kind']} {f['item_id']} ~ {f['stage']} {f['stage_item_id']} ({f['match']})"
-            for f in final[:3]
-        )
-        raise ContaminationError(
-            f"{len(final)} final-eval finding(s) in the training data {prepared.directory} "
-            f"(e.g. {examples}); training refused. Remove them, or declare the overlap with "
-            "Study(disclosed_overlap='...') to train anyway with the policy printed in every table"
-        )
+    """Final-eval findings of the task in the phase-1 stages of this data and, with
+    `pairs_path` (a phase 2-3 trial's frozen pairs table), in its pairs; raises
+    ContaminationError if any and no policy."""
+    final = _final_eval(task_audit(prepared, task_dir, progress))
+    if pairs_path is not None:
+        content = stage_file_audit(prepared, task_dir, PAIRS_STAGE, pairs_path, pair_table_items(pairs_path), progress)
+        final += _final_eval(content)
+    refuse_unless_disclosed(final, prepared.directory, policy)
+    return final
+
+
+def check_mined_negatives(
+    prepared: PreparedData, task_dir: Path, mined_dir: Path, policy: str | None,
+    progress: Callable[[str], None] = print,
+) -> list[dict]:
+    """Final-eval findings of the task in one mined set's negatives (checked after mining,
+    before training on them); raises ContaminationError if any and no policy."""
+    mined_dir = Path(mined_dir)
+    content = stage_file_audit(prepared, task_dir, MINED_STAGE, mined_dir / NEGATIVES_FILE,
+                               mined_set_items(mined_dir), progress)
+    final = _final_eval(content)
+    refuse_unless_disclosed(final, mined_dir, policy)
+    if final:
+        progress(f"audit: {len(final)} final-eval item(s) among the mined negatives in {mined_dir}; "
+                 f"disclosed-overlap policy: {policy}")
     return final

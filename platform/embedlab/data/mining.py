@@ -32,7 +32,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 import re
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
@@ -149,10 +151,16 @@ class MinedSet:
         return pa.Table.from_pylist(rows, schema=NEGATIVE_SCHEMA)
 
     def save(self, directory: Path | str) -> Path:
-        """Write negatives.parquet and manifest.json into directory; returns the directory."""
+        """Write negatives.parquet and manifest.json into directory; returns the directory.
+
+        Trials that need the same set may mine it at once: each file is staged under its
+        writer's own name (pid and a random suffix) and renamed into place, so a reader sees
+        one writer's whole file, never two writers' bytes interleaved."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        pq.write_table(self.to_table(), directory / NEGATIVES_FILE)
+        negatives = _staging_name(directory / NEGATIVES_FILE)
+        pq.write_table(self.to_table(), negatives)
+        negatives.rename(directory / NEGATIVES_FILE)
         manifest = {
             "format": FORMAT,
             "version": self.version,
@@ -164,7 +172,7 @@ class MinedSet:
             "pair_ids": sorted(self.negatives),
         }
         # Written last, so a directory with a manifest holds a complete set.
-        (directory / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True))
+        write_text_atomically(directory / MANIFEST_FILE, json.dumps(manifest, indent=2, sort_keys=True))
         return directory
 
     @classmethod
@@ -259,6 +267,19 @@ class MinedSet:
                 "",
             ]
         return "\n".join(lines).rstrip() + "\n"
+
+
+def _staging_name(path: Path) -> Path:
+    """A hidden name beside `path` that is this writer's alone."""
+    return path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+
+
+def write_text_atomically(path: Path | str, text: str) -> None:
+    """Write `path` whole or not at all, staged under this writer's own name (see `MinedSet.save`)."""
+    path = Path(path)
+    staging = _staging_name(path)
+    staging.write_text(text)
+    staging.rename(path)
 
 
 def _optional(value: float | None) -> str:

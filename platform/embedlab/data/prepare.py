@@ -1,9 +1,10 @@
 """From sources to a frozen training stream: corpus -> tokenizer -> pieces -> evaluation task.
 
 Everything a study's trials share is prepared once, before any trial starts, in a
-directory named by the hash of the data config and the source revisions, so repeated
-runs reuse it and two configs never share one by accident. The directory is written
-under a temporary name and renamed when complete, so a half-built one is never used.
+directory named by the hash of the data config, the source revisions and the code that
+builds it (`BUILD_SOURCES`), so repeated runs reuse it, two configs never share one by
+accident, and changed preparation code prepares afresh. The directory is written under a
+staging name of its own writer and renamed when complete, so a half-built one is never used.
 
     corpus/              documents.parquet + manifest.json (see data.corpus)
     tokenizer_sample.parquet   ids of the training-split documents the tokenizer saw
@@ -17,12 +18,14 @@ under a temporary name and renamed when complete, so a half-built one is never u
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
 import shutil
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,7 +43,18 @@ from embedlab.evaluate.beir import write_task
 from embedlab.evaluate.builtin_tasks import BUILTIN_TASKS, build_builtin_task, decontaminate
 from embedlab.tokenizer import FrozenTokenizer, describe, load_tokenizer, save_tokenizer, train_tokenizer
 
-FORMAT = "embedlab-prepared/4"
+FORMAT = "embedlab-prepared/4"  # the human-readable part of the key; `code_revision` is the rest
+# The package's source files whose code decides the prepared bytes (corpus, tokenizer, pieces,
+# tasks, retention panel, the audits and the card), relative to the package root. Their
+# content is part of the cache key, so a change to any of them prepares afresh instead of
+# reusing a directory that older code built.
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+BUILD_SOURCES = (
+    "data/prepare.py", "data/corpus.py", "data/builtin.py", "data/document.py", "data/dedup.py",
+    "data/external.py", "data/rights.py", "data/mixture.py", "data/stream.py", "data/packing.py",
+    "data/audit.py", "data/contamination.py", "data/stages.py", "data/card.py", "tokenizer.py",
+    "evaluate/beir.py", "evaluate/builtin_tasks.py", "evaluate/retention.py",
+)
 
 
 def default_cache_dir() -> Path:
@@ -82,12 +96,34 @@ class PreparedData:
         return self.record["data_revision"]
 
 
-def prepare_key(config: DataConfig) -> str:
-    """Hash of everything that decides the prepared bytes."""
+def code_revision(root: Path = PACKAGE_ROOT, sources: Sequence[str] = BUILD_SOURCES) -> str:
+    """Hash of the named source files' names (relative to `root`) and bytes: equal code, equal
+    revision, wherever the package is installed."""
+    digest = hashlib.sha256()
+    for name in sources:
+        path = Path(root) / name
+        if not path.is_file():
+            raise FileNotFoundError(f"prepared-data source {name!r} not found under {root}")
+        content = path.read_bytes()
+        digest.update(f"{name}\0{len(content)}\0".encode())
+        digest.update(content)
+    return digest.hexdigest()[:16]
+
+
+@functools.cache
+def build_code_revision() -> str:
+    """`code_revision` of this installation's `BUILD_SOURCES`, computed once per process."""
+    return code_revision()
+
+
+def prepare_key(config: DataConfig, code: str | None = None) -> str:
+    """Hash of everything that decides the prepared bytes: the format, the config, the source
+    revisions and the code that builds the data (`code`, default `build_code_revision()`)."""
     names = resolve_sources(config)
     external = {s.name: external_provenance(s)["revision"] for s in (*config.local_files, *config.hf_datasets)}
     payload = {
         "format": FORMAT,
+        "code": build_code_revision() if code is None else code,
         "config": dataclasses.asdict(config),
         "sources": {n: builtin.source_revision(n) for n in names} | external,
     }
@@ -106,18 +142,43 @@ def prepare_data(
     if record_path.is_file():
         progress(f"data: reusing {directory}")
         return PreparedData(directory=directory, record=json.loads(record_path.read_text()))
-    staging = cache_dir / f".staging-{directory.name}-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
+    # Every writer stages under its own name (pid and a random suffix: two hosts sharing the
+    # cache may run equal pids); the rename below publishes one whole directory.
+    staging = cache_dir / f".staging-{directory.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     progress(f"data: preparing {directory}")
-    record = _prepare_into(config, staging, progress)
-    (staging / "prepared.json").write_text(json.dumps(record, indent=2, sort_keys=True))
-    _audit_and_card(PreparedData(directory=staging, record=record), progress)
+    keep_ray_data_off_the_console()
+    try:
+        record = _prepare_into(config, staging, progress)
+        (staging / "prepared.json").write_text(json.dumps(record, indent=2, sort_keys=True))
+        _audit_and_card(PreparedData(directory=staging, record=record), progress)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)  # a failed build leaves no half-built copy behind
+        raise
     try:
         staging.rename(directory)
     except OSError:
         # Another process finished the same directory first; its content is identical.
         shutil.rmtree(staging, ignore_errors=True)
     return PreparedData(directory=directory, record=json.loads(record_path.read_text()))
+
+
+def keep_ray_data_off_the_console() -> None:
+    """Keep Ray Data's own lines (execution plans and the progress it logs at INFO when stdout
+    is no terminal, its progress bars when it is) off the console, which carries embedlab's
+    progress lines; they stay in Ray's log files (`<session>/logs/ray-data/`). Errors still
+    reach the console. A `RAY_DATA_LOGGING_CONFIG` of the user's own is left alone. For the
+    driver (a worker's output is not forwarded to it); calling it again changes nothing."""
+    import logging
+
+    import ray.data
+
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    if os.environ.get("RAY_DATA_LOGGING_CONFIG"):
+        return
+    for handler in logging.getLogger("ray.data").handlers:
+        # Ray Data's console handler is its one stream handler that writes no file.
+        if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+            handler.setLevel(logging.ERROR)
 
 
 def _prepare_into(config: DataConfig, directory: Path, progress: Callable[[str], None]) -> dict:
@@ -149,6 +210,7 @@ def _prepare_into(config: DataConfig, directory: Path, progress: Callable[[str],
     progress(f"data: prepared in {time.perf_counter() - started:.1f}s")
     return {
         "format": FORMAT,
+        "code_revision": build_code_revision(),
         "config": dataclasses.asdict(config),
         "corpus_hash": corpus.hash,
         "tokenizer_hash": tokenizer.hash,

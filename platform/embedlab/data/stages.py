@@ -4,21 +4,28 @@
     tokenizer-sample   the documents the tokenizer was trained on
     contrastive-pairs  query and positive texts of the phase 2-3 pairs built from the training split
     mined-negatives    hard negatives of every mined set saved with the data (`mined/*/`)
+
+`pair_table_items` and `mined_set_items` read one frozen pairs table or one mined set: what
+a given trial trains on, for the gate before it trains (`embedlab.data.contamination`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from embedlab.data.document import document_text
+from embedlab.data.mining import NEGATIVES_FILE
 from embedlab.data.pairs import PAIR_BUILDERS, build_pairs
 from embedlab.data.prepare import PreparedData
 
+PAIRS_STAGE = "contrastive-pairs"
+MINED_STAGE = "mined-negatives"
 PHASE1_STAGES = ("pretraining", "tokenizer-sample")
-ALL_STAGES = (*PHASE1_STAGES, "contrastive-pairs", "mined-negatives")
+ALL_STAGES = (*PHASE1_STAGES, PAIRS_STAGE, MINED_STAGE)
 
 
 def _documents(prepared: PreparedData, doc_ids: set[str] | None) -> Iterator[tuple[str, str]]:
@@ -30,18 +37,37 @@ def _documents(prepared: PreparedData, doc_ids: set[str] | None) -> Iterator[tup
         yield doc_id, document_text(title, text)
 
 
+def _pair_texts(pairs: Iterable[tuple[str, str, str]]) -> Iterator[tuple[str, str]]:
+    for pair_id, query, positive in pairs:
+        yield f"{pair_id}:query", query
+        yield f"{pair_id}:positive", positive
+
+
 def _pairs(prepared: PreparedData) -> Iterator[tuple[str, str]]:
     table = prepared.corpus.read(split="train")
-    for pair in build_pairs(table, list(PAIR_BUILDERS), split="train", seed=0, max_pairs_per_builder=None):
-        yield f"{pair.pair_id}:query", pair.query
-        yield f"{pair.pair_id}:positive", pair.positive
+    pairs = build_pairs(table, list(PAIR_BUILDERS), split="train", seed=0, max_pairs_per_builder=None)
+    yield from _pair_texts((pair.pair_id, pair.query, pair.positive) for pair in pairs)
+
+
+def pair_table_items(path: Path) -> Iterator[tuple[str, str]]:
+    """The query and positive texts of one frozen pairs table (`pair_stream.pair_table_path`),
+    as "<pair id>:query" and "<pair id>:positive"."""
+    table = pq.read_table(path, columns=["pair_id", "query", "positive"])
+    yield from _pair_texts(zip(*(table[c].to_pylist() for c in ("pair_id", "query", "positive"))))
+
+
+def mined_set_items(directory: Path) -> Iterator[tuple[str, str]]:
+    """The negative texts of one mined set (`directory/negatives.parquet`), as
+    "<set>:<pair id>:<doc id>"."""
+    directory = Path(directory)
+    table = pq.read_table(directory / NEGATIVES_FILE, columns=["pair_id", "doc_id", "negative"])
+    for pair_id, doc_id, text in zip(*(table[c].to_pylist() for c in ("pair_id", "doc_id", "negative"))):
+        yield f"{directory.name}:{pair_id}:{doc_id}", text
 
 
 def _mined(prepared: PreparedData) -> Iterator[tuple[str, str]]:
-    for path in sorted((prepared.directory / "mined").glob("*/negatives.parquet")):
-        table = pq.read_table(path, columns=["pair_id", "doc_id", "negative"])
-        for pair_id, doc_id, text in zip(*(table[c].to_pylist() for c in ("pair_id", "doc_id", "negative"))):
-            yield f"{path.parent.name}:{pair_id}:{doc_id}", text
+    for path in sorted((prepared.directory / "mined").glob(f"*/{NEGATIVES_FILE}")):
+        yield from mined_set_items(path.parent)
 
 
 def training_stages(prepared: PreparedData, stages: tuple[str, ...] = PHASE1_STAGES) -> dict[str, Iterator[tuple[str, str]]]:
@@ -53,7 +79,7 @@ def training_stages(prepared: PreparedData, stages: tuple[str, ...] = PHASE1_STA
     streams = {
         "pretraining": lambda: _documents(prepared, None),
         "tokenizer-sample": lambda: _documents(prepared, sample_ids),
-        "contrastive-pairs": lambda: _pairs(prepared),
-        "mined-negatives": lambda: _mined(prepared),
+        PAIRS_STAGE: lambda: _pairs(prepared),
+        MINED_STAGE: lambda: _mined(prepared),
     }
     return {name: streams[name]() for name in stages}

@@ -10,10 +10,15 @@ While it encodes, `progress()` (served on its own thread, `PROGRESS_GROUP`, so a
 evaluation does not block it) returns the latest throttled encoding line and the request it
 belongs to: the trial driver polls it and forwards the line to the sweep's console (workers'
 own output does not reach it: `ray.init(log_to_driver=False)`).
+
+On a cluster that advertises GPUs it asks for `EVALUATOR_GPU_SHARE` of one, so it encodes on
+CUDA and searches with faiss-gpu when installed: Ray hides every GPU from a process that asks
+for none (CUDA_VISIBLE_DEVICES empty), and the evaluator would encode on CPU there.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -27,6 +32,11 @@ from embedlab.train.checkpoint import read_manifest
 ACTOR_NAME = "embedlab-evaluator"
 NAMESPACE = "embedlab"
 PROGRESS_GROUP = "progress"  # a concurrency group of one thread beside the default one
+# The evaluator's share of one GPU on a GPU cluster. It encodes in bursts between trainings,
+# so a quarter is enough to run on the device while Ray packs it with other fractional
+# requests (mining trial drivers: `embedlab.sweep.run.MINING_GPU_SHARE`) onto one device,
+# leaving whole devices to the trainers' workers.
+EVALUATOR_GPU_SHARE = 0.25
 
 
 class Evaluator:
@@ -92,27 +102,40 @@ class Evaluator:
         return self._metrics
 
     def stats(self) -> dict:
-        return {"tasks_loaded": len(self._tasks), "results_cached": len(self._results)}
+        """Tasks loaded, results cached, and the GPUs Ray assigned this actor (ids and
+        CUDA_VISIBLE_DEVICES; empty when it asked for none)."""
+        return {"tasks_loaded": len(self._tasks), "results_cached": len(self._results),
+                "gpu_ids": [str(i) for i in ray.get_gpu_ids()],
+                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
 
 _handles: dict[str, ray.actor.ActorHandle] = {}
 
 
-def get_evaluator(num_cpus: float = 0) -> ray.actor.ActorHandle:
+def evaluator_gpus(resources: dict[str, float]) -> float:
+    """The GPU share the evaluator asks for on a cluster with `resources`
+    (`ray.cluster_resources()`): `EVALUATOR_GPU_SHARE` where it advertises a GPU, else none."""
+    return EVALUATOR_GPU_SHARE if resources.get("GPU", 0) > 0 else 0.0
+
+
+def get_evaluator(num_cpus: float = 0, num_gpus: float | None = None) -> ray.actor.ActorHandle:
     """The cluster's evaluation actor, created on first use and found by name afterwards.
 
     It is detached: it belongs to the cluster, not to the sweep that created it, so trial
     drivers that come and go and sweeps that run side by side all reach the same actor, and
     one sweep's driver exiting does not take it from another (a non-detached actor dies with
     its creator). It holds no CPU reservation: it works between trainings, and on a 2-core
-    box a reserved core would starve the trainers' data pipeline.
+    box a reserved core would starve the trainers' data pipeline. `num_gpus` defaults to
+    `evaluator_gpus` of the cluster (a sweep passes its own choice: `sweep.run.gpu_shares`);
+    requests only count when this call creates the actor, not when it finds it.
     """
     key = ray.get_runtime_context().get_job_id()
     if key not in _handles:
+        gpus = evaluator_gpus(ray.cluster_resources()) if num_gpus is None else num_gpus
         _handles[key] = (
             ray.remote(concurrency_groups={PROGRESS_GROUP: 1})(Evaluator)
             .options(name=ACTOR_NAME, namespace=NAMESPACE, get_if_exists=True, num_cpus=num_cpus,
-                     lifetime="detached")
+                     num_gpus=gpus, lifetime="detached")
             .remote()
         )
     return _handles[key]

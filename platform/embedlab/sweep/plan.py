@@ -133,7 +133,8 @@ def pilot_driver(config: dict[str, Any]) -> None:
 
     trial = TrialConfig.from_dict(config["trial"])
     prepared = PreparedData(Path(config["prepared"]), config["record"])
-    result = train_trial(trial, prepared, storage_path=Path(config["storage"]), name=config["name"])
+    result = train_trial(trial, prepared, storage_path=Path(config["storage"]), name=config["name"],
+                         overlap_policy=config["overlap_policy"])
     if result.error is not None:
         raise result.error
     tune.report({"checkpoint": result.checkpoint.path})
@@ -152,7 +153,7 @@ def run_pilot(study: Study, arm: str, prepared: PreparedData, *, parent: str | N
 
     from embedlab.evaluate.actor import get_evaluator
     from embedlab.evaluate.checkpoint_eval import resolve_task
-    from embedlab.sweep.run import TRIAL_DRIVER_RESOURCES
+    from embedlab.sweep.run import gpu_shares, trial_driver_resources
     from embedlab.train.metrics_log import log_location, read_metrics
 
     trial = pilot_config(study, arm, parent, reports)
@@ -160,12 +161,14 @@ def run_pilot(study: Study, arm: str, prepared: PreparedData, *, parent: str | N
     storage = storage.resolve()
     progress(f"plan: pilot of arm {arm}: about {pilot_steps(trial, reports)} steps on the cluster")
     config = {"trial": trial.to_dict(), "prepared": str(prepared.directory), "record": prepared.record,
-              "storage": str(storage), "name": name}
+              "storage": str(storage), "name": name, "overlap_policy": study.disclosed_overlap}
+    # The sweep's own request, GPU share for mining included, so the pilot times what a trial does.
+    resources = trial_driver_resources(trial, gpu_shares(study.arms, ray.cluster_resources(), study.search))
     started = time.perf_counter()
     # Through a Tune trial, as a sweep trains: the trial driver's own start-up is part of the cost.
     # Tune prints its experiment box on stdout, which belongs to the plan (`--json`).
     with contextlib.redirect_stdout(sys.stderr):
-        tuner = tune.Tuner(tune.with_resources(pilot_driver, TRIAL_DRIVER_RESOURCES), param_space=config,
+        tuner = tune.Tuner(tune.with_resources(pilot_driver, resources), param_space=config,
                            run_config=tune.RunConfig(name=f"tune-{name}", storage_path=str(storage), verbose=0))
         (result,) = tuner.fit()
     fit_seconds = time.perf_counter() - started

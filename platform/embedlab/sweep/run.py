@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import math
 import os
 import socket
@@ -26,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from embedlab.config import EvalConfig, TrialConfig
-from embedlab.data.prepare import PreparedData, prepare_data
+from embedlab.data.prepare import PreparedData, keep_ray_data_off_the_console, prepare_data
+from embedlab.errors import UsageError, UserError
 from embedlab.evaluate.beir import load_task
 from embedlab.evaluate.checkpoint_eval import resolve_task
 from embedlab.sweep import store
@@ -50,6 +52,13 @@ TRIAL_RETRIES = 1
 # A trial driver only waits on its trainer; it reserves memory, not a CPU, so the trainer's
 # workers can start (a CPU-holding driver deadlocks a 2-CPU box).
 TRIAL_DRIVER_RESOURCES = {"CPU": 0, "memory": 200 * 1024**2}
+# The share of one GPU the driver of a trial that mines hard negatives asks for on a GPU
+# cluster: it encodes the corpus with the parent encoder in its own process, and Ray hides
+# every GPU from a process that asks for none, so without a share mining runs on CPU there.
+# A quarter, as the evaluator's (`embedlab.evaluate.actor.EVALUATOR_GPU_SHARE`): both encode
+# in bursts beside the trainers, and Ray packs fractional requests onto as few devices as
+# they fill, leaving whole devices to the trainers' workers.
+MINING_GPU_SHARE = 0.25
 OPTUNA_FILE = "optuna.db"
 ERROR_CHARS = 2_000  # of an error's text kept in a failed trial's row
 # Console lines: a trial's budget at each quarter and at most every 30 s between them; the
@@ -77,7 +86,7 @@ def connect(address: str | None, progress: Callable[[str], None] = print) -> Non
 
         maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
         try:
-            ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
+            ray.init(address=address, runtime_env=runtime_env, log_to_driver=False, logging_level=logging.WARNING)
         except (ConnectionError, RuntimeError, ValueError) as error:
             raise ConnectionError(
                 f"cannot reach the Ray cluster at {address!r}: {error} (a cluster with token authentication "
@@ -94,10 +103,13 @@ def connect(address: str | None, progress: Callable[[str], None] = print) -> Non
         import ray._private.ray_constants as ray_constants
 
         ray_constants.ENABLE_RAY_CLUSTER = False
+        # WARNING: Ray's own INFO lines ("Started a local Ray instance") stay off the console,
+        # which has embedlab's progress lines (the dashboard's address among them).
         context = ray.init(runtime_env=runtime_env, log_to_driver=False, include_dashboard=True,
-                           dashboard_host=LOCAL_HOST)
+                           dashboard_host=LOCAL_HOST, logging_level=logging.WARNING)
         if context.dashboard_url:
             progress(f"ray: dashboard at http://{context.dashboard_url}")
+    keep_ray_data_off_the_console()
     resources = ray.cluster_resources()
     progress(f"ray: {resources.get('CPU', 0):g} CPUs, {resources.get('GPU', 0):g} GPUs")
 
@@ -123,13 +135,38 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
         raise ConnectionError(f"cannot reach the Ray cluster at {address!r}: {error}") from None
 
 
-def max_concurrent_trials(trial: TrialConfig, resources: dict[str, float]) -> int:
+@dataclasses.dataclass(frozen=True)
+class GpuShares:
+    """The GPU shares of the processes that encode beside the trainers: the evaluation actor
+    and each mining trial's driver (0: none, and that process encodes on CPU)."""
+
+    evaluator: float = 0.0
+    mining_driver: float = 0.0
+
+
+def mines_negatives(trial: TrialConfig) -> bool:
+    """Whether the trial's driver mines hard negatives before training (phase 3 with
+    `contrastive.hard_negatives`)."""
+    return trial.phase == 3 and trial.contrastive.hard_negatives > 0
+
+
+def _trainer_gpus(trial: TrialConfig) -> float:
+    return float(trial.train.num_workers) if trial.train.use_gpu else 0.0
+
+
+def _whole_gpus_held(shares: float) -> int:
+    """Devices a sum of fractional requests occupies once Ray packs them (float-tolerant)."""
+    return math.ceil(shares - 1e-9) if shares > 0 else 0
+
+
+def max_concurrent_trials(trial: TrialConfig, resources: dict[str, float], shares: GpuShares = GpuShares()) -> int:
     """Trials that fit side by side, keeping `RESERVED_CPUS` free for data and evaluation
-    (trial drivers reserve no CPU: they only wait on their trainers)."""
+    (trial drivers reserve no CPU: they only wait on their trainers) and, on a GPU cluster,
+    the devices the evaluator's and mining drivers' `shares` occupy."""
     cluster_cpus, cluster_gpus = resources.get("CPU", 0), resources.get("GPU", 0)
     per_trial = trial.train.num_workers * trial.train.cpus_per_worker
     if per_trial + RESERVED_CPUS > cluster_cpus:
-        raise ValueError(
+        raise UsageError(
             f"a trial needs {per_trial:g} CPUs for its workers plus {RESERVED_CPUS:g} kept free "
             f"for data and evaluation, but the cluster has {cluster_cpus:g}: lower "
             "train.num_workers or train.cpus_per_worker, or use a smaller --profile"
@@ -137,40 +174,137 @@ def max_concurrent_trials(trial: TrialConfig, resources: dict[str, float]) -> in
     fit = math.floor((cluster_cpus - RESERVED_CPUS) / per_trial)
     if trial.train.use_gpu:
         if cluster_gpus < trial.train.num_workers:
-            raise ValueError(
+            raise UsageError(
                 f"a trial needs {trial.train.num_workers} GPUs (train.use_gpu, one per worker), but the "
                 f"cluster has {cluster_gpus:g}: run on a GPU cluster (--address) or use --profile demo"
             )
         fit = min(fit, math.floor(cluster_gpus / trial.train.num_workers))
+    driver = shares.mining_driver if mines_negatives(trial) else 0.0
+    # Trainers' workers take whole devices; the shares, packed, take the devices they fill.
+    while fit > 1 and fit * _trainer_gpus(trial) + _whole_gpus_held(shares.evaluator + fit * driver) > cluster_gpus:
+        fit -= 1
     return max(1, fit)
 
 
 RESOURCE_PATHS = ("train.num_workers", "train.cpus_per_worker", "train.use_gpu")  # what a trial reserves
 
 
-def study_concurrency(arms: dict[str, TrialConfig], resources: dict[str, float], search: tuple = ()) -> int:
+def _at_searched_maximum(arms: dict[str, TrialConfig], search: tuple) -> tuple[dict[str, TrialConfig], bool]:
+    """Each arm with every searched resource path at its most demanding value (Optuna may
+    pick any), and whether the search named any."""
+    worst = {item.path: max(item.choices) if item.choices else item.high
+             for item in search if item.path in RESOURCE_PATHS}
+    return ({arm: set_path(trial, worst) for arm, trial in arms.items()} if worst else dict(arms)), bool(worst)
+
+
+def study_concurrency(arms: dict[str, TrialConfig], resources: dict[str, float], search: tuple = (),
+                      shares: GpuShares = GpuShares()) -> int:
     """Trials of a study that fit side by side: the arm needing the most resources decides,
     as arms may differ in workers or GPUs, and a `search` over a resource path (Optuna may
     pick any value) counts at its most demanding value. An arm that fits nowhere is named."""
-    worst = {item.path: max(item.choices) if item.choices else item.high
-             for item in search if item.path in RESOURCE_PATHS}
+    worst, searched = _at_searched_maximum(arms, search)
     fits = []
-    for arm, trial in arms.items():
+    for arm, trial in worst.items():
         try:
-            fits.append(max_concurrent_trials(set_path(trial, worst) if worst else trial, resources))
+            fits.append(max_concurrent_trials(trial, resources, shares))
         except ValueError as error:
-            raise ValueError(f"arm {arm}{' (at its searched maximum)' if worst else ''}: {error}") from None
+            raise UsageError(f"arm {arm}{' (at its searched maximum)' if searched else ''}: {error}") from None
     return min(fits)
 
 
+def gpu_shares(arms: dict[str, TrialConfig], resources: dict[str, float], search: tuple = ()) -> GpuShares:
+    """The GPU shares to request on a cluster with `resources` (`ray.cluster_resources()`):
+    none where it advertises no GPU; else the evaluator's (`EVALUATOR_GPU_SHARE`) and, when an
+    arm mines hard negatives, `MINING_GPU_SHARE` for each mining trial's driver; but none
+    where one trial's workers need every device, since a trainer takes whole GPUs and shares
+    on one of them would leave it waiting forever (that encoding then stays on CPU)."""
+    from embedlab.evaluate.actor import evaluator_gpus
+
+    evaluator = evaluator_gpus(resources)
+    if not evaluator:
+        return GpuShares()
+    trials = list(_at_searched_maximum(arms, search)[0].values())
+    mining = MINING_GPU_SHARE if any(mines_negatives(t) for t in trials) else 0.0
+    if max(map(_trainer_gpus, trials)) + _whole_gpus_held(evaluator + mining) > resources.get("GPU", 0):
+        return GpuShares()
+    return GpuShares(evaluator=evaluator, mining_driver=mining)
+
+
+def trial_driver_resources(trial: TrialConfig, shares: GpuShares = GpuShares()) -> dict[str, float]:
+    """What one trial's driver reserves: `TRIAL_DRIVER_RESOURCES`, plus the mining driver's GPU
+    share when the trial mines hard negatives (in the driver, before its trainer starts)."""
+    if shares.mining_driver and mines_negatives(trial):
+        return {**TRIAL_DRIVER_RESOURCES, "GPU": shares.mining_driver}
+    return dict(TRIAL_DRIVER_RESOURCES)
+
+
+def _driver_resources(study: Study, shares: GpuShares):
+    """Tune's resource request for `trial_driver`: a fixed dict without a mining share, else
+    per trial, from the arm (and tuned values) in its config."""
+    if not shares.mining_driver:
+        return dict(TRIAL_DRIVER_RESOURCES)
+    from ray import tune
+
+    def request(config: dict[str, Any]):
+        trial = set_path(study.arms[config.get("trial", config)["arm"]], trial_params(config))
+        return tune.PlacementGroupFactory([trial_driver_resources(trial, shares)])
+
+    return request
+
+
+def local_resources() -> dict[str, float]:
+    """What a local cluster started here would offer, found without starting one: the CPUs
+    this process may run on and the CUDA devices torch sees (both honour their masks)."""
+    import torch
+
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return {"CPU": float(cpus), "GPU": float(torch.cuda.device_count())}
+
+
+def check_fits(study_path: str | Path, study: Study, resources: dict[str, float], where: str,
+               shares: GpuShares = GpuShares()) -> int:
+    """The study's concurrency on `resources`; where it does not fit, a UsageError (a ValueError)
+    naming the profile of the same study file that fits there (`--profile demo` on a CPU machine)."""
+    try:
+        return study_concurrency(study.arms, resources, study.search, shares)
+    except ValueError as error:
+        fitting = profiles_that_fit(study_path, study, resources)
+        remedy = (f"run it with --profile {fitting[0]}, or on a cluster that fits it with --address" if fitting
+                  else "no profile of this study file fits there: run it on a cluster that fits it with --address")
+        raise UsageError(
+            f"{study_path} at profile {study.profile or '-'} does not fit {where} ({resources.get('CPU', 0):g} CPUs, "
+            f"{resources.get('GPU', 0):g} GPUs): {remedy} ({error})") from None
+
+
+def profiles_that_fit(study_path: str | Path, study: Study, resources: dict[str, float]) -> list[str]:
+    """The other profiles (`embedlab.recipes.PROFILES`) at which the study file's every arm fits `resources`."""
+    from embedlab.recipes import PROFILES
+
+    fitting = []
+    for name in PROFILES:
+        if name == study.profile:
+            continue
+        try:
+            other = load_study(study_path, name)
+            study_concurrency(other.arms, resources, other.search)
+        except ValueError:  # a study() that takes no profile, or an arm that does not fit either
+            continue
+        fitting.append(name)
+    return fitting
+
+
 def train_trial(trial: TrialConfig, prepared: PreparedData, *, storage_path: str | Path, name: str,
-                callbacks: list | None = None):
-    """Fit the trial's phase on Ray Train (phase 1, or phases 2-3 with phase 3's mining first)."""
+                callbacks: list | None = None, overlap_policy: str | None = None):
+    """Fit the trial's phase on Ray Train (phase 1, or phases 2-3 with phase 3's mining first).
+    Phases 2-3 pass their pairs and mined negatives through the contamination gate first,
+    under the study's disclosed-overlap policy `overlap_policy`."""
     from embedlab.train.contrastive import run_contrastive
     from embedlab.train.phase1 import run_phase1
 
-    run = run_phase1 if trial.phase == 1 else run_contrastive
-    return run(trial, prepared, storage_path=storage_path, name=name, callbacks=callbacks)
+    if trial.phase == 1:
+        return run_phase1(trial, prepared, storage_path=storage_path, name=name, callbacks=callbacks)
+    return run_contrastive(trial, prepared, storage_path=storage_path, name=name, callbacks=callbacks,
+                           overlap_policy=overlap_policy)
 
 
 def trial_driver(config: dict[str, Any], *, context: dict[str, Any]) -> None:
@@ -233,7 +367,7 @@ def _run_trial(study: Study, identity: dict[str, Any], params: dict[str, Any], c
     try:
         result = train_trial(
             trial, prepared, storage_path=store.join(run_dir, "train"), name=f"{stage}-{arm}-seed{seed}-{trial_id}",
-            callbacks=[TuneReportCallback()],
+            callbacks=[TuneReportCallback()], overlap_policy=study.disclosed_overlap,
         )
     except NonFiniteError as error:
         # Deterministic: retrying would stop the same way. The table shows why it has no metrics.
@@ -453,7 +587,7 @@ def run_sweep(
 
     where = resume if resume is not None else storage
     if store.local_path(where) is None:
-        raise ValueError(
+        raise UsageError(
             f"storage {where}: checkpoints on a remote filesystem are not yet fetched for evaluation and "
             "promotion; use a local path or file:// URI (on a multi-node cluster, a shared mount)")
     study = load_study(study_path, profile)
@@ -461,7 +595,7 @@ def run_sweep(
         run_dir = store.resolve(resume)
         record = read_study_record(run_dir)
         if record["study_hash"] != study.hash:
-            raise ValueError(
+            raise UsageError(
                 f"{run_dir} holds study {record['study']['name']!r} (hash {record['study_hash'][:12]}), not "
                 f"{study_path} as loaded now (hash {study.hash[:12]}): the study file or --profile changed; "
                 "resume refused so the two are never mixed"
@@ -476,12 +610,23 @@ def run_sweep(
         parent = str(Path(parent).resolve())
     for arm in study.arms:
         study.trial_config(arm, study.seeds[0], parent)  # every arm has what its phase needs
-    connect(address, progress)
     import ray
 
+    if address is None and not ray.is_initialized() and not os.environ.get("RAY_ADDRESS"):
+        # A local cluster would offer this machine: a study that cannot run here fails now,
+        # naming the profile that can, not after the cluster has started.
+        check_fits(study_path, study, local_resources(), "this machine")
+    connect(address, progress)
     from embedlab.evaluate.actor import get_evaluator
 
-    concurrency = study_concurrency(study.arms, ray.cluster_resources(), study.search)
+    resources = ray.cluster_resources()
+    shares = gpu_shares(study.arms, resources, study.search)
+    concurrency = check_fits(study_path, study, resources, f"the cluster at {address}" if address else "the cluster",
+                             shares)
+    if resources.get("GPU", 0):
+        progress(f"ray: GPU shares: evaluator {shares.evaluator:g}, mining trial drivers {shares.mining_driver:g}"
+                 if shares.evaluator else "ray: evaluation and mining encode on CPU: one trial's workers take "
+                 f"every one of the cluster's {resources['GPU']:g} GPUs")
     budget = study.budget_text
     progress(f"study {study.name} (phase {study.phase}, profile {study.profile or '-'}): {len(study.arms)} arms x "
              f"{len(study.seeds)} seeds at {budget} each")
@@ -504,7 +649,8 @@ def run_sweep(
         _write_json(store.join(run_dir, STUDY_FILE), record)
         _write_json(store.join(run_dir, "prepared.json"), prepared)
     progress(f"results in {run_dir}")
-    evaluator = get_evaluator()  # created and owned by this driver, so it outlives every trial
+    # Created by this driver, so it outlives every trial; detached, it stays for later sweeps.
+    evaluator = get_evaluator(num_gpus=shares.evaluator)
     if parent is not None and "parent_scores" not in record:
         # The parent under the same evaluator, so gains and forgetting show side by side.
         arm = next(iter(study.arms))
@@ -518,7 +664,7 @@ def run_sweep(
         _write_json(store.join(run_dir, STUDY_FILE), record)
         progress(f"parent {Path(parent).name}: {study.metric} {record['parent_scores'][study.metric]:.4f}")
     context = {"study": study.to_dict(), "prepared": prepared, "run_dir": run_dir, "parent": parent}
-    driver = tune.with_resources(tune.with_parameters(trial_driver, context=context), TRIAL_DRIVER_RESOURCES)
+    driver = tune.with_resources(tune.with_parameters(trial_driver, context=context), _driver_resources(study, shares))
     rows = _finished_rows(run_dir)
     kept = [r for r in rows if _kept_on_resume(r)]
     if resume is not None:
@@ -592,7 +738,7 @@ def _tune_arms(study: Study, driver, run_dir: str, record: dict, rows: list[dict
     return best
 
 
-class TuningError(RuntimeError):
+class TuningError(UserError, RuntimeError):
     """An arm's tuning left no trial to choose from: every one failed or went non-finite."""
 
 
@@ -742,25 +888,35 @@ def _write_json(location: str, value: Any) -> None:
 
 
 def _check_contamination(study: Study, prepared: dict[str, dict], progress: Callable[[str], None]) -> list[dict]:
-    """Refuse training data holding final-eval items unless the study discloses its policy."""
-    from embedlab.data.contamination import check_training_data
+    """Refuse training data holding final-eval items unless the study discloses its policy.
 
-    findings: list[dict] = []
-    checked: set[tuple[str, str]] = set()
+    Before any trial starts, each arm's stages against its evaluation task: the phase-1
+    stages of its data (pretraining text of its sources, the tokenizer sample) and, in phases
+    2-3, the frozen pairs table of its builders (built here if no trial built it yet). Phase
+    3's mined negatives exist only once a trial has mined them: `run_contrastive` checks them
+    there, before it trains."""
+    from embedlab.data.contamination import check_training_data
+    from embedlab.data.pair_stream import pair_table_path
+
+    findings: dict[str, dict] = {}
+    checked: set[tuple[str, str, tuple[str, ...]]] = set()
     for arm, config in study.arms.items():
         record = prepared[arm]
-        task_dir = resolve_task(config.eval.task, Path(record["directory"]))
-        if (record["directory"], str(task_dir)) in checked:
-            continue
-        checked.add((record["directory"], str(task_dir)))
         data = PreparedData(Path(record["directory"]), record)
-        findings += check_training_data(data, task_dir, study.disclosed_overlap, progress)
+        task_dir = resolve_task(config.eval.task, data.directory)
+        builders = tuple(sorted(dict(config.contrastive.pairs))) if config.phase > 1 else ()
+        if (record["directory"], str(task_dir), builders) in checked:
+            continue
+        checked.add((record["directory"], str(task_dir), builders))
+        pairs_path = pair_table_path(data, list(builders), progress) if builders else None
+        for finding in check_training_data(data, task_dir, study.disclosed_overlap, progress, pairs_path=pairs_path):
+            findings.setdefault(json.dumps(finding, sort_keys=True), finding)  # arms sharing data find it once
     if findings:
         progress(f"audit: {len(findings)} final-eval item(s) overlap the training data; "
                  f"disclosed-overlap policy: {study.disclosed_overlap}")
     else:
         progress("audit: no final-eval item found in the training data")
-    return findings
+    return list(findings.values())
 
 
 def _new_run_dir(storage: str, name: str) -> str:
@@ -793,6 +949,6 @@ def prepare_arms(study: Study, progress: Callable[[str], None]) -> dict[str, dic
             raise FileNotFoundError(f"arm {arm}: evaluation task {config.eval.task!r} was not built")
         scored_on.add((load_task(task_dir).hash, config.eval.split))
     if len(scored_on) != 1:
-        raise ValueError("arms are scored on different task contents or splits; comparison refused")
+        raise UsageError("arms are scored on different task contents or splits; comparison refused")
     return out
 

@@ -441,13 +441,15 @@ def mine_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, schedule, of
 
     The candidate pool is the prepared corpus's training split; known positives, their
     near-duplicate groups and every recipe-dev / final-eval document are never negatives.
+    The encoder runs on CUDA when this process sees a GPU (on a GPU cluster the sweep gives a
+    mining trial's driver a GPU share: `embedlab.sweep.run.trial_driver_resources`).
     """
     from functools import partial
 
     import numpy as np
     import pyarrow.parquet as pq
 
-    from embedlab.data.mining import MinedSet, MiningConfig, mine_hard_negatives, mining_version
+    from embedlab.data.mining import MiningConfig, mine_hard_negatives, mining_version, write_text_atomically
     from embedlab.data.pairs import Pair
     from embedlab.evaluate.encode import encode_texts
     from embedlab.train.checkpoint import load_encoder
@@ -462,20 +464,26 @@ def mine_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, schedule, of
                              config=config, pair_ids=[p.pair_id for p in pairs])
     directory = prepared.directory / "mined" / version[:16]
     if not (directory / "manifest.json").is_file():
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        encoder.to(device)
         tally = FlopTally()
         encode = partial(encode_texts, encoder, tokenizer, max_length=trial.contrastive.pair_length,
                          pooling=manifest["pooling"]["method"], progress=progress, label="mining: encoding",
-                         tally=tally)
+                         tally=tally, device=device)
         cpu, wall = time.thread_time(), time.perf_counter()
         mined = mine_hard_negatives(pairs, prepared.corpus.read(), encode, config=config,
                                     encoder_id=manifest["content_hash"], corpus_revision=prepared.data_revision,
                                     progress=progress)
         cost = {"flops": tally.flops, "seconds": time.thread_time() - cpu, "wall_seconds": time.perf_counter() - wall,
-                "clock": "thread-cpu of the trial driver (encoding and the Faiss search)"}
+                "clock": "thread-cpu of the trial driver (encoding and the Faiss search)", "device": device}
+        # The report and the cost first, the set last (its manifest marks it complete): a
+        # trial that finds the manifest finds them too. Each file is staged under its
+        # writer's own name, as trials needing the same set may mine it at once.
+        directory.mkdir(parents=True, exist_ok=True)
+        write_text_atomically(directory / "report.md", mined.report())
+        write_text_atomically(directory / MINING_COST_FILE, json.dumps(cost, indent=2, sort_keys=True))
         mined.save(directory)
-        (directory / "report.md").write_text(mined.report())
-        (directory / MINING_COST_FILE).write_text(json.dumps(cost, indent=2, sort_keys=True))
-        progress(f"mining: {len(pairs):,} pairs, negatives in {directory} (version {version[:16]}), "
+        progress(f"mining: {len(pairs):,} pairs, negatives in {directory} (version {version[:16]}) on {device}, "
                  f"{tally.flops:.3g} encode FLOPs")
     return directory
 
@@ -498,17 +506,27 @@ def mining_compute(directory: Path | None) -> dict[str, float]:
 
 
 def run_contrastive(trial: TrialConfig, prepared, *, storage_path: Path, name: str, callbacks: list | None = None,
-                    progress=print, options: RunOptions = RunOptions()):
+                    progress=print, options: RunOptions = RunOptions(), overlap_policy: str | None = None):
     """Fit one phase-2 or phase-3 `TorchTrainer` on the trial's pair stream.
 
-    A run of a `name` that has checkpoints under `storage_path` resumes from the latest.
+    Before it trains, the trial's pairs and (phase 3) its freshly mined negatives pass the
+    contamination gate against its evaluation task (`embedlab.data.contamination`): final-eval
+    items in them refuse the run with a ContaminationError unless `overlap_policy` (the
+    study's disclosed-overlap policy) is given. A run of a `name` that has checkpoints under
+    `storage_path` resumes from the latest.
     """
+    from embedlab.data.contamination import check_mined_negatives, check_training_data
     from embedlab.data.mixture import schedule_target
     from embedlab.data.pair_stream import pair_dataset, pair_schedule, pair_table_path
+    from embedlab.evaluate.checkpoint_eval import resolve_task
 
     settings = trial.contrastive
     shares = dict(settings.pairs)
     pairs_path = pair_table_path(prepared, list(shares), progress)
+    task_dir = resolve_task(trial.eval.task, prepared.directory)
+    # The sweep checked these pairs before any trial started; the audit is saved, so this
+    # costs nothing there and covers a run started on its own.
+    check_training_data(prepared, task_dir, overlap_policy, progress, pairs_path=pairs_path)
     step_pairs = trial.train.num_workers * trial.train.batch_rows * trial.train.microbatches
     schedule, offsets = pair_schedule(
         pairs_path, shares, target_pairs=schedule_target(schedule_units(trial), step_pairs),
@@ -517,6 +535,8 @@ def run_contrastive(trial: TrialConfig, prepared, *, storage_path: Path, name: s
     mined = None
     if trial.phase == 3 and settings.hard_negatives:
         mined = mine_for_phase3(trial, prepared, pairs_path, schedule, offsets, progress)
+        # Mined negatives exist only now: checked here, after mining and before training.
+        check_mined_negatives(prepared, task_dir, mined, overlap_policy, progress)
     rows = pair_dataset(
         pairs_path, schedule, offsets, tokenizer_path=prepared.tokenizer_path, length=settings.pair_length,
         query_prefix=settings.query_prefix, passage_prefix=settings.passage_prefix,

@@ -1,0 +1,133 @@
+"""The contamination gate covers what a trial trains on: a phase 2-3 arm's frozen pairs before
+any trial starts (the sweep's gate), and a phase-3 trial's mined negatives after mining and
+before training (`run_contrastive`). Leaks are real final-eval text of the built-in task,
+planted into a copy of the session's prepared data."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from embedlab.config import ContrastiveConfig
+from embedlab.data.audit import ContaminationError
+from embedlab.data.prepare import PreparedData
+from embedlab.evaluate.beir import load_task
+
+from conftest import tiny_trial
+
+pytestmark = pytest.mark.timeout(300)
+
+TASK = "python-docstrings"
+BUILDERS = ("title-body",)
+QUIET = {"progress": lambda line: None}
+
+
+@pytest.fixture
+def data(prepared, tmp_path) -> PreparedData:
+    """A private copy of the session's prepared data, free to plant leaks in."""
+    directory = tmp_path / "prepared"
+    shutil.copytree(prepared.directory, directory)
+    return PreparedData(directory, prepared.record)
+
+
+def final_eval_items(data: PreparedData) -> tuple[str, str, str, str]:
+    """A test-split query (id, text) and a test-split labelled document of 8+ words (id, body)."""
+    task = load_task(data.task_dir(TASK))
+    judged = task.qrels["test"]
+    query_id = sorted(judged)[0]
+    labelled = sorted(d for grades in judged.values() for d, grade in grades.items() if grade > 0)
+    doc_id = next(d for d in labelled if len(task.corpus[d][1].split()) >= 8)
+    return query_id, task.queries[query_id], doc_id, task.corpus[doc_id][1]
+
+
+def phase2_study(disclosed_overlap: str | None = None):
+    from embedlab import Study
+
+    base = dataclasses.replace(tiny_trial(), phase=2, contrastive=ContrastiveConfig(pairs=((BUILDERS[0], 1.0),)))
+    warm = dataclasses.replace(base, contrastive=dataclasses.replace(base.contrastive, temperature=0.1))
+    return Study(name="gate", factor="contrastive.temperature", arms={"cold": base, "warm": warm}, seeds=(0,),
+                 budget_tokens=10_000, budget_pairs=64, disclosed_overlap=disclosed_overlap)
+
+
+def test_sweep_gate_refuses_final_eval_items_planted_in_the_pairs(data):
+    """The gate a sweep runs before any trial passes the clean pairs of a phase-2 arm's builders,
+    refuses the same frozen table once a test query and a quoted test document are planted in
+    it, naming the pairs stage, and with a disclosed-overlap policy returns exactly those two."""
+    from embedlab.data.pair_stream import pair_table_path
+    from embedlab.sweep.run import _check_contamination
+
+    records = {arm: {**data.record, "directory": str(data.directory)} for arm in ("cold", "warm")}
+    lines: list[str] = []
+    assert _check_contamination(phase2_study(), records, lines.append) == []
+    assert lines[-1] == "audit: no final-eval item found in the training data"
+
+    query_id, query, doc_id, body = final_eval_items(data)
+    path = pair_table_path(data, list(BUILDERS), **QUIET)
+    table = pq.read_table(path)
+    pair_ids = table["pair_id"].to_pylist()
+    queries, positives = table["query"].to_pylist(), table["positive"].to_pylist()
+    queries[3] = query
+    positives[7] = f'As the reference puts it: "{body}" That is all.'
+    planted = table.set_column(table.schema.get_field_index("query"), "query", pa.array(queries))
+    planted = planted.set_column(planted.schema.get_field_index("positive"), "positive", pa.array(positives))
+    pq.write_table(planted, path)
+
+    with pytest.raises(ContaminationError, match="stages contrastive-pairs") as refused:
+        _check_contamination(phase2_study(), records, lines.append)
+    assert "training refused" in str(refused.value)
+    findings = _check_contamination(phase2_study("disclosed: two planted pairs"), records, lines.append)
+    assert {(f["item_id"], f["stage"], f["stage_item_id"], f["match"]) for f in findings} == {
+        (query_id, "contrastive-pairs", f"{pair_ids[3]}:query", "exact"),
+        (doc_id, "contrastive-pairs", f"{pair_ids[7]}:positive", "contained"),
+    }
+
+
+def test_phase3_refuses_a_final_eval_document_planted_in_its_mined_negatives(data, tmp_path):
+    """A phase-3 run mines its negatives, then refuses to train when they hold a test document:
+    the mined set it finds (the one it would mine) passes the gate clean and, with the
+    document planted, `run_contrastive` raises before any Ray Train run starts."""
+    from embedlab.data.contamination import check_mined_negatives
+    from embedlab.data.mining import NEGATIVE_SCHEMA, NEGATIVES_FILE
+    from embedlab.data.mixture import schedule_target
+    from embedlab.data.pair_stream import pair_schedule, pair_table_path
+    from embedlab.model.encoder import MLMModel
+    from embedlab.train.budget import schedule_units
+    from embedlab.train.checkpoint import save_checkpoint
+    from embedlab.train.contrastive import mine_for_phase3, run_contrastive
+    from embedlab.train.phase1 import data_seed
+
+    base = tiny_trial(budget_pairs=32)
+    parent = tmp_path / "parent"
+    model = MLMModel(base.model)
+    save_checkpoint(parent, model.encoder, head=model.mlm_head, tokenizer=data.tokenizer, fields={"phase": 2})
+    trial = dataclasses.replace(base, phase=3, parent=str(parent), contrastive=ContrastiveConfig(
+        pairs=((BUILDERS[0], 1.0),), pair_length=32, hard_negatives=2, mining_top_k=50))
+    # The pairs and schedule run_contrastive derives, so the set mined here is the one it finds.
+    pairs_path = pair_table_path(data, list(BUILDERS), **QUIET)
+    step_pairs = trial.train.num_workers * trial.train.batch_rows * trial.train.microbatches
+    schedule, offsets = pair_schedule(pairs_path, dict(trial.contrastive.pairs),
+                                      target_pairs=schedule_target(schedule_units(trial), step_pairs),
+                                      max_epochs=trial.data.mixture.max_epochs, seed=data_seed(trial))
+    mined = mine_for_phase3(trial, data, pairs_path, schedule, offsets, **QUIET)
+    task_dir = data.task_dir(TASK)
+    assert check_mined_negatives(data, task_dir, mined, None, **QUIET) == []
+
+    _, _, doc_id, body = final_eval_items(data)
+    negatives = pq.read_table(mined / NEGATIVES_FILE)
+    pair_id = pq.read_table(pairs_path, columns=["pair_id"])["pair_id"][int(schedule.item[0])].as_py()
+    leak = pa.Table.from_pylist([{"pair_id": pair_id, "doc_id": "planted", "rank": 99, "score": 0.0,
+                                  "positive_score": 1.0, "query": "", "positive": "", "negative": body}],
+                                schema=NEGATIVE_SCHEMA)
+    pq.write_table(pa.concat_tables([negatives, leak]), mined / NEGATIVES_FILE)
+
+    storage = tmp_path / "train"
+    with pytest.raises(ContaminationError, match="stages mined-negatives") as refused:
+        run_contrastive(trial, data, storage_path=storage, name="planted", **QUIET)
+    assert f"{mined.name}:{pair_id}:planted" in str(refused.value) and doc_id in str(refused.value)
+    assert not storage.exists()  # refused before the trainer started
+    allowed = check_mined_negatives(data, task_dir, mined, "disclosed: one planted negative", **QUIET)
+    assert [(f["item_id"], f["match"]) for f in allowed] == [(doc_id, "exact")]
