@@ -25,11 +25,12 @@ import pyarrow.parquet as pq
 
 from embedlab.data.mixture import Schedule, sample_schedule
 from embedlab.data.pairs import build_pairs, pairs_to_table
-from embedlab.data.prepare import PreparedData
+from embedlab.data.prepare import PreparedData, code_revision
 from embedlab.data.stream import cached_tokenizer, schedule_windows
 
 
 PAIRS_FORMAT = "embedlab-pairs/2"  # 2: groups joined over near-duplicate clusters and equal positives
+PAIR_SOURCES = ("data/pairs.py",)  # the code that builds a pairs table, hashed into its key
 
 
 def group_hash(group: str) -> int:
@@ -39,8 +40,9 @@ def group_hash(group: str) -> int:
 
 def pair_table_path(prepared: PreparedData, builders: list[str], progress: Callable[[str], None] = print) -> Path:
     """Build (once) and freeze every pair the builders make from the training split."""
-    # The format is part of the key: pairs frozen by an older builder are rebuilt, not reused.
-    key = hashlib.sha256(json.dumps([PAIRS_FORMAT, sorted(builders)]).encode()).hexdigest()[:12]
+    # The builders' code is part of the key: pairs frozen by older code are rebuilt, not reused.
+    key = hashlib.sha256(json.dumps([PAIRS_FORMAT, code_revision(sources=PAIR_SOURCES), sorted(builders)])
+                         .encode()).hexdigest()[:12]
     path = prepared.directory / "pairs" / f"{key}.parquet"
     if path.is_file():
         return path
