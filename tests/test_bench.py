@@ -25,6 +25,7 @@ from embedlab.bench_train import (
 )
 from embedlab.cli import build_parser, cmd_bench_all, cmd_bench_mfu, cmd_bench_train, main
 from embedlab.config import MODEL_PRESETS, model_preset
+from embedlab.errors import UsageError
 from embedlab.model.encoder import MLMModel, count_parameters
 
 from conftest import TEST_DATA
@@ -190,6 +191,69 @@ def test_mfu_before_after_compares_bf16_with_fp32_and_compiled_with_eager():
     fp32 = before_after(dataclasses.replace(bench, precision="fp32", compile=False), torch.device("cpu"), {},
                         config=config, progress=lambda m: None)
     assert fp32 == [] and before_after(dataclasses.replace(bench, compare_steps=0), torch.device("cpu"), {}) == []
+
+
+# Device names as torch.cuda.get_device_name reports them (NVIDIA's driver README lists the same
+# strings), with the part and dense bf16 TFLOP/s each must get.
+KNOWN_DEVICES = [
+    ("NVIDIA H100 80GB HBM3", "H100 SXM5", 989.4),
+    ("NVIDIA H100 PCIe", "H100 PCIe", 756.5),
+    ("NVIDIA H100 NVL", "H100 NVL", 835.5),
+    ("NVIDIA H200", "H200 SXM", 989.4),
+    ("NVIDIA H200 NVL", "H200 NVL", 835.5),
+    ("NVIDIA A100-SXM4-40GB", "A100 SXM4 40GB", 312.0),
+    ("NVIDIA A100-SXM4-80GB", "A100 SXM4 80GB", 312.0),
+    ("NVIDIA A100-PCIE-40GB", "A100 PCIe 40GB", 312.0),
+    ("NVIDIA A100 80GB PCIe", "A100 PCIe 80GB", 312.0),
+    ("NVIDIA A10", "A10", 125.0),
+    ("NVIDIA L4", "L4", 121.0),
+    ("NVIDIA L40", "L40", 181.05),
+    ("NVIDIA L40S", "L40S", 362.05),
+]
+
+
+@pytest.mark.parametrize("name, part, tflops", KNOWN_DEVICES)
+def test_mfu_peak_is_chosen_by_the_exact_device_name(name, part, tflops):
+    """Each reported name gets its own part's dense peak (a PCIe or NVL H100 is not the SXM part,
+    an A10 is not an A100), and the JSON's "peak" record names the entry it matched."""
+    from embedlab.bench_mfu import device_peak, peak_entry, resolve_peak
+
+    entry = peak_entry(name)
+    assert (entry.part, entry.dense_tflops) == (part, tflops)
+    assert device_peak(name) == tflops * 1e12
+    peak, record = resolve_peak(name)
+    assert peak == tflops * 1e12
+    assert record == {"device": name, "entry": part, "table_tflops": tflops, "table_source": entry.source,
+                      "tflops": tflops, "from": "table"}
+    assert "sparsity" in entry.source  # each figure says how it relates to the sheet's sparse one
+
+
+@pytest.mark.parametrize("name", ["NVIDIA H100", "NVIDIA H800", "NVIDIA H20", "NVIDIA A10G", "NVIDIA A800-SXM4-80GB",
+                                  "NVIDIA B200", "NVIDIA GeForce RTX 4090", "Tesla V100-SXM2-16GB", "NVIDIA A100",
+                                  "NVIDIA A100-SXM4-40GB MIG 1g.5gb", ""])
+def test_mfu_peak_of_an_unlisted_device_is_unknown_and_needs_peak_tflops(name):
+    """A name not in the table (a bare "NVIDIA H100" names no form factor; a MIG slice has a
+    fraction of the SMs) has no peak; the bench then refuses, naming --peak-tflops, and takes
+    the peak given there."""
+    from embedlab.bench_mfu import device_peak, peak_entry, resolve_peak
+
+    assert peak_entry(name) is None and device_peak(name) is None
+    with pytest.raises(UsageError, match=r"MFU needs --peak-tflops N, the device's dense bf16"):
+        resolve_peak(name)
+    peak, record = resolve_peak(name, peak_tflops=500.0)
+    assert peak == 500e12
+    assert record == {"device": name, "entry": None, "table_tflops": None, "table_source": None, "tflops": 500.0,
+                      "from": "--peak-tflops"}
+
+
+def test_mfu_peak_tflops_overrides_the_table_and_the_record_keeps_both():
+    """--peak-tflops wins over a known device's entry; the record shows the entry it overrode."""
+    from embedlab.bench_mfu import resolve_peak
+
+    peak, record = resolve_peak("NVIDIA H100 PCIe", peak_tflops=700.0)
+    assert peak == 700e12
+    assert (record["entry"], record["table_tflops"], record["tflops"], record["from"]) == (
+        "H100 PCIe", 756.5, 700.0, "--peak-tflops")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")

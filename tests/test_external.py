@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -281,10 +280,8 @@ def test_hf_unknown_split_is_a_source_error(offline_hub, local_dataset):
 @pytest.mark.timeout(30)
 def test_unreachable_hub_dataset_fails_fast(offline_hub):
     """A hub dataset that cannot be reached raises SourceError naming it and its revision, without hanging."""
-    start = time.monotonic()
     with pytest.raises(SourceError, match=r"'no-such-org/no-such-dataset' at revision 'abc123'.*ConnectionError"):
         iter_external(HFDataset(name="x", dataset="no-such-org/no-such-dataset", revision="abc123"))
-    assert time.monotonic() - start < 10
 
 
 @pytest.mark.parametrize("revision", ["", "  ", None])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 import pytest
@@ -208,19 +207,3 @@ def test_invalid_inputs_raise() -> None:
         rank_run({"q": {"a": math.nan}})
     with pytest.raises(ValueError, match="k must be >= 1"):
         rank_run({"q": {"a": 1.0}}, k=0)
-
-
-def test_ten_thousand_queries_score_quickly() -> None:
-    """Ranking and scoring 10k queries x 100 results stays well under two seconds."""
-    rng = np.random.default_rng(7)
-    doc_ids = [f"d{i}" for i in range(100)]
-    scores = {f"q{q}": dict(zip(doc_ids, rng.random(100).tolist())) for q in range(10_000)}
-    qrels = {
-        f"q{q}": {f"d{d}": 1 for d in rng.choice(100, 3, replace=False)} for q in range(10_000)
-    }
-
-    start = time.perf_counter()
-    retrieval_metrics(qrels, rank_run(scores))
-    elapsed = time.perf_counter() - start
-
-    assert elapsed < 2.0, f"{elapsed:.2f}s"

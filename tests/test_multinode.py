@@ -133,10 +133,44 @@ def _check_table(run_dir: Path, cache_dir: Path):
     rows_per_step = tiny_trial().train.batch_rows * tiny_trial().data.sequence_length
     assert table["budget/tokens"].between(BUDGET_TOKENS, BUDGET_TOKENS + rows_per_step - 1).all()
     assert check_equal_compute(table, "tokens") <= 0.01
-    assert table["dev/ndcg@10"].between(0, 1).all()
     prepared = json.loads((run_dir / "prepared.json").read_text())
     assert {Path(p["directory"]).parent for p in prepared.values()} == {cache_dir}  # EMBEDLAB_CACHE reached the driver
+    for row in table.to_dict("records"):
+        _check_scores(row, Path(prepared[row["arm"]]["directory"]), run_dir)
     return table
+
+
+def _check_scores(row: dict, prepared_dir: Path, run_dir: Path) -> None:
+    """The row's scores (from the evaluation actor on the cluster) are what `evaluate_checkpoint`
+    computes here from the row's checkpoint, called as the trial driver calls the actor (the
+    trial's task, split, index and max_length, the prepared data's retention panel) on one torch
+    thread as the actor runs: every metric, count and hash equal, and the per-query values too."""
+    import pandas as pd
+    import torch
+
+    from embedlab.evaluate.beir import load_task
+    from embedlab.evaluate.checkpoint_eval import evaluate_checkpoint, resolve_task
+    from embedlab.evaluate.metrics import METRIC_NAMES
+
+    settings = tiny_trial(num_workers=1).eval  # the study's trials (STUDY) evaluate with these
+    split = settings.split
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        ours = evaluate_checkpoint(Path(row["checkpoint"]), load_task(resolve_task(settings.task, prepared_dir)), split,
+                                   index=settings.index, max_length=settings.max_length,
+                                   retention_dir=prepared_dir / "retention")
+    finally:
+        torch.set_num_threads(threads)
+    assert row[f"{split}/ndcg@10"] == ours["ndcg@10"]
+    for key in (*METRIC_NAMES, "queries", "docs"):
+        assert row[f"{split}/{key}"] == ours[key], key
+    assert (row["checkpoint_hash"], row["eval/task_hash"], row["eval/index"]) == (
+        ours["checkpoint_hash"], ours["task_hash"], ours["index"])
+    retention = {k: v for k, v in ours.items() if k.startswith("retention/")}
+    assert retention and {k: None if pd.isna(row[k]) else row[k] for k in retention} == retention  # None: NaN in a table
+    stored = json.loads((run_dir / "per_query" / f"{row['trial_id']}.json").read_text())
+    assert stored["values"] == {f"{split}/{metric}": values for metric, values in ours["per_query"].items()}
 
 
 # About 2.5 minutes on an idle 2-core machine; the limit leaves room for a busy one.

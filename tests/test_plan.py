@@ -63,19 +63,26 @@ def test_estimate_is_startup_plus_steps_plus_checkpoints_plus_evaluation(tmp_pat
 
 def test_a_real_pilot_measures_the_arm_on_the_cluster(ray_session, prepared, tmp_path):
     """A pilot trains the arm through TorchTrainer and the evaluation actor scores it; its
-    figures are the ones its metrics log and checkpoint give."""
+    figures are the ones its metrics log and checkpoint give. Start-up and evaluation seconds
+    are single wall-clock samples of this run (the Tune fit, the actor call) that no log holds:
+    how they enter the estimate is the hand-arithmetic test above, and how close a plan comes
+    to a measured sweep is a figure for the README, not a pass/fail band."""
     study = _study(tmp_path)
     pilot, checkpoint = run_pilot(study, "mask-30", prepared, parent=None, reports=4, storage=tmp_path / "pilot",
                       progress=lambda line: None)
     reports = [r for r in read_metrics(log_location(tmp_path / "pilot", "pilot-mask-30")) if "train/step" in r]
     assert pilot.steps == reports[-1]["train/step"] >= 4 * 5
     assert pilot.units_per_step == pytest.approx(reports[-1]["budget/tokens"] / pilot.steps)
-    steady, _ = steady_intervals([(r["train/step"], r["compute/wall_seconds"], r["checkpoint"]) for r in reports])
-    assert pilot.step_seconds == pytest.approx(statistics.median(steady))
-    assert pilot.step_seconds_low <= pilot.step_seconds <= pilot.step_seconds_high
-    assert pilot.startup_seconds > 1.0 and pilot.eval_seconds > 0  # a TorchTrainer never starts in a second
-    assert pilot.peak_memory_bytes > 50 * 2**20 and pilot.checkpoint_bytes == sum(
-        f.stat().st_size for f in checkpoint.rglob("*") if f.is_file()) > 0
+    steady, after = steady_intervals([(r["train/step"], r["compute/wall_seconds"], r["checkpoint"]) for r in reports])
+    assert len(steady) >= 2 and after  # the intervals the module docstring names: steady ones, one after a checkpoint
+    assert pilot.step_seconds == pytest.approx(statistics.median(steady), rel=1e-12)
+    # The range is the steady intervals' quartiles (inclusive method), computed here apart.
+    low, _, high = statistics.quantiles(steady, n=4, method="inclusive")
+    assert (pilot.step_seconds_low, pilot.step_seconds_high) == pytest.approx((low, high), rel=1e-12)
+    assert pilot.checkpoint_seconds == pytest.approx(max(0.0, statistics.mean(after) - pilot.step_seconds),
+                                                     rel=1e-12, abs=1e-12)
+    assert pilot.peak_memory_bytes == int(reports[-1]["compute/peak_memory_bytes"])
+    assert pilot.checkpoint_bytes == sum(f.stat().st_size for f in checkpoint.rglob("*") if f.is_file()) > 0
     estimate = estimate_arm(study, pilot, trials=2)
     assert estimate.steps == math.ceil(50_000 / pilot.units_per_step)
     assert (tmp_path / "pilot" / "tune-pilot-mask-30").is_dir()  # trained in a Tune trial, as a sweep does

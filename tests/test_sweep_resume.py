@@ -31,10 +31,10 @@ def test_killed_driver_resumes_without_loss_or_duplicates(ray_session, prepared,
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 300
+        # A sweep that never finishes a trial is a hang: the test's timeout ends it, and this
+        # `finally` still kills the driver (pytest-timeout's signal method raises in this thread).
         while not list(storage.glob("*/trials/*.json")):
             assert driver.poll() is None, "the sweep ended before its first trial finished"
-            assert time.monotonic() < deadline, "no trial finished within 300 s"
             time.sleep(0.5)
     finally:
         # SIGKILL the driver and everything it started (its local Ray cluster): nothing gets

@@ -220,11 +220,16 @@ def bench_all(config: DataConfig | None = None, *, train=None, contrastive=None,
     notes.append(f"eval: all-MiniLM-L6-v2 on {evaluation['task']}/{evaluation['split']}: "
                  f"{evaluation['queries']} queries, {evaluation['docs']} documents")
     if torch.cuda.is_available():
-        from embedlab.bench_mfu import bench_mfu
+        from embedlab.bench_mfu import bench_mfu, peak_entry
 
-        mfu = bench_mfu(progress=progress)
-        comparisons.append(mfu_comparison(mfu))
-        comparisons += _as_comparisons({"comparisons": mfu["before_after"]})
+        device = torch.cuda.get_device_name(0)
+        if peak_entry(device) is None:  # `bench` takes no --peak-tflops: say where to give it
+            notes.append(f"mfu: not measured: no dense bf16 peak is known for {device!r}; "
+                         "run `embedlab bench mfu --peak-tflops N` (the device's dense bf16 TFLOP/s)")
+        else:
+            mfu = bench_mfu(progress=progress)
+            comparisons.append(mfu_comparison(mfu))
+            comparisons += _as_comparisons({"comparisons": mfu["before_after"]})
     else:
         notes.append("mfu: not measured (needs CUDA); workers/bench-gpu.sh measures the 300m preset at L=512 in bf16")
     return {"comparisons": comparisons, "notes": notes}
@@ -238,5 +243,6 @@ def mfu_comparison(mfu: dict) -> Comparison:
         unit="TFLOP/s", better="higher",
         embedlab_measures=f"phase-1 step, preset {bench['preset']}, L={bench['sequence_length']}, {bench['precision']}, "
                           f"{mfu['tokens_per_s']:,.0f} tokens/s on {mfu['device']}",
-        reference_measures="dense bf16 peak of the device",
+        reference_measures=f"dense bf16 peak of the device ({mfu['peak']['entry'] or mfu['peak']['from']}: "
+                           f"{mfu['peak']['tflops']:g} TFLOP/s)",
     )

@@ -1,7 +1,8 @@
 """`embedlab bench mfu`: model FLOPs utilisation of phase-1 training on one CUDA GPU.
 
-MFU = model FLOPs per second / the device's peak dense bf16 FLOPs per second. Model FLOPs
-are what the model needs, not what an implementation spends:
+MFU = model FLOPs per second / the device's peak dense bf16 FLOPs per second (`PEAKS`, by the
+exact device name, or `--peak-tflops`; the JSON's "peak" says which). Model FLOPs are what the
+model needs, not what an implementation spends:
 
     6 x body parameters x non-padding tokens        (matmuls, forward + backward)
   + 6 x (d^2 + d V) x selected tokens                (MLM head, selected positions only)
@@ -32,10 +33,51 @@ import torch
 
 from embedlab.config import MaskingConfig, ModelConfig, TrainConfig, model_preset
 from embedlab.data.packing import pack_pieces
+from embedlab.errors import UsageError
 from embedlab.objectives.masking import MaskedBatch
 
-# Dense bf16 tensor-core peaks (no sparsity), FLOP/s, from NVIDIA's data sheets (SXM parts).
-PEAK_BF16 = {"H200": 989.4e12, "H100": 989.4e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}
+
+@dataclasses.dataclass(frozen=True)
+class PeakEntry:
+    """One part's dense bf16 tensor-core peak (fp32 accumulate, no 2:4 structured sparsity)."""
+
+    part: str
+    dense_tflops: float
+    source: str  # the figure the vendor prints, and how the dense one follows from it
+
+
+_HALF = "dense = half the sheet's figure"
+_H100_SXM = PeakEntry("H100 SXM5", 989.4, "NVIDIA H100 Tensor Core GPU Architecture whitepaper: 989.4 dense, "
+                                          "1,978.9 sparse (the data sheet prints 1,979 TFLOPS with sparsity)")
+_A100 = "NVIDIA A100 data sheet: BF16 Tensor Core 312 TFLOPS | 624 with sparsity (every form factor and memory size)"
+
+# The peak MFU divides by, keyed by the exact name torch.cuda.get_device_name reports (the names in
+# NVIDIA's driver README, "Supported NVIDIA GPU products"). An exact match, never a substring: "NVIDIA
+# H100 PCIe" (756.5) and "NVIDIA H100 NVL" (835.5) must not pass for the SXM part (989.4), and "NVIDIA
+# A10" is not "NVIDIA A100 ...". Dense figures throughout: the Hopper and L4 sheets print only the
+# sparse ("with sparsity") figure, so dense is half of it; the Ampere and L40/L40S sheets print both
+# (dense | sparse). A name not listed (an ambiguous "NVIDIA H100", a MIG slice such as "NVIDIA
+# A100-SXM4-40GB MIG 1g.5gb", H800, H20, A10G, A800, Blackwell, consumer cards) has no peak here:
+# `embedlab bench mfu --peak-tflops` gives it.
+PEAKS: dict[str, PeakEntry] = {
+    "NVIDIA H100 80GB HBM3": _H100_SXM,
+    "NVIDIA H100 PCIe": PeakEntry("H100 PCIe", 756.5, f"NVIDIA H100 data sheet: 1,513 TFLOPS with sparsity; {_HALF}"),
+    "NVIDIA H100 NVL": PeakEntry("H100 NVL", 835.5, f"NVIDIA H100 data sheet: 1,671 TFLOPS with sparsity; {_HALF}"),
+    # The H200 is the H100 SXM5's GH100 configuration and clocks with HBM3e: the same 1,979 TFLOPS sparse.
+    "NVIDIA H200": PeakEntry("H200 SXM", 989.4, "NVIDIA H200 data sheet: 1,979 TFLOPS with sparsity; "
+                                                "dense as the H100 SXM5 whitepaper's 989.4"),
+    "NVIDIA H200 NVL": PeakEntry("H200 NVL", 835.5, f"NVIDIA H200 data sheet: 1,671 TFLOPS with sparsity; {_HALF}"),
+    "NVIDIA A100-SXM4-40GB": PeakEntry("A100 SXM4 40GB", 312.0, _A100),
+    "NVIDIA A100-SXM4-80GB": PeakEntry("A100 SXM4 80GB", 312.0, _A100),
+    "NVIDIA A100-PCIE-40GB": PeakEntry("A100 PCIe 40GB", 312.0, _A100),
+    "NVIDIA A100 80GB PCIe": PeakEntry("A100 PCIe 80GB", 312.0, _A100),
+    "NVIDIA A10": PeakEntry("A10", 125.0, "NVIDIA A10 data sheet: BF16 Tensor Core 125 | 250 TFLOPS with sparsity"),
+    "NVIDIA A30": PeakEntry("A30", 165.0, "NVIDIA A30 data sheet: BF16 Tensor Core 165 | 330 TFLOPS with sparsity"),
+    "NVIDIA A40": PeakEntry("A40", 149.7, "NVIDIA A40 data sheet: BF16 Tensor Core 149.7 | 299.4 TFLOPS with sparsity"),
+    "NVIDIA L4": PeakEntry("L4", 121.0, f"NVIDIA L4 data sheet: BF16 Tensor Core 242 TFLOPS with sparsity; {_HALF}"),
+    "NVIDIA L40": PeakEntry("L40", 181.05, "NVIDIA L40 data sheet: BF16 Tensor Core 181.05 | 362.1 TFLOPS with sparsity"),
+    "NVIDIA L40S": PeakEntry("L40S", 362.05, "NVIDIA L40S data sheet: BF16 Tensor Core 362.05 | 733 TFLOPS with sparsity"),
+}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -278,27 +320,50 @@ def flash_preflight(bench: MfuBench, device: torch.device,
     return config, dataclasses.asdict(check)
 
 
+def peak_entry(name: str) -> PeakEntry | None:
+    """The `PEAKS` entry of the device torch names `name` (exactly, surrounding blanks aside), or None."""
+    return PEAKS.get(name.strip())
+
+
 def device_peak(name: str) -> float | None:
-    """The dense bf16 peak of a known GPU, matched on its name (None if unknown)."""
-    return next((peak for key, peak in PEAK_BF16.items() if key in name), None)
+    """The dense bf16 peak of a known GPU in FLOP/s, by its exact name (None if unknown)."""
+    entry = peak_entry(name)
+    return None if entry is None else entry.dense_tflops * 1e12
+
+
+def resolve_peak(name: str, peak_tflops: float | None = None) -> tuple[float, dict]:
+    """The peak MFU divides by (FLOP/s) and its record for the JSON ("peak"): `--peak-tflops`
+    when given, else the device's `PEAKS` entry; neither is a UsageError saying to pass it
+    (`embedlab bench mfu` prints it as one line and exits 2)."""
+    entry = peak_entry(name)
+    record = {"device": name, "entry": None if entry is None else entry.part,
+              "table_tflops": None if entry is None else entry.dense_tflops,
+              "table_source": None if entry is None else entry.source}
+    if peak_tflops:
+        return peak_tflops * 1e12, {**record, "tflops": float(peak_tflops), "from": "--peak-tflops"}
+    if entry is None:
+        raise UsageError(f"no dense bf16 peak is known for {name!r} (embedlab.bench_mfu.PEAKS matches exact device "
+                         f"names: {', '.join(sorted(PEAKS))}); MFU needs --peak-tflops N, the device's dense bf16 "
+                         "tensor-core peak in TFLOP/s (not the sparsity figure)")
+    return entry.dense_tflops * 1e12, {**record, "tflops": entry.dense_tflops, "from": "table"}
 
 
 def bench_mfu(bench: MfuBench = MfuBench(), peak_tflops: float | None = None,
               progress: Callable[[str], None] = print) -> dict:
     """MFU on this machine's first CUDA device; refuses without one."""
     if not torch.cuda.is_available():
-        raise ValueError("bench mfu needs CUDA (torch.cuda.is_available() is False here); "
+        raise UsageError("bench mfu needs CUDA (torch.cuda.is_available() is False here); "
                          "run workers/bench-gpu.sh on a GPU machine")
     device = torch.device("cuda", 0)
     name = torch.cuda.get_device_name(device)
-    peak = peak_tflops * 1e12 if peak_tflops else device_peak(name)
-    if peak is None:
-        raise ValueError(f"unknown peak for {name!r}; pass --peak-tflops (dense bf16)")
+    peak, peak_record = resolve_peak(name, peak_tflops)  # refuses an unknown device before any GPU time
     torch.backends.cuda.matmul.allow_tf32 = True  # only fp32 leftovers; bf16 matmuls are unaffected
     progress(f"bench mfu: {name}, preset {bench.preset}, L={bench.sequence_length}, {bench.batch_rows} rows/step, "
-             f"{bench.precision}, peak {peak / 1e12:.1f} TFLOP/s")
+             f"{bench.precision}, peak {peak / 1e12:.1f} TFLOP/s "
+             f"({peak_record['entry'] if peak_record['from'] == 'table' else '--peak-tflops'})")
     config, flash = flash_preflight(bench, device, progress)
     result = measure_mfu(bench, device, peak, config=config, progress=progress)
+    result["peak"] = peak_record
     result["flash_check"] = flash
     try:  # the MFU figure stands even if a comparison run fails (out of memory, say)
         result["before_after"] = before_after(bench, device, result, config=config, progress=progress)

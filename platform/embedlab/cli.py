@@ -612,7 +612,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench_mfu_parser.add_argument("--compare-steps", type=int, default=None,
                                   help="timed steps of the eager runs measured before/after (0: skip; default 8)")
     bench_mfu_parser.add_argument("--peak-tflops", type=float, default=None,
-                                  help="the device's dense bf16 peak (default: known for H200/H100/A100)")
+                                  help="the device's dense bf16 peak in TFLOP/s (default: looked up by the exact device "
+                                       "name in embedlab.bench_mfu.PEAKS; an unknown device needs this)")
     bench_mfu_parser.add_argument("--json", action="store_true")
     bench_mfu_parser.set_defaults(func=cmd_bench_mfu)
     return parser
