@@ -164,7 +164,8 @@ def test_tokenize_pieces_equals_the_per_document_rule(frozen):
         starts = np.ones(len(encoding.ids) + 1, dtype=np.int8)
         starts[1:len(encoding.ids)] = words[1:] != words[:-1]
         offset = 0
-        for index, piece in enumerate(chunk_document(encoding.ids, sequence_length=16, sep_id=frozen.sep_id)):
+        # One position of every 16-token row is the CLS packing opens the segment with.
+        for index, piece in enumerate(chunk_document(encoding.ids, sequence_length=15, sep_id=frozen.sep_id)):
             flags = starts[offset:offset + len(piece)].copy()
             flags[0] = 1
             expected.append({"source": batch["source"][row].as_py(), "doc_id": f"d{row}", "piece": index,
@@ -249,3 +250,28 @@ def test_every_fragment_of_a_split_piece_opens_with_the_opener():
             recovered.setdefault(int(doc[here][0]), []).extend(ids[here][1:].tolist())
     assert [recovered[i] for i in range(3)] == pieces
     assert (rows.input_ids == OPEN).sum() == 4  # 60 tokens take two rows' segments (31 + 29)
+
+
+def test_a_long_document_fills_whole_rows_behind_its_cls(tmp_path):
+    """A document of several rows' length is cut into pieces one position shorter than a row,
+    so each packs as one whole row, [CLS] and the next tokens, with no crumb spilling over."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import synthetic
+
+    from embedlab.data.stream import pack_window, tokenize_pieces
+
+    frozen = synthetic.tokenizer(tmp_path / "tokenizer")
+    text = " ".join(synthetic.TEXTS[:30])
+    documents = pa.table({"doc_id": ["d0"], "source": ["a"], "title": [""], "text": [text], "split": ["train"]})
+    pieces = tokenize_pieces(documents, tokenizer_path=str(frozen.path), sequence_length=32, sources=["a"])
+    pq.write_table(pieces, tmp_path / "pieces.parquet")
+    packed = pack_window({"rows": [np.arange(pieces.num_rows)], "source_index": [np.zeros(pieces.num_rows, np.int32)]},
+                         pieces_path=str(tmp_path / "pieces.parquet"), sequence_length=32,
+                         pad_id=frozen.pad_id, cls_id=frozen.cls_id)
+    tokens = frozen.tokenizer.encode(text, add_special_tokens=False).ids + [frozen.sep_id]
+    full_rows = len(tokens) // 31
+    assert full_rows >= 3
+    for row in range(full_rows):
+        assert packed["segment_ids"][row].tolist() == [1] * 32
+        assert packed["input_ids"][row].tolist() == [frozen.cls_id, *tokens[row * 31:(row + 1) * 31]]

@@ -273,3 +273,16 @@ def test_dry_run_lists_each_arms_workers_when_they_differ(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "  one: model small: 2 layers, width 128; 1 workers x 0.5 CPU per trial" in out
     assert "  two: model small: 2 layers, width 128; 2 workers x 0.5 CPU per trial" in out
+
+
+def test_a_flops_budget_below_one_step_is_refused():
+    """A FLOPs budget smaller than one step of an arm would end after that step, far over it."""
+    base = recipes.phase1_baseline("demo")
+    arms = {"a": base, "b": replace(base, masking=replace(base.masking, ratio=0.3))}
+    from embedlab.train.flops import expected_step_flops
+
+    step = expected_step_flops(arms["b"])
+    with pytest.raises(ConfigError, match="study.budget_flops: .* less than one step of arm 'b'"):
+        Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget_tokens=10_000,
+              budget_flops=0.99 * step)
+    Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget_tokens=10_000, budget_flops=step)

@@ -29,9 +29,11 @@ TRAINING: dict[str, tuple[str, str]] = {
 }
 # Per-group losses: one series per LM head or per masking ratio (dual heads), tagged `group`.
 GROUP_LOSS = ("embedlab_loss_by_group", "Training loss of one LM head or masking ratio", "train/loss/")
-# Estimated model FLOPs utilisation: FLOPs/s over the peak of the devices the trial holds,
+# FLOPs utilisation: the executed training FLOPs per second (`budget/flops`: padding,
+# attention recomputation and GradCache's re-encode included, so hardware FLOPs, above the
+# model FLOPs `embedlab bench mfu` counts) over the peak of the devices the trial holds,
 # published only when the peak is known (EMBEDLAB_PEAK_FLOPS, per device).
-MFU = ("embedlab_mfu", "Estimated model FLOPs utilisation (needs EMBEDLAB_PEAK_FLOPS per device)")
+MFU = ("embedlab_mfu", "Executed training FLOPs utilisation (needs EMBEDLAB_PEAK_FLOPS per device)")
 EVALUATION: dict[str, str] = {
     "embedlab_eval_seconds": "Seconds the evaluation actor spent on one request (0 when cached)",
     "embedlab_eval_requests": "Evaluation requests served, cached or not",

@@ -14,7 +14,9 @@ token ever sees another document.
 With an opener (`pack_layout(..., opener=True)`, phase 1's stream: CLS), every segment
 starts with that token at its position 0, so a document trains in the layout evaluation
 encodes it in, `[CLS] tokens [SEP]`; the opener takes a position of the row and is a
-special token, never selected for masking.
+special token, never selected for masking. Phase 1's pieces are cut one position shorter
+than a row (`embedlab.data.stream.tokenize_pieces`), so a full piece and its CLS fill a row
+exactly.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
+
+
+OPENER_POSITIONS = 1  # positions an opened segment spends on its opener (CLS)
 
 
 @dataclass(frozen=True)
@@ -144,7 +149,7 @@ def pack_layout(
     """
     order = np.arange(len(offsets) - 1) if pieces is None else np.asarray(pieces, dtype=np.int64)
     starts, lengths = offsets[order], offsets[order + 1] - offsets[order]
-    extra = 1 if opener else 0
+    extra = OPENER_POSITIONS if opener else 0
     if sequence_length <= extra:
         raise ValueError(f"sequence_length {sequence_length}: no room for a token after the opener")
     frag_src, frag_len, frag_dst, frag_seg, frag_piece, opened = [], [], [], [], [], []

@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 
 from embedlab.data.document import document_texts
 from embedlab.data.mixture import Schedule
-from embedlab.data.packing import pack_flat, pack_layout
+from embedlab.data.packing import OPENER_POSITIONS, pack_flat, pack_layout
 from embedlab.tokenizer import FrozenTokenizer, load_tokenizer
 
 if TYPE_CHECKING:
@@ -58,8 +58,10 @@ def tokenize_pieces(
 ) -> pa.Table:
     """Ray Data UDF: training-split documents of `sources` -> one row per piece.
 
-    Each document becomes its tokens + SEP, cut into pieces of at most `sequence_length`
-    (`embedlab.data.packing.chunk_document`), with a word-start flag per token. Only
+    Each document becomes its tokens + SEP, cut into pieces of at most `sequence_length` - 1
+    (`embedlab.data.packing.chunk_document`; the position left is the CLS that packing opens
+    every segment with, `OPENER_POSITIONS`, so a full piece fills a row whole), with a
+    word-start flag per token. Only
     `encode_batch` runs per document; the cutting and flagging are array operations over
     the whole batch, so this step costs little more than tokenising.
     """
@@ -84,9 +86,12 @@ def tokenize_pieces(
     token_starts[1:] = words[1:] != words[:-1]
     starts = np.ones(total, dtype=np.int8)
     starts[~is_sep] = token_starts
-    # Pieces: every `sequence_length` positions of a document; a piece that begins inside a
-    # word begins a word of its own (a new segment), so its first flag is set.
-    first = np.flatnonzero(within % sequence_length == 0)
+    # Pieces: every `piece` positions of a document; a piece that begins inside a word begins
+    # a word of its own (a new segment), so its first flag is set.
+    piece = sequence_length - OPENER_POSITIONS
+    if piece < 1:
+        raise ValueError(f"sequence_length {sequence_length}: no room for a token beside the row's CLS")
+    first = np.flatnonzero(within % piece == 0)
     starts[first] = 1
     piece_document = document[first]
     offsets = pa.array(np.append(first, total).astype(np.int32))
@@ -94,7 +99,7 @@ def tokenize_pieces(
         {
             "source": batch["source"].take(pa.array(piece_document)).cast(pa.string()),
             "doc_id": batch["doc_id"].take(pa.array(piece_document)).cast(pa.string()),
-            "piece": pa.array((within[first] // sequence_length).astype(np.int32)),
+            "piece": pa.array((within[first] // piece).astype(np.int32)),
             "ids": pa.ListArray.from_arrays(offsets, pa.array(ids)),
             "word_start": pa.ListArray.from_arrays(offsets, pa.array(starts)),
             "doc_tokens": pa.array(streams[piece_document].astype(np.int32)),
@@ -172,7 +177,8 @@ def build_pieces(
 
 
 def piece_stats(pieces: pa.Table, sequence_length: int) -> dict[str, dict]:
-    """Per source: documents, pieces, tokens and the share of documents longer than L."""
+    """Per source: documents, pieces, tokens and the share of documents longer than one
+    piece (L - 1 tokens beside the row's CLS), which continue in further pieces."""
     stats: dict[str, dict] = {}
     first = pieces.filter(pc.equal(pieces["piece"], 0))
     for source in sorted(set(pieces["source"].to_pylist())):
@@ -183,7 +189,7 @@ def piece_stats(pieces: pa.Table, sequence_length: int) -> dict[str, dict]:
             "documents": int(docs.num_rows),
             "pieces": int(mine.num_rows),
             "tokens": int(pc.sum(mine["tokens"]).as_py()),
-            "truncation_frequency": float((doc_tokens > sequence_length).mean()),
+            "truncation_frequency": float((doc_tokens > sequence_length - OPENER_POSITIONS).mean()),
         }
     return stats
 

@@ -162,8 +162,9 @@ def run_pilot(study: Study, arm: str, prepared: PreparedData, *, parent: str | N
     progress(f"plan: pilot of arm {arm}: about {pilot_steps(trial, reports)} steps on the cluster")
     config = {"trial": trial.to_dict(), "prepared": str(prepared.directory), "record": prepared.record,
               "storage": str(storage), "name": name, "overlap_policy": study.disclosed_overlap}
-    # The sweep's own request, GPU share for mining included, so the pilot times what a trial does.
-    resources = trial_driver_resources(trial, gpu_shares(study.arms, ray.cluster_resources(), study.search))
+    # The sweep's own requests, GPU shares included, so the pilot times what a trial does.
+    shares = gpu_shares(study.arms, ray.cluster_resources(), study.search)
+    resources = trial_driver_resources(trial, shares)
     started = time.perf_counter()
     # Through a Tune trial, as a sweep trains: the trial driver's own start-up is part of the cost.
     # Tune prints its experiment box on stdout, which belongs to the plan (`--json`).
@@ -192,7 +193,7 @@ def run_pilot(study: Study, arm: str, prepared: PreparedData, *, parent: str | N
     task_dir = str(resolve_task(trial.eval.task, prepared.directory))
     progress(f"plan: pilot of arm {arm}: evaluating its checkpoint")
     started = time.perf_counter()
-    ray.get(get_evaluator().evaluate.remote(str(checkpoint), task_dir, trial.eval.split, trial.eval.index,
+    ray.get(get_evaluator(num_gpus=shares.evaluator).evaluate.remote(str(checkpoint), task_dir, trial.eval.split, trial.eval.index,
                                             str(prepared.directory / "retention"), f"plan-{arm}",
                                             trial.eval.max_length))
     eval_seconds = time.perf_counter() - started

@@ -228,6 +228,14 @@ class Study:
                         f"study.budget_pairs: {self.budget_pairs:,} is less than one step of arm {arm!r} "
                         f"({step:,} pairs = {train.num_workers} workers x {train.batch_rows} rows x "
                         f"{train.microbatches} microbatches)")
+            elif self.unit == "flops":
+                from embedlab.train.flops import expected_step_flops
+
+                step = expected_step_flops(config)  # the first step is never cut to the budget
+                if self.budget_flops < step:
+                    raise ConfigError(
+                        f"study.budget_flops: {self.budget_flops:.3g} is less than one step of arm {arm!r} "
+                        f"(about {step:.3g} training FLOPs, `expected_step_flops`)")
 
     @property
     def unit(self) -> str:

@@ -4,8 +4,10 @@ A trial stops at the first step whose consumption reaches the budget: non-paddin
 (phase 1), positive pairs (phases 2-3), measured training FLOPs (`train.budget_flops`,
 counted by `embedlab.train.flops`) or device seconds (`train.budget_device_seconds`). The
 learning-rate schedule runs on the same clock, so two arms with equal budgets see the same
-schedule whatever their step sizes. The last step is cut to the rows the budget has left
-(`final_rows`), so no trial overshoots its budget by more than a row per worker.
+schedule whatever their step sizes. The last step is cut to the share of its rows the budget
+has left, sized by the step before it (`final_rows`), so a trial overshoots its budget by
+about a row per worker and microbatch, more only when that step cost less than this one;
+the first step is never cut, which is why a study refuses a budget below one step.
 """
 
 from __future__ import annotations

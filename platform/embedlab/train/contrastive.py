@@ -146,7 +146,7 @@ class ContrastiveLoop(TrainingLoop):
         self.all_reduce = sum_all_reduce(device) if world > 1 else no_reduce
         self.gather = gather_with_grad if gathered else _local
         self.gather_ids = gather_no_grad if gathered else _local
-        self.eligible_ban = torch.tensor(self.tokenizer.special_ids, device=device)
+        self.host_ban = torch.tensor(self.tokenizer.special_ids)  # never masked (the joint term's copies)
         self.random_range = (len(self.tokenizer.special_ids), self.tokenizer.vocab_size)
         self.builders = loop_config["sources"]
         self.progress = ContrastiveProgress(consumed_pairs=[0.0] * len(self.builders),
@@ -306,17 +306,18 @@ class ContrastiveLoop(TrainingLoop):
         device, pad_id = self.device, self.tokenizer.pad_id
         parts, trained, forward_only = [], FlopTally(), FlopTally()
         for batch in batches:
-            texts = torch.cat([batch["query_ids"], batch["positive_ids"]]).to(device)
+            # Masked and counted on the host (the stream's CPU tensors), then moved once.
+            texts = torch.cat([batch["query_ids"], batch["positive_ids"]])
             segments = (texts != pad_id).long()
-            eligible = (segments > 0) & ~torch.isin(texts, self.eligible_ban)
-            masked = mask_tokens(texts.cpu(), eligible.cpu(), self.trial.masking, mask_id=self.tokenizer.mask_id,
+            eligible = (segments > 0) & ~torch.isin(texts, self.host_ban)
+            masked = mask_tokens(texts, eligible, self.trial.masking, mask_id=self.tokenizer.mask_id,
                                  random_token_range=self.random_range, generator=self.masking_rng)
-            parts.append((texts, segments, masked.inputs.to(device), masked.selected.to(device)))
             kernel = attention_path(self.trial.model, device=device, half=self.half, length=texts.shape[1],
-                                  training=True)
+                                    training=True)
             for tally, mode in ((trained, TRAINED), (forward_only, FORWARD)):
-                tally.encode(self.trial.model, segments.cpu(), kernel=kernel, mode=mode)
+                tally.encode(self.trial.model, segments, kernel=kernel, mode=mode)
                 tally.head(self.trial.model, float(masked.selected.sum()), mode=mode)
+            parts.append((texts.to(device), segments.to(device), masked.inputs.to(device), masked.selected.to(device)))
         local_selected = float(sum(int(selected.sum()) for *_, selected in parts))
         global_count = int(self.all_reduce(torch.tensor([local_selected], dtype=torch.float64)).item())
         loss_local = 0.0

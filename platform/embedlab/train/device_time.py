@@ -1,7 +1,8 @@
 """Device time of the training steps: what `compute/device_seconds` reports.
 
 On CUDA, CUDA events recorded around each step on the worker's stream, read (one host
-synchronisation) when the loop reports; on CPU, the CPU time of the thread that runs the
+synchronisation) when the loop reports, or after every step when device time is the budget
+itself; on CPU, the CPU time of the thread that runs the
 step (`time.thread_time`), which with `train.torch_threads` = 1 (the default, and what Ray
 sets) is all of torch's compute. With more torch threads the process's CPU time is taken
 instead, as intra-op threads run outside the calling thread; it then also holds the worker's
@@ -14,9 +15,6 @@ from __future__ import annotations
 import time
 
 import torch
-
-CLOCKS = ("cuda-events", "thread-cpu", "process-cpu")
-
 
 def clock_name(device: torch.device, torch_threads: int) -> str:
     if device.type == "cuda":

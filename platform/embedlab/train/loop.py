@@ -141,7 +141,7 @@ class TrainingLoop:
     def fit_to_budget(self, batches: list[Batch], remaining: float) -> list[Batch]:
         """This worker's rows of the next step, cut when the budget has less `remaining` than
         the last step consumed: to that share of each microbatch's rows (`final_rows`), so a
-        trial overshoots its budget by at most a row per worker and microbatch."""
+        trial overshoots its budget by about a row per worker and microbatch."""
         last = self.progress.last_step_cost
         return [trim_rows(part, final_rows(remaining, last, _row_count(part))) for part in batches]
 

@@ -4,9 +4,9 @@
 metrics, checkpoint contents); `phase1_worker` runs it as Ray Train's
 `train_loop_per_worker` through `embedlab.train.loop`, which resumes, reports, checkpoints
 and stops; `run_phase1` builds the trainer. Each worker masks its rows of every global batch
-with its own masking generator and steps until the global count of consumed non-padding
-tokens reaches the budget. Every worker sees the same all-reduced counts, so all stop at
-the same step.
+with its own masking generator and steps until the trial's budget (measured FLOPs, consumed
+non-padding tokens or device seconds, `embedlab.train.budget`) is reached. Every worker sees
+the same all-reduced counts, so all stop at the same step.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from embedlab.objectives.dual_mlm import assign_ratios, head_names, mask_mixed, 
 from embedlab.objectives.masking import mask_tokens
 from embedlab.objectives.mlm import combine
 from embedlab.tokenizer import load_tokenizer
-from embedlab.train.budget import consumption, schedule_units, trim_rows, unit_of
+from embedlab.train.budget import consumption, schedule_units, unit_of
 from embedlab.train.flops import TRAINED, FlopTally, attention_path
 from embedlab.train.launch import fit
 from embedlab.train.loop import Progress, RunOptions, TrainingLoop, run_on_ray
@@ -79,7 +79,7 @@ class Phase1Progress(Progress):
 
 class Phase1Loop(TrainingLoop):
     """Phase-1 MLM on one worker: masks its rows with its own masking generator and steps
-    until the all-reduced count of consumed non-padding tokens reaches the budget."""
+    until the all-reduced consumption in the trial's budget unit reaches the budget."""
 
     def __init__(self, loop_config: dict[str, Any], *, rank: int, world: int, device: torch.device) -> None:
         trial = TrialConfig.from_dict(loop_config["trial"])
@@ -167,9 +167,10 @@ class Phase1Loop(TrainingLoop):
 
     def fit_to_budget(self, batches: list[dict[str, torch.Tensor]], remaining: float) -> list[dict[str, torch.Tensor]]:
         """A token budget's last step keeps only the tokens the budget has left, this worker's
-        share of them, in stream order (the rest become padding, and rows left empty are
-        dropped), so the trial lands on its budget within a token per worker; other units
-        cut whole rows (`TrainingLoop.fit_to_budget`), as every row position costs FLOPs."""
+        share of them, in stream order (the rest become padding; rows stay, so every worker
+        keeps the same row count and the ratio assignment stays one global split), so the
+        trial lands on its budget within a token per worker; other units cut whole rows
+        (`TrainingLoop.fit_to_budget`), as every row position costs FLOPs."""
         last = self.progress.last_step_cost
         if unit_of(self.trial.train, 1) != "tokens" or last <= 0 or remaining >= last:
             return super().fit_to_budget(batches, remaining)
@@ -178,13 +179,11 @@ class Phase1Loop(TrainingLoop):
             real = batch["segment_ids"] > 0
             keep = real & (real.reshape(-1).cumsum(0).reshape(real.shape) <= target)
             target -= int(keep.sum())
-            used = keep.any(dim=1).nonzero()
-            rows = int(used.max()) + 1 if len(used) else 1
             cut = {name: column.clone() for name, column in batch.items()}
             cut["input_ids"][real & ~keep] = self.tokenizer.pad_id
             cut["segment_ids"][~keep] = 0
             cut["source_index"][~keep] = -1
-            out.append(trim_rows(cut, rows))
+            out.append(cut)
         return out
 
     def step(self, batches: list[dict[str, torch.Tensor]]) -> None:
