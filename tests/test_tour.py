@@ -13,6 +13,7 @@ def test_tour_dry_run_prints_every_stage_and_starts_nothing(tmp_path, capsys):
     """Each stage's plan under the demo profile, later stages' parents named as the previous
     stage's promoted winner; no run directory is made and Ray is not started."""
     storage = tmp_path / "runs"
+    ray_before = "ray" in sys.modules and sys.modules["ray"].is_initialized()  # the suite may hold one
     assert main(["tour", str(ABLATIONS / "recipe.py"), "--profile", "demo", "--dry-run",
                  "--storage", str(storage)]) == 0
     out = capsys.readouterr().out
@@ -23,7 +24,8 @@ def test_tour_dry_run_prints_every_stage_and_starts_nothing(tmp_path, capsys):
     assert "parent: the winner promoted from stage 2 (joint_vs_contrastive.py)" in out
     assert "more than 0.1 (absolute, metric points) below the parent's" in out
     assert not storage.exists()
-    assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
+    assert ("ray" in sys.modules and sys.modules["ray"].is_initialized()) == ray_before
+    assert "ray: " not in out  # `connect` announces every cluster it starts or joins
 
 
 def test_a_stage_that_fails_to_load_is_named(tmp_path, capsys):
