@@ -309,6 +309,11 @@ def _plan_one(study: Study, parent: str | None, address: str | None, reports: in
     return make_plan(study, pilots, concurrency, CHECKPOINTS_KEPT, setup_seconds), checkpoints[0]
 
 
+def _amount(value: float) -> str:
+    """A count or rate: digits up to 10^7, scientific beyond (FLOPs)."""
+    return f"{value:.4g}" if abs(value) >= 1e7 else f"{value:,.0f}"
+
+
 def _duration(seconds: float) -> str:
     minutes, secs = divmod(round(seconds), 60)
     hours, minutes = divmod(minutes, 60)
@@ -328,7 +333,7 @@ def format_plan(plan: dict[str, Any]) -> str:
     lines = [
         f"plan for study {plan['study']} (phase {plan['phase']}, profile {plan['profile']}): "
         f"{plan['trials']} trials, {plan['concurrent_trials']} at a time",
-        f"  budget per trial: {plan['budget']:,.0f} {unit}; a checkpoint every {plan['checkpoint_every_steps']} "
+        f"  budget per trial: {_amount(plan['budget'])} {unit}; a checkpoint every {plan['checkpoint_every_steps']} "
         f"steps, {plan['checkpoints_kept_per_trial']} kept; evaluation {plan['evaluation']}",
         "",
         f"  {'arm':<{width}}{'trials':>7}{'steps':>8}{unit + '/s':>12}{'step s':>9}{'start s':>9}{'ckpt s':>8}"
@@ -338,7 +343,7 @@ def format_plan(plan: dict[str, Any]) -> str:
         pilot, estimate = entry["pilot"], entry["estimate"]
         lines.append(
             f"  {arm:<{width}}{estimate['trials']:>7}{estimate['steps']:>8}"
-            f"{pilot['units_per_step'] / pilot['step_seconds']:>12,.0f}{pilot['step_seconds']:>9.2f}"
+            f"{_amount(pilot['units_per_step'] / pilot['step_seconds']):>12}{pilot['step_seconds']:>9.2f}"
             f"{pilot['startup_seconds']:>9.1f}{pilot['checkpoint_seconds']:>8.2f}{pilot['eval_seconds']:>8.1f}"
             f"{pilot['peak_memory_bytes'] / 2**20:>10,.0f}{_duration(estimate['trial_seconds']):>9}")
     lines += [
