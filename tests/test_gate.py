@@ -131,3 +131,39 @@ def test_phase3_refuses_a_final_eval_document_planted_in_its_mined_negatives(dat
     assert not storage.exists()  # refused before the trainer started
     allowed = check_mined_negatives(data, task_dir, mined, "disclosed: one planted negative", **QUIET)
     assert [(f["item_id"], f["match"]) for f in allowed] == [(doc_id, "exact")]
+
+
+def test_two_writers_of_one_pairs_table_both_succeed(data):
+    """Two trials that build the same frozen pairs table at once (both past the cache check
+    before either writes) each stage their own file: both get the table, whole, and no staging
+    file is left. With one shared staging name the second rename found nothing to rename."""
+    import threading
+
+    from embedlab.data.pair_stream import pair_table_path
+    from embedlab.data.pairs import build_pairs, pairs_to_table
+
+    shutil.rmtree(data.directory / "pairs", ignore_errors=True)
+    both_checked = threading.Barrier(2)
+
+    def progress(line: str) -> None:
+        if line.startswith("data: building pairs"):
+            both_checked.wait(timeout=120)
+
+    paths, errors = [], []
+
+    def build() -> None:
+        try:
+            paths.append(pair_table_path(data, list(BUILDERS), progress))
+        except Exception as error:  # noqa: BLE001 - the test reports whatever a writer raised
+            errors.append(error)
+
+    writers = [threading.Thread(target=build) for _ in range(2)]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join(timeout=240)
+    assert errors == [] and len(paths) == 2 and paths[0] == paths[1]
+    expected = pairs_to_table(build_pairs(data.corpus.read(split="train"), list(BUILDERS), split="train", seed=0))
+    expected = expected.sort_by([("builder", "ascending"), ("pair_id", "ascending")])
+    assert pq.read_table(paths[0]).equals(expected)
+    assert sorted(p.name for p in paths[0].parent.iterdir()) == [paths[0].name]
