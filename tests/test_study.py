@@ -286,3 +286,14 @@ def test_a_flops_budget_below_one_step_is_refused():
         Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget_tokens=10_000,
               budget_flops=0.99 * step)
     Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget_tokens=10_000, budget_flops=step)
+
+
+def test_a_data_setting_cannot_be_tuned():
+    """Data is prepared once per arm before tuning, so a searched data path is refused."""
+    from embedlab import Search
+
+    base = recipes.phase1_baseline("demo")
+    arms = {"a": base, "b": replace(base, masking=replace(base.masking, ratio=0.3))}
+    with pytest.raises(ConfigError, match="'data.sequence_length' is a data setting"):
+        Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget_tokens=10_000,
+              search=(Search("data.sequence_length", choices=(64, 128)),), search_trials=2)

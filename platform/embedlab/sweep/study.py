@@ -193,6 +193,11 @@ class Study:
                 raise ConfigError(f"study.search: {item.path!r} is not a config path")
             if item.path in _UNSEARCHABLE or item.path == self.factor or item.path.startswith(f"{self.factor}."):
                 raise ConfigError(f"study.search: {item.path!r} is the factor, a budget or a seed; it cannot be tuned")
+            if item.path.startswith("data."):
+                # Data is prepared once per arm before tuning starts: a tuned data value would
+                # train on data prepared for another config.
+                raise ConfigError(f"study.search: {item.path!r} is a data setting, prepared once per arm before "
+                                  "tuning; compare data settings as arms instead")
             if not item.choices and not (item.low < item.high and (not item.log or item.low > 0)):
                 raise ConfigError(f"study.search[{item.path!r}]: needs low < high (and low > 0 when log) or choices")
             for arm, config in self.arms.items():
