@@ -125,13 +125,9 @@ def budget_for(p: Profile, phase: int, control: TrialConfig | None = None) -> di
         data = {"budget_tokens": p.phase1_tokens, "budget_pairs": p.phase2_pairs if phase == 2 else p.phase3_pairs}
     if control is None:
         return data
+    from embedlab.train.budget import step_units
     from embedlab.train.flops import expected_step_flops
 
-    train = control.train
-    step_units = train.num_workers * train.batch_rows * train.microbatches
-    if phase == 1:
-        step_units *= control.data.sequence_length
-        units = p.phase1_tokens
-    else:
-        units = data["budget_pairs"]
-    return {**data, "budget_unit": "flops", "budget_flops": float(units / step_units * expected_step_flops(control))}
+    units = p.phase1_tokens if phase == 1 else data["budget_pairs"]
+    return {**data, "budget_unit": "flops",
+            "budget_flops": float(units / step_units(control) * expected_step_flops(control))}

@@ -21,7 +21,7 @@ import torch
 from embedlab.model.encoder import Encoder
 from embedlab.model.pooling import l2_normalise, mean_pool
 from embedlab.tokenizer import FrozenTokenizer
-from embedlab.train.flops import FORWARD, FlopTally, attention_path
+from embedlab.train.flops import FORWARD, FlopTally
 
 PROGRESS_SECONDS = 10.0  # one line per 10 s of encoding: visible on a long pass, quiet on a short one
 
@@ -76,6 +76,7 @@ def encode_texts(
     order = sorted(range(len(texts)), key=lambda i: (len(content[i]), i))
     out = np.zeros((len(texts), width), dtype=np.float32)
     tracker = None if progress is None else EncodingProgress(progress, label, len(texts), every_seconds=progress_seconds)
+    half = next(encoder.parameters()).dtype in (torch.float16, torch.bfloat16)  # what attention sees (FLOPs)
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
         length = max(len(content[i]) for i in chunk) + 2
@@ -88,10 +89,8 @@ def encode_texts(
             segment_ids[row, : len(ids)] = 1
             pool_mask[row, 1 : len(ids) - 1] = True
         if tally is not None:
-            half = next(encoder.parameters()).dtype in (torch.float16, torch.bfloat16)
-            kernel = attention_path(encoder.config, device=torch.device(device), half=half, length=length,
-                                  training=encoder.training)
-            tally.encode(encoder.config, segment_ids, kernel=kernel, mode=FORWARD)
+            tally.encode(encoder.config, segment_ids, mode=FORWARD, device=torch.device(device), half=half,
+                         training=encoder.training)
         hidden = encoder(input_ids.to(device), segment_ids.to(device))
         pooled = hidden[:, 0] if pooling == "cls" else mean_pool(hidden, pool_mask.to(device))
         pooled = l2_normalise(pooled.float())

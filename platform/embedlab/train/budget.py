@@ -19,9 +19,6 @@ import torch
 from embedlab.config import TrainConfig, TrialConfig
 from embedlab.train.flops import expected_step_flops
 
-UNITS = ("tokens", "pairs", "flops", "device_seconds")
-
-
 def unit_of(train: TrainConfig, phase: int) -> str:
     """The unit `train` is budgeted in."""
     if train.budget_flops > 0:
@@ -54,10 +51,14 @@ def schedule_units(trial: TrialConfig) -> int:
     data = train.budget_tokens if trial.phase == 1 else train.budget_pairs
     if train.budget_flops <= 0:
         return data
-    step_units = train.num_workers * train.batch_rows * train.microbatches
-    if trial.phase == 1:
-        step_units *= trial.data.sequence_length
-    return max(1, math.ceil(train.budget_flops / expected_step_flops(trial, attention=False) * step_units))
+    return max(1, math.ceil(train.budget_flops / expected_step_flops(trial, attention=False) * step_units(trial)))
+
+
+def step_units(trial: TrialConfig) -> int:
+    """The data one full step reads, all workers: row positions (phase 1) or pairs (2-3)."""
+    train = trial.train
+    rows = train.num_workers * train.batch_rows * train.microbatches
+    return rows * trial.data.sequence_length if trial.phase == 1 else rows
 
 
 def final_rows(remaining: float, last_step: float, rows: int) -> int:

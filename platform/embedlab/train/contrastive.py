@@ -40,8 +40,8 @@ from embedlab.objectives.gradcache import gradcache_step
 from embedlab.objectives.masking import mask_tokens
 from embedlab.objectives.mlm import mlm_loss_sum
 from embedlab.tokenizer import load_tokenizer
-from embedlab.train.budget import consumption, schedule_units
-from embedlab.train.flops import FORWARD, GRADCACHE, TRAINED, FlopTally, attention_path
+from embedlab.train.budget import consumption, schedule_units, step_units
+from embedlab.train.flops import FORWARD, GRADCACHE, TRAINED, FlopTally
 from embedlab.train.checkpoint import HEAD_FILE, load_parent
 from embedlab.train.launch import fit
 from embedlab.train.loop import Progress, RunOptions, TrainingLoop, run_on_ray
@@ -294,9 +294,9 @@ class ContrastiveLoop(TrainingLoop):
         GradCache a no-grad pass and a trained one per chunk (the kernel's work is per chunk)."""
         tally, model, pad_id = FlopTally(), self.trial.model, self.tokenizer.pad_id
         for ids in texts:
-            kernel = attention_path(model, device=self.device, half=self.half, length=ids.shape[1], training=True)
             for part in (ids.split(chunk) if chunk else (ids,)):
-                tally.encode(model, (part != pad_id).long(), kernel=kernel, mode=GRADCACHE if chunk else TRAINED)
+                tally.encode(model, (part != pad_id).long(), mode=GRADCACHE if chunk else TRAINED, device=self.device,
+                             half=self.half, training=True)
         return tally.flops
 
     def _mlm_backward(self, batches: list[dict[str, torch.Tensor]]) -> tuple[float, float]:
@@ -312,10 +312,8 @@ class ContrastiveLoop(TrainingLoop):
             eligible = (segments > 0) & ~torch.isin(texts, self.host_ban)
             masked = mask_tokens(texts, eligible, self.trial.masking, mask_id=self.tokenizer.mask_id,
                                  random_token_range=self.random_range, generator=self.masking_rng)
-            kernel = attention_path(self.trial.model, device=device, half=self.half, length=texts.shape[1],
-                                    training=True)
             for tally, mode in ((trained, TRAINED), (forward_only, FORWARD)):
-                tally.encode(self.trial.model, segments, kernel=kernel, mode=mode)
+                tally.encode(self.trial.model, segments, mode=mode, device=device, half=self.half, training=True)
                 tally.head(self.trial.model, float(masked.selected.sum()), mode=mode)
             parts.append((texts.to(device), segments.to(device), masked.inputs.to(device), masked.selected.to(device)))
         local_selected = float(sum(int(selected.sum()) for *_, selected in parts))
@@ -528,9 +526,8 @@ def run_contrastive(trial: TrialConfig, prepared, *, storage_path: Path, name: s
     # The sweep checked these pairs before any trial started; the audit is saved, so this
     # costs nothing there and covers a run started on its own.
     check_training_data(prepared, task_dir, overlap_policy, progress, pairs_path=pairs_path)
-    step_pairs = trial.train.num_workers * trial.train.batch_rows * trial.train.microbatches
     schedule, offsets = pair_schedule(
-        pairs_path, shares, target_pairs=schedule_target(schedule_units(trial), step_pairs),
+        pairs_path, shares, target_pairs=schedule_target(schedule_units(trial), step_units(trial)),
         max_epochs=trial.data.mixture.max_epochs, seed=data_seed(trial),
     )
     mined = None

@@ -118,12 +118,15 @@ class FlopTally:
     """FLOPs of the passes a step (or an evaluation, or mining) runs, added as they run.
 
     `encode` takes the segment ids the encoder sees (on any device; only their shape is read
-    on the dense path, and the bucketed and flash paths copy them to the CPU once)."""
+    on the dense path, and the bucketed and flash paths copy them to the CPU once) and where
+    and how the encoder runs them, from which it takes the kernel (`attention_path`)."""
 
     flops: float = 0.0
 
-    def encode(self, config: ModelConfig, segment_ids: torch.Tensor, *, kernel: AttentionKernel, mode: str) -> float:
+    def encode(self, config: ModelConfig, segment_ids: torch.Tensor, *, mode: str, device: torch.device,
+               half: bool, training: bool) -> float:
         rows, length = segment_ids.shape
+        kernel = attention_path(config, device=device, half=half, length=length, training=training)
         flops = encoder_flops(config, rows, length, attention_area(segment_ids, kernel.path), mode=mode,
                               recomputes=kernel.recomputes)
         self.flops += flops

@@ -30,8 +30,8 @@ from embedlab.objectives.dual_mlm import assign_ratios, head_names, mask_mixed, 
 from embedlab.objectives.masking import mask_tokens
 from embedlab.objectives.mlm import combine
 from embedlab.tokenizer import load_tokenizer
-from embedlab.train.budget import consumption, schedule_units, unit_of
-from embedlab.train.flops import TRAINED, FlopTally, attention_path
+from embedlab.train.budget import consumption, schedule_units, step_units, unit_of
+from embedlab.train.flops import TRAINED, FlopTally
 from embedlab.train.launch import fit
 from embedlab.train.loop import Progress, RunOptions, TrainingLoop, run_on_ray
 from embedlab.train.length import split_rows, stage_length
@@ -155,9 +155,7 @@ class Phase1Loop(TrainingLoop):
             masked = mask_tokens(input_ids, eligible, self.trial.masking, **masking_ids)
         # Counted from the CPU tensors, so a GPU step adds no host synchronisation for it.
         tally = FlopTally()
-        kernel = attention_path(self.trial.model, device=self.device, half=self.half, length=input_ids.shape[1],
-                              training=True)
-        tally.encode(self.trial.model, segment_ids, kernel=kernel, mode=TRAINED)
+        tally.encode(self.trial.model, segment_ids, mode=TRAINED, device=self.device, half=self.half, training=True)
         tally.head(self.trial.model, float(masked.selected.sum()))
         self.step_flops += tally.flops
         # Masking draws on the CPU generator so its stream is the same on any device.
@@ -360,10 +358,7 @@ def phase1_worker(loop_config: dict[str, Any]) -> dict[str, Any] | None:
 def trial_schedule(trial: TrialConfig, prepared: PreparedData) -> tuple[Schedule, dict[str, int]]:
     """The trial's mixture schedule, long enough for the budget plus a margin (`schedule_target`)."""
     units, offsets = units_by_source(prepared.pieces_path)
-    step_tokens = (
-        trial.train.num_workers * trial.train.batch_rows * trial.train.microbatches * trial.data.sequence_length
-    )
-    target = schedule_target(schedule_units(trial), step_tokens)
+    target = schedule_target(schedule_units(trial), step_units(trial))
     schedule = sample_schedule(
         units,
         prepared.record["mixture"]["shares"],
