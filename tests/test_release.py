@@ -121,6 +121,19 @@ def test_zero_vector_rule_matches(release, offline):
     assert np.linalg.norm(theirs) == pytest.approx(0.0 if pooling == "mean" else 1.0, abs=1e-5)
 
 
+def test_export_rebuilds_the_release_byte_for_byte(release, tmp_path):
+    """A release is reproducible from its checkpoint: exporting again writes the same files
+    with the same bytes (no timestamps or paths of the machine that exported it)."""
+    checkpoint, package, _ = release
+    again = tmp_path / "again"
+    export_release(checkpoint, again)
+
+    def tree(root):
+        return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+    assert tree(again) == tree(package)
+
+
 def test_package_holds_no_mlm_head(release):
     """The package's only weights are the encoder's, byte for byte the checkpoint's encoder file."""
     checkpoint, package, manifest = release

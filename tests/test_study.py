@@ -16,7 +16,7 @@ TOURS = [p for p in ABLATIONS if "def tour(" in p.read_text()]
 STUDIES = [p for p in ABLATIONS if p not in TOURS]
 
 
-@pytest.mark.parametrize("profile", ["demo", "full"])
+@pytest.mark.parametrize("profile", sorted(recipes.PROFILES))
 @pytest.mark.parametrize("path", STUDIES, ids=lambda p: p.name)
 def test_every_ablation_file_loads_and_validates(path, profile):
     """Each study file defines study(profile) returning a valid Study that round-trips through
@@ -39,9 +39,38 @@ def test_every_tour_file_loads(path):
     """A tour's stages load and train consecutive phases (the recipe: 1, 2, 3)."""
     from embedlab.sweep.tour import load_tour, stage_path
 
-    for profile in ("demo", "full"):
+    for profile in sorted(recipes.PROFILES):
         tour = load_tour(path, profile)
         assert [load_study(stage_path(path, s), profile).phase for s in tour.stages] == [1, 2, 3]
+
+
+# Data-matched on purpose (its file says why): a longer sequence costs more per token.
+DATA_MATCHED = {"length_extension.py"}
+
+
+@pytest.mark.parametrize("path", [p for p in STUDIES if p.name not in DATA_MATCHED], ids=lambda p: p.name)
+def test_cpu_profile_studies_budget_in_measured_flops(path):
+    """At the cpu profile every study but the data-matched one trains to measured FLOPs: its
+    budget is a FLOPs figure, every trial carries it, and it is what its control arm's steps
+    cost over the profile's data (`recipes.budget_for`), not a count of tokens or pairs."""
+    from embedlab.train.budget import step_units
+    from embedlab.train.flops import expected_step_flops
+
+    study = load_study(path, "cpu")
+    p = recipes.profile("cpu")
+    assert study.unit == "flops" and study.budget_flops > 0
+    parent = "/checkpoints/parent" if study.needs_parent else None
+    for arm in study.arms:
+        trial = study.trial_config(arm, study.seeds[0], parent)
+        assert trial.train.budget_flops == study.budget_flops
+        assert (trial.train.num_workers, trial.train.torch_threads) == (p.num_workers, p.torch_threads)
+    control = study.trial_config(next(iter(study.arms)), study.seeds[0], parent)
+    units = p.phase1_tokens if study.phase == 1 else (p.phase2_pairs if study.phase == 2 else p.phase3_pairs)
+    per_step = expected_step_flops(control)
+    if study.budget_flops != pytest.approx(units / step_units(control) * per_step, rel=1e-12):
+        # A study whose budget is a sum of phases' budgets (the MLM-initialisation study) is
+        # checked in its own test file.
+        assert path.name == "mlm_init.py"
 
 
 def test_the_recipe_studies_the_issue_names_exist():
@@ -120,7 +149,7 @@ def test_tuning_seeds_never_overlap_the_study_seeds():
     assert not set(study.tuning_seeds) & set(study.seeds)
     assert Study.from_dict(study.to_dict()).tuning_seeds == study.tuning_seeds
     for load in STUDIES:  # every shipped study, at both profiles
-        for profile in ("demo", "full"):
+        for profile in sorted(recipes.PROFILES):
             shipped = load_study(load, profile)
             assert not set(shipped.tuning_seeds) & set(shipped.seeds) and len(shipped.tuning_seeds) == (
                 shipped.search_trials if shipped.search else 0)

@@ -297,6 +297,9 @@ class OptimizerConfig:
 
 PRECISIONS = ("auto", "fp32", "bf16")
 COMPILE_MODES = ("auto", "on", "off")
+# What a FLOPs budget counts: this trial's own training ("phase"), or the whole lineage's
+# ("lineage": a trial that starts from its parent's weights is charged the parent's training).
+BUDGET_SCOPES = ("phase", "lineage")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -328,12 +331,19 @@ class TrainConfig:
     cuts each packed row into `data.sequence_length / length` rows (the step's tokens stay the
     same), so a stage switch changes what a step attends over, not the data order or budget.
     Empty: the whole phase at `data.sequence_length`.
+
+    `budget_scope` (BUDGET_SCOPES): "phase" counts this trial's own training FLOPs against
+    `budget_flops`; "lineage" (phases 2-3, a FLOPs budget) makes `budget_flops` the total over
+    the lineage, so a trial that starts from its parent's weights is charged the parent's
+    measured training FLOPs and trains the rest, and one that starts from a random
+    initialisation trains all of it (`embedlab.train.budget.split_lineage_budget`).
     """
 
     budget_tokens: int = 100_000
     budget_pairs: int = 2_000  # phases 2 and 3 stop at this many consumed positive pairs
     budget_flops: float = 0.0  # > 0: stop at this many measured training FLOPs instead
     budget_device_seconds: float = 0.0  # > 0: stop at this much device time (all workers) instead
+    budget_scope: str = "phase"
     batch_rows: int = 16
     microbatches: int = 1
     learning_rate: float = 1e-3  # the peak; the schedule scales it
@@ -374,6 +384,10 @@ class TrainConfig:
                "must be >= 0 (0: budget in tokens, pairs or FLOPs)")
         _check(not (self.budget_flops > 0 and self.budget_device_seconds > 0), "train.budget_device_seconds",
                "a trial trains to one budget: set budget_flops or budget_device_seconds, not both")
+        _check(self.budget_scope in BUDGET_SCOPES, "train.budget_scope",
+               f"{self.budget_scope!r}; valid: {list(BUDGET_SCOPES)}")
+        _check(self.budget_scope == "phase" or self.budget_flops > 0, "train.budget_scope",
+               "'lineage' adds a parent's training FLOPs to a child's, so it needs a train.budget_flops budget")
         _check(self.checkpoint_every_steps >= 0, "train.checkpoint_every_steps",
                "must be >= 0 (0: only the final checkpoint)")
         _check(self.max_failures >= 0, "train.max_failures", "must be >= 0 (0: no restart)")
@@ -381,6 +395,12 @@ class TrainConfig:
 
 
 POOLING_METHODS = ("mean", "cls")
+# How a phase-2/3 batch draws its pairs: "mixed" (every batch mixes the builders by share) or
+# "one-source" (every batch comes from one builder, batches scheduled so the shares hold).
+BATCH_COMPOSITIONS = ("mixed", "one-source")
+# Where a phase-2/3 encoder starts: the parent checkpoint's weights, or a fresh random
+# initialisation of the same architecture (the parent then supplies only the tokenizer).
+INITIALISATIONS = ("parent", "random")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -396,6 +416,9 @@ class ContrastiveConfig:
     copies of the same texts. `hard_negatives` > 0 (phase 3) adds that many mined negatives
     per query, searched among the `mining_top_k` nearest training documents, dropping any
     that scores within `mining_margin` of (or above) the positive. `query_prefix` / `passage_prefix` are prepended to the two sides and recorded.
+    `batch_composition` (BATCH_COMPOSITIONS) says whether a batch mixes the builders or holds
+    one builder's pairs; `init` (INITIALISATIONS) whether the encoder starts from the parent's
+    weights or from a random initialisation of the same architecture.
     """
 
     pairs: tuple[tuple[str, float], ...] = (
@@ -415,8 +438,13 @@ class ContrastiveConfig:
     query_prefix: str = "query: "
     passage_prefix: str = "passage: "
     continue_optimizer: bool = False
+    batch_composition: str = "mixed"
+    init: str = "parent"
 
     def __post_init__(self) -> None:
+        _check(self.batch_composition in BATCH_COMPOSITIONS, "contrastive.batch_composition",
+               f"{self.batch_composition!r}; valid: {list(BATCH_COMPOSITIONS)}")
+        _check(self.init in INITIALISATIONS, "contrastive.init", f"{self.init!r}; valid: {list(INITIALISATIONS)}")
         _check(bool(self.pairs), "contrastive.pairs", "needs at least one pair builder")
         total = sum(share for _, share in self.pairs)
         _check(abs(total - 1.0) < 1e-6, "contrastive.pairs", f"shares must sum to 1, got {total:.6f}")
@@ -478,6 +506,8 @@ class TrialConfig:
                "start from a parent")
         _check(not (self.extension and self.masking.head_per_ratio), "extension",
                "continues the parent's single MLM head; one head per ratio is a phase-1 arm from scratch")
+        _check(self.phase > 1 or self.train.budget_scope == "phase", "train.budget_scope",
+               "'lineage' charges a parent's training to a phase-2 or phase-3 child; phase 1 counts its own")
         _check(self.phase == 1 or not self.train.length_schedule, "train.length_schedule",
                "belongs to phase 1 (pair lengths are contrastive.pair_length)")
         if self.train.length_schedule:

@@ -2,7 +2,10 @@
 
 A profile fixes what a study runs at (model preset, workers, budgets, seeds, how many arms);
 the study file fixes what it compares. `demo` fits a 2-core CPU in minutes (a `small`
-2-layer, width-128 encoder, a few 10^5 tokens a trial); `full` is the size the studies are
+2-layer, width-128 encoder, a few 10^5 tokens a trial, two workers so the distributed paths
+run); `cpu` is the same machine's hour: one worker with two torch threads (no gloo between
+processes sharing two cores) and budgets large enough that the tour ends with a model worth
+using and studies that can detect effects; `full` is the size the studies are
 declared for on a GPU cluster (the `5m` preset, every arm, three seeds, budgets the built-in
 corpus can feed without passing its repetition cap).
 """
@@ -32,6 +35,9 @@ class Profile:
     contrastive_batch_rows: int
     sequence_length: int
     all_arms: bool  # False: a study keeps only the arms it marks for a short tour
+    torch_threads: int = 1  # torch's intra-op threads in each worker
+    phase2_learning_rate: float = 2e-4  # peak learning rates of the contrastive phases
+    phase3_learning_rate: float = 1e-4
 
 
 PROFILES: dict[str, Profile] = {
@@ -39,6 +45,13 @@ PROFILES: dict[str, Profile] = {
         name="demo", model="small", seeds=(0, 1), phase1_tokens=300_000, phase2_pairs=2_048, phase3_pairs=1_024,
         num_workers=2, cpus_per_worker=0.5, use_gpu=False, phase1_batch_rows=8, contrastive_batch_rows=16,
         sequence_length=128, all_arms=False,
+    ),
+    # Sized for a 2-core CPU machine: a three-phase tour within an hour that ends with a usable
+    # model. One worker with two torch threads (no all-gather between processes on two cores).
+    "cpu": Profile(
+        name="cpu", model="small", seeds=(0, 1), phase1_tokens=2_000_000, phase2_pairs=30_000, phase3_pairs=15_000,
+        num_workers=1, cpus_per_worker=1.0, use_gpu=False, phase1_batch_rows=32, contrastive_batch_rows=64,
+        sequence_length=128, all_arms=False, torch_threads=2, phase2_learning_rate=5e-4, phase3_learning_rate=2e-4,
     ),
     "full": Profile(
         name="full", model="5m", seeds=(0, 1, 2), phase1_tokens=5_000_000, phase2_pairs=200_000,
@@ -57,7 +70,7 @@ def profile(name: str = DEFAULT_PROFILE) -> Profile:
 
 def _train(p: Profile, batch_rows: int, learning_rate: float) -> TrainConfig:
     return TrainConfig(batch_rows=batch_rows, learning_rate=learning_rate, num_workers=p.num_workers,
-                       cpus_per_worker=p.cpus_per_worker, use_gpu=p.use_gpu)
+                       cpus_per_worker=p.cpus_per_worker, use_gpu=p.use_gpu, torch_threads=p.torch_threads)
 
 
 def phase1_baseline(profile_name: str = "demo") -> TrialConfig:
@@ -85,7 +98,7 @@ def phase2_baseline(profile_name: str = "demo") -> TrialConfig:
             pair_length=64,
             temperature=0.05,
         ),
-        train=_train(p, p.contrastive_batch_rows, 2e-4),
+        train=_train(p, p.contrastive_batch_rows, p.phase2_learning_rate),
     )
 
 
@@ -103,7 +116,7 @@ def phase3_baseline(profile_name: str = "demo") -> TrialConfig:
             hard_negatives=2,
             mining_top_k=200,
         ),
-        train=dataclasses.replace(base.train, learning_rate=1e-4),
+        train=dataclasses.replace(base.train, learning_rate=profile(profile_name).phase3_learning_rate),
     )
 
 
