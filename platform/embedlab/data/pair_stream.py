@@ -8,6 +8,15 @@ and `[CLS] prefix + positive [SEP]`, truncated and padded to `pair_length`, its 
 group as an int64 hash, its builder index and its non-padding token counts; phase 3 adds
 `hard_negatives` mined negatives per pair. Workers take their rows of each global batch as
 in phase 1 (`embedlab.data.stream.worker_rows`).
+
+`contrastive.batch_composition` decides how builders meet in a batch. "mixed" draws pair by
+pair, so every batch mixes the builders by share. "one-source" (as Contrastors and
+FlagEmbedding do: in-batch negatives from one builder are harder) draws whole optimizer
+steps (`embedlab.train.budget.step_units` consecutive rows) from one builder each: the same
+`deficit/1` rule over whole steps picks the builder lagging its share of pairs the most, so
+the shares hold to within one step over the run. Either way a builder's pairs come in the
+same shuffled order. The stream is one list of rows in both: the step blocks are what keep
+every worker and microbatch of a step (and a step the budget cuts short) on one builder.
 """
 
 from __future__ import annotations
@@ -23,7 +32,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from embedlab.data.mixture import Schedule, sample_schedule
+from embedlab.config import BATCH_COMPOSITIONS
+from embedlab.data.mixture import MixtureError, Schedule, sample_schedule
 from embedlab.data.pairs import build_pairs, pairs_to_table
 from embedlab.data.prepare import PreparedData, code_revision
 from embedlab.data.stream import cached_tokenizer, schedule_windows
@@ -31,6 +41,7 @@ from embedlab.data.stream import cached_tokenizer, schedule_windows
 
 PAIRS_FORMAT = "embedlab-pairs/2"  # 2: groups joined over near-duplicate clusters and equal positives
 PAIR_SOURCES = ("data/pairs.py",)  # the code that builds a pairs table, hashed into its key
+ONE_SOURCE_SCHEDULE = "one-source-deficit/1"  # `Schedule.version` of a one-source schedule
 
 
 def group_hash(group: str) -> int:
@@ -60,9 +71,14 @@ def pair_table_path(prepared: PreparedData, builders: list[str], progress: Calla
 
 
 def pair_schedule(
-    pairs_path: Path, shares: dict[str, float], *, target_pairs: int, max_epochs: float, seed: int
+    pairs_path: Path, shares: dict[str, float], *, target_pairs: int, max_epochs: float, seed: int,
+    composition: str = "mixed", step_pairs: int = 1,
 ) -> tuple[Schedule, dict[str, int]]:
-    """Schedule of pair rows by builder share; returns it and each builder's first row."""
+    """Schedule of pair rows by builder share; returns it and each builder's first row.
+
+    `composition` "mixed" draws pair by pair; "one-source" draws blocks of `step_pairs` rows
+    (one optimizer step, all workers and microbatches) from one builder each.
+    """
     builders = pq.read_table(pairs_path, columns=["builder"])["builder"].to_numpy(zero_copy_only=False)
     units: dict[str, np.ndarray] = {}
     offsets: dict[str, int] = {}
@@ -71,8 +87,67 @@ def pair_schedule(
         if len(rows):
             units[name] = np.ones(len(rows), dtype=np.int64)
             offsets[name] = int(rows[0])
-    schedule = sample_schedule(units, shares, target_units=target_pairs, max_epochs=max_epochs, seed=seed)
+    if composition == "one-source":
+        schedule = one_source_schedule(units, shares, step_pairs=step_pairs, target_pairs=target_pairs,
+                                       max_epochs=max_epochs, seed=seed)
+    elif composition == "mixed":
+        schedule = sample_schedule(units, shares, target_units=target_pairs, max_epochs=max_epochs, seed=seed)
+    else:
+        raise ValueError(f"batch composition {composition!r}; valid: {list(BATCH_COMPOSITIONS)}")
     return schedule, offsets
+
+
+def step_sources(shares: dict[str, float], *, step_pairs: int, target_pairs: int) -> np.ndarray:
+    """The builder index (into `shares`) of each one-source step: `deficit/1` over whole steps,
+
+        next builder = argmax_b ( share_b * pairs_total - pairs_b )   (ties: listed order)
+
+    until `target_pairs` pairs are scheduled."""
+    if step_pairs < 1:
+        raise ValueError(f"step_pairs must be >= 1, got {step_pairs}")
+    share = np.array([shares[name] for name in shares])
+    consumed = np.zeros(len(share))
+    picked: list[int] = []
+    total = 0
+    while total < target_pairs:
+        builder = int(np.argmax(share * total - consumed))
+        consumed[builder] += step_pairs
+        total += step_pairs
+        picked.append(builder)
+    return np.asarray(picked, dtype=np.int16)
+
+
+def one_source_schedule(
+    units_by_source: dict[str, np.ndarray], shares: dict[str, float], *, step_pairs: int, target_pairs: int,
+    max_epochs: float, seed: int,
+) -> Schedule:
+    """A schedule whose every block of `step_pairs` rows comes from one builder (`step_sources`).
+
+    Within a builder, pairs are read in `sample_schedule`'s per-epoch shuffled order, the
+    order the mixed schedule reads them in; the repetition cap is checked per builder before
+    anything is drawn."""
+    names = list(shares)
+    steps = step_sources(shares, step_pairs=step_pairs, target_pairs=target_pairs)
+    source = np.repeat(steps, step_pairs)
+    item = np.zeros(len(source), dtype=np.int64)
+    for index, name in enumerate(names):
+        if name not in units_by_source or len(units_by_source[name]) == 0:
+            raise MixtureError(f"mixture source {name!r} has no training items")
+        needed = int((source == index).sum())
+        cap = int(np.floor(max_epochs * len(units_by_source[name])))
+        if needed > cap:
+            raise MixtureError(
+                f"source {name!r} holds {len(units_by_source[name]):,} pairs; one-source steps of "
+                f"{step_pairs:,} pairs give it {needed:,}, more than {max_epochs:g} epochs (the repetition "
+                "cap) allow; lower the budget or its share, or raise max_epochs"
+            )
+        if needed:
+            # A builder's rows fill its steps in stream order, in the order it alone would be read.
+            alone = sample_schedule({name: units_by_source[name]}, {name: 1.0}, target_units=needed,
+                                    max_epochs=max_epochs, seed=seed)
+            item[source == index] = alone.item
+    return Schedule(sources=tuple(names), source=source, item=item, units=np.ones(len(source), dtype=np.int64),
+                    version=ONE_SOURCE_SCHEDULE, seed=seed)
 
 
 def _encode(tokenizer, texts: list[str], length: int) -> tuple[np.ndarray, np.ndarray]:
