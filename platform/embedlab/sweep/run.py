@@ -603,10 +603,13 @@ def run_sweep(
         parent = record["parent"] if parent is None else parent
     if parent is None and study.needs_parent:
         parent = study.parent  # a promoted study names its parent itself
+    lineage: dict[str, dict[str, float]] = {}
     if parent is not None:
         from embedlab.train.checkpoint import verify_checkpoint
 
-        verify_checkpoint(Path(parent))  # fail before any work on a missing or corrupt parent
+        # Fail before any work on a missing or corrupt parent, or one whose FLOPs a
+        # lineage-scoped budget needs and it does not record.
+        lineage = study.lineage_budgets(verify_checkpoint(Path(parent)))
         parent = str(Path(parent).resolve())
     for arm in study.arms:
         study.trial_config(arm, study.seeds[0], parent)  # every arm has what its phase needs
@@ -630,6 +633,9 @@ def run_sweep(
     budget = study.budget_text
     progress(f"study {study.name} (phase {study.phase}, profile {study.profile or '-'}): {len(study.arms)} arms x "
              f"{len(study.seeds)} seeds at {budget} each")
+    for arm, split in lineage.items():
+        progress(f"budget: arm {arm} inherits {split['inherited_flops']:.4g} FLOPs with its weights and trains "
+                 f"{split['phase_flops']:.4g} in phase {study.phase}")
     prepared = prepare_arms(study, progress)
     overlap = _check_contamination(study, prepared, progress)
     if resume is None:
@@ -645,6 +651,7 @@ def run_sweep(
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "final_eval_overlap": overlap,
             "parent": parent,
+            **({"lineage_budgets": lineage} if lineage else {}),
         }
         _write_json(store.join(run_dir, STUDY_FILE), record)
         _write_json(store.join(run_dir, "prepared.json"), prepared)

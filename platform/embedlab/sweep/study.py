@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from embedlab.errors import UnknownKey
-from embedlab.config import ConfigError, TrialConfig
+from embedlab.config import BUDGET_SCOPES, ConfigError, TrialConfig
 
 METRICS = ("dev/ndcg@10", "dev/recall@100", "dev/mrr@10", "dev/map")
 BUDGET_UNITS = ("tokens", "pairs", "flops", "device_seconds")
@@ -35,7 +35,8 @@ TUNING_SEED_OFFSET = 10_000
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 # Config paths a search may not touch: the factor is what the study compares, and the
 # budget and seed belong to the study, so tuning them would break equal compute.
-_BUDGET_PATHS = ("train.budget_tokens", "train.budget_pairs", "train.budget_flops", "train.budget_device_seconds")
+_BUDGET_PATHS = ("train.budget_tokens", "train.budget_pairs", "train.budget_flops", "train.budget_device_seconds",
+                 "train.budget_scope")
 _UNSEARCHABLE = (*_BUDGET_PATHS, "train.seed", "parent", "phase")
 
 
@@ -98,6 +99,12 @@ class Study:
     hyperparameters that Optuna tunes with `search_trials` trials for every arm (equal tuning
     effort) at `tuning_seeds`; each arm's `seeds` then run with that arm's best values.
     `profile` records the sizes the file was built at.
+
+    `budget_scope` "lineage" (phases 2-3, a FLOPs budget; `train.budget_scope`) makes
+    `budget_flops` the total over each arm's lineage: an arm that starts from the parent's
+    weights is charged the parent's measured training FLOPs and trains the rest, one that
+    starts from a random initialisation trains it all (`lineage_budgets`); tables then match
+    the arms on `budget/total_flops`. "phase" counts each trial's own training only.
     """
 
     name: str
@@ -109,6 +116,7 @@ class Study:
     budget_unit: str = ""  # "" = tokens in phase 1, pairs in phases 2-3
     budget_flops: float = 0.0
     budget_device_seconds: float = 0.0
+    budget_scope: str = "phase"
     metric: str = "dev/ndcg@10"
     description: str = ""
     search: tuple[Search, ...] = ()
@@ -154,6 +162,11 @@ class Study:
             raise ConfigError("study.budget_flops: set it exactly when budget_unit is 'flops'")
         if (self.unit == "device_seconds") != (self.budget_device_seconds > 0):
             raise ConfigError("study.budget_device_seconds: set it exactly when budget_unit is 'device_seconds'")
+        if self.budget_scope not in BUDGET_SCOPES:
+            raise ConfigError(f"study.budget_scope: {self.budget_scope!r}; valid: {list(BUDGET_SCOPES)}")
+        if self.budget_scope == "lineage" and (self.unit != "flops" or self.phase == 1):
+            raise ConfigError("study.budget_scope: 'lineage' adds a parent's training FLOPs to its children's, so "
+                              "it needs a phase-2 or phase-3 study with a FLOPs budget")
         self._check_controlled()
         self._check_search()
         self._check_tuning_seeds()
@@ -251,7 +264,9 @@ class Study:
         """Each trial's budget in words, in the study's unit."""
         return {"tokens": f"{self.budget_tokens:,} non-padding tokens",
                 "pairs": f"{self.budget_pairs:,} positive pairs",
-                "flops": f"{self.budget_flops:.3g} measured training FLOPs",
+                "flops": f"{self.budget_flops:.3g} measured training FLOPs" + (
+                    ", the parent's training counted for arms that start from its weights"
+                    if self.budget_scope == "lineage" else ""),
                 "device_seconds": f"{self.budget_device_seconds:,g} device seconds"}[self.unit]
 
     @property
@@ -283,7 +298,8 @@ class Study:
             raise UnknownKey(f"study {self.name}: no arm {arm!r}; arms: {list(self.arms)}")
         config = self.arms[arm]
         train = dataclasses.replace(config.train, budget_tokens=self.budget_tokens, seed=seed,
-                                    budget_flops=self.budget_flops, budget_device_seconds=self.budget_device_seconds)
+                                    budget_flops=self.budget_flops, budget_device_seconds=self.budget_device_seconds,
+                                    budget_scope=self.budget_scope)
         if self.budget_pairs:
             train = dataclasses.replace(train, budget_pairs=self.budget_pairs)
         config = dataclasses.replace(config, train=train, parent=parent or config.parent)
@@ -292,6 +308,28 @@ class Study:
             raise ConfigError(f"study {self.name}: {stage} needs a parent checkpoint "
                               "(embedlab sweep --parent CKPT_DIR)")
         return config
+
+    def lineage_budgets(self, parent_manifest: dict[str, Any]) -> dict[str, dict[str, float]]:
+        """Each arm's split of a lineage-scoped budget under the parent of `parent_manifest`:
+        {"inherited_flops", "phase_flops"} (`embedlab.train.budget.split_lineage_budget`); empty
+        in scope "phase". ConfigError when the parent's FLOPs are unknown, or leave an arm less
+        than one step of its own."""
+        if self.budget_scope != "lineage":
+            return {}
+        from embedlab.train.budget import recorded_flops, split_lineage_budget
+        from embedlab.train.flops import expected_step_flops
+
+        parent_flops = recorded_flops(parent_manifest)
+        budgets = {}
+        for arm, config in self.arms.items():
+            inherited, phase = split_lineage_budget(self.budget_flops, parent_flops,
+                                                    inherits_weights=config.contrastive.init == "parent")
+            step = expected_step_flops(config)
+            if phase < step:
+                raise ConfigError(f"study.budget_flops: arm {arm!r} has {phase:.3g} FLOPs left after the parent's "
+                                  f"{inherited:.3g}, less than one step (about {step:.3g})")
+            budgets[arm] = {"inherited_flops": inherited, "phase_flops": phase}
+        return budgets
 
     def with_parent(self, parent: str | Path, expected_hash: str | None = None) -> Study:
         """The study with `parent` as every arm's parent checkpoint (a promoted winner);
@@ -333,6 +371,7 @@ class Study:
             "budget_unit": self.unit,
             "budget_flops": self.budget_flops,
             "budget_device_seconds": self.budget_device_seconds,
+            "budget_scope": self.budget_scope,
             "metric": self.metric,
             "description": self.description,
             "disclosed_overlap": self.disclosed_overlap,
@@ -357,6 +396,7 @@ class Study:
             budget_unit=raw.get("budget_unit", ""),
             budget_flops=raw.get("budget_flops", 0.0),
             budget_device_seconds=raw.get("budget_device_seconds", 0.0),
+            budget_scope=raw.get("budget_scope", "phase"),
             metric=raw["metric"],
             description=raw.get("description", ""),
             disclosed_overlap=raw.get("disclosed_overlap"),

@@ -13,7 +13,9 @@ shown beside them when the trials wrote per-query values. No comparison is compu
 every trial consumed the same compute in the study's budget unit, within 1% of each other
 and of the study's declared budget; one line says what the arms are matched in
 (`compute_match_line`) and, for studies that tuned hyperparameters, one line says how
-(`tuning_line`).
+(`tuning_line`). A lineage-scoped study (`Study.budget_scope`) is matched on each trial's
+total, `budget/total_flops`: the parent's training FLOPs it inherited with its weights
+(`budget/inherited_flops`, 0 for a random initialisation) plus its own (`budget/flops`).
 
     embedlab.sweep.table.render("runs/masking-ratio-...", fmt="markdown")
 """
@@ -51,11 +53,14 @@ UNIT_COLUMNS = {
 # studies that declare them; 0 or absent: not declared).
 STUDY_BUDGETS = {"tokens": "budget_tokens", "pairs": "budget_pairs", "flops": "budget_flops",
                  "device_seconds": "budget_device_seconds"}
+# Where a lineage-scoped FLOPs budget is consumed: inherited + this phase's FLOPs.
+LINEAGE_COLUMNS = ("budget/total_flops",)
 DATA_UNITS = ("tokens", "pairs")  # budgets of data: arms may still differ in FLOPs per unit
 COMPUTE_TOLERANCE = 0.01  # relative: between trials, and between a trial and the declared budget
 NAMED_TRIALS = 5  # trials an error names before it counts the rest
 RETRIEVAL_METRICS = ("dev/ndcg@10", "dev/recall@100", "dev/mrr@10")
-BUDGET_COLUMNS = ("budget/tokens", "budget/pairs", "budget/flops", "budget/flops_estimate")
+BUDGET_COLUMNS = ("budget/tokens", "budget/pairs", "budget/flops", "budget/flops_estimate", "budget/inherited_flops",
+                  "budget/total_flops")
 NO_TRIALS = "(no finished trials)"
 CONFIDENCE = 0.95  # of the intervals `render` shows
 
@@ -98,9 +103,9 @@ def load_table(run_dir: str | Path) -> pd.DataFrame:
     """The trial table of a run directory as a DataFrame, one row per trial file.
 
     `table.attrs` carries the study's name, metric, arm order, seeds, budget unit, declared
-    budget in that unit (`budget`, None if undeclared; `budgets`: in every unit) and tuning
-    record (`tuning`, None if it did not tune), so `summarize`, `check_equal_compute`,
-    `compute_match_line` and `tuning_line` need nothing else.
+    budget in that unit (`budget`, None if undeclared; `budgets`: in every unit), budget scope
+    (`scope`, "phase" or "lineage") and tuning record (`tuning`, None if it did not tune), so
+    `summarize`, `check_equal_compute`, `compute_match_line` and `tuning_line` need nothing else.
     Rows of failed, stopped and tuning trials are kept (with NaN where they have no metric)."""
     record = read_study_record(run_dir)
     arms = list(record.get("arm_order", record["study"]["arms"]))
@@ -116,7 +121,8 @@ def load_table(run_dir: str | Path) -> pd.DataFrame:
     table.attrs.update(study=record["study"]["name"], metric=record["study"]["metric"],
                        arm_order=arms, unit=unit, budget=declared_budget(record, unit),
                        budgets={u: declared_budget(record, u) for u in STUDY_BUDGETS},
-                       seeds=list(record["study"].get("seeds", [])), tuning=record.get("tuning"))
+                       seeds=list(record["study"].get("seeds", [])), tuning=record.get("tuning"),
+                       scope=record["study"].get("budget_scope", "phase"))  # absent: recorded before scopes
     return table
 
 
@@ -130,14 +136,21 @@ def final_trials(table: pd.DataFrame) -> pd.DataFrame:
     return table[keep]
 
 
-def consumption(table: pd.DataFrame, unit: str) -> pd.Series:
-    """Each row's consumption of the budget unit, as floats."""
+def unit_columns(table: pd.DataFrame, unit: str) -> tuple[str, ...]:
+    """The columns a row records its consumption of `unit` in, first found first: in a
+    lineage-scoped table (`table.attrs["scope"]`) FLOPs are the lineage's total."""
     if unit not in UNIT_COLUMNS:
         raise ValueError(f"budget unit {unit!r} is not one of {', '.join(UNIT_COLUMNS)}")
-    columns = [c for c in UNIT_COLUMNS[unit] if c in table]
+    return LINEAGE_COLUMNS if unit == "flops" and table.attrs.get("scope") == "lineage" else UNIT_COLUMNS[unit]
+
+
+def consumption(table: pd.DataFrame, unit: str) -> pd.Series:
+    """Each row's consumption of the budget unit, as floats."""
+    expected = unit_columns(table, unit)
+    columns = [c for c in expected if c in table]
     if not columns:
         raise UnequalComputeError(
-            f"budget unit {unit}: the trial table has no {' or '.join(UNIT_COLUMNS[unit])} column, "
+            f"budget unit {unit}: the trial table has no {' or '.join(expected)} column, "
             "so equal compute cannot be checked; the comparison is refused")
     used = table[columns[0]].astype(float)
     for fallback in columns[1:]:
@@ -209,6 +222,10 @@ def compute_match_line(table: pd.DataFrame, unit: str | None = None, *,
     final = final_trials(table)
     if final.empty or unit is None:
         return ""
+    if unit == "flops" and table.attrs.get("scope") == "lineage":
+        return (f"compute-matched: equal total measured training FLOPs (within {tolerance:.0%}), "
+                "budget/total_flops = the parent's training inherited with its weights (budget/inherited_flops, "
+                "0 for a random initialisation) + this phase's (budget/flops)")
     if unit == "flops":
         return f"compute-matched: equal measured training FLOPs (within {tolerance:.0%})"
     if unit == "device_seconds":
@@ -405,12 +422,15 @@ def render(run_dir: str | Path, fmt: str = "text", metrics: Sequence[str] | None
             "compute_match": compute_match_line(table) or None, "tuning": tuning_line(table) or None,
             "paired": _paired_json(comparison), "arms": _records(summary), "trials": _records(table),
         }, indent=2, default=_json_scalar)
-    unit_column = next((c for c in UNIT_COLUMNS[unit] if c in table), UNIT_COLUMNS[unit][0])
+    consumed_in = unit_columns(table, unit)
+    unit_column = next((c for c in consumed_in if c in table), consumed_in[0])
     if metrics is None:  # a few key columns: this is printed to a terminal
-        # The budget unit's column, and beside FLOPs or device time the data each arm read.
+        # The budget unit's column (a lineage total after its two parts), and beside FLOPs or
+        # device time the data each arm read.
+        parts = ("budget/inherited_flops", "budget/flops") if consumed_in == LINEAGE_COLUMNS else ()
         data_column = "budget/pairs" if "budget/pairs" in table else "budget/tokens"
         metrics = [m for m in dict.fromkeys((record["study"]["metric"], "dev/recall@100", "train/loss",
-                                             "retention/probe_accuracy", unit_column, data_column,
+                                             "retention/probe_accuracy", *parts, unit_column, data_column,
                                              "compute/wall_seconds")) if m in table]
     table_of = _text_table if fmt == "text" else _markdown_table
     blocks = ["\n".join([_header(record, unit), *notes])]
@@ -486,8 +506,9 @@ def _header(record: dict, unit: str) -> str:
     study = record["study"]
     arms = list(record.get("arm_order", study["arms"]))
     control = f"; differences vs control {arms[0]}, paired by seed" if arms else ""
+    lineage = " (a lineage total: the parent's training included)" if study.get("budget_scope") == "lineage" else ""
     return (f"study {study['name']} (factor {study['factor']}): {len(arms)} arms x {len(study['seeds'])} "
-            f"seeds at an equal budget of {_budget_text(declared_budget(record, unit), unit)} per trial\n"
+            f"seeds at an equal budget of {_budget_text(declared_budget(record, unit), unit)} per trial{lineage}\n"
             f"{_seed_level_note()}{control}")
 
 

@@ -8,6 +8,11 @@ schedule whatever their step sizes. The last step is cut to the share of its row
 has left, sized by the step before it (`final_rows`), so a trial overshoots its budget by
 about a row per worker and microbatch, more only when that step cost less than this one;
 the first step is never cut, which is why a study refuses a budget below one step.
+
+A lineage-scoped FLOPs budget (`train.budget_scope` "lineage") is the total over a model's
+lineage: a child that starts from its parent's weights is charged the parent's measured
+training FLOPs (`recorded_flops`) and trains the rest of the budget in its own phase, one
+that starts from a random initialisation trains all of it (`split_lineage_budget`).
 """
 
 from __future__ import annotations
@@ -16,8 +21,9 @@ import math
 
 import torch
 
-from embedlab.config import TrainConfig, TrialConfig
+from embedlab.config import ConfigError, TrainConfig, TrialConfig
 from embedlab.train.flops import expected_step_flops
+
 
 def unit_of(train: TrainConfig, phase: int) -> str:
     """The unit `train` is budgeted in."""
@@ -76,3 +82,37 @@ def trim_rows(batch: dict[str, torch.Tensor], keep: int) -> dict[str, torch.Tens
     if len(set(rows.values())) > 1:
         raise ValueError(f"batch columns disagree on their row count: {rows}")
     return {name: column[:keep] for name, column in batch.items()}
+
+
+def recorded_flops(manifest: dict) -> float | None:
+    """The measured training FLOPs a checkpoint's weights cost, from its manifest's budget
+    record: its lineage's total (`budget/total_flops`) when it counted one, else its own
+    (`budget/flops`) when it was trained from scratch (no parent). None when that is not
+    known: an older checkpoint that only estimated its FLOPs, or one continued from a parent
+    whose training it did not count."""
+    budget = manifest.get("budget") or {}
+    value = budget.get("budget/total_flops")
+    if value is None and manifest.get("parent_hash") is None:
+        value = budget.get("budget/flops")
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) and value > 0 else None
+
+
+def split_lineage_budget(total_flops: float, parent_flops: float | None, *,
+                         inherits_weights: bool) -> tuple[float, float]:
+    """(charged, phase) FLOPs of a lineage-scoped budget of `total_flops`: a trial that starts
+    from its parent's weights is charged `parent_flops` (what training them measured) and
+    trains total - parent in its own phase; a trial that starts from a random initialisation
+    inherits no compute, so it is charged 0 and trains the whole total. The two then consume
+    equal total compute. ConfigError when the parent's FLOPs are needed but unknown (None),
+    or when they leave nothing of the total to train."""
+    if not inherits_weights:
+        return 0.0, total_flops
+    if parent_flops is None:
+        raise ConfigError("train.budget_scope: 'lineage' charges the parent's training FLOPs, but the parent "
+                          "checkpoint records none (its manifest's budget/flops, or budget/total_flops for a "
+                          "continued checkpoint)")
+    if parent_flops >= total_flops:
+        raise ConfigError(f"train.budget_flops: the total {total_flops:.4g} is not above the parent's "
+                          f"{parent_flops:.4g} training FLOPs, so an arm that starts from its weights has "
+                          "nothing left to train")
+    return parent_flops, total_flops - parent_flops

@@ -17,7 +17,14 @@ component losses and the norms of their gradients are reported.
 Lineage: the child records its parent's content hash and refuses a parent whose tokenizer
 hash differs from its own data's. Optimizer state and schedule clocks reset at the phase
 start (recorded), since a changed objective is not an exact resume; within the phase a run
-resumes exactly from its own checkpoints (`embedlab.train.loop`).
+resumes exactly from its own checkpoints (`embedlab.train.loop`). With `contrastive.init`
+"random" the encoder starts from a fresh initialisation of the parent's architecture, drawn
+from the trial seed, and the parent supplies only the tokenizer (an MLM head only for the
+joint term, fresh too; without one masked-token retention is not measured). Under a
+lineage-scoped budget (`train.budget_scope`) a child that starts from the parent's weights
+is charged the parent's training FLOPs (`embedlab.train.budget.split_lineage_budget`): its
+clock runs over the rest of the budget, and it reports `budget/inherited_flops` and
+`budget/total_flops` (inherited + `budget/flops`) beside its own.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from typing import Any
 
 import torch
 
-from embedlab.config import TrialConfig
+from embedlab.config import ModelConfig, TrialConfig
 from embedlab.model.encoder import Encoder, MLMModel
 from embedlab.model.pooling import l2_normalise, mean_pool
 from embedlab.objectives.contrastive import LearnableTemperature, multi_positive_infonce, pair_masks, pooled
@@ -40,7 +47,7 @@ from embedlab.objectives.gradcache import gradcache_step
 from embedlab.objectives.masking import mask_tokens
 from embedlab.objectives.mlm import mlm_loss_sum
 from embedlab.tokenizer import load_tokenizer
-from embedlab.train.budget import consumption, schedule_units, step_units
+from embedlab.train.budget import consumption, recorded_flops, schedule_units, split_lineage_budget, step_units
 from embedlab.train.flops import FORWARD, GRADCACHE, TRAINED, FlopTally
 from embedlab.train.checkpoint import HEAD_FILE, load_parent
 from embedlab.train.launch import fit
@@ -114,13 +121,20 @@ class ContrastiveLoop(TrainingLoop):
         torch.set_num_threads(trial.train.torch_threads)
         self.tokenizer = load_tokenizer(loop_config["tokenizer_path"], expected_hash=loop_config["tokenizer_hash"])
         self.joint = settings.mlm_weight > 0
+        self.from_parent = settings.init == "parent"
         # A contrastive-only child carries its parent's MLM head along, frozen (its own dense,
         # norm and bias; the decoder stays tied to the child's embeddings), so masked-token
         # accuracy can be measured for every child, as retention asks.
-        keeps_head = self.joint or (Path(trial.parent) / HEAD_FILE).is_file()
+        keeps_head = self.from_parent and (self.joint or (Path(trial.parent) / HEAD_FILE).is_file())
         self.parent = load_parent(Path(trial.parent), tokenizer_hash=self.tokenizer.hash, need_head=keeps_head,
                                   masking_ratio=trial.masking.ratio)
-        self.model = self.parent.model.to(device)  # MLMModel with a head, else an Encoder
+        model = self.parent.model if self.from_parent else random_model(
+            self.parent.model.config, head=self.joint, seed=trial.train.seed)
+        self.model = model.to(device)  # MLMModel with a head, else an Encoder
+        self.charged_flops = 0.0  # the parent's training FLOPs a lineage-scoped budget charges
+        if trial.train.budget_scope == "lineage":
+            self.charged_flops, _ = split_lineage_budget(trial.train.budget_flops, recorded_flops(self.parent.manifest),
+                                                         inherits_weights=self.from_parent)
         self.encoder = self.model.encoder if isinstance(self.model, MLMModel) else self.model
         if isinstance(self.model, MLMModel) and not self.joint:
             for name, parameter in self.model.mlm_head.named_parameters():
@@ -160,9 +174,11 @@ class ContrastiveLoop(TrainingLoop):
         self.model.train()
 
     def clock(self) -> tuple[float, float]:
+        """(consumed, budget) of this phase: a lineage-scoped budget less what it charged the parent."""
         p = self.progress
-        return consumption(self.trial.train, self.trial.phase, tokens=p.tokens, pairs=p.pairs, flops=p.flops,
-                           device_seconds=p.device_seconds)
+        consumed, budget = consumption(self.trial.train, self.trial.phase, tokens=p.tokens, pairs=p.pairs,
+                                       flops=p.flops, device_seconds=p.device_seconds)
+        return consumed, budget - self.charged_flops
 
     def done(self) -> bool:
         clock, budget = self.clock()
@@ -363,6 +379,9 @@ class ContrastiveLoop(TrainingLoop):
             "budget/tokens": progress.tokens,
             "budget/fraction": clock / budget,
             "budget/flops": progress.flops,
+            **({"budget/inherited_flops": self.charged_flops,
+                "budget/total_flops": self.charged_flops + progress.flops}
+               if self.trial.train.budget_scope == "lineage" else {}),
             **self.loop_config.get("mining_compute", {}),
         }
         self.window, self.window_mlm = [], []
@@ -390,6 +409,7 @@ class ContrastiveLoop(TrainingLoop):
     def checkpoint_contents(self, metrics: dict[str, Any]) -> dict[str, Any]:
         trial, settings, loop_config = self.trial, self.settings, self.loop_config
         encoder, head = self.weights()
+        head_origin = "the parent's" if self.parent.head_restored else "fresh"
         return {
             "encoder": encoder,
             "head": head,
@@ -400,6 +420,7 @@ class ContrastiveLoop(TrainingLoop):
                 "phase": trial.phase,
                 "parent_hash": self.parent.manifest["content_hash"],
                 "parent_phase": self.parent.manifest.get("phase"),
+                "initialisation": self.initialisation_record(),
                 **self.run_fields(metrics),
                 "objective": {
                     "name": "joint mlm + contrastive" if settings.mlm_weight > 0 else "contrastive",
@@ -408,7 +429,7 @@ class ContrastiveLoop(TrainingLoop):
                     "temperature": metrics["train/temperature"],
                     "learnable_temperature": settings.learnable_temperature,
                     "mlm_weight": settings.mlm_weight,
-                    "mlm_head": ("trained with the joint MLM term" if self.joint else
+                    "mlm_head": (f"{head_origin}, trained with the joint MLM term" if self.joint else
                                  "the parent's, frozen (decoder tied to these embeddings)" if head is not None
                                  else None),
                     "reduction": "sum over valid anchors / global valid anchors; gradients summed over workers",
@@ -428,6 +449,25 @@ class ContrastiveLoop(TrainingLoop):
                 },
             },
         }
+
+    def initialisation_record(self) -> dict[str, Any]:
+        """Where the encoder's weights started, for the manifest."""
+        if self.from_parent:
+            return {"encoder": "parent", "weights": f"the parent's ({self.parent.manifest['content_hash']})"}
+        return {"encoder": "random", "seed": seed_for(self.trial.train.seed, "init"),
+                "weights": "a fresh initialisation of the parent's architecture; the parent supplied only the "
+                           "tokenizer" + (" (the joint term's MLM head is fresh too)" if self.joint else
+                                          "; no MLM head, so masked-token retention is not measured")}
+
+
+def random_model(config: ModelConfig, *, head: bool, seed: int) -> torch.nn.Module:
+    """A freshly initialised encoder of `config` (an `MLMModel` with a fresh head when `head`),
+    drawn from the trial seed's "init" stream, as phase 1 draws its own: identical on every
+    worker and for every run at that seed. The global RNG is left as it was."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed_for(seed, "init"))
+        model = MLMModel(config) if head else Encoder(config)
+    return model.train()
 
 
 def contrastive_worker(loop_config: dict[str, Any]) -> dict[str, Any] | None:
@@ -529,6 +569,7 @@ def run_contrastive(trial: TrialConfig, prepared, *, storage_path: Path, name: s
     schedule, offsets = pair_schedule(
         pairs_path, shares, target_pairs=schedule_target(schedule_units(trial), step_units(trial)),
         max_epochs=trial.data.mixture.max_epochs, seed=data_seed(trial),
+        composition=settings.batch_composition, step_pairs=step_units(trial),
     )
     mined = None
     if trial.phase == 3 and settings.hard_negatives:
