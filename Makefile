@@ -10,6 +10,9 @@ TORCH_CPU := torch==2.13.0
 # Real English text for the built-in corpus (read by embedlab.data.builtin).
 DEBIAN_SOURCES := bible-kjv bible-kjv-text fortunes dict-foldoc dict-jargon debian-handbook \
 	postgresql-doc-15 manpages-dev mythes-en-us
+# Real text outside the corpus, for the held-out tasks (`embedlab heldout build`); the others
+# (dpkg's status file, GNU Info manuals) come with every Debian system.
+HELDOUT_SOURCES := dict-devil
 
 .PHONY: demo test setup debian-sources debian-test-tools clean-venv
 
@@ -32,10 +35,10 @@ $(STAMP): pyproject.toml Makefile
 	fi
 	@touch $(STAMP)
 
-# Installs the Debian packages behind the built-in corpus when it can (root and apt-get);
+# Installs the Debian packages behind the built-in corpus and the held-out tasks when it can (root and apt-get);
 # otherwise embedlab runs on the sources present and says which it used.
 debian-sources:
-	@missing=""; for p in $(DEBIAN_SOURCES); do \
+	@missing=""; for p in $(DEBIAN_SOURCES) $(HELDOUT_SOURCES); do \
 		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
 	done; \
 	if [ -z "$$missing" ]; then exit 0; fi; \

