@@ -190,10 +190,20 @@ def test_unknown_or_too_large_parent_flops_are_refused(tmp_path, frozen, step):
         dataclasses.replace(study, budget_unit="pairs", budget_flops=0.0)
 
 
+def load_module(path: Path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.mark.parametrize("profile", ["demo", "cpu", "full"])
 def test_the_study_validates_and_its_arms_differ_only_in_the_factor(profile):
     """At every profile: the arms differ in contrastive.init alone, the total is the profile's
-    phase-1 plus phase-2 FLOPs budgets, and every trial gets it with the lineage scope."""
+    phase-1 FLOPs budget plus PHASE2_SHARE of its phase-2 one, and every trial gets it with
+    the lineage scope."""
     study = load_study(STUDY_FILE, profile)
     assert study.profile == profile and study.phase == 2 and study.factor == "contrastive.init"
     assert list(study.arms) == ["from-mlm", "random-init"] and study.budget_scope == "lineage"
@@ -203,7 +213,9 @@ def test_the_study_validates_and_its_arms_differ_only_in_the_factor(profile):
     p = recipes.profile(profile)
     phase1 = recipes.budget_for(p, phase=1, control=recipes.phase1_baseline(profile))["budget_flops"]
     phase2 = recipes.budget_for(p, phase=2, control=recipes.phase2_baseline(profile))
-    assert study.budget_flops == phase1 + phase2["budget_flops"] and study.budget_pairs == phase2["budget_pairs"]
+    share = load_module(STUDY_FILE).PHASE2_SHARE
+    assert study.budget_flops == phase1 + share * phase2["budget_flops"]
+    assert study.budget_pairs == round(share * phase2["budget_pairs"])
     assert Study.from_dict(study.to_dict()) == study
     for arm in study.arms:
         train = study.trial_config(arm, study.seeds[0], "/checkpoints/parent").train

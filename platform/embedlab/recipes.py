@@ -49,7 +49,7 @@ PROFILES: dict[str, Profile] = {
     # Sized for a 2-core CPU machine: a three-phase tour within an hour that ends with a usable
     # model. One worker with two torch threads (no all-gather between processes on two cores).
     "cpu": Profile(
-        name="cpu", model="small", seeds=(0, 1), phase1_tokens=2_000_000, phase2_pairs=30_000, phase3_pairs=15_000,
+        name="cpu", model="small", seeds=(0, 1), phase1_tokens=3_000_000, phase2_pairs=60_000, phase3_pairs=30_000,
         num_workers=1, cpus_per_worker=1.0, use_gpu=False, phase1_batch_rows=32, contrastive_batch_rows=64,
         sequence_length=128, all_arms=False, torch_threads=2, phase2_learning_rate=5e-4, phase3_learning_rate=2e-4,
     ),
