@@ -13,6 +13,7 @@
     embedlab model params PRESET [--json]
     embedlab model check-cuda [--device cuda|cpu] [--json]   GPU paths vs their CPU-tested oracles
     embedlab export CKPT_DIR OUT_DIR    the inference package: encoder + tokenizer, no MLM heads
+    embedlab heldout build [--out DIR] / score [CKPT_OR_RELEASE] [--tasks ...] [--json]   held-out tasks, model vs BM25 and MiniLM
     embedlab data build [SPEC]          prepare data: corpus, dedup, splits, tokenizer, pieces, data card
     embedlab data audit [SPEC] [--task DIR] [--json]   contamination audit of every training stage
     embedlab tokenizer compare [SPEC] [--json]         BPE vs unigram vs byte-level on held-out text
@@ -21,6 +22,7 @@
     embedlab bench train [SPEC] [--preset P] [--documents N] [--ablations] [--json]
                                         phase-1 tokens/s and peak memory vs BertForMaskedLM; optimisations on/off
     embedlab bench contrastive [SPEC] [--json]   pairs/s with and without GradCache
+    embedlab bench layout [--pairs N] [--json]   phase-2 pairs/s and Ray's fixed cost per worker layout vs one process
     embedlab bench data [SPEC] [--json] packed tokens/s through Ray Data vs raw encode_batch
     embedlab bench prefetch [SPEC] [--json]   the phase-1 loop's tokens/s and data wait, prefetch on vs off
     embedlab bench eval [--json]        evaluator time vs sentence-transformers' IR evaluator
@@ -40,6 +42,7 @@ import sys
 from pathlib import Path
 
 from embedlab.errors import UsageError, UserError
+from embedlab.heldout_cli import add_heldout_parser
 
 DEMO_TOUR = "recipe.py"  # in the repository's ablations/
 DEMO_PROFILE = "demo"
@@ -368,6 +371,15 @@ def cmd_bench_contrastive(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_layout(args: argparse.Namespace) -> int:
+    from embedlab.bench_layout import LayoutBench, bench_layout, format_layout
+
+    bench = LayoutBench(**({} if args.pairs is None else {"pairs": args.pairs}))
+    result = bench_layout(_bench_prepared(args), bench, progress=_stderr)
+    print(json.dumps(result, sort_keys=True) if args.json else format_layout(result))
+    return 0
+
+
 def cmd_bench_prefetch(args: argparse.Namespace) -> int:
     from embedlab.bench_prefetch import PrefetchBench, bench_prefetch, prefetch_note
 
@@ -424,7 +436,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     def add_profile(p: argparse.ArgumentParser) -> None:
         p.add_argument("--profile", default=None,
-                       help="sizes to run at: demo (2-core CPU) or full (GPU cluster; the study files' default)")
+                       help="sizes to run at: demo (2-core CPU, minutes), cpu (2-core CPU, an hour, a usable model) "
+                            "or full (GPU cluster; the study files' default)")
 
     sweep = sub.add_parser("sweep", help="run a study file with Ray Tune")
     sweep.add_argument("study", help="a study file, e.g. ablations/masking_ratio.py")
@@ -595,6 +608,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench_contrastive_parser.add_argument("--batch-pairs", type=int, default=64)
     bench_contrastive_parser.add_argument("--chunk", type=int, default=16, help="GradCache chunk (pairs)")
     bench_contrastive_parser.set_defaults(func=cmd_bench_contrastive)
+    bench_layout_parser = bench_sub.add_parser(
+        "layout", help="phase-2 pairs/s and Ray's fixed cost in trials of three worker layouts vs one process")
+    add_spec(bench_layout_parser)
+    bench_layout_parser.add_argument("--pairs", type=int, default=None,
+                                     help="pairs each trial trains (default: the demo profile's phase-2 budget)")
+    bench_layout_parser.add_argument("--json", action="store_true")
+    bench_layout_parser.set_defaults(func=cmd_bench_layout)
     bench_scaling_parser = bench_sub.add_parser(
         "scaling", help="tokens/s vs sequence length; evaluation time vs corpus size (as --scaling)")
     add_spec(bench_scaling_parser)
@@ -616,6 +636,7 @@ def build_parser() -> argparse.ArgumentParser:
                                        "name in embedlab.bench_mfu.PEAKS; an unknown device needs this)")
     bench_mfu_parser.add_argument("--json", action="store_true")
     bench_mfu_parser.set_defaults(func=cmd_bench_mfu)
+    add_heldout_parser(sub)
     return parser
 
 
