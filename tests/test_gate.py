@@ -167,3 +167,19 @@ def test_two_writers_of_one_pairs_table_both_succeed(data):
     expected = expected.sort_by([("builder", "ascending"), ("pair_id", "ascending")])
     assert pq.read_table(paths[0]).equals(expected)
     assert sorted(p.name for p in paths[0].parent.iterdir()) == [paths[0].name]
+
+
+def test_sweep_refuses_a_pair_budget_past_the_repetition_cap_before_any_trial(data):
+    """A phase-2 arm whose schedule needs more pairs than the frozen table holds within
+    `data.mixture.max_epochs` is refused before any trial starts, naming the study, the arm
+    and the builder; the same study within the cap passes."""
+    from embedlab.data.pair_stream import pair_table_path
+    from embedlab.errors import UsageError
+    from embedlab.sweep.run import _check_pair_schedules
+
+    records = {arm: {**data.record, "directory": str(data.directory)} for arm in ("cold", "warm")}
+    held = pq.read_table(pair_table_path(data, list(BUILDERS), **QUIET), columns=["builder"]).num_rows
+    _check_pair_schedules(phase2_study(), records, None)  # 64 pairs: within the cap
+    over = dataclasses.replace(phase2_study(), budget_pairs=held * 4 + 1)
+    with pytest.raises(UsageError, match=r"study gate, arm cold: .*'title-body' holds .*repetition cap"):
+        _check_pair_schedules(over, records, None)

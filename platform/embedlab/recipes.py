@@ -15,7 +15,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from embedlab.config import MODEL_PRESETS, ConfigError, ContrastiveConfig, DataConfig, MaskingConfig, TrainConfig, TrialConfig
+from embedlab.config import (MODEL_PRESETS, ConfigError, ContrastiveConfig, DataConfig, MaskingConfig, MixtureConfig,
+                             TrainConfig, TrialConfig)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,6 +38,7 @@ class Profile:
     all_arms: bool  # False: a study keeps only the arms it marks for a short tour
     torch_threads: int = 1  # torch's intra-op threads in each worker
     phase2_learning_rate: float = 2e-4  # peak learning rates of the contrastive phases
+    max_epochs: float = 4.0  # data.mixture.max_epochs: how often a source (or pair builder) may be reread
     phase3_learning_rate: float = 1e-4
 
 
@@ -49,9 +51,11 @@ PROFILES: dict[str, Profile] = {
     # Sized for a 2-core CPU machine: a three-phase tour within an hour that ends with a usable
     # model. One worker with two torch threads (no all-gather between processes on two cores).
     "cpu": Profile(
-        name="cpu", model="small", seeds=(0, 1), phase1_tokens=3_000_000, phase2_pairs=60_000, phase3_pairs=30_000,
+        name="cpu", model="small", seeds=(0, 1), phase1_tokens=3_000_000, phase2_pairs=100_000, phase3_pairs=50_000,
         num_workers=1, cpus_per_worker=1.0, use_gpu=False, phase1_batch_rows=32, contrastive_batch_rows=64,
         sequence_length=128, all_arms=False, torch_threads=2, phase2_learning_rate=5e-4, phase3_learning_rate=2e-4,
+        # The built-in corpus has 5,562 title-body pairs; 100k / 50k pairs read them about 5x.
+        max_epochs=8.0,
     ),
     "full": Profile(
         name="full", model="5m", seeds=(0, 1, 2), phase1_tokens=5_000_000, phase2_pairs=200_000,
@@ -79,7 +83,7 @@ def phase1_baseline(profile_name: str = "demo") -> TrialConfig:
     return TrialConfig(
         model=MODEL_PRESETS[p.model],
         masking=MaskingConfig(ratio=0.15),
-        data=DataConfig(sequence_length=p.sequence_length),
+        data=DataConfig(sequence_length=p.sequence_length, mixture=MixtureConfig(max_epochs=p.max_epochs)),
         train=_train(p, p.phase1_batch_rows, 1e-3),
     )
 

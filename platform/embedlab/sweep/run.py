@@ -638,6 +638,7 @@ def run_sweep(
                  f"{split['phase_flops']:.4g} in phase {study.phase}")
     prepared = prepare_arms(study, progress)
     overlap = _check_contamination(study, prepared, progress)
+    _check_pair_schedules(study, prepared, parent)
     if resume is None:
         run_dir = _new_run_dir(store.resolve(storage), study.name)
         record = {
@@ -924,6 +925,30 @@ def _check_contamination(study: Study, prepared: dict[str, dict], progress: Call
     else:
         progress("audit: no final-eval item found in the training data")
     return list(findings.values())
+
+
+def _check_pair_schedules(study: Study, prepared: dict[str, dict], parent: str | None) -> None:
+    """Refuse, before any trial starts, a phase-2/3 arm whose pair schedule the frozen pairs
+    cannot fill within the repetition cap (`data.mixture.max_epochs`): otherwise every trial
+    of that arm fails inside Ray, one after the other, and the study ranks the arms that ran."""
+    from embedlab.data.mixture import MixtureError, schedule_target
+    from embedlab.data.pair_stream import pair_schedule, pair_table_path
+    from embedlab.train.budget import schedule_units, step_units
+
+    if study.phase == 1:
+        return
+    for arm in study.arms:
+        trial = study.trial_config(arm, study.seeds[0], parent)
+        data = PreparedData(Path(prepared[arm]["directory"]), prepared[arm])
+        shares = dict(trial.contrastive.pairs)
+        try:
+            pair_schedule(pair_table_path(data, list(shares), lambda _: None), shares,
+                          target_pairs=schedule_target(schedule_units(trial), step_units(trial)),
+                          max_epochs=trial.data.mixture.max_epochs, seed=0,
+                          composition=trial.contrastive.batch_composition, step_pairs=step_units(trial))
+        except MixtureError as error:
+            raise UsageError(f"study {study.name}, arm {arm}: its budget schedules more pairs than the frozen pairs "
+                             f"hold: {error}; lower the budget or the profile's pairs") from None
 
 
 def _new_run_dir(storage: str, name: str) -> str:
