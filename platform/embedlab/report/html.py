@@ -18,8 +18,8 @@ from embedlab.report.collect import Run
 from embedlab.report.plotting import Figure
 from embedlab.sweep import paired
 from embedlab.sweep.table import (
-    CONFIDENCE, UNIT_COLUMNS, UnequalComputeError, check_equal_compute, ci_label, compute_match_line, summarize,
-    tuning_line,
+    CONFIDENCE, UnequalComputeError, check_equal_compute, ci_label, compute_match_line, summarize,
+    tuning_line, unit_columns,
 )
 
 # The checkout's dashboards/report/ (platform/embedlab/report/html.py -> repository root).
@@ -91,7 +91,7 @@ def _trial_tables(run: Run) -> str:
     table, unit = run.table, run.table.attrs["unit"]
     head = f"<h3>{escape(run.label)}</h3>"
     metrics = [m for m in dict.fromkeys((run.metric, *TABLE_METRICS)) if m in table]
-    budget = next((c for c in UNIT_COLUMNS[unit] if c in table), None)
+    budget = next((c for c in unit_columns(table, unit) if c in table), None)
     if budget is not None:
         metrics.append(budget)
     notes = "".join(f'<p class="meta">{escape(line)}</p>' for line in (compute_match_line(table), tuning_line(table))
