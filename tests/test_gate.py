@@ -179,7 +179,7 @@ def test_sweep_refuses_a_pair_budget_past_the_repetition_cap_before_any_trial(da
 
     records = {arm: {**data.record, "directory": str(data.directory)} for arm in ("cold", "warm")}
     held = pq.read_table(pair_table_path(data, list(BUILDERS), **QUIET), columns=["builder"]).num_rows
-    _check_pair_schedules(phase2_study(), records, None)  # 64 pairs: within the cap
+    _check_pair_schedules(phase2_study(), records, "/checkpoints/parent")  # 64 pairs: within the cap
     over = dataclasses.replace(phase2_study(), budget_pairs=held * 4 + 1)
     with pytest.raises(UsageError, match=r"study gate, arm cold: .*'title-body' holds .*repetition cap"):
-        _check_pair_schedules(over, records, None)
+        _check_pair_schedules(over, records, "/checkpoints/parent")
