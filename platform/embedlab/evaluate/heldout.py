@@ -62,6 +62,7 @@ from embedlab.data.dedup import ngram_hashes, word_hashes
 from embedlab.data.document import document_text, normalise_text
 from embedlab.errors import UsageError, UserError
 from embedlab.evaluate.beir import REQUIRED_SPLIT, Task, write_task
+from embedlab.train.checkpoint import file_sha256
 
 DPKG_STATUS = Path("/var/lib/dpkg/status")
 INFO_DIR = Path("/usr/share/info")
@@ -625,7 +626,7 @@ def provenance(source: HeldoutSource, task: Task, reading: Reading) -> dict:
         "summary": f"{source.query} -> {source.document}; "
                    + ", ".join(f"{p} {v or '(version unknown)'}" for p, v in versions.items()) + f"; {where}",
         "packages": versions,
-        "files": [{"path": str(path), "sha256": _sha256(path), "bytes": path.stat().st_size} for path in reading.files],
+        "files": [{"path": str(path), "sha256": file_sha256(path), "bytes": path.stat().st_size} for path in reading.files],
         "builder": {"module": __name__, "code_revision": code_revision(sources=BUILD_SOURCES),
                     "embedlab_version": __version__},
         "construction": {"max_queries": source.max_queries, "min_queries": source.min_queries,
@@ -645,14 +646,6 @@ def package_version(package: str) -> str | None:
         return None
     status, _, version = result.stdout.partition(" ")
     return version.strip() if result.returncode == 0 and status == "ii" else None
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def read_provenance(task_dir: str | Path) -> dict:

@@ -931,21 +931,17 @@ def _check_pair_schedules(study: Study, prepared: dict[str, dict], parent: str |
     """Refuse, before any trial starts, a phase-2/3 arm whose pair schedule the frozen pairs
     cannot fill within the repetition cap (`data.mixture.max_epochs`): otherwise every trial
     of that arm fails inside Ray, one after the other, and the study ranks the arms that ran."""
-    from embedlab.data.mixture import MixtureError, schedule_target
-    from embedlab.data.pair_stream import pair_schedule, pair_table_path
-    from embedlab.train.budget import schedule_units, step_units
+    from embedlab.data.mixture import MixtureError
+    from embedlab.data.pair_stream import pair_table_path
+    from embedlab.train.contrastive import trial_pair_schedule
 
     if study.phase == 1:
         return
     for arm in study.arms:
         trial = study.trial_config(arm, study.seeds[0], parent)
         data = PreparedData(Path(prepared[arm]["directory"]), prepared[arm])
-        shares = dict(trial.contrastive.pairs)
         try:
-            pair_schedule(pair_table_path(data, list(shares), lambda _: None), shares,
-                          target_pairs=schedule_target(schedule_units(trial), step_units(trial)),
-                          max_epochs=trial.data.mixture.max_epochs, seed=0,
-                          composition=trial.contrastive.batch_composition, step_pairs=step_units(trial))
+            trial_pair_schedule(trial, pair_table_path(data, list(dict(trial.contrastive.pairs)), lambda _: None))
         except MixtureError as error:
             raise UsageError(f"study {study.name}, arm {arm}: its budget schedules more pairs than the frozen pairs "
                              f"hold: {error}; lower the budget or the profile's pairs") from None

@@ -544,6 +544,21 @@ def mining_compute(directory: Path | None) -> dict[str, float]:
             "compute/mining_wall_seconds": float(cost.get("wall_seconds", math.nan))}
 
 
+def trial_pair_schedule(trial: TrialConfig, pairs_path: Path):
+    """The trial's pair schedule over its frozen pairs table and each builder's first row:
+    sized for its budget with the stream's margin, capped at `data.mixture.max_epochs` (a
+    `MixtureError` when the table cannot fill it), in the trial's batch composition."""
+    from embedlab.data.mixture import schedule_target
+    from embedlab.data.pair_stream import pair_schedule
+
+    return pair_schedule(
+        pairs_path, dict(trial.contrastive.pairs),
+        target_pairs=schedule_target(schedule_units(trial), step_units(trial)),
+        max_epochs=trial.data.mixture.max_epochs, seed=data_seed(trial),
+        composition=trial.contrastive.batch_composition, step_pairs=step_units(trial),
+    )
+
+
 def run_contrastive(trial: TrialConfig, prepared, *, storage_path: Path, name: str, callbacks: list | None = None,
                     progress=print, options: RunOptions = RunOptions(), overlap_policy: str | None = None):
     """Fit one phase-2 or phase-3 `TorchTrainer` on the trial's pair stream.
@@ -555,8 +570,7 @@ def run_contrastive(trial: TrialConfig, prepared, *, storage_path: Path, name: s
     `storage_path` resumes from the latest.
     """
     from embedlab.data.contamination import check_mined_negatives, check_training_data
-    from embedlab.data.mixture import schedule_target
-    from embedlab.data.pair_stream import pair_dataset, pair_schedule, pair_table_path
+    from embedlab.data.pair_stream import pair_dataset, pair_table_path
     from embedlab.evaluate.checkpoint_eval import resolve_task
 
     settings = trial.contrastive
@@ -566,11 +580,7 @@ def run_contrastive(trial: TrialConfig, prepared, *, storage_path: Path, name: s
     # The sweep checked these pairs before any trial started; the audit is saved, so this
     # costs nothing there and covers a run started on its own.
     check_training_data(prepared, task_dir, overlap_policy, progress, pairs_path=pairs_path)
-    schedule, offsets = pair_schedule(
-        pairs_path, shares, target_pairs=schedule_target(schedule_units(trial), step_units(trial)),
-        max_epochs=trial.data.mixture.max_epochs, seed=data_seed(trial),
-        composition=settings.batch_composition, step_pairs=step_units(trial),
-    )
+    schedule, offsets = trial_pair_schedule(trial, pairs_path)
     mined = None
     if trial.phase == 3 and settings.hard_negatives:
         mined = mine_for_phase3(trial, prepared, pairs_path, schedule, offsets, progress)
