@@ -10,10 +10,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import typing
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from embedlab.data.external import HFDataset, LocalFiles
+from embedlab.data.pair_source_config import BEIRPairs, HFPairs, PairFiles
 from embedlab.errors import UserError
 
 
@@ -182,6 +184,12 @@ class DataConfig:
     sources: tuple[str, ...] = ()  # empty: every built-in source available on this machine
     local_files: tuple[LocalFiles, ...] = ()  # extra sources: jsonl / parquet / txt files or directories
     hf_datasets: tuple[HFDataset, ...] = ()  # extra sources: Hugging Face datasets pinned by revision
+    # A user's own labelled pairs for phases 2-3 (`embedlab.data.pair_sources`), named beside the
+    # built-in pair builders in `contrastive.pairs`. They take no part in phase 1's corpus,
+    # tokenizer or pieces, so they are not in the prepared directory's key (`prepare.prepare_key`).
+    pair_files: tuple[PairFiles, ...] = ()
+    hf_pairs: tuple[HFPairs, ...] = ()
+    beir_pairs: tuple[BEIRPairs, ...] = ()
     mixture: MixtureConfig = field(default_factory=MixtureConfig)
     near_duplicate_threshold: float = 0.8
     tokenizer_kind: str = "bpe"
@@ -207,9 +215,45 @@ class DataConfig:
         )
         external = [s.name for s in (*self.local_files, *self.hf_datasets)]
         _check(len(set(external)) == len(external), "data.local_files", f"external source names repeat: {external}")
+        from embedlab.data.pairs import PAIR_BUILDERS  # here: data.pairs imports the corpus, which imports this
+
+        users = self.pair_source_names
+        _check(len(set(users)) == len(users), "data.pair_files", f"pair source names repeat: {list(users)}")
+        clashes = sorted(set(users) & (set(external) | set(PAIR_BUILDERS)))
+        _check(not clashes, "data.pair_files", f"pair source names {clashes} are also document source or built-in "
+               f"pair builder names ({', '.join(PAIR_BUILDERS)}); a share must name one thing")
         if self.sources and self.mixture.shares:
             outside = sorted(set(self.mixture.share_map) - set(self.sources) - set(external))
             _check(not outside, "data.mixture.shares", f"names sources that are not built: {outside}")
+
+    @property
+    def pair_sources(self) -> tuple[PairFiles | HFPairs | BEIRPairs, ...]:
+        """The user's pair sources, files then datasets then BEIR folders."""
+        return (*self.pair_files, *self.hf_pairs, *self.beir_pairs)
+
+    @property
+    def pair_source_names(self) -> tuple[str, ...]:
+        return tuple(source.name for source in self.pair_sources)
+
+    def phase1_dict(self) -> dict[str, Any]:
+        """The fields that decide the prepared directory: all but the pair sources."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in PAIR_SOURCE_FIELDS}
+
+
+PAIR_SOURCE_FIELDS = ("pair_files", "hf_pairs", "beir_pairs")
+
+
+def check_pair_shares(names: Iterable[str], data: DataConfig) -> None:
+    """Every name (of `contrastive.pairs`) is a built-in pair builder or one of `data`'s pair sources.
+
+    Checked where a pairs table is frozen (`pair_stream.pair_table_path`), which the sweep does
+    for every arm before any trial starts."""
+    from embedlab.data.pairs import PAIR_BUILDERS
+
+    valid = [*PAIR_BUILDERS, *data.pair_source_names]
+    unknown = [name for name in names if name not in valid]
+    _check(not unknown, "contrastive.pairs", f"unknown pair builder or pair source {unknown}; valid: {valid} "
+           "(the built-in builders, then the names of data.pair_files, hf_pairs and beir_pairs)")
 
 
 SCHEDULE_KINDS = ("linear", "cosine", "wsd", "constant")
@@ -395,6 +439,7 @@ class TrainConfig:
 
 
 POOLING_METHODS = ("mean", "cls")
+GIVEN_MARGIN_WORDS = ("mining_margin", "off")
 # How a phase-2/3 batch draws its pairs: "mixed" (every batch mixes the builders by share) or
 # "one-source" (every batch comes from one builder, batches scheduled so the shares hold).
 BATCH_COMPOSITIONS = ("mixed", "one-source")
@@ -415,7 +460,12 @@ class ContrastiveConfig:
     mlm_weight * L_MLM + (1 - mlm_weight) * L_contrastive, with MLM on separately corrupted
     copies of the same texts. `hard_negatives` > 0 (phase 3) adds that many mined negatives
     per query, searched among the `mining_top_k` nearest training documents, dropping any
-    that scores within `mining_margin` of (or above) the positive. `query_prefix` / `passage_prefix` are prepended to the two sides and recorded.
+    that scores within `mining_margin` of (or above) the positive. A pair of a user source
+    (`data.pair_files` ...) that carries negatives of its own gets those first, then mined ones
+    fill its `hard_negatives` slots (`mine_negatives` False: given ones only). A given negative
+    scoring above (positive score - `given_negative_margin`) under the parent encoder is
+    dropped and counted, as a mined one would be: "mining_margin" (the default) uses
+    `mining_margin`, a number >= 0 its own margin, "off" keeps every given negative. `query_prefix` / `passage_prefix` are prepended to the two sides and recorded.
     `batch_composition` (BATCH_COMPOSITIONS) says whether a batch mixes the builders or holds
     one builder's pairs; `init` (INITIALISATIONS) whether the encoder starts from the parent's
     weights or from a random initialisation of the same architecture.
@@ -434,6 +484,8 @@ class ContrastiveConfig:
     hard_negatives: int = 0
     mining_top_k: int = 100  # candidates searched per query when mining
     mining_margin: float = 0.05  # drop candidates scoring above (positive score - margin): likely false negatives
+    mine_negatives: bool = True  # phase 3 with hard_negatives: mine from the corpus (else given negatives only)
+    given_negative_margin: float | str = "mining_margin"  # a margin >= 0, "mining_margin" or "off"
     pooling: str = "mean"
     query_prefix: str = "query: "
     passage_prefix: str = "passage: "
@@ -458,10 +510,22 @@ class ContrastiveConfig:
         _check(self.mining_top_k >= max(self.hard_negatives, 1), "contrastive.mining_top_k",
                "must be at least hard_negatives")
         _check(self.mining_margin >= 0, "contrastive.mining_margin", "must be >= 0")
+        margin = self.given_negative_margin
+        _check(margin in GIVEN_MARGIN_WORDS or (isinstance(margin, int | float) and not isinstance(margin, bool)
+                                                and margin >= 0), "contrastive.given_negative_margin",
+               f"{margin!r}; valid: a number >= 0 or one of {list(GIVEN_MARGIN_WORDS)}")
         _check(self.pooling in POOLING_METHODS, "contrastive.pooling",
                f"{self.pooling!r}; valid: {list(POOLING_METHODS)}")
         _check(not self.continue_optimizer, "contrastive.continue_optimizer",
                "a changed objective is not an exact resume: optimizer state and schedule clocks reset")
+
+    @property
+    def given_margin(self) -> float | None:
+        """The false-negative margin applied to given negatives; None: they are kept as given."""
+        margin = self.given_negative_margin
+        if margin == "off":
+            return None
+        return self.mining_margin if margin == "mining_margin" else float(margin)
 
 
 @dataclass(frozen=True, kw_only=True)
