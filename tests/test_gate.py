@@ -139,8 +139,8 @@ def test_two_writers_of_one_pairs_table_both_succeed(data):
     file is left. With one shared staging name the second rename found nothing to rename."""
     import threading
 
-    from embedlab.data.pair_stream import pair_table_path
-    from embedlab.data.pairs import build_pairs, pairs_to_table
+    from embedlab.data.pair_stream import builtin_pairs_table, pair_table_path
+    from embedlab.data.pairs import build_pairs
 
     shutil.rmtree(data.directory / "pairs", ignore_errors=True)
     both_checked = threading.Barrier(2)
@@ -163,7 +163,7 @@ def test_two_writers_of_one_pairs_table_both_succeed(data):
     for writer in writers:
         writer.join(timeout=240)
     assert errors == [] and len(paths) == 2 and paths[0] == paths[1]
-    expected = pairs_to_table(build_pairs(data.corpus.read(split="train"), list(BUILDERS), split="train", seed=0))
+    expected = builtin_pairs_table(build_pairs(data.corpus.read(split="train"), list(BUILDERS), split="train", seed=0))
     expected = expected.sort_by([("builder", "ascending"), ("pair_id", "ascending")])
     assert pq.read_table(paths[0]).equals(expected)
     assert sorted(p.name for p in paths[0].parent.iterdir()) == [paths[0].name]

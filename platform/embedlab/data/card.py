@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 
-def card_dict(record: dict[str, Any], corpus_manifest: dict[str, Any], audits: dict[str, dict]) -> dict:
+def card_dict(record: dict[str, Any], corpus_manifest: dict[str, Any], audits: dict[str, dict],
+              user_pairs: dict[str, dict] | None = None) -> dict:
+    """`user_pairs`: key -> record of each user pair set frozen in the directory (`data.user_pairs`)."""
     return {
         "corpus_hash": record["corpus_hash"],
         "data_revision": record["data_revision"],
@@ -27,6 +29,7 @@ def card_dict(record: dict[str, Any], corpus_manifest: dict[str, Any], audits: d
         "pieces": record["pieces"],
         "tasks": record.get("tasks", {}),
         "audits": audits,
+        "user_pairs": user_pairs or {},
     }
 
 
@@ -61,7 +64,8 @@ def card_markdown(card: dict[str, Any]) -> str:
     for name, why in card["unavailable_sources"].items():
         lines.append(f"| {name} | — | not available: {why} | | | | | |")
     lines += ["", "## Exclusion report", "", "| source | reason | count |", "|---|---|---:|"]
-    lines += [f"| {e['source']} | {e['reason']} | {e['count']:,} |" for e in card["exclusions"]] or ["| — | none | 0 |"]
+    exclusions = [*card["exclusions"], *(e for pairs in card.get("user_pairs", {}).values() for e in pairs["exclusions"])]
+    lines += [f"| {e['source']} | {e['reason']} | {e['count']:,} |" for e in exclusions] or ["| — | none | 0 |"]
     dedup = card["dedup"]
     lines += [
         "",
@@ -91,9 +95,25 @@ def card_markdown(card: dict[str, Any]) -> str:
             f"{task['queries_removed']} queries and {task['documents_removed']} documents removed because "
             f"they were found in training-split text (see tasks/{name}/decontamination.json).",
         ]
+    for key, pairs in card.get("user_pairs", {}).items():
+        lines += _user_pair_lines(key, pairs)
     for name, audit in card["audits"].items():
         lines += ["", f"## Contamination audit: {name}", "", audit.get("markdown", "")]
     return "\n".join(lines) + "\n"
+
+
+def _user_pair_lines(key: str, pairs: dict[str, Any]) -> list[str]:
+    lines = ["", f"## User pair sources ({key})", "",
+             f"Split: {pairs['split_rule']}. {pairs['groups']:,} positive groups (near-duplicate threshold "
+             f"{pairs['near_duplicate_threshold']}); {len(pairs['duplicates']):,} exact duplicate pairs removed.", "",
+             "| source | kind | revision | read | pairs | train | dev | test | rights |",
+             "|---|---|---|---:|---:|---:|---:|---:|---|"]
+    for source in pairs["sources"]:
+        counts, read = pairs["splits"][source["name"]], source["read"]
+        revision = source.get("content_revision") or source.get("resolved_revision") or source["revision"]
+        lines.append(f"| {source['name']} | {source['kind']} | {revision} | {read['records']:,} | {read['pairs']:,} | "
+                     f"{counts['train']:,} | {counts['dev']:,} | {counts['test']:,} | {source['rights']} |")
+    return lines
 
 
 def write_card(directory: Path, card: dict[str, Any]) -> tuple[Path, Path]:

@@ -10,7 +10,8 @@ declares a disclosed-overlap policy (then recorded with the run and printed with
     every phase   the phase-1 stages of the data (pretraining text of the mixture's sources,
                   the tokenizer sample the tokenizer every phase uses was trained on)
     phases 2-3    the frozen pairs table of the arm's builders (`check_training_data` with
-                  `pairs_path`); the sweep checks both before any trial starts
+                  `pairs_path`), a user's own pair sources included: their queries, every
+                  positive and their given negatives; the sweep checks both before any trial starts
     phase 3       the mined negatives, once mined and before training (`check_mined_negatives`,
                   run by `run_contrastive` right after mining)
 

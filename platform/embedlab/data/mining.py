@@ -315,12 +315,16 @@ def mine_hard_negatives(
     encoder_id: str,
     corpus_revision: str,
     progress: Callable[[str], None] = print,
+    outside_corpus: frozenset[str] = frozenset(),
 ) -> MinedSet:
     """Negatives for every pair from the training split of `corpus`, found with `encode(texts) -> (N, d)`.
 
     `corpus` is the corpus table (at least doc_id, title, text, group_id, split) of every
     split: the dev and test rows are never indexed, but the pairs' documents are looked up
-    in it for their groups, so each pair's documents must be in it.
+    in it for their groups, so each pair's documents must be in it, except for the pairs
+    whose ids are in `outside_corpus` (a user's own pairs, `embedlab.data.pair_sources`):
+    their positives are no corpus documents, so known-positive and same-group cannot apply
+    to them, and positive-text and the margin are what keep their positives out.
     """
     if not pairs:
         raise ValueError("no pairs to mine negatives for")
@@ -332,7 +336,8 @@ def mine_hard_negatives(
     if missing:
         raise ValueError(f"corpus table lacks columns {missing}; needs {list(CORPUS_COLUMNS)}")
     group_of = dict(zip(corpus["doc_id"].to_pylist(), corpus["group_id"].to_pylist()))
-    unknown = sorted({doc_id for pair in pairs for doc_id in pair.doc_ids} - group_of.keys())
+    unknown = sorted({doc_id for pair in pairs if pair.pair_id not in outside_corpus for doc_id in pair.doc_ids}
+                     - group_of.keys())
     if unknown:
         # Without a document's group its near-duplicates could not be excluded.
         raise ValueError(f"pair documents not in the corpus table: {unknown[:5]}")
@@ -361,7 +366,7 @@ def mine_hard_negatives(
     mined: dict[str, tuple[MinedNegative, ...]] = {}
     for i, pair in enumerate(pairs):
         own = set(pair.doc_ids)
-        own_groups = {group_of[doc_id] for doc_id in pair.doc_ids}
+        own_groups = {group_of[doc_id] for doc_id in pair.doc_ids if doc_id in group_of}
         positive = _words(pair.positive)
         positive_score = float(positive_scores[i])
         ceiling = positive_score - config.false_negative_margin
@@ -411,3 +416,67 @@ def mine_hard_negatives(
         queries={pair.pair_id: (pair.query, pair.positive) for pair in pairs if negatives[pair.pair_id]},
         documents={negative.doc_id: text_of[negative.doc_id] for negative in found},
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Given negatives (a user's own pairs)
+
+GIVEN_FORMAT = "embedlab-given-negatives/1"
+GIVEN_RULE = "false-negative-margin"
+
+
+@dataclass(frozen=True)
+class GivenPair:
+    """A pair with the negatives its source gave, in the source's order."""
+
+    pair_id: str
+    query: str
+    positive: str
+    negatives: tuple[str, ...]
+
+
+def given_doc_id(pair_id: str, index: int) -> str:
+    """The id a pair's `index`-th given negative goes by (its group in the loss, its audit id)."""
+    return f"{pair_id}:negative:{index}"
+
+
+def screen_given_negatives(
+    pairs: list[GivenPair], encode: Callable[[list[str]], np.ndarray] | None, *, margin: float | None,
+) -> tuple[pa.Table, dict[str, Any]]:
+    """The given negatives that pass the false-negative margin under `encode`, as a table of
+    `NEGATIVE_SCHEMA` (rank: the place in the source's list, from 1), and the counts.
+
+    The mining rule, applied to texts the user labelled as negatives: a negative scoring above
+    sim(query, positive) - `margin` is too close to the positive to trust, so it is dropped
+    and counted. `margin` None keeps every given negative, unscored (`encode` is not called).
+    """
+    rows: list[dict[str, Any]] = []
+    dropped = 0
+    given = [(row, i, text) for row, pair in enumerate(pairs) for i, text in enumerate(pair.negatives)]
+    owners = np.array([row for row, _, _ in given], dtype=np.int64)
+    positive_scores, scores = np.full(len(pairs), np.nan), np.full(len(given), np.nan)
+    if given and margin is not None:
+        if encode is None:
+            raise ValueError("screening given negatives needs an encoder")
+        queries = _unit_rows(encode([p.query for p in pairs]), len(pairs), "queries")
+        positives = _unit_rows(encode([p.positive for p in pairs]), len(pairs), "positives")
+        negatives = _unit_rows(encode([text for _, _, text in given]), len(given), "given negatives")
+        positive_scores = np.einsum("ij,ij->i", queries, positives)
+        scores = np.einsum("ij,ij->i", queries[owners], negatives)
+    for (row, index, text), score in zip(given, scores.tolist()):
+        pair, positive_score = pairs[row], float(positive_scores[row])
+        if margin is not None and score > positive_score - margin:
+            dropped += 1
+            continue
+        rows.append({"pair_id": pair.pair_id, "doc_id": given_doc_id(pair.pair_id, index), "rank": index + 1,
+                     "score": score, "positive_score": positive_score, "query": pair.query,
+                     "positive": pair.positive, "negative": text})
+    counts = {
+        "pairs": len(pairs),
+        "pairs_with_given": sum(1 for pair in pairs if pair.negatives),
+        "given": len(given),
+        "kept": len(rows),
+        "dropped": {GIVEN_RULE: dropped},
+        "margin": margin,
+    }
+    return pa.Table.from_pylist(rows, schema=NEGATIVE_SCHEMA), counts

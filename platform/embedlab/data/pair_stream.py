@@ -32,14 +32,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from embedlab.config import BATCH_COMPOSITIONS
+from embedlab.config import BATCH_COMPOSITIONS, DataConfig, check_pair_shares
+from embedlab.data.document import normalise_text
 from embedlab.data.mixture import MixtureError, Schedule, sample_schedule
-from embedlab.data.pairs import build_pairs, pairs_to_table
+from embedlab.data.pair_sources import USER_PAIR_SCHEMA
+from embedlab.data.pairs import PAIR_BUILDERS, PAIR_SCHEMA, Pair, build_pairs, merge_positive_groups, pairs_to_table
 from embedlab.data.prepare import PreparedData, code_revision
+from embedlab.data.user_pairs import user_pair_table, user_pairs_dir
 from embedlab.data.stream import cached_tokenizer, schedule_windows
 
 
-PAIRS_FORMAT = "embedlab-pairs/2"  # 2: groups joined over near-duplicate clusters and equal positives
+PAIRS_FORMAT = "embedlab-pairs/3"  # 3: USER_PAIR_SCHEMA (positives, negatives, scores) and user pair sources
 PAIR_SOURCES = ("data/pairs.py",)  # the code that builds a pairs table, hashed into its key
 ONE_SOURCE_SCHEDULE = "one-source-deficit/1"  # `Schedule.version` of a one-source schedule
 
@@ -49,17 +52,34 @@ def group_hash(group: str) -> int:
     return int.from_bytes(hashlib.sha256(group.encode()).digest()[:8], "big", signed=True)
 
 
-def pair_table_path(prepared: PreparedData, builders: list[str], progress: Callable[[str], None] = print) -> Path:
-    """Build (once) and freeze every pair the builders make from the training split."""
+def pair_table_path(
+    prepared: PreparedData, builders: list[str], progress: Callable[[str], None] = print, *,
+    data: DataConfig | None = None,
+) -> Path:
+    """Build (once) and freeze every pair the builders make from the training split.
+
+    A name that is no built-in builder names one of `data`'s pair sources (a ConfigError
+    lists the valid names otherwise): its train split (`embedlab.data.user_pairs`) joins the
+    table under its own name, positive groups merged with the built-in pairs' wherever the
+    positives are the same text. The key holds the user pairs' key, so a changed file is a
+    new table."""
+    data = data if data is not None else DataConfig()
+    check_pair_shares(builders, data)
+    users = [name for name in builders if name not in PAIR_BUILDERS]
+    built_in = [name for name in builders if name in PAIR_BUILDERS]
+    user_dir = user_pairs_dir(prepared, data, progress) if users else None
     # The builders' code is part of the key: pairs frozen by older code are rebuilt, not reused.
-    key = hashlib.sha256(json.dumps([PAIRS_FORMAT, code_revision(sources=PAIR_SOURCES), sorted(builders)])
-                         .encode()).hexdigest()[:12]
+    key = hashlib.sha256(json.dumps([PAIRS_FORMAT, code_revision(sources=PAIR_SOURCES), sorted(builders),
+                                     None if user_dir is None else user_dir.name]).encode()).hexdigest()[:12]
     path = prepared.directory / "pairs" / f"{key}.parquet"
     if path.is_file():
         return path
     progress(f"data: building pairs ({', '.join(builders)}) from the training split")
-    pairs = build_pairs(prepared.corpus.read(split="train"), builders, split="train", seed=0)
-    table = pairs_to_table(pairs).sort_by([("builder", "ascending"), ("pair_id", "ascending")])
+    pairs = build_pairs(prepared.corpus.read(split="train"), built_in, split="train", seed=0) if built_in else []
+    table = builtin_pairs_table(pairs)
+    if user_dir is not None:
+        table = _with_user_pairs(table, user_pair_table(user_dir, users))
+    table = table.sort_by([("builder", "ascending"), ("pair_id", "ascending")])
     path.parent.mkdir(exist_ok=True)
     # Concurrent trials may build the same table: each writes its own staging file, and the
     # rename is atomic, so a reader sees a whole table from one of them.
@@ -68,6 +88,26 @@ def pair_table_path(prepared: PreparedData, builders: list[str], progress: Calla
     staging.rename(path)
     progress(f"data: {table.num_rows:,} pairs frozen in {path}")
     return path
+
+
+def builtin_pairs_table(pairs: list[Pair]) -> pa.Table:
+    """Built-in pairs in `USER_PAIR_SCHEMA`: their one positive, no negatives, no score."""
+    table = pairs_to_table(pairs)
+    lists = {"positives": pa.array([[p] for p in table["positive"].to_pylist()], pa.list_(pa.string())),
+             "negatives": pa.array([[] for _ in range(table.num_rows)], pa.list_(pa.string())),
+             "scores": pa.array([[None] for _ in range(table.num_rows)], pa.list_(pa.float64()))}
+    for name, column in lists.items():
+        table = table.append_column(name, column)
+    return table.cast(USER_PAIR_SCHEMA)
+
+
+def _with_user_pairs(table: pa.Table, user: pa.Table) -> pa.Table:
+    """Both tables as one, positive groups joined where a user positive is a built-in one's text."""
+    combined = pa.concat_tables([table, user.cast(USER_PAIR_SCHEMA)])
+    rows = combined.select(PAIR_SCHEMA.names).to_pylist()
+    merged = merge_positive_groups([Pair(**{**row, "doc_ids": tuple(row["doc_ids"])}) for row in rows], {})
+    index = combined.schema.get_field_index("positive_group")
+    return combined.set_column(index, "positive_group", pa.array([p.positive_group for p in merged], pa.string()))
 
 
 def pair_schedule(
@@ -170,8 +210,13 @@ def tokenize_pair_window(
     passage_prefix: str,
     negatives_path: str | None,
     negatives_per_pair: int,
+    given_negatives_path: str | None = None,
 ) -> dict[str, np.ndarray]:
-    """Ray Data UDF: a window of scheduled pair rows -> tokenised training rows."""
+    """Ray Data UDF: a window of scheduled pair rows -> tokenised training rows.
+
+    A pair's negatives are its given ones (`given_negatives_path`, a user source's own, screened),
+    then its mined ones (`negatives_path`) whose text is no given one's, the first
+    `negatives_per_pair` of them."""
     table = _pair_rows(pairs_path)
     tokenizer = cached_tokenizer(tokenizer_path)
     rows = np.concatenate([np.asarray(r, dtype=np.int64) for r in batch["rows"]])
@@ -188,11 +233,12 @@ def tokenize_pair_window(
         "builder_index": builder,
         "tokens": query_len + positive_len,
     }
-    if negatives_path is not None:
-        negatives = _negatives(negatives_path)
+    if negatives_path is not None or given_negatives_path is not None:
+        given = _negatives(given_negatives_path) if given_negatives_path is not None else {}
+        mined_sets = _negatives(negatives_path) if negatives_path is not None else {}
         texts, groups = [], []
         for pair_id in picked["pair_id"].to_pylist():
-            mined = negatives.get(pair_id, [])[:negatives_per_pair]
+            mined = _given_first(given.get(pair_id, []), mined_sets.get(pair_id, []))[:negatives_per_pair]
             # A pair with fewer mined negatives than slots fills the rest with empty rows,
             # which the loss masks out as ineligible by their empty length: a repeated
             # negative would count twice in the denominator.
@@ -212,6 +258,13 @@ def tokenize_pair_window(
         out["negative_group"] = np.array(groups, dtype=np.int64).reshape(len(rows), negatives_per_pair)
         out["tokens"] = out["tokens"] + out["negative_len"].sum(axis=1).astype(np.int32)
     return out
+
+
+def _given_first(given: list[tuple[str, str]], mined: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """A pair's (doc id, text) negatives: its given ones, then its mined ones but those whose text
+    (NFKC, whitespace and case folded) is a given one's, which would count twice."""
+    seen = {normalise_text(text).casefold() for _, text in given}
+    return [*given, *(n for n in mined if normalise_text(n[1]).casefold() not in seen)]
 
 
 _pair_tables: dict[str, pa.Table] = {}
@@ -248,6 +301,7 @@ def pair_dataset(
     passage_prefix: str,
     negatives_path: Path | None = None,
     negatives_per_pair: int = 0,
+    given_negatives_path: Path | None = None,
 ):
     """The Ray Dataset of tokenised pairs for one trial, in schedule order."""
     import ray.data
@@ -262,6 +316,7 @@ def pair_dataset(
             "passage_prefix": passage_prefix,
             "negatives_path": None if negatives_path is None else str(negatives_path),
             "negatives_per_pair": negatives_per_pair,
+            "given_negatives_path": None if given_negatives_path is None else str(given_negatives_path),
         },
         batch_size=1,
         batch_format="numpy",

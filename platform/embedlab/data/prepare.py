@@ -17,7 +17,6 @@ staging name of its own writer and renamed when complete, so a half-built one is
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import json
@@ -124,7 +123,10 @@ def prepare_key(config: DataConfig, code: str | None = None) -> str:
     payload = {
         "format": FORMAT,
         "code": build_code_revision() if code is None else code,
-        "config": dataclasses.asdict(config),
+        # Without the pair sources: they decide no byte of the directory (a user's pairs are
+        # frozen inside it per source content, `embedlab.data.user_pairs`), so a phase-3 study
+        # that adds its own pairs reuses its phase-1 parent's directory and tokenizer.
+        "config": config.phase1_dict(),
         "sources": {n: builtin.source_revision(n) for n in names} | external,
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
@@ -211,7 +213,7 @@ def _prepare_into(config: DataConfig, directory: Path, progress: Callable[[str],
     return {
         "format": FORMAT,
         "code_revision": build_code_revision(),
-        "config": dataclasses.asdict(config),
+        "config": config.phase1_dict(),
         "corpus_hash": corpus.hash,
         "tokenizer_hash": tokenizer.hash,
         "tokenizer": describe(tokenizer.tokenizer),
@@ -269,7 +271,17 @@ def _audit_and_card(prepared: PreparedData, progress: Callable[[str], None]) -> 
         task_dir.name: task_audit(prepared, task_dir, progress)
         for task_dir in sorted((prepared.directory / "tasks").glob("*"))
     }
-    write_card(prepared.directory, card_dict(prepared.record, prepared.corpus.manifest, audits))
+    user_pairs = {path.parent.name: json.loads(path.read_text())
+                  for path in sorted((prepared.directory / "user-pairs").glob("*/record.json"))}
+    write_card(prepared.directory, card_dict(prepared.record, prepared.corpus.manifest, audits, user_pairs))
+
+
+def refresh_card(prepared: PreparedData, progress: Callable[[str], None] = print) -> None:
+    """Write the data card again, now with every user pair set frozen in the directory
+    (`embedlab.data.user_pairs`); the audits are read from their saved reports. A directory
+    without a card (none `prepare_data` wrote) is left as it is."""
+    if (prepared.directory / "data_card.json").is_file():
+        _audit_and_card(prepared, progress)
 
 
 def _tokenizer_sample(corpus: Corpus, sources: list[str], config: DataConfig) -> dict[str, list]:

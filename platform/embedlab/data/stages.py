@@ -3,6 +3,7 @@
     pretraining        training-split documents of the mixture's sources (phase 1)
     tokenizer-sample   the documents the tokenizer was trained on
     contrastive-pairs  query and positive texts of the phase 2-3 pairs built from the training split
+                       (a frozen table's also a user pair's further positives and given negatives)
     mined-negatives    hard negatives of every mined set saved with the data (`mined/*/`)
 
 `pair_table_items` and `mined_set_items` read one frozen pairs table or one mined set: what
@@ -50,10 +51,19 @@ def _pairs(prepared: PreparedData) -> Iterator[tuple[str, str]]:
 
 
 def pair_table_items(path: Path) -> Iterator[tuple[str, str]]:
-    """The query and positive texts of one frozen pairs table (`pair_stream.pair_table_path`),
-    as "<pair id>:query" and "<pair id>:positive"."""
-    table = pq.read_table(path, columns=["pair_id", "query", "positive"])
-    yield from _pair_texts(zip(*(table[c].to_pylist() for c in ("pair_id", "query", "positive"))))
+    """The texts of one frozen pairs table (`pair_stream.pair_table_path`): "<pair id>:query" and
+    "<pair id>:positive", then a user pair's further positives ("<pair id>:positive:<i>", i >= 1)
+    and given negatives ("<pair id>:negative:<i>"), when the table has those columns."""
+    names = pq.read_schema(path).names
+    extra = [c for c in ("positives", "negatives") if c in names]
+    table = pq.read_table(path, columns=["pair_id", "query", "positive", *extra])
+    ids = table["pair_id"].to_pylist()
+    yield from _pair_texts(zip(ids, table["query"].to_pylist(), table["positive"].to_pylist()))
+    for column, first in (("positives", 1), ("negatives", 0)):
+        if column in extra:
+            for pair_id, texts in zip(ids, table[column].to_pylist()):
+                for i, text in enumerate(texts[first:], start=first):
+                    yield f"{pair_id}:{column[:-1]}:{i}", text
 
 
 def mined_set_items(directory: Path) -> Iterator[tuple[str, str]]:

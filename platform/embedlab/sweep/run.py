@@ -145,9 +145,11 @@ class GpuShares:
 
 
 def mines_negatives(trial: TrialConfig) -> bool:
-    """Whether the trial's driver mines hard negatives before training (phase 3 with
-    `contrastive.hard_negatives`)."""
-    return trial.phase == 3 and trial.contrastive.hard_negatives > 0
+    """Whether the trial's driver encodes with the parent before training: phase 3 with
+    `contrastive.hard_negatives`, mining them or screening given negatives by the margin."""
+    settings = trial.contrastive
+    return trial.phase == 3 and settings.hard_negatives > 0 and (
+        settings.mine_negatives or (bool(trial.data.pair_sources) and settings.given_margin is not None))
 
 
 def _trainer_gpus(trial: TrialConfig) -> float:
@@ -907,16 +909,18 @@ def _check_contamination(study: Study, prepared: dict[str, dict], progress: Call
     from embedlab.data.pair_stream import pair_table_path
 
     findings: dict[str, dict] = {}
-    checked: set[tuple[str, str, tuple[str, ...]]] = set()
+    checked: set[tuple[str, str, str | None]] = set()
     for arm, config in study.arms.items():
         record = prepared[arm]
         data = PreparedData(Path(record["directory"]), record)
         task_dir = resolve_task(config.eval.task, data.directory)
-        builders = tuple(sorted(dict(config.contrastive.pairs))) if config.phase > 1 else ()
-        if (record["directory"], str(task_dir), builders) in checked:
+        builders = sorted(dict(config.contrastive.pairs)) if config.phase > 1 else []
+        # A user's pair sources (config.data.pair_files ...) join the table: their queries,
+        # positives and given negatives are checked with the built-in pairs.
+        pairs_path = pair_table_path(data, builders, progress, data=config.data) if builders else None
+        if (record["directory"], str(task_dir), str(pairs_path)) in checked:
             continue
-        checked.add((record["directory"], str(task_dir), builders))
-        pairs_path = pair_table_path(data, list(builders), progress) if builders else None
+        checked.add((record["directory"], str(task_dir), str(pairs_path)))
         for finding in check_training_data(data, task_dir, study.disclosed_overlap, progress, pairs_path=pairs_path):
             findings.setdefault(json.dumps(finding, sort_keys=True), finding)  # arms sharing data find it once
     if findings:
@@ -941,7 +945,8 @@ def _check_pair_schedules(study: Study, prepared: dict[str, dict], parent: str |
         trial = study.trial_config(arm, study.seeds[0], parent)
         data = PreparedData(Path(prepared[arm]["directory"]), prepared[arm])
         try:
-            trial_pair_schedule(trial, pair_table_path(data, list(dict(trial.contrastive.pairs)), lambda _: None))
+            trial_pair_schedule(trial, pair_table_path(data, list(dict(trial.contrastive.pairs)), lambda _: None,
+                                                       data=trial.data))
         except MixtureError as error:
             raise UsageError(f"study {study.name}, arm {arm}: its budget schedules more pairs than the frozen pairs "
                              f"hold: {error}; lower the budget or the profile's pairs") from None
@@ -965,7 +970,7 @@ def prepare_arms(study: Study, progress: Callable[[str], None]) -> dict[str, dic
     by_config: dict[str, PreparedData] = {}
     out: dict[str, dict] = {}
     for arm, config in study.arms.items():
-        key = json.dumps(dataclasses.asdict(config.data), sort_keys=True, default=str)
+        key = json.dumps(config.data.phase1_dict(), sort_keys=True, default=str)  # pair sources share it
         if key not in by_config:
             by_config[key] = prepare_data(config.data, progress=progress)
         prepared = by_config[key]

@@ -29,13 +29,17 @@ clock runs over the rest of the budget, and it reports `budget/inherited_flops` 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import os
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import torch
 
 from embedlab.config import ModelConfig, TrialConfig
@@ -49,7 +53,7 @@ from embedlab.objectives.mlm import mlm_loss_sum
 from embedlab.tokenizer import load_tokenizer
 from embedlab.train.budget import consumption, recorded_flops, schedule_units, split_lineage_budget, step_units
 from embedlab.train.flops import FORWARD, GRADCACHE, TRAINED, FlopTally
-from embedlab.train.checkpoint import HEAD_FILE, load_parent
+from embedlab.train.checkpoint import HEAD_FILE, file_sha256, load_parent
 from embedlab.train.launch import fit
 from embedlab.train.loop import Progress, RunOptions, TrainingLoop, run_on_ray
 from embedlab.train.mlm_step import all_reduce_gradients, no_reduce
@@ -436,6 +440,7 @@ class ContrastiveLoop(TrainingLoop):
                     "candidates": "gathered across workers" if settings.gather_across_workers else "local",
                     "hard_negatives": settings.hard_negatives,
                     "mined_set": loop_config.get("mined_version"),
+                    "given_negatives": loop_config.get("given_negatives"),
                     "effective_candidates": metrics["train/effective_candidates"],
                 },
                 "optimizer_start": "optimizer state and schedule clock reset at the phase start",
@@ -475,73 +480,152 @@ def contrastive_worker(loop_config: dict[str, Any]) -> dict[str, Any] | None:
     return run_on_ray(ContrastiveLoop, loop_config)
 
 
+def _scheduled_rows(pairs_path: Path, schedule, offsets, columns: list[str] | None = None) -> list[dict[str, Any]]:
+    """The distinct pairs-table rows the schedule reads, in table order."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    rows = np.unique(np.array([offsets[n] for n in schedule.sources], dtype=np.int64)[schedule.source] + schedule.item)
+    return pq.read_table(pairs_path, columns=columns).take(rows).to_pylist()
+
+
+@dataclass
+class _ParentEncoder:
+    """The parent encoder as an `encode(texts)` for mining and screening, with its FLOPs and clocks."""
+
+    encode: Any
+    manifest: dict[str, Any]
+    device: str
+    tally: FlopTally
+    cpu: float = field(default_factory=time.thread_time)
+    wall: float = field(default_factory=time.perf_counter)
+
+    def cost(self) -> dict[str, Any]:
+        return {"flops": self.tally.flops, "seconds": time.thread_time() - self.cpu,
+                "wall_seconds": time.perf_counter() - self.wall,
+                "clock": "thread-cpu of the trial driver (encoding and the Faiss search)", "device": self.device}
+
+
+def _parent_encoder(trial: TrialConfig, progress, label: str) -> _ParentEncoder:
+    from functools import partial
+
+    from embedlab.evaluate.encode import encode_texts
+    from embedlab.train.checkpoint import load_encoder
+
+    encoder, tokenizer, manifest = load_encoder(Path(trial.parent))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    encoder.to(device)
+    tally = FlopTally()
+    encode = partial(encode_texts, encoder, tokenizer, max_length=trial.contrastive.pair_length,
+                     pooling=manifest["pooling"]["method"], progress=progress, label=label,
+                     tally=tally, device=device)
+    return _ParentEncoder(encode=encode, manifest=manifest, device=device, tally=tally)
+
+
+def _parent_hash(trial: TrialConfig) -> str:
+    from embedlab.train.checkpoint import verify_checkpoint
+
+    return verify_checkpoint(Path(trial.parent))["content_hash"]
+
+
 def mine_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, schedule, offsets, progress=print) -> Path:
     """Mine hard negatives for the scheduled pairs with the parent encoder (cached by version).
 
     The candidate pool is the prepared corpus's training split; known positives, their
     near-duplicate groups and every recipe-dev / final-eval document are never negatives.
+    A user's own pairs (their builder no built-in one) have no corpus documents: they are
+    mined with `outside_corpus` (`embedlab.data.mining.mine_hard_negatives`).
     The encoder runs on CUDA when this process sees a GPU (on a GPU cluster the sweep gives a
     mining trial's driver a GPU share: `embedlab.sweep.run.trial_driver_resources`).
     """
-    from functools import partial
-
-    import numpy as np
-    import pyarrow.parquet as pq
-
     from embedlab.data.mining import MiningConfig, mine_hard_negatives, mining_version, write_text_atomically
-    from embedlab.data.pairs import Pair
-    from embedlab.evaluate.encode import encode_texts
-    from embedlab.train.checkpoint import load_encoder
+    from embedlab.data.pairs import PAIR_BUILDERS, PAIR_SCHEMA, Pair
 
-    encoder, tokenizer, manifest = load_encoder(Path(trial.parent))
-    rows = np.unique(np.array([offsets[n] for n in schedule.sources], dtype=np.int64)[schedule.source] + schedule.item)
-    table = pq.read_table(pairs_path).take(rows).to_pylist()
+    table = _scheduled_rows(pairs_path, schedule, offsets, PAIR_SCHEMA.names)
     pairs = [Pair(**{**row, "doc_ids": tuple(row["doc_ids"])}) for row in table]
+    outside = frozenset(p.pair_id for p in pairs if p.builder not in PAIR_BUILDERS)
     config = MiningConfig(negatives_per_query=trial.contrastive.hard_negatives,
                           top_k=trial.contrastive.mining_top_k, false_negative_margin=trial.contrastive.mining_margin)
-    version = mining_version(encoder_id=manifest["content_hash"], corpus_revision=prepared.data_revision,
+    encoder_id = _parent_hash(trial)
+    version = mining_version(encoder_id=encoder_id, corpus_revision=prepared.data_revision,
                              config=config, pair_ids=[p.pair_id for p in pairs])
     directory = prepared.directory / "mined" / version[:16]
     if not (directory / "manifest.json").is_file():
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        encoder.to(device)
-        tally = FlopTally()
-        encode = partial(encode_texts, encoder, tokenizer, max_length=trial.contrastive.pair_length,
-                         pooling=manifest["pooling"]["method"], progress=progress, label="mining: encoding",
-                         tally=tally, device=device)
-        cpu, wall = time.thread_time(), time.perf_counter()
-        mined = mine_hard_negatives(pairs, prepared.corpus.read(), encode, config=config,
-                                    encoder_id=manifest["content_hash"], corpus_revision=prepared.data_revision,
-                                    progress=progress)
-        cost = {"flops": tally.flops, "seconds": time.thread_time() - cpu, "wall_seconds": time.perf_counter() - wall,
-                "clock": "thread-cpu of the trial driver (encoding and the Faiss search)", "device": device}
+        parent = _parent_encoder(trial, progress, "mining: encoding")
+        mined = mine_hard_negatives(pairs, prepared.corpus.read(), parent.encode, config=config,
+                                    encoder_id=encoder_id, corpus_revision=prepared.data_revision,
+                                    progress=progress, outside_corpus=outside)
         # The report and the cost first, the set last (its manifest marks it complete): a
         # trial that finds the manifest finds them too. Each file is staged under its
         # writer's own name, as trials needing the same set may mine it at once.
         directory.mkdir(parents=True, exist_ok=True)
         write_text_atomically(directory / "report.md", mined.report())
-        write_text_atomically(directory / MINING_COST_FILE, json.dumps(cost, indent=2, sort_keys=True))
+        write_text_atomically(directory / MINING_COST_FILE, json.dumps(parent.cost(), indent=2, sort_keys=True))
         mined.save(directory)
-        progress(f"mining: {len(pairs):,} pairs, negatives in {directory} (version {version[:16]}) on {device}, "
-                 f"{tally.flops:.3g} encode FLOPs")
+        progress(f"mining: {len(pairs):,} pairs, negatives in {directory} (version {version[:16]}) on "
+                 f"{parent.device}, {parent.tally.flops:.3g} encode FLOPs")
     return directory
+
+
+GIVEN_MANIFEST = "manifest.json"
+
+
+def given_negatives_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, schedule, offsets,
+                               progress=print) -> Path | None:
+    """The scheduled pairs' given negatives (a user source's own), screened by the false-negative
+    margin under the parent encoder (`contrastive.given_negative_margin`), in
+    `given-negatives/<version>/` (negatives.parquet in the mined sets' schema, manifest.json
+    with the counts, compute.json with the encoding cost); None when no scheduled pair has any.
+    Cached by version: the parent, the pairs table's bytes, the margin and the pairs."""
+    from embedlab.data.mining import GIVEN_FORMAT, NEGATIVES_FILE, GivenPair, screen_given_negatives, \
+        write_text_atomically
+
+    rows = _scheduled_rows(pairs_path, schedule, offsets, ["pair_id", "query", "positive", "negatives"])
+    pairs = [GivenPair(r["pair_id"], r["query"], r["positive"], tuple(r["negatives"])) for r in rows]
+    if not any(p.negatives for p in pairs):
+        return None
+    margin = trial.contrastive.given_margin
+    identity = {"format": GIVEN_FORMAT, "encoder_id": None if margin is None else _parent_hash(trial),
+                "pairs_table": file_sha256(Path(pairs_path)), "margin": margin, "pair_ids": sorted(p.pair_id for p in pairs)}
+    version = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+    directory = prepared.directory / "given-negatives" / version[:16]
+    if not (directory / GIVEN_MANIFEST).is_file():
+        parent = None if margin is None else _parent_encoder(trial, progress, "given negatives: encoding")
+        table, counts = screen_given_negatives(pairs, None if parent is None else parent.encode, margin=margin)
+        directory.mkdir(parents=True, exist_ok=True)
+        staging = directory / f".{NEGATIVES_FILE}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"
+        pq.write_table(table, staging)
+        staging.rename(directory / NEGATIVES_FILE)
+        if parent is not None:
+            write_text_atomically(directory / MINING_COST_FILE, json.dumps(parent.cost(), indent=2, sort_keys=True))
+        write_text_atomically(directory / GIVEN_MANIFEST, json.dumps({**identity, "version": version,
+                                                                      "counts": counts}, indent=2, sort_keys=True))
+        progress(f"given negatives: {counts['kept']:,} of {counts['given']:,} kept for {counts['pairs_with_given']:,} "
+                 f"pairs; {counts['dropped']} (margin {margin})")
+    return directory
+
+
+def given_negative_counts(directory: Path | None) -> dict[str, Any] | None:
+    """The counts of a screened set of given negatives (`given_negatives_for_phase3`)."""
+    return None if directory is None else json.loads((directory / GIVEN_MANIFEST).read_text())["counts"]
 
 
 MINING_COST_FILE = "compute.json"
 
 
-def mining_compute(directory: Path | None) -> dict[str, float]:
+def mining_compute(directory: Path | None, prefix: str = "compute/mining") -> dict[str, float]:
     """`compute/mining_*` of a trial: what mining its negatives cost (encode FLOPs, CPU and
     wall seconds), outside the training budget and reported beside it. A set is mined once
     per parent, pairs and settings, then
-    shared by every trial that needs the same set, so a sum over trials counts it again)."""
+    shared by every trial that needs the same set, so a sum over trials counts it again).
+    `prefix` "compute/given_negatives": the same for screening its given negatives."""
     if directory is None:
         return {}
     path = directory / MINING_COST_FILE
     cost = json.loads(path.read_text()) if path.is_file() else {}
-    return {"compute/mining_flops": float(cost.get("flops", math.nan)),
-            "compute/mining_seconds": float(cost.get("seconds", math.nan)),
-            "compute/mining_wall_seconds": float(cost.get("wall_seconds", math.nan))}
+    return {f"{prefix}_flops": float(cost.get("flops", math.nan)),
+            f"{prefix}_seconds": float(cost.get("seconds", math.nan)),
+            f"{prefix}_wall_seconds": float(cost.get("wall_seconds", math.nan))}
 
 
 def trial_pair_schedule(trial: TrialConfig, pairs_path: Path):
@@ -575,22 +659,26 @@ def run_contrastive(trial: TrialConfig, prepared, *, storage_path: Path, name: s
 
     settings = trial.contrastive
     shares = dict(settings.pairs)
-    pairs_path = pair_table_path(prepared, list(shares), progress)
+    pairs_path = pair_table_path(prepared, list(shares), progress, data=trial.data)
     task_dir = resolve_task(trial.eval.task, prepared.directory)
     # The sweep checked these pairs before any trial started; the audit is saved, so this
-    # costs nothing there and covers a run started on its own.
+    # costs nothing there and covers a run started on its own. A user pair's given negatives
+    # are in the table, so they are checked with it.
     check_training_data(prepared, task_dir, overlap_policy, progress, pairs_path=pairs_path)
     schedule, offsets = trial_pair_schedule(trial, pairs_path)
-    mined = None
+    mined = given = None
     if trial.phase == 3 and settings.hard_negatives:
-        mined = mine_for_phase3(trial, prepared, pairs_path, schedule, offsets, progress)
-        # Mined negatives exist only now: checked here, after mining and before training.
-        check_mined_negatives(prepared, task_dir, mined, overlap_policy, progress)
+        given = given_negatives_for_phase3(trial, prepared, pairs_path, schedule, offsets, progress)
+        if settings.mine_negatives:
+            mined = mine_for_phase3(trial, prepared, pairs_path, schedule, offsets, progress)
+            # Mined negatives exist only now: checked here, after mining and before training.
+            check_mined_negatives(prepared, task_dir, mined, overlap_policy, progress)
     rows = pair_dataset(
         pairs_path, schedule, offsets, tokenizer_path=prepared.tokenizer_path, length=settings.pair_length,
         query_prefix=settings.query_prefix, passage_prefix=settings.passage_prefix,
         negatives_path=None if mined is None else mined / "negatives.parquet",
         negatives_per_pair=settings.hard_negatives,
+        given_negatives_path=None if given is None else given / "negatives.parquet",
     )
     return fit(
         contrastive_worker,
@@ -603,7 +691,8 @@ def run_contrastive(trial: TrialConfig, prepared, *, storage_path: Path, name: s
             "intended_shares": shares,
             "schedule": {"version": schedule.version, "seed": schedule.seed, "pairs": int(len(schedule.item))},
             "mined_version": None if mined is None else mined.name,
-            "mining_compute": mining_compute(mined),
+            "mining_compute": {**mining_compute(mined), **mining_compute(given, "compute/given_negatives")},
+            "given_negatives": given_negative_counts(given),
             "run": options.to_dict(),
         },
         trial,

@@ -1,0 +1,340 @@
+"""A user's own labelled pairs in phases 2-3: configured from a TOML data spec, frozen once per
+prepared directory and file content, split by near-duplicate group, mixed by share, audited
+(queries, positives and given negatives) before any trial starts, and their given negatives
+screened by the parent encoder into the phase-3 batch. Real text: the standard library's
+docstrings; a small prepared directory written by hand, so nothing here starts Ray."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import glob
+import heapq
+import inspect
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from embedlab.config import ConfigError, ContrastiveConfig, DataConfig, MixtureConfig, TrialConfig
+from embedlab.data.document import content_hash
+from embedlab.data.pair_sources import PairFiles
+from embedlab.data.prepare import PreparedData
+
+from test_pair_sources import RIGHTS, longest_paragraph, summary_and_body, write_beir, write_jsonl
+
+QUIET = {"progress": lambda line: None}
+# Corpus documents (phase-1 text), evaluation-task items and user pairs come from different functions.
+CORPUS_FUNCTIONS = (json.dumps, json.loads, shutil.copyfile, shutil.copytree, textwrap.wrap, textwrap.dedent,
+                    glob.glob, heapq.merge, collections.namedtuple, os.makedirs)
+TASK_FUNCTIONS = (subprocess.run, subprocess.check_output, tempfile.mkdtemp, os.walk, shutil.rmtree,
+                  textwrap.fill)
+USER_FUNCTIONS = (shutil.move, shutil.which, shutil.disk_usage, tempfile.mkstemp, os.listdir, os.replace,
+                  heapq.nsmallest, heapq.nlargest, collections.Counter.most_common, textwrap.indent,
+                  functools.reduce, itertools.groupby)
+CORPUS_SCHEMA = pa.schema([(c, pa.string()) for c in ("doc_id", "source", "title", "text", "hash", "group_id",
+                                                      "split")])
+
+
+def user_rows(**extra) -> list[dict]:
+    """(query, positive) from the user functions' docstrings, a negative from the next one's body."""
+    docs = [summary_and_body(f) for f in USER_FUNCTIONS]
+    return [{"id": f"u{i}", "query": q, "positive": p, "negatives": [docs[(i + 1) % len(docs)][1]], **extra}
+            for i, (q, p) in enumerate(docs)]
+
+
+@pytest.fixture
+def prepared(tmp_path) -> PreparedData:
+    """A prepared directory as `prepare_data` lays it out, as far as phases 2-3 read it: the
+    corpus (python-docstrings documents, all train), the tokenizer sample and a BEIR task."""
+    directory = tmp_path / "prepared"
+    (directory / "corpus").mkdir(parents=True)
+    rows = []
+    for function in CORPUS_FUNCTIONS:
+        doc_id = f"python-docstrings:{function.__module__}.{function.__qualname__}"
+        text = inspect.getdoc(function)
+        rows.append({"doc_id": doc_id, "source": "python-docstrings", "title": f"{function.__module__}."
+                     f"{function.__qualname__}", "text": text, "hash": content_hash(text), "group_id": doc_id,
+                     "split": "train"})
+    pq.write_table(pa.Table.from_pylist(rows, schema=CORPUS_SCHEMA), directory / "corpus" / "documents.parquet")
+    (directory / "corpus" / "manifest.json").write_text(json.dumps({"hash": "hand-made", "sources": {}}))
+    pq.write_table(pa.table({"doc_id": [r["doc_id"] for r in rows]}), directory / "tokenizer_sample.parquet")
+    record = {"config": DataConfig().phase1_dict(), "mixture": {"shares": {"python-docstrings": 1.0}},
+              "data_revision": "hand-made"}
+    return PreparedData(directory, record)
+
+
+@pytest.fixture
+def task_dir(tmp_path) -> Path:
+    """An evaluation task of its own (a BEIR folder `eval.task` names): summaries -> docstrings."""
+    docs = {f"d{i}": (f.__qualname__, summary_and_body(f)[1]) for i, f in enumerate(TASK_FUNCTIONS)}
+    queries = {f"q{i}": summary_and_body(f)[0] for i, f in enumerate(TASK_FUNCTIONS)}
+    qrels = {"test": [(f"q{i}", f"d{i}", 1) for i in range(3)], "dev": [(f"q{i}", f"d{i}", 1) for i in range(3, 6)]}
+    return write_beir(tmp_path / "task", docs, queries, qrels)
+
+
+def user_data(path: Path, **data) -> DataConfig:
+    return DataConfig(pair_files=(PairFiles(name="mine", path=str(path), rights=RIGHTS),), **data)
+
+
+def test_a_toml_data_spec_with_pair_files_builds(tmp_path):
+    """[[pair_files]] in a TOML data spec builds PairFiles (mapping lists as tuples); the trial
+    round-trips through JSON; names that clash and shares naming nothing are ConfigErrors."""
+    from embedlab.data.pair_stream import pair_table_path
+    from embedlab.data.spec import load_data_configs
+
+    spec = tmp_path / "data.toml"
+    spec.write_text(textwrap.dedent(f"""\
+        sources = ["python-docstrings"]
+        [[pair_files]]
+        name = "mine"
+        path = "{tmp_path / 'pairs.jsonl'}"
+        rights = "{RIGHTS}"
+        query_field = "title"
+        positive_field = "body"
+        negative_fields = ["wrong_a", "wrong_b"]
+        [[beir_pairs]]
+        name = "folder"
+        path = "{tmp_path / 'beir'}"
+        rights = "{RIGHTS}"
+        zero_grade_negatives = true
+        """))
+    [config] = load_data_configs(str(spec))
+    assert config.pair_files == (PairFiles(name="mine", path=str(tmp_path / "pairs.jsonl"), rights=RIGHTS,
+                                           query_field="title", positive_field="body",
+                                           negative_fields=("wrong_a", "wrong_b")),)
+    assert [(s.name, s.zero_grade_negatives) for s in config.beir_pairs] == [("folder", True)]
+    assert config.pair_source_names == ("mine", "folder")
+    trial = TrialConfig(data=config, phase=2, contrastive=ContrastiveConfig(pairs=(("mine", 0.6), ("title-body", 0.4))))
+    assert TrialConfig.from_dict(json.loads(trial.to_json())) == trial
+    assert "pair_files" not in config.phase1_dict() and config.phase1_dict() == DataConfig(
+        sources=("python-docstrings",)).phase1_dict()
+
+    with pytest.raises(ConfigError, match=r"^data.pair_files: pair source names \['title-body'\] are also"):
+        DataConfig(pair_files=(PairFiles(name="title-body", path="p.jsonl", rights=RIGHTS),))
+    with pytest.raises(ConfigError, match=r"^data.pair_files: pair source names repeat: \['mine', 'mine'\]"):
+        DataConfig(pair_files=(PairFiles(name="mine", path="a.jsonl", rights=RIGHTS),
+                               PairFiles(name="mine", path="b.jsonl", rights=RIGHTS)))
+    message = (r"^contrastive.pairs: unknown pair builder or pair source \['theirs'\]; valid: \['same-source-spans', "
+               r"'title-body', 'term-definition', 'synonyms', 'mine', 'folder'\]")
+    with pytest.raises(ConfigError, match=message):
+        pair_table_path(PreparedData(tmp_path, {}), ["mine", "theirs"], data=config, **QUIET)
+
+
+def test_a_mixture_naming_a_user_source_schedules_its_train_rows_by_share(prepared, tmp_path):
+    """A user source and title-body at 3:1: the frozen table holds the built-in pairs and the
+    user source's train split only (its provenance and drop counts in the record), the schedule
+    gives each its share exactly, and the pre-flight's repetition cap names the user source."""
+    from embedlab.data.pair_stream import pair_table_path
+    from embedlab.data.user_pairs import RECORD_FILE, user_pairs_dir
+    from embedlab.errors import UsageError
+    from embedlab.train.contrastive import trial_pair_schedule
+    from embedlab.sweep.run import _check_pair_schedules
+    from embedlab import Study
+
+    rows = user_rows()
+    rows[0]["negatives"] = [rows[0]["positive"].upper(), *rows[0]["negatives"]]  # dropped and counted
+    file = write_jsonl(tmp_path / "pairs.jsonl", rows)
+    data = user_data(file, split_seed=1, dev_fraction=0.2, test_fraction=0.2, mixture=MixtureConfig(max_epochs=8))
+    trial = TrialConfig(data=data, phase=2, train=dataclasses.replace(TrialConfig().train, budget_pairs=40,
+                                                                      batch_rows=4, num_workers=1),
+                        contrastive=ContrastiveConfig(pairs=(("title-body", 0.25), ("mine", 0.75))))
+    path = pair_table_path(prepared, ["title-body", "mine"], data=data, **QUIET)
+    table = pq.read_table(path)
+    record = json.loads((user_pairs_dir(prepared, data) / RECORD_FILE).read_text())
+    frozen = pq.read_table(user_pairs_dir(prepared, data) / "pairs.parquet").to_pylist()
+    train_ids = sorted(r["pair_id"] for r in frozen if r["split"] == "train")
+    assert record["splits"] == {"mine": {s: sum(r["split"] == s for r in frozen) for s in ("train", "dev", "test")}}
+    assert 0 < len(train_ids) < len(rows)
+    builders = table["builder"].to_pylist()
+    assert sorted(p for p, b in zip(table["pair_id"].to_pylist(), builders) if b == "mine") == train_ids
+    assert collections.Counter(builders) == {"title-body": len(CORPUS_FUNCTIONS), "mine": len(train_ids)}
+    assert {"source": "mine", "reason": "text dropped: negative equals positive", "count": 1} in record["exclusions"]
+    [source] = record["sources"]
+    assert (source["kind"], source["rights"], source["read"]["pairs"]) == ("pair-files", RIGHTS, len(rows))
+    assert source["files"][0]["sha256"] == __import__("hashlib").sha256(file.read_bytes()).hexdigest()
+
+    schedule, offsets = trial_pair_schedule(trial, path)
+    names = [schedule.sources[i] for i in schedule.source]
+    assert len(names) == 40 * 1.1 + 4 * 4 and collections.Counter(names) == {"title-body": 15, "mine": 45}
+    picked = np.array([offsets[n] for n in schedule.sources])[schedule.source] + schedule.item
+    assert {builders[r] for r, n in zip(picked, names) if n == "mine"} == {"mine"}
+
+    records = {arm: {**prepared.record, "directory": str(prepared.directory)} for arm in ("a", "b")}
+    study = Study(name="mine", factor="contrastive.temperature", seeds=(0,), budget_tokens=1, budget_pairs=40,
+                  arms={"a": trial, "b": dataclasses.replace(trial, contrastive=dataclasses.replace(
+                      trial.contrastive, temperature=0.1))})
+    _check_pair_schedules(study, records, str(tmp_path / "parent"))
+    over = dataclasses.replace(study, budget_pairs=12 * len(train_ids))  # 0.75 of it is past 8 epochs of mine
+    with pytest.raises(UsageError, match=r"study mine, arm a: .*'mine'"):
+        _check_pair_schedules(over, records, str(tmp_path / "parent"))
+
+
+def test_the_audit_finds_a_user_pair_holding_an_eval_query_and_the_preflight_refuses(prepared, task_dir, tmp_path):
+    """User pairs whose query is a test query of the study's task, whose positive quotes a test
+    document and whose given negative is one: the sweep's pre-flight finds all three in the
+    frozen table and refuses before any trial; a disclosed-overlap policy lets exactly them through."""
+    from embedlab import Study
+    from embedlab.data.audit import ContaminationError
+    from embedlab.evaluate.beir import load_task
+    from embedlab.sweep.run import _check_contamination
+
+    task = load_task(task_dir)
+    rows = user_rows()
+    rows[1]["query"] = task.queries["q0"]
+    rows[2]["positive"] = f'The manual says: "{task.corpus["d1"][1]}" and so on.'
+    rows[3]["negatives"] = [task.corpus["d2"][1]]
+    data = user_data(write_jsonl(tmp_path / "pairs.jsonl", rows), dev_fraction=0.01, test_fraction=0.01)
+    base = TrialConfig(data=data, phase=2, contrastive=ContrastiveConfig(pairs=(("mine", 1.0),)))
+    base = dataclasses.replace(base, eval=dataclasses.replace(base.eval, task=str(task_dir)))
+    study = Study(name="leak", factor="contrastive.temperature", seeds=(0,), budget_tokens=1, budget_pairs=32,
+                  arms={"a": base, "b": dataclasses.replace(base, contrastive=dataclasses.replace(
+                      base.contrastive, temperature=0.1))})
+    records = {arm: {**prepared.record, "directory": str(prepared.directory)} for arm in study.arms}
+    clean = dataclasses.replace(study, arms={arm: dataclasses.replace(c, contrastive=dataclasses.replace(
+        c.contrastive, pairs=(("title-body", 1.0),))) for arm, c in study.arms.items()})
+    assert _check_contamination(clean, records, QUIET["progress"]) == []
+
+    with pytest.raises(ContaminationError, match="stages contrastive-pairs") as refused:
+        _check_contamination(study, records, QUIET["progress"])
+    assert "3 final-eval finding(s)" in str(refused.value) and "training refused" in str(refused.value)
+    findings = _check_contamination(dataclasses.replace(study, disclosed_overlap="disclosed: three planted"),
+                                    records, QUIET["progress"])
+    assert sorted((f["item_kind"], f["item_id"], f["stage_item_id"], f["match"]) for f in findings) == [
+        ("document", "d1", "mine:u2:positive", "contained"),
+        ("document", "d2", "mine:u3:negative:0", "exact"),
+        ("query", "q0", "mine:u1:query", "exact"),
+    ]
+
+
+def test_given_negatives_reach_the_phase3_batch_and_the_margin_drops_a_close_one(tmp_path, prepared):
+    """Phase 3 without mining: a scheduled user pair's given negatives fill its slots in the
+    batch; the one that scores above (positive - margin) under the parent encoder is dropped and
+    counted, its slot masked; the margin "off" keeps both."""
+    import synthetic
+
+    from embedlab.data.mining import given_doc_id
+    from embedlab.data.pair_stream import group_hash, pair_table_path, tokenize_pair_window
+    from embedlab.evaluate.encode import encode_texts
+    from embedlab.train.checkpoint import load_encoder
+    from embedlab.train.contrastive import given_negative_counts, given_negatives_for_phase3, trial_pair_schedule
+
+    frozen = synthetic.tokenizer(tmp_path / "tokenizer")
+    parent = synthetic.write_parent(tmp_path / "parent", frozen)
+    encoder, tokenizer, manifest = load_encoder(parent)
+
+    def encode(texts):
+        return encode_texts(encoder, tokenizer, texts, max_length=16, pooling=manifest["pooling"]["method"])
+
+    docs = [summary_and_body(f) for f in USER_FUNCTIONS]
+    query, positive = encode([docs[0][0], docs[0][1]])
+    ceiling = float(query @ positive)
+    # Of the other docstrings scoring below the positive, the lowest stays ("far") and the highest
+    # ("close") is dropped by a margin between the two: decided by the parent encoder's own scores.
+    candidates = sorted((float(score), body) for score, (_, body) in zip(encode([b for _, b in docs[1:]]) @ query,
+                                                                          docs[1:]) if score < ceiling)
+    (low, far), (high, close) = candidates[0], candidates[-1]
+    assert low < high < ceiling
+    rows = [{"id": "p", "query": docs[0][0], "positive": docs[0][1], "negatives": [far, close]}]
+    scores = np.array([low, high])
+    margin = ceiling - float(scores.mean())  # between the two: the near one is within it, the far one is not
+    data = dataclasses.replace(synthetic.DATA, pair_files=(PairFiles(
+        name="mine", path=str(write_jsonl(tmp_path / "pairs.jsonl", rows)), rights=RIGHTS),),
+        dev_fraction=0.01, test_fraction=0.01, mixture=MixtureConfig(max_epochs=8))
+    trial = TrialConfig(model=synthetic.MODEL, data=data, phase=3, parent=str(parent),
+                        train=dataclasses.replace(TrialConfig().train, budget_pairs=2, batch_rows=1, num_workers=1),
+                        contrastive=ContrastiveConfig(pairs=(("mine", 1.0),), pair_length=16, hard_negatives=2,
+                                                      mine_negatives=False, given_negative_margin=margin))
+    pairs_path = pair_table_path(prepared, ["mine"], data=data, **QUIET)
+    schedule, offsets = trial_pair_schedule(trial, pairs_path)
+    given = given_negatives_for_phase3(trial, prepared, pairs_path, schedule, offsets, **QUIET)
+    assert given_negative_counts(given) == {"pairs": 1, "pairs_with_given": 1, "given": 2, "kept": 1,
+                                            "dropped": {"false-negative-margin": 1}, "margin": margin}
+    kept = pq.read_table(given / "negatives.parquet").to_pylist()
+    assert [(r["doc_id"], r["rank"], r["negative"]) for r in kept] == [(given_doc_id("mine:p", 0), 1, far)]
+    assert kept[0]["score"] == pytest.approx(float(scores[0]), abs=1e-5)
+
+    batch = tokenize_pair_window(
+        {"rows": [np.zeros(2, dtype=np.int64)], "source_index": [np.zeros(2, dtype=np.int32)]},
+        pairs_path=str(pairs_path), tokenizer_path=str(frozen.path), length=16, query_prefix="",
+        passage_prefix="", negatives_path=None, negatives_per_pair=2, given_negatives_path=str(given / "negatives.parquet"))
+    far_ids = [frozen.cls_id, *frozen.encode_batch([far])[0][:14], frozen.sep_id]
+    assert batch["negative_ids"][0, 0].tolist() == far_ids and batch["negative_len"].tolist() == [[16, 0], [16, 0]]
+    assert batch["negative_group"].tolist() == [[group_hash(given_doc_id("mine:p", 0)), 0]] * 2
+
+    # With mining on, mined negatives fill the slots left, a mined copy of a given text skipped.
+    mined = tmp_path / "mined.parquet"
+    pq.write_table(pa.Table.from_pylist([{"pair_id": "mine:p", "doc_id": doc, "rank": rank, "negative": text}
+                                         for rank, (doc, text) in enumerate([("copy", far.upper()), ("other", close)])]),
+                   mined)
+    filled = tokenize_pair_window(
+        {"rows": [np.zeros(1, dtype=np.int64)], "source_index": [np.zeros(1, dtype=np.int32)]},
+        pairs_path=str(pairs_path), tokenizer_path=str(frozen.path), length=16, query_prefix="",
+        passage_prefix="", negatives_path=str(mined), negatives_per_pair=2, given_negatives_path=str(given / "negatives.parquet"))
+    assert filled["negative_group"].tolist() == [[group_hash(given_doc_id("mine:p", 0)), group_hash("other")]]
+
+    off = dataclasses.replace(trial, contrastive=dataclasses.replace(trial.contrastive, given_negative_margin="off"))
+    kept_all = given_negatives_for_phase3(off, prepared, pairs_path, schedule, offsets, **QUIET)
+    assert given_negative_counts(kept_all)["dropped"] == {"false-negative-margin": 0}
+    assert [r["negative"] for r in pq.read_table(kept_all / "negatives.parquet").to_pylist()] == [far, close]
+
+
+def test_user_pairs_of_one_near_duplicate_group_stay_in_one_split(prepared, tmp_path):
+    """Two pairs whose queries are near duplicates (one three words shorter) share a group and
+    land in one split under every seed: both in the frozen train table, or neither."""
+    from embedlab.data.pair_stream import pair_table_path
+    from embedlab.data.user_pairs import user_pairs_dir
+
+    walk = longest_paragraph(os.walk)
+    rows = user_rows()[:6] + [  # the first six: other groups
+        {"id": "walk-a", "query": walk, "positive": summary_and_body(os.scandir)[1]},
+        {"id": "walk-b", "query": " ".join(walk.split()[:-3]), "positive": summary_and_body(itertools.groupby)[1]},
+    ]
+    file = write_jsonl(tmp_path / "pairs.jsonl", rows)
+    landed = collections.Counter()
+    for seed in range(12):
+        data = user_data(file, split_seed=seed, dev_fraction=0.3, test_fraction=0.3)
+        frozen = {r["pair_id"]: r for r in pq.read_table(user_pairs_dir(prepared, data) / "pairs.parquet").to_pylist()}
+        assert frozen["mine:walk-a"]["positive_group"] == frozen["mine:walk-b"]["positive_group"] == "mine:walk-a"
+        assert frozen["mine:walk-a"]["split"] == frozen["mine:walk-b"]["split"]
+        streamed = set(pq.read_table(pair_table_path(prepared, ["mine"], data=data, **QUIET))["pair_id"].to_pylist())
+        assert {"mine:walk-a", "mine:walk-b"} & streamed in (set(), {"mine:walk-a", "mine:walk-b"})
+        assert streamed == {p for p, r in frozen.items() if r["split"] == "train"}
+        landed[frozen["mine:walk-a"]["split"]] += 1
+    assert set(landed) == {"train", "dev", "test"}
+
+
+def test_the_frozen_pair_table_is_rebuilt_when_the_users_file_changes(prepared, tmp_path):
+    """The same file gives the same table, built once; an edited file (same path, new bytes)
+    gives a new user-pairs key and a new table with the edit."""
+    from embedlab.data.pair_stream import pair_table_path
+    from embedlab.data.user_pairs import user_pairs_key
+
+    rows = user_rows()
+    file = write_jsonl(tmp_path / "pairs.jsonl", rows)
+    data = user_data(file, dev_fraction=0.01, test_fraction=0.01)
+    lines: list[str] = []
+    first = pair_table_path(prepared, ["mine"], lines.append, data=data)
+    assert pair_table_path(prepared, ["mine"], lines.append, data=data) == first
+    assert sum(line.startswith("data: building pairs") for line in lines) == 1
+    key = user_pairs_key(data)
+    before = pq.read_table(first)["query"].to_pylist()
+
+    rows[4]["query"] = "Return the docstring's own summary, edited by its user."
+    write_jsonl(file, rows)
+    assert user_pairs_key(data) != key
+    second = pair_table_path(prepared, ["mine"], lines.append, data=data)
+    assert second != first and first.is_file()
+    after = pq.read_table(second)["query"].to_pylist()
+    assert sorted(set(after) - set(before)) == [rows[4]["query"]] and len(after) == len(before)
+    assert sorted(p.name for p in (prepared.directory / "user-pairs").iterdir()) == sorted([key, user_pairs_key(data)])
