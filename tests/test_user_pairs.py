@@ -338,3 +338,33 @@ def test_the_frozen_pair_table_is_rebuilt_when_the_users_file_changes(prepared, 
     after = pq.read_table(second)["query"].to_pylist()
     assert sorted(set(after) - set(before)) == [rows[4]["query"]] and len(after) == len(before)
     assert sorted(p.name for p in (prepared.directory / "user-pairs").iterdir()) == sorted([key, user_pairs_key(data)])
+
+
+def test_phase3_mines_negatives_for_user_pairs_beside_built_in_ones(prepared, tmp_path):
+    """User pairs have no corpus documents: mining takes them anyway (known-positive and
+    same-group cannot apply) and gives them training documents as negatives."""
+    import synthetic
+
+    from embedlab.data.pair_stream import pair_table_path
+    from embedlab.data.mining import MinedSet
+    from embedlab.sweep.run import mines_negatives
+    from embedlab.train.contrastive import mine_for_phase3, trial_pair_schedule
+
+    parent = synthetic.write_parent(tmp_path / "parent", synthetic.tokenizer(tmp_path / "tokenizer"))
+    data = dataclasses.replace(synthetic.DATA, pair_files=(PairFiles(
+        name="mine", path=str(write_jsonl(tmp_path / "pairs.jsonl", user_rows())), rights=RIGHTS),),
+        mixture=MixtureConfig(max_epochs=8))
+    trial = TrialConfig(model=synthetic.MODEL, data=data, phase=3, parent=str(parent),
+                        train=dataclasses.replace(TrialConfig().train, budget_pairs=8, batch_rows=2, num_workers=1),
+                        contrastive=ContrastiveConfig(pairs=(("mine", 0.5), ("title-body", 0.5)), pair_length=16,
+                                                      hard_negatives=2, mining_top_k=5, mining_margin=0.0))
+    assert mines_negatives(trial) and not mines_negatives(dataclasses.replace(
+        trial, contrastive=dataclasses.replace(trial.contrastive, mine_negatives=False, given_negative_margin="off")))
+    path = pair_table_path(prepared, ["mine", "title-body"], data=data, **QUIET)
+    schedule, offsets = trial_pair_schedule(trial, path)
+    mined = MinedSet.load(mine_for_phase3(trial, prepared, path, schedule, offsets, **QUIET))
+    corpus = set(prepared.corpus.read()["doc_id"].to_pylist())
+    user = [p for p in mined.negatives if p.startswith("mine:")]
+    assert user and len(user) < len(mined.negatives)
+    assert all(n.doc_id in corpus for p in mined.negatives for n in mined.negatives[p])
+    assert sum(len(mined.negatives[p]) for p in user) > 0
