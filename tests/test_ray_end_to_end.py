@@ -394,3 +394,83 @@ def test_dual_heads_whole_word_phase1(ray_session, prepared, tmp_path):
     heads = load_file(str(Path(result.checkpoint.path) / "mlm_head.safetensors"))
     assert {k.split(".")[0] for k in heads} == {"mask5", "mask50"}
     encoder, _, _ = load_encoder(Path(result.checkpoint.path))  # the inference package needs no head
+
+
+USER_PAIRS_STUDY = """
+from dataclasses import replace
+from embedlab import Study
+from embedlab.config import TrialConfig
+from embedlab.data.pair_sources import PairFiles
+
+def study(profile=None):
+    base = TrialConfig.from_dict({config!r})
+    data = replace(base.data, pair_files=(PairFiles(name="my-pairs", path={pairs!r}, rights="Debian package descriptions, each under its package's licence"),))
+    arm = replace(base, data=data, parent=None)
+    return Study(name="user-pairs", factor="contrastive.given_negative_margin", seeds=(0,), budget_tokens=1,
+                 budget_pairs=64, arms={{"margin": arm, "no-margin": replace(arm, contrastive=replace(
+                     arm.contrastive, given_negative_margin="off"))}})
+"""
+
+
+def test_phase3_on_user_pairs_ends_in_a_table_and_a_release(phase2, prepared, tmp_path, capsys):
+    """The README's worked path: phase 3 on a user's JSONL pairs (given negatives, no mining),
+    scored on the user's own BEIR folder, from a phase-2 checkpoint, through the CLI: a sweep,
+    its table, promotion (the final-eval split read once) and an exported release whose
+    encoder is the promoted checkpoint's."""
+    import dataclasses
+
+    from embedlab.evaluate.beir import Task, write_task
+    from embedlab.evaluate.heldout import DPKG_STATUS, read_dpkg_status
+
+    trial2, parent = phase2
+    # Real text outside the test corpus (Python docs and docstrings): Debian package descriptions,
+    # the first 120 packages as the user's pairs, the next 60 as the user's evaluation task.
+    items = read_dpkg_status(DPKG_STATUS).items
+    assert len(items) >= 180
+    train, held = items[:120], items[120:180]
+    rows = [{"query": it.query, "positive": it.document, "negative": train[(i + 1) % len(train)].document}
+            for i, it in enumerate(train)]
+    pairs_file = tmp_path / "my_pairs.jsonl"
+    pairs_file.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    qrels = {split: {f"q{i}": {f"d{i}": 1} for i in range(start, start + 30)} for split, start in (("dev", 0),
+                                                                                                  ("test", 30))}
+    task_dir = tmp_path / "my-task"
+    write_task(Task(name="my-task", corpus={f"d{i}": ("", it.document) for i, it in enumerate(held)},
+                    queries={f"q{i}": it.query for i, it in enumerate(held)}, qrels=qrels), task_dir)
+    trial = dataclasses.replace(
+        trial2, phase=3, eval=dataclasses.replace(trial2.eval, task=str(task_dir)),
+        contrastive=dataclasses.replace(trial2.contrastive, pairs=(("my-pairs", 0.75), ("title-body", 0.25)),
+                                        mlm_weight=0.0, hard_negatives=1, mine_negatives=False))
+    study_file = tmp_path / "user_pairs.py"
+    study_file.write_text(USER_PAIRS_STUDY.format(config=trial.to_dict(), pairs=str(pairs_file)))
+    runs = tmp_path / "runs"
+    assert main(["sweep", str(study_file), "--parent", parent.checkpoint.path, "--storage", str(runs)]) == 0
+    run_dir = next(runs.iterdir())
+    table = load_table(str(run_dir))
+    assert sorted(table["arm"]) == ["margin", "no-margin"] and table["dev/ndcg@10"].notna().all()
+    assert (table["budget/pairs"] >= 64).all()
+    # Both arms read the same scheduled pairs and their given negatives; the margin arm screens
+    # them under the parent encoder (and pays for it), the other keeps every one.
+    given = {arm: verify_checkpoint(Path(c))["objective"]["given_negatives"]
+             for arm, c in zip(table["arm"], table["checkpoint"])}
+    assert given["margin"]["given"] == given["no-margin"]["given"] == given["no-margin"]["kept"] > 0
+    dropped = given["margin"]["dropped"]["false-negative-margin"]
+    assert dropped > 0 and given["margin"]["kept"] + dropped == given["margin"]["given"]
+    screened = dict(zip(table["arm"], table["compute/given_negatives_flops"]))
+    assert screened["margin"] > 0 and not screened["no-margin"] > 0
+    capsys.readouterr()
+    assert main(["table", str(run_dir)]) == 0
+    assert "no-margin" in capsys.readouterr().out
+    assert main(["promote", str(run_dir), "--max-retention-drop", "1.0"]) == 0
+    promotion = json.loads((run_dir / "promotion.json").read_text())
+    assert promotion["final_eval"]["split"] == "test" and promotion["final_eval"]["queries"] == 30
+    release = tmp_path / "release"
+    assert main(["export", promotion["checkpoint"], str(release)]) == 0
+    from embedlab.release import MANIFEST_FILE
+
+    manifest = json.loads((release / MANIFEST_FILE).read_text())
+    assert manifest["exported_from"] == verify_checkpoint(Path(promotion["checkpoint"]))["content_hash"]
+    # The user's pairs were frozen, with their provenance and rights note, in the parent's
+    # prepared directory (the pair sources are not part of its key).
+    records = list((prepared.directory / "user-pairs").glob("*/record.json"))
+    assert len(records) == 1 and "Debian package descriptions" in records[0].read_text()
