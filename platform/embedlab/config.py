@@ -12,11 +12,13 @@ import json
 import typing
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from embedlab.data.external import HFDataset, LocalFiles
 from embedlab.data.pair_source_config import BEIRPairs, HFPairs, PairFiles
 from embedlab.errors import UserError
+from embedlab.evaluate.hub_tasks import HubTask
 
 
 class ConfigError(UserError, ValueError):
@@ -530,9 +532,22 @@ class ContrastiveConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class EvalConfig:
-    """How a trial is scored: the built-in retrieval task, on recipe-dev qrels only."""
+    """How a trial is scored: the built-in retrieval task, on recipe-dev qrels only.
+
+    `task` is the main task: a built-in task name or a BEIR directory, scored into the row's
+    plain `<split>/...` columns. `tasks` (built-in names or BEIR directories) and `hub_tasks`
+    (`embedlab.evaluate.hub_tasks.HubTask`: a BEIR/MTEB-layout dataset pinned by revision)
+    add a panel: every trial is then scored on the main task and each of these too, into
+    `<task name>/<split>/...` columns for every task (the main one included) and their
+    unweighted means `mean/<split>/...` (`embedlab.evaluate.panel`). Empty (the default): a
+    single task, and rows, tables and records exactly as without panels. Task names (a
+    directory's folder name, a built-in's or a Hub task's `name`) must be distinct, without
+    "/", and not "mean".
+    """
 
     task: str = "python-docstrings"
+    tasks: tuple[str, ...] = ()
+    hub_tasks: tuple[HubTask, ...] = ()
     split: str = "dev"
     batch_size: int = 64
     max_length: int = 128
@@ -543,6 +558,34 @@ class EvalConfig:
         _check(self.index in ("flat", "ivf", "hnsw"), "eval.index", f"{self.index!r}; valid: flat, ivf, hnsw")
         _check_positive(self, "eval", "batch_size")
         _check(self.max_length >= 8, "eval.max_length", "must be >= 8")
+        _check(isinstance(self.tasks, tuple) and all(isinstance(t, str) and t for t in self.tasks), "eval.tasks",
+               f"must be a tuple of task names or BEIR directories, got {self.tasks!r}")
+        _check(isinstance(self.hub_tasks, tuple) and all(isinstance(t, HubTask) for t in self.hub_tasks),
+               "eval.hub_tasks", "must be a tuple of HubTask")
+        if self.panel:
+            from embedlab.evaluate.panel import PanelError, check_task_names  # here: panel imports the study
+
+            try:
+                check_task_names(self.task_names)
+            except PanelError as error:
+                raise ConfigError(f"eval.tasks: {error} (names: {list(self.task_names)})") from None
+
+    @property
+    def panel(self) -> bool:
+        """Whether the trial is scored on a panel of tasks (`tasks` or `hub_tasks` set)."""
+        return bool(self.tasks or self.hub_tasks)
+
+    @property
+    def task_names(self) -> tuple[str, ...]:
+        """The name of every task scored, the main task first, then `tasks`, then `hub_tasks`."""
+        return (*map(task_name, (self.task, *self.tasks)), *(spec.name for spec in self.hub_tasks))
+
+
+def task_name(task: str) -> str:
+    """The name a task is loaded under (`beir.load_task`): a built-in's name, a BEIR directory's
+    folder name (of its resolved path, so "." names the current folder)."""
+    path = Path(task)
+    return path.resolve().name if path.is_dir() else path.name
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -625,7 +668,33 @@ def _build(kind: type, raw: dict[str, Any], section: str) -> Any:
             values[key] = tuple(_build(item_kind, v, f"{section}.{key}[{i}]") for i, v in enumerate(value))
         else:
             values[key] = _freeze(value)
+    missing = sorted(f.name for f in dataclasses.fields(kind) if f.name not in values
+                     and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+    if missing:
+        raise ConfigError(f"{section}: missing required keys {missing}")
     return kind(**values)
+
+
+def read_mapping_file(path: str | Path) -> dict[str, Any]:
+    """A TOML (.toml) or JSON (.json) file's top-level mapping; ConfigError naming the file otherwise."""
+    import tomllib
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file not found: {path}")
+    text = path.read_text(encoding="utf-8")
+    try:
+        if path.suffix == ".toml":
+            raw = tomllib.loads(text)
+        elif path.suffix == ".json":
+            raw = json.loads(text)
+        else:
+            raise ConfigError(f"{path}: unsupported file type {path.suffix!r}; use .toml or .json")
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as error:
+        raise ConfigError(f"{path}: {error}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping at top level, got {type(raw).__name__}")
+    return raw
 
 
 def _tuple_item_dataclass(hint: Any) -> type | None:

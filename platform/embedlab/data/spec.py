@@ -11,11 +11,9 @@ A TOML spec holds DataConfig fields at top level, e.g.
 
 from __future__ import annotations
 
-import json
-import tomllib
 from pathlib import Path
 
-from embedlab.config import ConfigError, DataConfig, _build
+from embedlab.config import ConfigError, DataConfig, _build, read_mapping_file
 
 
 def load_data_configs(spec: str | None) -> list[DataConfig]:
@@ -33,18 +31,9 @@ def load_data_configs(spec: str | None) -> list[DataConfig]:
             if arm.data not in configs:
                 configs.append(arm.data)
         return configs
-    if path.suffix == ".toml":
-        try:
-            raw = tomllib.loads(path.read_text())
-        except tomllib.TOMLDecodeError as error:
-            raise ConfigError(f"{path}: {error}") from None
-    elif path.suffix == ".json":
-        try:
-            raw = json.loads(path.read_text())
-        except json.JSONDecodeError as error:
-            raise ConfigError(f"{path}: {error}") from None
-    else:
+    if path.suffix not in (".toml", ".json"):
         raise ConfigError(f"{path}: unsupported spec type {path.suffix!r}; use .py, .toml or .json")
+    raw = read_mapping_file(path)
     try:
         return [_build(DataConfig, raw, "data")]
     except ConfigError as error:

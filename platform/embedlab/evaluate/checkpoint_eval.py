@@ -78,3 +78,15 @@ def resolve_task(name_or_path: str, prepared_dir: Path | None = None) -> Path:
         f"qrels/test.tsv) nor a built-in task ({', '.join(BUILTIN_TASKS)})"
     )
 
+
+
+def resolve_eval_tasks(config: EvalConfig, prepared_dir: Path | None = None,
+                       cache_dir: Path | None = None) -> list[tuple[str, Path]]:
+    """(name, BEIR directory) of every task `config` scores on: the main `task` first, then
+    `tasks` (as `resolve_task`), then `hub_tasks`, materialised in `cache_dir` (default
+    EMBEDLAB_CACHE) by `hub_tasks.materialise_hub_task`. One entry without a panel."""
+    from embedlab.evaluate.hub_tasks import materialise_hub_task
+
+    directories = [resolve_task(task, prepared_dir) for task in (config.task, *config.tasks)]
+    directories += [materialise_hub_task(spec, cache_dir).directory for spec in config.hub_tasks]
+    return list(zip(config.task_names, directories))

@@ -66,13 +66,19 @@ def score_panel(score_one: Scorer, tasks: Sequence[Task], metric: str | Sequence
     a task's scores lack a requested metric or hold something other than a number for it.
     """
     names = check_task_names(task.name for task in tasks)
+    return panel_columns(((name, score_one(task)) for name, task in zip(names, tasks)), metric)
+
+
+def panel_columns(scored: Iterable[tuple[str, Mapping[str, Any]]], metric: str | Sequence[str]) -> dict[str, float]:
+    """`score_panel`'s columns from scores already computed: (task name, scores) in panel order."""
+    scored = list(scored)
+    names = check_task_names(name for name, _ in scored)
     wanted = [metric] if isinstance(metric, str) else list(metric)
     if not wanted:
         raise PanelError("score_panel needs at least one metric to average")
     columns: dict[str, float] = {}
     per_metric: dict[str, list[float]] = {m: [] for m in wanted}
-    for name, task in zip(names, tasks):
-        scores = score_one(task)
+    for name, (_, scores) in zip(names, scored):
         numbers = {key: value for key, value in scores.items() if _is_number(value)}
         for m in wanted:
             if m not in numbers:
@@ -128,11 +134,15 @@ def split_scorer(evaluate: Callable[[Task, str], Mapping[str, Any]], split: str)
     they measure the model, not the task, and would repeat once per task."""
 
     def score_one(task: Task) -> dict[str, Any]:
-        scores = evaluate(task, split)
-        return {f"{split}/{key}": value for key, value in scores.items()
-                if (key in SPLIT_KEYS or key.startswith("health/")) and _is_number(value)}
+        return split_columns(evaluate(task, split), split)
 
     return score_one
+
+
+def split_columns(scores: Mapping[str, Any], split: str) -> dict[str, Any]:
+    """An evaluator's `SPLIT_KEYS` and numeric ``health/...`` values as ``<split>/<key>``."""
+    return {f"{split}/{key}": value for key, value in scores.items()
+            if (key in SPLIT_KEYS or key.startswith("health/")) and _is_number(value)}
 
 
 def checkpoint_scorer(checkpoint_dir: str | Path, split: str, **options: Any) -> Scorer:
