@@ -88,3 +88,101 @@ def test_panel_task_names_must_be_distinct_and_usable(tmp_path):
         EvalConfig(hub_tasks=(HubTask(name="mean", dataset="mteb/scifact", revision="v1"),))
     with pytest.raises(ConfigError, match=r"eval.hub_tasks\[0\]: missing required keys \['revision'\]"):
         _build(EvalConfig, {"hub_tasks": [{"name": "scifact", "dataset": "mteb/scifact"}]}, "eval")
+
+
+# ---------------------------------------------------------------------------------------------
+# A trial scored on a panel
+
+
+@pytest.fixture(scope="module")
+def panel_dirs(tmp_path_factory, shell_task, data_task) -> list[tuple[str, str]]:
+    """Two BEIR folders with dev and test qrels: the main task (shell-utils) and data-formats."""
+    root = tmp_path_factory.mktemp("panel")
+    main = derive_dev_split(shell_task, 0.3, seed=1)[0]
+    write_task(main, root / "shell-utils")
+    write_task(data_task, root / "data-formats")
+    return [("shell-utils", str(root / "shell-utils")), ("data-formats", str(root / "data-formats"))]
+
+
+def checkpoint_evaluator(checkpoint: Path, split: str = "dev"):
+    """`evaluate(task directory, retention directory)` as the sweep's evaluator answers it, in process."""
+    from embedlab.evaluate.beir import load_task
+    from embedlab.evaluate.checkpoint_eval import evaluate_checkpoint
+
+    calls: list[tuple[str, str | None]] = []
+
+    def evaluate(task_dir: str, retention_dir: str | None) -> dict:
+        calls.append((task_dir, retention_dir))
+        return evaluate_checkpoint(checkpoint, load_task(task_dir), split,
+                                   retention_dir=None if retention_dir is None else Path(retention_dir))
+
+    return evaluate, calls
+
+
+def test_panel_scores_equal_single_task_evaluations_and_the_mean_is_the_hand_mean(parent, panel_dirs):
+    """Scored on a panel, a trial's `<task>/dev/...` columns equal the plain columns a single-task
+    trial on that task writes, exactly; the main task keeps its plain columns; `mean/dev/...` is
+    the hand mean of the two; per-query values are keyed like the columns; the cost is summed."""
+    from embedlab.sweep.run import score_trial
+
+    evaluate, calls = checkpoint_evaluator(parent)
+    panel = score_trial(evaluate, panel_dirs, "dev", None)
+    singles = {name: score_trial(evaluate, [(name, directory)], "dev", None) for name, directory in panel_dirs}
+
+    assert calls[:2] == [(panel_dirs[0][1], None), (panel_dirs[1][1], None)]  # the main task is scored once
+    assert panel.tasks == ("shell-utils", "data-formats")
+    main = singles["shell-utils"].columns
+    assert {k: v for k, v in panel.columns.items() if k in main and not k.startswith(("eval/seconds", "compute/"))} \
+        == {k: v for k, v in main.items() if not k.startswith(("eval/seconds", "compute/"))}
+    for name, single in singles.items():
+        plain = {k: v for k, v in single.columns.items() if k.startswith("dev/")}
+        assert {k.removeprefix(f"{name}/"): v for k, v in panel.columns.items() if k.startswith(f"{name}/dev/")} \
+            == plain
+        assert panel.columns[f"{name}/eval/task_hash"] == single.main["task_hash"]
+        assert {k.removeprefix(f"{name}/"): v for k, v in panel.per_query.items() if k.startswith(f"{name}/")} \
+            == single.per_query
+    for metric in ("ndcg@10", "recall@100", "mrr@10", "map"):
+        first, second = (singles[name].columns[f"dev/{metric}"] for name, _ in panel_dirs)
+        assert panel.columns[f"mean/dev/{metric}"] == (first + second) / 2
+    assert singles["shell-utils"].columns["dev/ndcg@10"] != singles["data-formats"].columns["dev/ndcg@10"]
+    assert panel.per_query["dev/ndcg@10"] == singles["shell-utils"].per_query["dev/ndcg@10"]
+    assert panel.columns["compute/eval_flops"] == sum(s.columns["compute/eval_flops"] for s in singles.values())
+    assert not singles["shell-utils"].tasks and "mean/dev/ndcg@10" not in main  # no panel: no panel columns
+
+
+# ---------------------------------------------------------------------------------------------
+# The study metric
+
+
+def panel_study(metric: str, panel_dirs, **fields):
+    from embedlab import Study
+
+    from conftest import tiny_trial
+
+    base = dataclasses.replace(tiny_trial(), eval=EvalConfig(task=panel_dirs[0][1], tasks=(panel_dirs[1][1],)))
+    wide = dataclasses.replace(base, masking=dataclasses.replace(base.masking, ratio=0.3))
+    return Study(name="panel", factor="masking.ratio", arms={"mask-15": base, "mask-30": wide}, seeds=(0, 1),
+                 budget_tokens=6_000, metric=metric, **fields)
+
+
+def test_study_metric_names_a_task_of_the_panel_or_the_mean(panel_dirs):
+    """With a panel the study metric may be the main task's plain metric, one task's, or the mean;
+    anything else is refused listing every valid name; without a panel only the plain ones."""
+    from embedlab import Study
+
+    for metric in ("dev/ndcg@10", "data-formats/dev/ndcg@10", "shell-utils/dev/map", "mean/dev/ndcg@10"):
+        study = panel_study(metric, panel_dirs)
+        assert Study.from_dict(json.loads(json.dumps(study.to_dict()))) == study
+    with pytest.raises(ConfigError, match=r"study.metric: study metric 'scifact/dev/ndcg@10' is not a metric of "
+                                          r"this panel \(tasks: shell-utils, data-formats\); valid names: "
+                                          r"mean/dev/ndcg@10, .*data-formats/dev/map; or the main task's plain "
+                                          r"dev/ndcg@10"):
+        panel_study("scifact/dev/ndcg@10", panel_dirs)
+    single = panel_study("dev/ndcg@10", panel_dirs)
+    with pytest.raises(ConfigError, match=r"study.metric: 'mean/dev/ndcg@10'; valid: \['dev/ndcg@10'"):
+        dataclasses.replace(single, metric="mean/dev/ndcg@10",
+                            arms={arm: dataclasses.replace(config, eval=EvalConfig(task=panel_dirs[0][1]))
+                                  for arm, config in single.arms.items()})
+    mixed = dict(single.arms, **{"mask-30": dataclasses.replace(single.arms["mask-30"], eval=EvalConfig())})
+    with pytest.raises(ConfigError, match="arms score different task panels"):
+        dataclasses.replace(single, arms=mixed, factor="eval")

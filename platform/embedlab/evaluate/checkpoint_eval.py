@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 from functools import partial
 from pathlib import Path
 
@@ -90,3 +91,12 @@ def resolve_eval_tasks(config: EvalConfig, prepared_dir: Path | None = None,
     directories = [resolve_task(task, prepared_dir) for task in (config.task, *config.tasks)]
     directories += [materialise_hub_task(spec, cache_dir).directory for spec in config.hub_tasks]
     return list(zip(config.task_names, directories))
+
+
+def arm_eval_tasks(config: EvalConfig, record: dict[str, Any]) -> list[tuple[str, str]]:
+    """(name, BEIR directory) of every task an arm is scored on, the main task first: as the
+    sweep's `prepare_arms` resolved them into the arm's prepared record ("eval_tasks", a panel's
+    only), else `resolve_eval_tasks` inside the arm's prepared data, `record["directory"]`."""
+    if "eval_tasks" in record:
+        return [(str(name), str(directory)) for name, directory in record["eval_tasks"]]
+    return [(name, str(directory)) for name, directory in resolve_eval_tasks(config, Path(record["directory"]))]

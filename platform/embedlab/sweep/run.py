@@ -30,7 +30,7 @@ from embedlab.config import EvalConfig, TrialConfig
 from embedlab.data.prepare import PreparedData, keep_ray_data_off_the_console, prepare_data
 from embedlab.errors import UsageError, UserError
 from embedlab.evaluate.beir import load_task
-from embedlab.evaluate.checkpoint_eval import resolve_task
+from embedlab.evaluate.checkpoint_eval import arm_eval_tasks, resolve_eval_tasks
 from embedlab.sweep import store
 from embedlab.sweep.paired import PER_QUERY_DIR
 from embedlab.sweep.study import Study, load_study, set_path, study_origin
@@ -378,13 +378,17 @@ def _run_trial(study: Study, identity: dict[str, Any], params: dict[str, Any], c
     if result.error is not None:
         raise result.error
     checkpoint_dir = result.checkpoint.path
-    task_dir = str(resolve_task(trial.eval.task, prepared.directory))
-    # The trial's own output does not reach the console (log_to_driver=False): its evaluation
-    # progress travels as Tune results, which the driver's TrialProgress callback prints.
-    scores = evaluate_with_progress(
-        get_evaluator(), (checkpoint_dir, task_dir, trial.eval.split, trial.eval.index,
-                          str(prepared.directory / "retention")),
-        request=trial_id, max_length=trial.eval.max_length, report=lambda line: tune.report({EVAL_PROGRESS: line}))
+
+    def evaluate(task_dir: str, retention_dir: str | None) -> dict:
+        # The trial's own output does not reach the console (log_to_driver=False): its evaluation
+        # progress travels as Tune results, which the driver's TrialProgress callback prints.
+        return evaluate_with_progress(
+            get_evaluator(), (checkpoint_dir, task_dir, trial.eval.split, trial.eval.index, retention_dir),
+            request=trial_id, max_length=trial.eval.max_length,
+            report=lambda line: tune.report({EVAL_PROGRESS: line}))
+
+    scored = score_trial(evaluate, arm_eval_tasks(trial.eval, context["prepared"][arm]), trial.eval.split,
+                         str(prepared.directory / "retention"))
     train = result.metrics
     intended = prepared.record["mixture"]["shares"] if trial.phase == 1 else dict(trial.contrastive.pairs)
     row = {
@@ -396,10 +400,9 @@ def _run_trial(study: Study, identity: dict[str, Any], params: dict[str, Any], c
         **{k: train[k] for k in ("train/mlm_loss", "train/contrastive_loss") if k in train},
         "train/steps": train["train/step"],
         "train/skipped_steps": train["train/skipped_steps"],
-        **_score_columns(scores, trial.eval.split),
-        **_eval_compute_columns(scores),
+        **scored.columns,
         "checkpoint": checkpoint_dir,
-        "checkpoint_hash": scores["checkpoint_hash"],
+        "checkpoint_hash": scored.main["checkpoint_hash"],
         "data_revision": prepared.data_revision,
         "status": "finished",
     }
@@ -410,16 +413,65 @@ def _run_trial(study: Study, identity: dict[str, Any], params: dict[str, Any], c
         row["status"] = "duplicate"
         row["trial_id"] = f"{trial_id}-duplicate"
     # The per-query file first: a row on disk means its trial's per-query values are there too.
-    write_per_query(run_dir, row, scores, trial.eval.split)
+    write_per_query(run_dir, row, scored, trial.eval.split)
     write_row(run_dir, row)
     return {k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
-def _eval_compute_columns(scores: dict[str, Any]) -> dict[str, float]:
-    """The evaluation's cost as row columns (`evaluate_checkpoint`); a cached result carries
-    the cost of the evaluation that computed it."""
-    return {"compute/eval_flops": scores["eval_flops"], "compute/eval_seconds": scores["eval_seconds"],
-            "compute/eval_wall_seconds": scores["eval_wall_seconds"]}
+def _eval_compute_columns(*results: dict[str, Any]) -> dict[str, float]:
+    """The evaluations' cost as row columns (`evaluate_checkpoint`), summed over `results` (a
+    panel's tasks); a cached result carries the cost of the evaluation that computed it."""
+    return {f"compute/{key}": sum(scores[key] for scores in results)
+            for key in ("eval_flops", "eval_seconds", "eval_wall_seconds")}
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialScores:
+    """A trial's scores on its task or panel (`score_trial`).
+
+    `columns`: the row's score columns; `per_query`: each query's value of every metric the
+    row averages, keyed as its column; `main`: the evaluator's result on the main task (its
+    checkpoint and task hashes); `tasks`: the panel's task names, () without a panel;
+    `task_hashes`: each panel task's content hash."""
+
+    columns: dict[str, Any]
+    per_query: dict[str, dict[str, float]]
+    main: dict[str, Any]
+    tasks: tuple[str, ...] = ()
+    task_hashes: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+def score_trial(evaluate: Callable[[str, str | None], dict[str, Any]], tasks: list[tuple[str, str]], split: str,
+                retention_dir: str | None) -> TrialScores:
+    """Score a checkpoint on `tasks` ((name, directory), main task first) through `evaluate(task
+    directory, retention directory or None)`, an `evaluate_checkpoint`-shaped result.
+
+    The main task is evaluated with the retention panel and fills the row's plain columns
+    (`_score_columns`) as without a panel. With a panel, every task is evaluated once more
+    (the main task's result is reused), without retention, and adds `panel.panel_columns` of its
+    `panel.split_columns`: ``<task>/<split>/...`` and the unweighted ``mean/<split>/<metric>`` of
+    each retrieval metric, ``<task>/eval/task_hash``, per-query values under ``<task>/<split>/...``,
+    and the summed cost of every evaluation."""
+    from embedlab.evaluate.metrics import METRIC_NAMES
+    from embedlab.evaluate.panel import panel_columns, split_columns
+
+    (_, main_dir), *extra = tasks
+    main = evaluate(main_dir, retention_dir)
+    per_query = {f"{split}/{metric}": values for metric, values in main["per_query"].items()}
+    if not extra:
+        return TrialScores({**_score_columns(main, split), **_eval_compute_columns(main)}, per_query, main)
+    results = [(tasks[0][0], main), *((name, evaluate(directory, None)) for name, directory in extra)]
+    columns = {
+        **_score_columns(main, split),
+        **panel_columns([(name, split_columns(scores, split)) for name, scores in results],
+                        [f"{split}/{metric}" for metric in METRIC_NAMES]),
+        **{f"{name}/eval/task_hash": scores["task_hash"] for name, scores in results},
+        **_eval_compute_columns(*(scores for _, scores in results)),
+    }
+    for name, scores in results:
+        per_query.update({f"{name}/{split}/{metric}": values for metric, values in scores["per_query"].items()})
+    return TrialScores(columns, per_query, main, tuple(name for name, _ in results),
+                       {name: scores["task_hash"] for name, scores in results})
 
 
 def _error_text(text: str) -> str:
@@ -510,14 +562,15 @@ def write_row(run_dir: str, row: dict[str, Any]) -> None:
     store.write_text(store.join(run_dir, TRIALS_DIR, f"{row['trial_id']}.json"), json.dumps(row, indent=2, sort_keys=True))
 
 
-def write_per_query(run_dir: str, row: dict[str, Any], scores: dict[str, Any], split: str) -> None:
+def write_per_query(run_dir: str, row: dict[str, Any], scored: TrialScores, split: str) -> None:
     """`per_query/<trial_id>.json`: each query's value of every metric the row averages, keyed
-    as the row's columns are (`<split>/ndcg@10`), so a paired test across arms can match
-    queries. Kept out of the row, which stays one line of numbers per trial."""
+    as the row's columns are (`<split>/ndcg@10`; a panel's `<task>/<split>/ndcg@10` too, with the
+    panel's "tasks" and "task_hashes"), so a paired test across arms can match queries. Kept
+    out of the row, which stays one line of numbers per trial."""
     record = {
         "trial_id": row["trial_id"], "arm": row["arm"], "seed": row["seed"], "stage": row["stage"],
-        "split": split, "task_hash": scores["task_hash"],
-        "values": {f"{split}/{metric}": values for metric, values in scores["per_query"].items()},
+        "split": split, "task_hash": scored.main["task_hash"], "values": scored.per_query,
+        **({"tasks": list(scored.tasks), "task_hashes": scored.task_hashes} if scored.tasks else {}),
     }
     store.write_text(store.join(run_dir, PER_QUERY_DIR, f"{row['trial_id']}.json"),
                      json.dumps(record, indent=2, sort_keys=True))
@@ -666,11 +719,13 @@ def run_sweep(
         arm = next(iter(study.arms))
         config = study.trial_config(arm, study.seeds[0], parent)
         directory = Path(prepared[arm]["directory"])
-        scores = ray.get(evaluator.evaluate.remote(
-            parent, str(resolve_task(config.eval.task, directory)), config.eval.split, config.eval.index,
-            str(directory / "retention"), max_length=config.eval.max_length,
-        ))
-        record["parent_scores"] = _score_columns(scores, config.eval.split)
+        scored = score_trial(
+            lambda task_dir, retention_dir: ray.get(evaluator.evaluate.remote(
+                parent, task_dir, config.eval.split, config.eval.index, retention_dir,
+                max_length=config.eval.max_length)),
+            arm_eval_tasks(config.eval, prepared[arm]), config.eval.split, str(directory / "retention"))
+        # Score columns only, as before panels: the evaluation's cost is the parent's, not a trial's.
+        record["parent_scores"] = {k: v for k, v in scored.columns.items() if not k.startswith("compute/")}
         _write_json(store.join(run_dir, STUDY_FILE), record)
         progress(f"parent {Path(parent).name}: {study.metric} {record['parent_scores'][study.metric]:.4f}")
     context = {"study": study.to_dict(), "prepared": prepared, "run_dir": run_dir, "parent": parent}
@@ -913,16 +968,17 @@ def _check_contamination(study: Study, prepared: dict[str, dict], progress: Call
     for arm, config in study.arms.items():
         record = prepared[arm]
         data = PreparedData(Path(record["directory"]), record)
-        task_dir = resolve_task(config.eval.task, data.directory)
         builders = sorted(dict(config.contrastive.pairs)) if config.phase > 1 else []
         # A user's pair sources (config.data.pair_files ...) join the table: their queries,
         # positives and given negatives are checked with the built-in pairs.
         pairs_path = pair_table_path(data, builders, progress, data=config.data) if builders else None
-        if (record["directory"], str(task_dir), str(pairs_path)) in checked:
-            continue
-        checked.add((record["directory"], str(task_dir), str(pairs_path)))
-        for finding in check_training_data(data, task_dir, study.disclosed_overlap, progress, pairs_path=pairs_path):
-            findings.setdefault(json.dumps(finding, sort_keys=True), finding)  # arms sharing data find it once
+        for _, task_dir in arm_eval_tasks(config.eval, record):  # every task of a panel
+            if (record["directory"], task_dir, str(pairs_path)) in checked:
+                continue
+            checked.add((record["directory"], task_dir, str(pairs_path)))
+            for finding in check_training_data(data, Path(task_dir), study.disclosed_overlap, progress,
+                                               pairs_path=pairs_path):
+                findings.setdefault(json.dumps(finding, sort_keys=True), finding)  # arms sharing data find it once
     if findings:
         progress(f"audit: {len(findings)} final-eval item(s) overlap the training data; "
                  f"disclosed-overlap policy: {study.disclosed_overlap}")
@@ -977,10 +1033,13 @@ def prepare_arms(study: Study, progress: Callable[[str], None]) -> dict[str, dic
         out[arm] = {**prepared.record, "directory": str(prepared.directory)}
     scored_on = set()
     for arm, config in study.arms.items():
-        task_dir = resolve_task(config.eval.task, Path(out[arm]["directory"]))
-        if not task_dir.is_dir():
+        if config.eval.panel:  # resolved (Hub tasks materialised) once, here, for every trial
+            out[arm]["eval_tasks"] = [[name, str(directory)] for name, directory in
+                                      resolve_eval_tasks(config.eval, Path(out[arm]["directory"]))]
+        task_dirs = [Path(directory) for _, directory in arm_eval_tasks(config.eval, out[arm])]
+        if not task_dirs[0].is_dir():
             raise FileNotFoundError(f"arm {arm}: evaluation task {config.eval.task!r} was not built")
-        scored_on.add((load_task(task_dir).hash, config.eval.split))
+        scored_on.add((tuple(load_task(directory).hash for directory in task_dirs), config.eval.split))
     if len(scored_on) != 1:
         raise UsageError("arms are scored on different task contents or splits; comparison refused")
     return out

@@ -147,8 +147,7 @@ class Study:
             raise ConfigError("study.arms: all arms must train the same phase")
         if self.disclosed_overlap is not None and not self.disclosed_overlap.strip():
             raise ConfigError("study.disclosed_overlap: must say what the policy is, or be None")
-        if self.metric not in METRICS:
-            raise ConfigError(f"study.metric: {self.metric!r}; valid: {list(METRICS)}")
+        self._check_metric()
         if self.budget_unit not in ("", *BUDGET_UNITS):
             raise ConfigError(f"study.budget_unit: {self.budget_unit!r}; valid: {list(BUDGET_UNITS)}")
         # Resolved once, so a study and its JSON round trip compare equal.
@@ -171,6 +170,26 @@ class Study:
         self._check_search()
         self._check_tuning_seeds()
         self._check_budget()
+
+    def _check_metric(self) -> None:
+        """`metric` is one of `METRICS` (the main task's) or, when the arms score a panel of
+        tasks (`EvalConfig.tasks`, `hub_tasks`), "<task>/<metric>" or "mean/<metric>"
+        (`embedlab.evaluate.panel.resolve_study_metric`); every arm must score the same panel."""
+        panels = {config.eval.task_names for config in self.arms.values()}
+        if len(panels) != 1 and any(config.eval.panel for config in self.arms.values()):
+            raise ConfigError(f"study.arms: arms score different task panels {sorted(panels)}; a comparison needs "
+                              "every arm scored on the same tasks")
+        if self.metric in METRICS:
+            return
+        names = panels.pop()
+        if len(panels) > 0 or len(names) == 1:
+            raise ConfigError(f"study.metric: {self.metric!r}; valid: {list(METRICS)}")
+        from embedlab.evaluate.panel import UnknownPanelMetric, resolve_study_metric
+
+        try:
+            resolve_study_metric(self.metric, names, METRICS)
+        except UnknownPanelMetric as error:
+            raise ConfigError(f"study.metric: {error.args[0]}; or the main task's plain {', '.join(METRICS)}") from None
 
     def _check_controlled(self) -> None:
         flat = {arm: flatten(config.to_dict()) for arm, config in self.arms.items()}

@@ -655,16 +655,19 @@ def run_contrastive(trial: TrialConfig, prepared, *, storage_path: Path, name: s
     """
     from embedlab.data.contamination import check_mined_negatives, check_training_data
     from embedlab.data.pair_stream import pair_dataset, pair_table_path
-    from embedlab.evaluate.checkpoint_eval import resolve_task
+    from embedlab.evaluate.checkpoint_eval import arm_eval_tasks
 
     settings = trial.contrastive
     shares = dict(settings.pairs)
     pairs_path = pair_table_path(prepared, list(shares), progress, data=trial.data)
-    task_dir = resolve_task(trial.eval.task, prepared.directory)
+    # Every task of a panel, as the sweep resolved them into the prepared record.
+    record = {**prepared.record, "directory": str(prepared.directory)}
+    task_dirs = [Path(directory) for _, directory in arm_eval_tasks(trial.eval, record)]
     # The sweep checked these pairs before any trial started; the audit is saved, so this
     # costs nothing there and covers a run started on its own. A user pair's given negatives
     # are in the table, so they are checked with it.
-    check_training_data(prepared, task_dir, overlap_policy, progress, pairs_path=pairs_path)
+    for task_dir in task_dirs:
+        check_training_data(prepared, task_dir, overlap_policy, progress, pairs_path=pairs_path)
     schedule, offsets = trial_pair_schedule(trial, pairs_path)
     mined = given = None
     if trial.phase == 3 and settings.hard_negatives:
@@ -672,7 +675,8 @@ def run_contrastive(trial: TrialConfig, prepared, *, storage_path: Path, name: s
         if settings.mine_negatives:
             mined = mine_for_phase3(trial, prepared, pairs_path, schedule, offsets, progress)
             # Mined negatives exist only now: checked here, after mining and before training.
-            check_mined_negatives(prepared, task_dir, mined, overlap_policy, progress)
+            for task_dir in task_dirs:
+                check_mined_negatives(prepared, task_dir, mined, overlap_policy, progress)
     rows = pair_dataset(
         pairs_path, schedule, offsets, tokenizer_path=prepared.tokenizer_path, length=settings.pair_length,
         query_prefix=settings.query_prefix, passage_prefix=settings.passage_prefix,
