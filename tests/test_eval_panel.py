@@ -13,6 +13,7 @@ import shutil
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from embedlab.config import ConfigError, EvalConfig, TrialConfig, _build, read_mapping_file
@@ -186,3 +187,101 @@ def test_study_metric_names_a_task_of_the_panel_or_the_mean(panel_dirs):
     mixed = dict(single.arms, **{"mask-30": dataclasses.replace(single.arms["mask-30"], eval=EvalConfig())})
     with pytest.raises(ConfigError, match="arms score different task panels"):
         dataclasses.replace(single, arms=mixed, factor="eval")
+
+
+# ---------------------------------------------------------------------------------------------
+# The paired test of a panel mean
+
+
+def reference_stratified(arms, controls, seed_rng, resamples: int):
+    """The documented protocol, written directly: per replicate the seed rows once, then each task's
+    query columns in task order, and the mean over tasks of each resampled difference matrix's mean."""
+    replicates = []
+    for _ in range(resamples):
+        rows = seed_rng.integers(0, arms[0].shape[0], size=arms[0].shape[0])
+        means = []
+        for arm, control in zip(arms, controls):
+            columns = seed_rng.integers(0, arm.shape[1], size=arm.shape[1])
+            means.append((arm - control)[np.ix_(rows, columns)].mean())
+        replicates.append(sum(means) / len(means))
+    return np.array(replicates)
+
+
+def dyadic(rng, shape) -> np.ndarray:
+    """Values in [0, 1] on a grid of 1/8: every sum below is exact, so the two computations agree bit for bit."""
+    return rng.integers(0, 9, size=shape) / 8
+
+
+def test_stratified_bootstrap_equals_its_direct_reference_exactly():
+    """Fixed seed, three seeds, tasks of 7 and 12 queries: the replicates equal the reference's exactly;
+    with one task they equal the unstratified `paired_bootstrap`'s, draw for draw."""
+    from embedlab.sweep.paired import arm_generator, paired_bootstrap, stratified_paired_bootstrap
+
+    rng = np.random.default_rng(5)
+    arms = [dyadic(rng, (3, 7)), dyadic(rng, (3, 12))]
+    controls = [dyadic(rng, (3, 7)), dyadic(rng, (3, 12))]
+
+    ours = stratified_paired_bootstrap(arms, controls, rng=arm_generator("wide"), resamples=500)
+
+    expected = reference_stratified(arms, controls, arm_generator("wide"), 500)
+    assert np.array_equal(ours, expected)
+    assert len(set(ours.tolist())) > 50  # the replicates vary: the test compares real draws
+    one = stratified_paired_bootstrap(arms[:1], controls[:1], rng=arm_generator("wide"), resamples=500)
+    assert np.array_equal(one, paired_bootstrap(arms[0], controls[0], rng=arm_generator("wide"), resamples=500))
+    with pytest.raises(ValueError, match="every task needs the same seeds"):
+        stratified_paired_bootstrap([arms[0], arms[1][:2]], [controls[0], controls[1][:2]], rng=rng)
+
+
+def write_panel_run(root: Path, metric: str, values: dict) -> Path:
+    """A run directory scored on a two-task panel: study record, finished rows, per-query files as
+    `score_trial` keys them (`values[(arm, seed)][task]` a (Q_task,) array)."""
+    run_dir = root / "run"
+    (run_dir / "trials").mkdir(parents=True)
+    (run_dir / "per_query").mkdir()
+    arms = sorted({arm for arm, _ in values})
+    record = {"study": {"name": "panel", "factor": "masking.ratio", "arms": {a: {} for a in arms}, "seeds": [0, 1, 2],
+                        "budget_tokens": 1000, "budget_unit": "tokens", "metric": metric}, "arm_order": arms}
+    (run_dir / "study.json").write_text(json.dumps(record))
+    for (arm, seed), by_task in values.items():
+        trial_id = f"{arm}-{seed}"
+        per_query = {f"{task}/dev/ndcg@10": {f"{task}-q{i:02d}": float(v) for i, v in enumerate(array)}
+                     for task, array in by_task.items()}
+        per_query["dev/ndcg@10"] = per_query["shell-utils/dev/ndcg@10"]
+        row = {"trial_id": trial_id, "arm": arm, "seed": seed, "stage": "final", "status": "finished",
+               "budget/tokens": 1000, "dev/ndcg@10": float(by_task["shell-utils"].mean()),
+               metric: sum(float(a.mean()) for a in by_task.values()) / len(by_task)}
+        (run_dir / "trials" / f"{trial_id}.json").write_text(json.dumps(row))
+        (run_dir / "per_query" / f"{trial_id}.json").write_text(json.dumps({
+            "trial_id": trial_id, "arm": arm, "seed": seed, "stage": "final", "split": "dev", "task_hash": "t" * 64,
+            "values": per_query, "tasks": list(by_task), "task_hashes": {t: "t" * 64 for t in by_task}}))
+    return run_dir
+
+
+def test_the_table_tests_a_panel_mean_with_the_stratified_bootstrap(tmp_path):
+    """Study metric `mean/dev/ndcg@10`: the table's paired test is the stratified bootstrap (its diff
+    the mean of the task means' differences, its interval from the reference replicates) and says so."""
+    from embedlab.sweep.paired import BOOTSTRAP_SEED, arm_generator, compare_to_control, percentile_interval
+    from embedlab.sweep.table import load_table, render
+
+    rng = np.random.default_rng(11)
+    sizes = {"shell-utils": 9, "data-formats": 14}
+    values = {(arm, seed): {task: np.clip(dyadic(rng, (q,)) + (0.25 if arm == "b-wide" else 0), 0, 2)
+                            for task, q in sizes.items()}
+              for arm in ("a-control", "b-wide") for seed in (0, 1, 2)}
+    run_dir = write_panel_run(tmp_path, "mean/dev/ndcg@10", values)
+
+    comparison = compare_to_control(run_dir, load_table(run_dir), resamples=400)
+
+    assert comparison.strata == ("shell-utils", "data-formats")
+    row = comparison.tests.set_index("arm").loc["b-wide"]
+    arms = [np.stack([values[("b-wide", s)][t] for s in (0, 1, 2)]) for t in sizes]
+    controls = [np.stack([values[("a-control", s)][t] for s in (0, 1, 2)]) for t in sizes]
+    expected = reference_stratified(arms, controls, arm_generator("b-wide", BOOTSTRAP_SEED), 400)
+    assert row["diff"] == sum(float((a - c).mean()) for a, c in zip(arms, controls)) / 2
+    assert row["queries"] == 23 and row["seeds"] == 3
+    assert row["se"] == float(expected.std(ddof=1))
+    assert (row["ci_low"], row["ci_high"]) == percentile_interval(expected, 1 - row["ci_level"])
+    assert "stratified by task (queries resampled within each of shell-utils, data-formats)" in render(run_dir)
+    plain = compare_to_control(write_panel_run(tmp_path / "plain", "dev/ndcg@10", values), load_table(
+        tmp_path / "plain" / "run"), resamples=400)
+    assert plain.strata == () and plain.tests.set_index("arm").loc["b-wide", "queries"] == 9

@@ -37,6 +37,17 @@ MDE = (z_{1 - alpha/(2m)} + z_{0.80}) x SE: the true paired difference a two-sid
 at Holm's strictest per-arm level alpha/m (Bonferroni) detects with 80% power. A smaller
 observed difference that is "not significant" is not evidence of no effect.
 
+A panel mean. When the study metric is a panel's mean (``mean/dev/ndcg@10``: the unweighted
+mean over T tasks, `embedlab.evaluate.panel`), each task t has its own paired differences
+D_t, shape (S, Q_t), over the seeds the arm and the control finished and the task's queries,
+and theta = (1/T) sum_t mean(D_t). The bootstrap is stratified by task: each replicate draws
+the seed rows once, `rng.integers(0, S, size=S)`, shared by every task (a seed is one trained
+model, scored on every task), then, for each task in panel order, that task's query columns
+`rng.integers(0, Q_t, size=Q_t)`, and is theta*_b = (1/T) sum_t mean(D_t[seeds][:, queries_t])
+(`stratified_paired_bootstrap`). Queries are resampled within their task only, so every task
+keeps its weight 1/T in every replicate, as in the mean itself. With one task it is the
+bootstrap above, draw for draw. Interval, p-value, correction and MDE are as above.
+
 Limitation: with few seeds (2-3) the seed resampling is coarse and the bootstrap understates
 seed-to-seed variance; the seed-level Student's t intervals of the table stay beside it.
 """
@@ -81,6 +92,7 @@ class PerQuery:
     query_ids: dict[str, tuple[str, ...]]
     values: dict[str, dict[tuple[str, int], np.ndarray]]
     missing: tuple[str, ...] = ()
+    tasks: tuple[str, ...] = ()  # a panel's task names, in panel order (values under "<task>/<metric>")
 
 
 def load_per_query(run_dir: str | Path, table: pd.DataFrame) -> PerQuery | None:
@@ -97,6 +109,7 @@ def load_per_query(run_dir: str | Path, table: pd.DataFrame) -> PerQuery | None:
         return None
     rows = {str(row["trial_id"]): row for row in final_trials(table).to_dict("records")}
     split = task_hash = reference = None
+    tasks: tuple[str, ...] = ()
     query_ids: dict[str, tuple[str, ...]] = {}
     first_trial: dict[str, str] = {}
     values: dict[str, dict[tuple[str, int], np.ndarray]] = {}
@@ -116,10 +129,10 @@ def load_per_query(run_dir: str | Path, table: pd.DataFrame) -> PerQuery | None:
                                  f"{row[key]!r} for trial {trial_id}")
         if record.get("stage", "final") != "final":
             raise ValueError(f"{location}: stage {record.get('stage')!r}, but trial {trial_id} is a final trial")
-        scored_on = (record.get("split"), record.get("task_hash"))
+        scored_on = (record.get("split"), record.get("task_hash"), tuple(record.get("tasks") or ()))
         if reference is None:
-            split, task_hash, reference = *scored_on, trial_id
-        elif scored_on != (split, task_hash):
+            split, task_hash, tasks, reference = *scored_on, trial_id
+        elif scored_on != (split, task_hash, tasks):
             raise ValueError(
                 f"{location}: trial {trial_id} was scored on split {scored_on[0]!r} of task {str(scored_on[1])[:12]}, "
                 f"trial {reference} on split {split!r} of task {str(task_hash)[:12]}; values of different "
@@ -147,7 +160,7 @@ def load_per_query(run_dir: str | Path, table: pd.DataFrame) -> PerQuery | None:
             values.setdefault(metric, {})[(row["arm"], int(row["seed"]))] = array
         found.add(trial_id)
     return PerQuery(split=split or "", task_hash=task_hash or "", query_ids=query_ids, values=values,
-                    missing=tuple(t for t in rows if t not in found))
+                    missing=tuple(t for t in rows if t not in found), tasks=tasks)
 
 
 def arm_generator(arm: str, seed: int = BOOTSTRAP_SEED) -> np.random.Generator:
@@ -177,6 +190,56 @@ def paired_bootstrap(arm: np.ndarray, control: np.ndarray, *, rng: np.random.Gen
         query_counts = np.bincount(rng.integers(0, queries, size=queries), minlength=queries)
         replicates[b] = seed_counts @ differences @ query_counts
     return replicates / (seeds * queries)
+
+
+def stratified_paired_bootstrap(arms: Sequence[np.ndarray], controls: Sequence[np.ndarray], *,
+                                rng: np.random.Generator, resamples: int = RESAMPLES) -> np.ndarray:
+    """(B,) bootstrap replicates of a panel mean's paired difference, stratified by task.
+
+    `arms[t]` and `controls[t]` are task t's (S, Q_t) values: rows are the same S seeds in every
+    task (row s of a task's arm pairs with row s of its control), columns that task's queries.
+    Replicate b draws seed rows i = rng.integers(0, S, size=S) once, then for each task t in
+    order query columns j_t = rng.integers(0, Q_t, size=Q_t), and is the unweighted mean over
+    tasks of the task means, (1/T) sum_t mean(D_t[i][:, j_t]) with D_t = arms[t] - controls[t]:
+    queries are resampled within their own task, and the T task means are averaged (summed in
+    task order, then divided by T). Each task mean is computed as (counts_i @ D_t @ counts_j_t)
+    / (S Q_t), counts being how often each row / column was drawn. With one task this is
+    `paired_bootstrap`, draw for draw."""
+    differences = []
+    for t, (arm, control) in enumerate(zip(arms, controls, strict=True)):
+        arm, control = np.asarray(arm, dtype=float), np.asarray(control, dtype=float)
+        if arm.ndim != 2 or arm.shape != control.shape or 0 in arm.shape:
+            raise ValueError(f"task {t}: arm {arm.shape} and control {control.shape}: need two equal (seeds, "
+                             "queries) shapes with at least one seed and one query")
+        differences.append(arm - control)
+    if not differences:
+        raise ValueError("a stratified bootstrap needs at least one task")
+    seeds = differences[0].shape[0]
+    if any(d.shape[0] != seeds for d in differences):
+        raise ValueError(f"tasks hold {[d.shape[0] for d in differences]} seeds; every task needs the same seeds")
+    if resamples < 2:
+        raise ValueError(f"resamples: {resamples}; a standard error needs at least 2")
+    replicates = np.empty(resamples)
+    for b in range(resamples):
+        seed_counts = np.bincount(rng.integers(0, seeds, size=seeds), minlength=seeds)
+        means = []
+        for d in differences:
+            queries = d.shape[1]
+            query_counts = np.bincount(rng.integers(0, queries, size=queries), minlength=queries)
+            means.append((seed_counts @ d @ query_counts) / (seeds * queries))
+        replicates[b] = sum(means) / len(means)
+    return replicates
+
+
+def panel_strata(per_query: PerQuery, metric: str) -> list[str] | None:
+    """The per-query keys a panel mean `metric` ("mean/<m>") averages, "<task>/<m>" in panel
+    order; None when `metric` is not a panel mean of `per_query`'s panel."""
+    from embedlab.evaluate.panel import MEAN
+
+    prefix, _, measure = metric.partition("/")
+    if prefix != MEAN or not per_query.tasks:
+        return None
+    return [f"{task}/{measure}" for task in per_query.tasks]
 
 
 def bootstrap_p(replicates: np.ndarray) -> Fraction:
@@ -252,19 +315,32 @@ def paired_tests(per_query: PerQuery, metric: str, arms: Sequence[str], *, alpha
     of the family (m counts the arms tested)."""
     if len(arms) < 2:
         raise ValueError(f"arms: {list(arms)}; a paired test needs a control and at least one other arm")
-    control, by_trial = arms[0], per_query.values.get(metric, {})
-    queries = len(per_query.query_ids.get(metric, ()))
-    control_seeds = {s for a, s in by_trial if a == control}
+    control = arms[0]
+    strata = panel_strata(per_query, metric)
+    keys = strata or [metric]  # a panel mean: one stratum per task; else the metric itself
+    by_key = [per_query.values.get(key, {}) for key in keys]
+    queries = sum(len(per_query.query_ids.get(key, ())) for key in keys)
+
+    def seeds_of(arm: str) -> set[int]:  # seeds with values in every stratum
+        return set.intersection(*({s for a, s in by_trial if a == arm} for by_trial in by_key))
+
+    control_seeds = seeds_of(control)
     rows, replicates = [], {}
     for arm in arms[1:]:
-        seeds = sorted({s for a, s in by_trial if a == arm} & control_seeds)
+        seeds = sorted(seeds_of(arm) & control_seeds)
         row = {column: math.nan for column in COLUMNS} | {"arm": arm, "seeds": len(seeds), "queries": queries,
                                                           "significant": False}
         if seeds:
-            ours = np.stack([by_trial[(arm, s)] for s in seeds])
-            theirs = np.stack([by_trial[(control, s)] for s in seeds])
-            replicates[arm] = paired_bootstrap(ours, theirs, rng=arm_generator(arm, seed), resamples=resamples)
-            row.update(diff=float((ours - theirs).mean()), se=float(replicates[arm].std(ddof=1)))
+            ours = [np.stack([by_trial[(arm, s)] for s in seeds]) for by_trial in by_key]
+            theirs = [np.stack([by_trial[(control, s)] for s in seeds]) for by_trial in by_key]
+            rng = arm_generator(arm, seed)
+            if strata is None:
+                replicates[arm] = paired_bootstrap(ours[0], theirs[0], rng=rng, resamples=resamples)
+                diff = float((ours[0] - theirs[0]).mean())
+            else:
+                replicates[arm] = stratified_paired_bootstrap(ours, theirs, rng=rng, resamples=resamples)
+                diff = sum(float((o - t).mean()) for o, t in zip(ours, theirs)) / len(ours)
+            row.update(diff=diff, se=float(replicates[arm].std(ddof=1)))
         rows.append(row)
     tested = [row for row in rows if row["arm"] in replicates]
     raw = [bootstrap_p(replicates[row["arm"]]) for row in tested]
@@ -291,6 +367,14 @@ class PairedComparison:
     tests: pd.DataFrame | None = field(default=None, repr=False)
     unavailable: str = ""
     missing: tuple[str, ...] = ()
+    strata: tuple[str, ...] = ()  # a panel mean's tasks: the bootstrap is stratified by them
+
+    @property
+    def test(self) -> str:
+        """The test's name: `TEST`, and for a panel mean the tasks its queries are resampled within."""
+        if not self.strata:
+            return TEST
+        return f"{TEST}, stratified by task (queries resampled within each of {', '.join(self.strata)})"
 
     @property
     def header(self) -> str:
@@ -299,7 +383,7 @@ class PairedComparison:
             return f"paired per-query test: unavailable: {self.unavailable}"
         m = int((self.tests["seeds"] > 0).sum())
         missing = f"; {len(self.missing)} final trial(s) without per-query values left out" if self.missing else ""
-        return (f"paired per-query test of {self.metric} vs control {self.control}: {TEST} ({self.resamples:,} "
+        return (f"paired per-query test of {self.metric} vs control {self.control}: {self.test} ({self.resamples:,} "
                 f"resamples, numpy seed {self.seed}), percentile intervals{missing}\n"
                 f'"significant" = Holm-Bonferroni-adjusted p <= {self.alpha:g} across {m} non-control arm(s) '
                 f"(family-wise alpha {self.alpha:g}), i.e. the corrected interval excludes 0; "
@@ -318,11 +402,13 @@ def compare_to_control(run_dir: str | Path, table: pd.DataFrame, *, alpha: float
                                                     "trials recorded per-query values); seed-level intervals only")
     if len(arms) < 2:
         return PairedComparison(**base, unavailable="the study has fewer than two arms")
-    if not per_query.values.get(metric):
+    strata = panel_strata(per_query, metric)
+    if not all(per_query.values.get(key) for key in strata or [metric]):
         return PairedComparison(**base, missing=per_query.missing,
                                 unavailable=f"no per-query {metric} values for the finished final trials")
     tests = paired_tests(per_query, metric, arms, alpha=alpha, resamples=resamples, seed=seed)
-    return PairedComparison(**base, tests=tests, missing=per_query.missing)
+    return PairedComparison(**base, tests=tests, missing=per_query.missing,
+                            strata=per_query.tasks if strata else ())
 
 
 def cells(tests: pd.DataFrame, resamples: int = RESAMPLES) -> pd.DataFrame:

@@ -483,7 +483,7 @@ def _paired_json(comparison) -> dict:
     from embedlab.sweep import paired
 
     return {
-        "metric": comparison.metric, "control": comparison.control, "test": paired.TEST,
+        "metric": comparison.metric, "control": comparison.control, "test": comparison.test,
         "interval": "percentile, at the Holm step-down level of each arm", "correction": "holm-bonferroni",
         "alpha": comparison.alpha, "resamples": comparison.resamples, "seed": comparison.seed,
         "power": paired.POWER, "significant_means": comparison.header.splitlines()[-1],
