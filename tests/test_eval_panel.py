@@ -285,3 +285,54 @@ def test_the_table_tests_a_panel_mean_with_the_stratified_bootstrap(tmp_path):
     plain = compare_to_control(write_panel_run(tmp_path / "plain", "dev/ndcg@10", values), load_table(
         tmp_path / "plain" / "run"), resamples=400)
     assert plain.strata == () and plain.tests.set_index("arm").loc["b-wide", "queries"] == 9
+
+
+# ---------------------------------------------------------------------------------------------
+# The contamination pre-flight
+
+
+def prepared_by_hand(root: Path, documents: list[tuple[str, str, str]]) -> dict:
+    """A prepared data directory with only what the phase-1 audit reads: a corpus of training-split
+    documents (doc id, title, text) of one source, and a tokenizer sample of all of them."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (root / "corpus").mkdir(parents=True)
+    (root / "corpus" / "manifest.json").write_text(json.dumps({"hash": "by-hand"}))
+    ids, titles, texts = (list(column) for column in zip(*documents))
+    pq.write_table(pa.table({"doc_id": ids, "title": titles, "text": texts, "split": ["train"] * len(ids),
+                             "source": ["docs"] * len(ids)}), root / "corpus" / "documents.parquet")
+    pq.write_table(pa.table({"doc_id": ids}), root / "tokenizer_sample.parquet")
+    return {"mixture": {"shares": {"docs": 1.0}}, "config": {"near_duplicate_threshold": 0.8},
+            "directory": str(root)}
+
+
+def test_preflight_audit_finds_a_planted_query_of_the_second_task(tmp_path, panel_dirs, data_task):
+    """The sweep's pre-flight audits the training data against every task of the panel: a test query
+    of the second task quoted in a training document is found (and refused without a disclosed
+    policy), though the main task is clean."""
+    from embedlab.data.audit import ContaminationError
+    from embedlab.sweep.run import _check_contamination
+
+    query_id = next(q for q in sorted(data_task.qrels["test"]) if len(data_task.queries[q].split()) >= 8)
+    background = [(f"os:{name}", name, body) for name, _, body in docstring_records(__import__("os"))][:20]
+    planted = ("leak:1", "notes", f"As the manual puts it: {data_task.queries[query_id]} That is all there is.")
+    clean = prepared_by_hand(tmp_path / "clean", background)
+    leaky = prepared_by_hand(tmp_path / "leaky", [*background, planted])
+    lines: list[str] = []
+
+    assert _check_contamination(panel_study("mean/dev/ndcg@10", panel_dirs), {"mask-15": clean, "mask-30": clean},
+                                lines.append) == []
+    with pytest.raises(ContaminationError, match=f"data-formats query {query_id} ~ pretraining leak:1"):
+        _check_contamination(panel_study("mean/dev/ndcg@10", panel_dirs), {"mask-15": leaky, "mask-30": leaky},
+                             lines.append)
+    findings = _check_contamination(panel_study("mean/dev/ndcg@10", panel_dirs, disclosed_overlap="quoted once"),
+                                    {"mask-15": leaky, "mask-30": leaky}, lines.append)
+    assert {(f["task"], f["item_id"], f["stage"], f["stage_item_id"], f["match"]) for f in findings} == {
+        ("data-formats", query_id, "pretraining", "leak:1", "contained"),
+        ("data-formats", query_id, "tokenizer-sample", "leak:1", "contained"),
+    }
+    alone = panel_study("dev/ndcg@10", panel_dirs)  # the main task alone: nothing of it leaked
+    alone = dataclasses.replace(alone, arms={arm: dataclasses.replace(config, eval=EvalConfig(task=panel_dirs[0][1]))
+                                             for arm, config in alone.arms.items()})
+    assert _check_contamination(alone, {"mask-15": leaky, "mask-30": leaky}, lines.append) == []
