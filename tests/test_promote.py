@@ -346,3 +346,38 @@ def test_the_tour_carries_on_with_the_arm_the_refusal_names(tmp_path, tokenizer)
     promotion = promote_stage(run_dir, dict(max_retention_drop=0.10, progress=lines.append))
     assert promotion["winner"]["arm"] == "joint (mlm 0.3)"
     assert any(line.startswith("promote: refused: winner 'contrastive-only' breaks") for line in lines), lines
+
+
+def test_a_panel_metric_picks_on_it_and_reports_the_same_tasks_test_split(tmp_path, tokenizer):
+    """Study metric `mean/dev/ndcg@10` of a two-task panel: the arm best on the mean wins though the
+    other is best on the main task's dev; the final eval is each task's test number, as the evaluator
+    gives it for the winner's checkpoint, and their plain mean; `<task>/dev/...` reports that task only."""
+    from embedlab.evaluate.checkpoint_eval import evaluate_checkpoint
+
+    alpha = _task(tmp_path / "alpha")
+    beta = _task(tmp_path / "beta", test_targets={f"q{i}": f"d{i + 12}" for i in range(6, 12)})
+    dev = {"single-15": [0.40, 0.40], "mixed-dual-heads": [0.30, 0.30]}
+    run_dir = _run_dir(tmp_path, tokenizer, dev=dev, eval_config={**EVAL, "task": str(alpha), "tasks": [str(beta)]})
+    hashes = {"alpha/eval/task_hash": load_task(alpha).hash, "beta/eval/task_hash": load_task(beta).hash}
+    for path in (run_dir / "trials").glob("*.json"):
+        row = json.loads(path.read_text())
+        mean = 0.5 if row["arm"] == "mixed-dual-heads" else 0.35
+        path.write_text(json.dumps({**row, **hashes, "mean/dev/ndcg@10": mean + 0.01 * row["seed"],
+                                    "beta/dev/ndcg@10": 0.6 if row["arm"] == "single-15" else 0.2}))
+
+    with pytest.raises(PromotionError, match="recipe-dev"):
+        promote(run_dir, metric="mean/test/ndcg@10", progress=lambda m: None)
+    promotion = promote(run_dir, metric="mean/dev/ndcg@10", progress=lambda m: None)
+
+    assert promotion["winner"]["arm"] == "mixed-dual-heads" and promotion["winner"]["seed"] == 1
+    scored = promotion["final_eval"]
+    singles = {name: evaluate_checkpoint(Path(promotion["checkpoint"]), load_task(directory), "test",
+                                         batch_size=8, max_length=64)["ndcg@10"]
+               for name, directory in (("alpha", alpha), ("beta", beta))}
+    assert scored["metric"] == "mean/test/ndcg@10" and scored["note"] == FINAL_EVAL_NOTE
+    assert {name: entry["value"] for name, entry in scored["tasks"].items()} == singles
+    assert singles["alpha"] != singles["beta"] and scored["value"] == (singles["alpha"] + singles["beta"]) / 2
+    assert scored["queries"] == 12
+    one = promote(run_dir, metric="beta/dev/ndcg@10", progress=lambda m: None)
+    assert one["winner"]["arm"] == "single-15" and one["final_eval"]["metric"] == "beta/test/ndcg@10"
+    assert list(one["final_eval"]["tasks"]) == ["beta"]

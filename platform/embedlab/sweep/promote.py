@@ -177,7 +177,7 @@ def promote(
     record = read_study_record(run_dir)
     study = record["study"]
     metric = metric or study["metric"]
-    if not metric.startswith("dev/"):
+    if not dev_measure(metric).startswith("dev/"):
         raise PromotionError(f"--metric {metric}: promotion reads recipe-dev metrics only (dev/...); "
                              "final-eval numbers never take part in selection")
     if max_retention_drop < 0:
@@ -280,6 +280,13 @@ def retention_line(metric: str, drop: dict[str, Any]) -> str:
             f"(drop {drop['worst_drop']:+.4f})")
 
 
+def dev_measure(metric: str) -> str:
+    """The per-task measure a study metric names: itself for "dev/<name>", "dev/<name>" for a
+    panel's "<task>/dev/<name>" or "mean/dev/<name>" (`embedlab.evaluate.panel`)."""
+    _, _, rest = metric.partition("/")
+    return rest if rest.startswith("dev/") else metric
+
+
 def final_eval(run_dir: str, record: dict[str, Any], row: dict[str, Any], metric: str) -> dict[str, Any]:
     """The checkpoint of trial `row` (the winner) scored on the final-eval split of the task its
     arm was scored on, for `metric`'s measure (dev/ndcg@10 -> test/ndcg@10).
@@ -289,39 +296,85 @@ def final_eval(run_dir: str, record: dict[str, Any], row: dict[str, Any], metric
     it did when the trial was scored (`eval/task_hash`). Returns {"split": "test", "metric":
     "test/<name>", "value", "note", "task", "task_hash", "queries", "checkpoint_hash"}; when
     the task cannot be found, has no test split or has changed, "value" is None and "reason"
-    says why."""
-    from embedlab.config import EvalConfig
-    from embedlab.evaluate.beir import load_task
-    from embedlab.evaluate.checkpoint_eval import evaluate_checkpoint, resolve_task
+    says why.
 
-    name = metric.split("/", 1)[1]
-    entry: dict[str, Any] = {"split": FINAL_EVAL_SPLIT, "metric": f"{FINAL_EVAL_SPLIT}/{name}", "value": None,
-                             "note": FINAL_EVAL_NOTE}
+    A panel's metric scores the same task(s): "<task>/dev/<name>" that task (metric
+    "<task>/test/<name>"), "mean/dev/<name>" every task of the panel and their unweighted mean
+    ("mean/test/<name>", None unless every task has a number); "tasks" holds each task's entry,
+    each checked against its own ``<task>/eval/task_hash``."""
+    from embedlab.config import EvalConfig, _build
+
+    measure = dev_measure(metric)
+    name = measure.split("/", 1)[1]
+    panel_prefix = metric.split("/", 1)[0] if measure != metric else None
+    label = f"{FINAL_EVAL_SPLIT}/{name}" if panel_prefix is None else f"{panel_prefix}/{FINAL_EVAL_SPLIT}/{name}"
+    entry: dict[str, Any] = {"split": FINAL_EVAL_SPLIT, "metric": label, "value": None, "note": FINAL_EVAL_NOTE}
     arm = row["arm"]
     arm_config = record["study"]["arms"].get(arm) or {}
     if "eval" not in arm_config:
         return {**entry, "reason": f"the study record holds no eval config for arm {arm} (written before "
                                    "arms were recorded in full), so its task is unknown"}
-    config = EvalConfig(**arm_config["eval"])
+    config = _build(EvalConfig, arm_config["eval"], "eval")
     if config.split == FINAL_EVAL_SPLIT:
         return {**entry, "reason": f"arm {arm} was scored on the {FINAL_EVAL_SPLIT} split itself, so no "
                                    "held-out final-eval split is left"}
     prepared_location = store.join(run_dir, PREPARED_FILE)
     prepared = json.loads(store.read_text(prepared_location)) if store.is_file(prepared_location) else {}
-    prepared_dir = prepared.get(arm, {}).get("directory")
+    arm_prepared = prepared.get(arm, {})
+    prepared_dir = arm_prepared.get("directory")
+    if panel_prefix is None:
+        return {**entry, **_score_final(config.task, lambda: config.task, prepared_dir, row, "eval/task_hash", name,
+                                        config)}
+    recorded = dict(arm_prepared.get("eval_tasks") or [])
+    names = list(config.task_names) if panel_prefix == "mean" else [panel_prefix]
+    hubs = {spec.name: spec for spec in config.hub_tasks}
+    sources = dict(zip(config.task_names, (config.task, *config.tasks, *config.hub_tasks)))
+
+    def locate(task: str):
+        def where() -> str:
+            if task in recorded:
+                return recorded[task]
+            if task in hubs:  # materialised again from the pinned revision (a cache hit on this machine)
+                from embedlab.evaluate.hub_tasks import materialise_hub_task
+
+                return str(materialise_hub_task(hubs[task]).directory)
+            return sources[task]
+        return where
+
+    tasks = {task: {"metric": f"{FINAL_EVAL_SPLIT}/{name}",
+                    **_score_final(task, locate(task), prepared_dir, row, f"{task}/eval/task_hash", name, config)}
+             for task in names}
+    values = [scored["value"] for scored in tasks.values()]
+    missing = [task for task, scored in tasks.items() if scored["value"] is None]
+    if missing:
+        return {**entry, "tasks": tasks, "reason": "; ".join(f"{task}: {tasks[task]['reason']}" for task in missing)}
+    return {**entry, "value": math.fsum(values) / len(values), "tasks": tasks, "task": ", ".join(names),
+            "queries": sum(scored["queries"] for scored in tasks.values()),
+            "checkpoint_hash": next(iter(tasks.values()))["checkpoint_hash"]}
+
+
+def _score_final(task_label: str, locate: Callable[[], str], prepared_dir: str | None, row: dict[str, Any],
+                 hash_column: str, name: str, config) -> dict[str, Any]:
+    """One task's final-eval number for `final_eval`: {"value", "task", "task_hash", "queries",
+    "checkpoint_hash"}, or {"value": None, "reason"}. `locate()` gives the task as `resolve_task`
+    takes it (a BEIR directory or a built-in name); its hash must still be `row[hash_column]`."""
+    from embedlab.evaluate.beir import load_task
+    from embedlab.evaluate.checkpoint_eval import evaluate_checkpoint, resolve_task
+
     try:  # every split, so the hash is the one the trial rows recorded
-        task = load_task(resolve_task(config.task, Path(prepared_dir) if prepared_dir else None))
+        task = load_task(resolve_task(locate(), Path(prepared_dir) if prepared_dir else None))
     except (FileNotFoundError, ValueError) as error:  # TaskFormatError is a ValueError: e.g. no test qrels
-        return {**entry, "reason": f"task {config.task!r}: {error}"}
-    scored_on = row.get("eval/task_hash")
+        return {"value": None, "reason": f"task {task_label!r}: {error}"}
+    scored_on = row.get(hash_column)
     if isinstance(scored_on, str) and scored_on != task.hash:
-        return {**entry, "reason": f"task {config.task!r} now hashes {task.hash[:12]}, but trial {row['trial_id']} "
-                                   f"was scored on {scored_on[:12]}: its content changed since the study ran"}
+        return {"value": None, "reason": f"task {task_label!r} now hashes {task.hash[:12]}, but trial "
+                                         f"{row['trial_id']} was scored on {scored_on[:12]}: its content changed "
+                                         "since the study ran"}
     scores = evaluate_checkpoint(Path(row["checkpoint"]), task, FINAL_EVAL_SPLIT, batch_size=config.batch_size,
                                  max_length=config.max_length, index=config.index)
     if name not in scores:
-        return {**entry, "reason": f"the evaluator reports no {name} (it reports {', '.join(sorted(scores))})"}
-    return {**entry, "value": float(scores[name]), "task": task.name, "task_hash": task.hash,
+        return {"value": None, "reason": f"the evaluator reports no {name} (it reports {', '.join(sorted(scores))})"}
+    return {"value": float(scores[name]), "task": task.name, "task_hash": task.hash,
             "queries": int(scores["queries"]), "checkpoint_hash": scores["checkpoint_hash"]}
 
 
