@@ -336,3 +336,35 @@ def test_preflight_audit_finds_a_planted_query_of_the_second_task(tmp_path, pane
     alone = dataclasses.replace(alone, arms={arm: dataclasses.replace(config, eval=EvalConfig(task=panel_dirs[0][1]))
                                              for arm, config in alone.arms.items()})
     assert _check_contamination(alone, {"mask-15": leaky, "mask-30": leaky}, lines.append) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# `embedlab evaluate --task` with a Hub task and a derived dev split
+
+
+def test_evaluate_command_takes_a_hub_task_and_a_derived_dev_split(tmp_path, monkeypatch, capsys, offline_hub,
+                                                                   shell_task):
+    """`--task hub:<dir>@<revision> --dev-fraction 0.3` scores the derived dev split exactly as BM25 scores
+    `derive_dev_split` of the same task; a TOML spec file of HubTask fields does too; a BEIR folder
+    without dev qrels gets the same split in memory; a malformed hub: argument is one error line."""
+    from embedlab.cli import main
+    from embedlab.evaluate.baselines import evaluate_bm25
+
+    monkeypatch.setenv("EMBEDLAB_CACHE", str(tmp_path / "cache"))
+    hub = write_hub_directory(tmp_path / "shell-utils", shell_task)
+    revision = local_dataset_revision(hub)
+    expected = evaluate_bm25(derive_dev_split(shell_task, 0.3, seed=2)[0], "dev")
+    spec = tmp_path / "shell.toml"
+    spec.write_text(f'name = "shell-utils"\ndataset = "{hub}"\nrevision = "{revision}"\ndev_fraction = 0.3\n'
+                    'dev_seed = 2\n', encoding="utf-8")
+    beir = tmp_path / "beir" / "shell-utils"
+    write_task(shell_task, beir)
+
+    for task in (f"hub:{hub}@{revision}", str(spec), str(beir)):
+        extra = [] if task == str(spec) else ["--dev-fraction", "0.3", "--dev-seed", "2"]
+        assert main(["evaluate", "--encoder", "baseline:bm25", "--task", task, "--split", "dev", "--json", *extra]) == 0
+        scores = json.loads(capsys.readouterr().out)
+        assert {k: scores[k] for k in ("ndcg@10", "recall@100", "mrr@10", "map", "queries", "task_hash")} == \
+            {k: expected[k] for k in ("ndcg@10", "recall@100", "mrr@10", "map", "queries", "task_hash")}, task
+    assert main(["evaluate", "--encoder", "baseline:bm25", "--task", f"hub:{hub}", "--json"]) == 2
+    assert "write a Hub task as hub:<dataset>@<revision>" in capsys.readouterr().err

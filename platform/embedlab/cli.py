@@ -9,7 +9,8 @@
     embedlab table RUN_DIR [--format text|csv|markdown|json]   per-arm mean ± 95% CI, paired differences
     embedlab promote RUN_DIR [--metric dev/ndcg@10] [--max-retention-drop X] [--run]
     embedlab report RUN_DIR [RUN_DIR...] [--out FILE]   the study report: one self-contained HTML page
-    embedlab evaluate --encoder CKPT_DIR --task TASK [--split test] [--json]
+    embedlab evaluate --encoder CKPT_DIR --task TASK [--split test] [--dev-fraction F] [--json]
+                      TASK: a BEIR directory, a built-in name, hub:DATASET@REVISION or a HubTask .toml/.json
     embedlab model params PRESET [--json]
     embedlab model check-cuda [--device cuda|cpu] [--json]   GPU paths vs their CPU-tested oracles
     embedlab export CKPT_DIR OUT_DIR    the inference package: encoder + tokenizer, no MLM heads
@@ -220,16 +221,25 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from embedlab.evaluate.checkpoint_eval import evaluate_checkpoint, resolve_task
     from embedlab.train.checkpoint import verify_checkpoint
 
-    baseline = args.encoder.removeprefix("baseline:") if args.encoder.startswith("baseline:") else None
-    prepared_dir = None
-    if args.task in BUILTIN_TASKS and not Path(args.task).is_dir():
-        from embedlab.config import DataConfig, TrialConfig
+    from embedlab.evaluate.hub_tasks import derive_dev_split, hub_task_argument, load_hub_task
 
-        # The built-in task comes from the same corpus split the checkpoint trained on
-        # (baselines: the default data config, the one `make demo` trains on).
-        data = DataConfig() if baseline else TrialConfig.from_dict(verify_checkpoint(Path(args.encoder))["config"]).data
-        prepared_dir = prepare_data(data, progress=lambda m: print(m, file=sys.stderr)).directory
-    task = load_task(resolve_task(args.task, prepared_dir))
+    baseline = args.encoder.removeprefix("baseline:") if args.encoder.startswith("baseline:") else None
+    spec = hub_task_argument(args.task, dev_fraction=args.dev_fraction, dev_seed=args.dev_seed)
+    if spec is not None:  # materialised (with its derived dev split, if any) in the cache, once
+        task = load_hub_task(spec)
+    else:
+        prepared_dir = None
+        if args.task in BUILTIN_TASKS and not Path(args.task).is_dir():
+            from embedlab.config import DataConfig, TrialConfig
+
+            # The built-in task comes from the same corpus split the checkpoint trained on
+            # (baselines: the default data config, the one `make demo` trains on).
+            data = DataConfig() if baseline else TrialConfig.from_dict(
+                verify_checkpoint(Path(args.encoder))["config"]).data
+            prepared_dir = prepare_data(data, progress=lambda m: print(m, file=sys.stderr)).directory
+        task = load_task(resolve_task(args.task, prepared_dir))
+        if args.dev_fraction is not None:  # the same rule as a Hub task's, in memory
+            task, _ = derive_dev_split(task, args.dev_fraction, args.dev_seed)
     if baseline is not None:
         from embedlab.evaluate.baselines import evaluate_baseline
 
@@ -495,7 +505,17 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = sub.add_parser("evaluate", help="score a checkpoint on a retrieval task")
     evaluate.add_argument("--encoder", required=True,
                           help="a checkpoint directory, baseline:bm25 or baseline:all-MiniLM-L6-v2")
-    evaluate.add_argument("--task", required=True, help="a BEIR directory or a built-in task name")
+    evaluate.add_argument("--task", required=True,
+                          help="a BEIR directory, a built-in task name, a Hub task as hub:DATASET@REVISION "
+                               "(BEIR/MTEB layout: corpus, queries and default qrels configs; REVISION a commit "
+                               "sha, tag or branch, resolved to its commit; for a local directory in that layout, "
+                               "its content digest sha256:...), or a .toml/.json file of HubTask fields (name, "
+                               "dataset, revision, qrels_dataset, splits, ...; see embedlab.evaluate.hub_tasks)")
+    evaluate.add_argument("--dev-fraction", type=float, default=None,
+                          help="for a task without dev qrels: move this share of its train queries to a derived "
+                               "dev split (seeded by query id, frozen with a Hub task's cached folder); a task "
+                               "with its own dev split keeps it")
+    evaluate.add_argument("--dev-seed", type=int, default=0, help="seed of the derived dev split (default 0)")
     evaluate.add_argument("--split", default="test", help="qrels split to score (default test)")
     evaluate.add_argument("--index", default="flat", choices=["flat", "ivf", "hnsw"],
                           help="Faiss index: exact flat (default) or approximate ivf/hnsw")

@@ -206,6 +206,34 @@ class MaterialisedTask:
     provenance: dict[str, Any] = field(repr=False)
 
 
+# --- naming a task on the command line -----------------------------------------------------
+
+HUB_PREFIX = "hub:"
+
+
+def hub_task_argument(text: str, *, dev_fraction: float | None = None, dev_seed: int = 0) -> HubTask | None:
+    """The HubTask a command-line task names, or None when it names none (a BEIR directory or a
+    built-in task name is resolved elsewhere).
+
+    ``hub:<dataset>@<revision>`` (the last "@" splits; a local directory in the Hub layout works
+    too, pinned by its `local_dataset_revision`) names the task after the dataset's last path
+    component, with the default configs; a ``.toml`` or ``.json`` file holds HubTask fields
+    (name, dataset, revision, ...). `dev_fraction` / `dev_seed`, when given, set the derived dev
+    split (overriding a file's)."""
+    dev = {} if dev_fraction is None else {"dev_fraction": dev_fraction, "dev_seed": dev_seed}
+    if text.startswith(HUB_PREFIX):
+        dataset, at, revision = text.removeprefix(HUB_PREFIX).rpartition("@")
+        if not at or not dataset.strip("/"):
+            raise HubTaskError(f"task {text!r}: write a Hub task as {HUB_PREFIX}<dataset>@<revision>, e.g. "
+                               f"{HUB_PREFIX}mteb/scifact@<commit sha>")
+        return HubTask(name=Path(dataset.rstrip("/")).name, dataset=dataset, revision=revision, **dev)
+    if text.endswith((".toml", ".json")) and Path(text).is_file():
+        from embedlab.config import _build, read_mapping_file  # here: config imports this module
+
+        return _build(HubTask, {**read_mapping_file(text), **dev}, f"hub task {text}")
+    return None
+
+
 # --- revisions -------------------------------------------------------------------------------
 
 
