@@ -368,3 +368,43 @@ def test_phase3_mines_negatives_for_user_pairs_beside_built_in_ones(prepared, tm
     assert user and len(user) < len(mined.negatives)
     assert all(n.doc_id in corpus for p in mined.negatives for n in mined.negatives[p])
     assert sum(len(mined.negatives[p]) for p in user) > 0
+
+
+def test_every_positive_of_a_multi_positive_beir_query_is_a_row_of_its_group_and_is_scheduled(prepared, tmp_path):
+    """A BEIR query with three relevant documents is three rows of the frozen pairs table, one per
+    (query, positive), best grade first, ids "<pair id>#<i>", one positive group (never each
+    other's negatives); a one-positive query keeps its pair id. Each row is one positive pair of
+    the budget, and the schedule reads all four rows, each as often as the others (±1)."""
+    from embedlab.data.pair_sources import BEIRPairs, beir_doc_text
+    from embedlab.data.pair_stream import pair_table_path
+    from embedlab.data.user_pairs import RECORD_FILE, user_pairs_dir
+    from embedlab.train.contrastive import trial_pair_schedule
+
+    docs = [summary_and_body(f) for f in USER_FUNCTIONS[:4]]
+    corpus = {f"d{i}": (USER_FUNCTIONS[i].__qualname__, docs[i][1]) for i in range(4)}
+    queries = {"q0": docs[0][0], "q1": docs[3][0]}
+    train = [("q0", "d0", 2), ("q0", "d1", 3), ("q0", "d2", 1), ("q1", "d3", 1)]
+    root = write_beir(tmp_path / "beir", corpus, queries, {"train": train})
+    data = DataConfig(beir_pairs=(BEIRPairs(name="folder", path=str(root), rights=RIGHTS),),
+                      dev_fraction=0.01, test_fraction=0.01, mixture=MixtureConfig(max_epochs=8))
+    path = pair_table_path(prepared, ["folder"], data=data, **QUIET)
+    rows = pq.read_table(path).to_pylist()
+    text = {d: beir_doc_text(*corpus[d]) for d in corpus}
+    assert [(r["pair_id"], r["query"], r["positive"], r["positive_group"], r["doc_ids"]) for r in rows] == [
+        ("folder:q0#0", docs[0][0], text["d1"], "folder:q0", ["folder:d1", "folder:d0", "folder:d2"]),
+        ("folder:q0#1", docs[0][0], text["d0"], "folder:q0", ["folder:d1", "folder:d0", "folder:d2"]),
+        ("folder:q0#2", docs[0][0], text["d2"], "folder:q0", ["folder:d1", "folder:d0", "folder:d2"]),
+        ("folder:q1", docs[3][0], text["d3"], "folder:q1", ["folder:d3"]),
+    ]
+    assert {tuple(r["positives"]) for r in rows[:3]} == {(text["d1"], text["d0"], text["d2"])}
+    assert [r["scores"] for r in rows] == [[3.0, 2.0, 1.0]] * 3 + [[1.0]]
+    record = json.loads((user_pairs_dir(prepared, data) / RECORD_FILE).read_text())
+    assert record["splits"] == {"folder": {"train": 2, "dev": 0, "test": 0}}
+    assert record["rows"] == {"folder": {"train": 4, "dev": 0, "test": 0}}
+
+    trial = TrialConfig(data=data, phase=2, contrastive=ContrastiveConfig(pairs=(("folder", 1.0),)),
+                        train=dataclasses.replace(TrialConfig().train, budget_pairs=8, batch_rows=2, num_workers=1))
+    schedule, offsets = trial_pair_schedule(trial, path)
+    read = collections.Counter((offsets["folder"] + schedule.item).tolist())
+    assert sorted(read) == [0, 1, 2, 3] and max(read.values()) - min(read.values()) <= 1
+    assert sum(read.values()) == len(schedule.item) >= 8
