@@ -408,3 +408,30 @@ def test_every_positive_of_a_multi_positive_beir_query_is_a_row_of_its_group_and
     read = collections.Counter((offsets["folder"] + schedule.item).tolist())
     assert sorted(read) == [0, 1, 2, 3] and max(read.values()) - min(read.values()) <= 1
     assert sum(read.values()) == len(schedule.item) >= 8
+
+
+def test_the_data_audit_contrastive_pairs_stage_covers_the_specs_user_pairs(prepared, task_dir, tmp_path):
+    """`embedlab data audit`'s contrastive-pairs stage, given the spec's data config, holds the
+    user pairs' train split beside the built-in pairs: a user pair whose query is a test query
+    and one whose given negative is a test document are findings of that stage, as in the
+    sweep's pre-flight; without the config the stage is the built-in pairs alone."""
+    from embedlab.data.contamination import run_audit
+    from embedlab.data.stages import PAIRS_STAGE
+    from embedlab.evaluate.beir import load_task
+
+    task = load_task(task_dir)
+    rows = user_rows()
+    rows[1]["query"] = task.queries["q0"]
+    rows[3]["negatives"] = [task.corpus["d2"][1]]
+    data = user_data(write_jsonl(tmp_path / "pairs.jsonl", rows), dev_fraction=0.01, test_fraction=0.01)
+
+    def findings(**config) -> set[tuple]:
+        report = run_audit(prepared, stages=(PAIRS_STAGE,), extra_tasks=[task_dir], **QUIET, **config)
+        return {(f.stage, f.split, f.item_kind, f.item_id, f.stage_item_id, f.match) for f in report.findings}
+
+    built_in = findings()
+    assert findings(data=data) - built_in == {
+        (PAIRS_STAGE, "test", "query", "q0", "mine:u1:query", "exact"),
+        (PAIRS_STAGE, "test", "document", "d2", "mine:u3:negative:0", "exact"),
+    }
+    assert not any(item.startswith("mine:") for *_, item, _ in built_in)
