@@ -435,3 +435,66 @@ def test_the_data_audit_contrastive_pairs_stage_covers_the_specs_user_pairs(prep
         (PAIRS_STAGE, "test", "document", "d2", "mine:u3:negative:0", "exact"),
     }
     assert not any(item.startswith("mine:") for *_, item, _ in built_in)
+
+
+def test_the_data_card_lists_each_user_pair_source_its_provenance_and_its_drops(prepared, tmp_path):
+    """A directory with a card (the card module's own writer): freezing user pairs rewrites
+    data_card.json and data_card.md with each source (a JSONL file and a BEIR folder), its files'
+    sha256, its rights note, its pair and row counts and its drops in the exclusion report."""
+    import hashlib
+
+    from embedlab.data.card import card_dict, write_card
+    from embedlab.data.pair_sources import BEIRPairs
+    from embedlab.data.user_pairs import user_pairs_dir
+
+    manifest = {"hash": "hand-made", "sources": {}, "unavailable_sources": {}, "split_rule": "all train",
+                "dedup": {"exact": "content hash", "near": "none", "multi_document_clusters": 0,
+                          "documents_in_multi_document_clusters": 0, "cross_source_clusters": 0},
+                "exclusions": [{"source": "python-docstrings", "reason": "empty text", "count": 2}]}
+    (prepared.directory / "corpus" / "manifest.json").write_text(json.dumps(manifest))
+    record = {**prepared.record, "corpus_hash": "hand-made", "tokenizer_hash": "0" * 64,
+              "tokenizer": {"kind": "bpe", "vocab_size": 64}, "tokenizer_sample_documents": len(CORPUS_FUNCTIONS),
+              "mixture": {"shares": {"python-docstrings": 1.0}, "origin": "hand-made", "schedule": "deficit/1",
+                          "seed": 0, "max_epochs": 1.0, "notes": []}, "pieces": {}}
+    prepared = PreparedData(prepared.directory, record)
+    write_card(prepared.directory, card_dict(record, manifest, {}))
+    assert json.loads((prepared.directory / "data_card.json").read_text())["user_pairs"] == {}
+
+    rows = user_rows()[:4]
+    rows[0]["negatives"] = [rows[0]["positive"].upper()]  # a negative equal to its positive
+    file = write_jsonl(tmp_path / "pairs.jsonl", rows)
+    docs = [summary_and_body(f) for f in USER_FUNCTIONS[4:7]]
+    root = write_beir(tmp_path / "beir", {f"d{i}": ("", d[1]) for i, d in enumerate(docs)}, {"q0": docs[0][0]},
+                      {"train": [("q0", "d0", 1), ("q0", "d1", 1), ("q0", "d2", 0)]})
+    beir_rights = "CC BY-SA 4.0, attribution in NOTICE"
+    data = DataConfig(pair_files=(PairFiles(name="mine", path=str(file), rights=RIGHTS),),
+                      beir_pairs=(BEIRPairs(name="folder", path=str(root), rights=beir_rights),),
+                      dev_fraction=0.01, test_fraction=0.01)
+    key = user_pairs_dir(prepared, data, **QUIET).name
+
+    card = json.loads((prepared.directory / "data_card.json").read_text())
+    [pairs] = card["user_pairs"].values()
+    sha = {name: hashlib.sha256(path.read_bytes()).hexdigest() for name, path in (
+        ("pairs.jsonl", file), ("corpus.jsonl", root / "corpus.jsonl"), ("queries.jsonl", root / "queries.jsonl"),
+        ("qrels/train.tsv", root / "qrels" / "train.tsv"))}
+    assert [(s["name"], s["kind"], s["rights"], {f["path"]: f["sha256"] for f in s["files"]})
+            for s in pairs["sources"]] == [
+        ("mine", "pair-files", RIGHTS, {"pairs.jsonl": sha["pairs.jsonl"]}),
+        ("folder", "beir-pairs", beir_rights, {n: sha[n] for n in ("corpus.jsonl", "queries.jsonl", "qrels/train.tsv")}),
+    ]
+    assert pairs["exclusions"] == [{"source": "mine", "reason": "text dropped: negative equals positive", "count": 1}]
+    assert pairs["rows"] == {"mine": {"train": 4, "dev": 0, "test": 0}, "folder": {"train": 2, "dev": 0, "test": 0}}
+
+    markdown = (prepared.directory / "data_card.md").read_text().splitlines()
+    report = markdown[markdown.index("## Exclusion report"):]
+    assert report[2:6] == ["| source | reason | count |", "|---|---|---:|", "| python-docstrings | empty text | 2 |",
+                           "| mine | text dropped: negative equals positive | 1 |"]
+    section = markdown[markdown.index(f"## User pair sources ({key})"):]
+    assert [line for line in section if line.startswith(("| mine ", "| folder "))] == [
+        f"| mine | pair-files | {pairs['sources'][0]['revision']} | 4 | 4 | 4 | 4 | 0 | 0 | {RIGHTS} |",
+        f"| folder | beir-pairs | {pairs['sources'][1]['revision']} | 1 | 1 | 2 | 1 | 0 | 0 | {beir_rights} |",
+    ]
+    assert [line for line in section if line.startswith("- `")] == [
+        f"- `mine` file `pairs.jsonl`: sha256 `{sha['pairs.jsonl']}`",
+        *(f"- `folder` file `{n}`: sha256 `{sha[n]}`" for n in ("corpus.jsonl", "queries.jsonl", "qrels/train.tsv")),
+    ]
