@@ -498,3 +498,61 @@ def test_the_data_card_lists_each_user_pair_source_its_provenance_and_its_drops(
         f"- `mine` file `pairs.jsonl`: sha256 `{sha['pairs.jsonl']}`",
         *(f"- `folder` file `{n}`: sha256 `{sha[n]}`" for n in ("corpus.jsonl", "queries.jsonl", "qrels/train.tsv")),
     ]
+
+
+def test_mining_on_the_users_corpus_never_returns_a_labelled_positive(prepared, tmp_path):
+    """The user's documents are corpus documents (as a local_files source makes them) and their
+    BEIR judgements a pair source: query shutil.move's summary, positives its body (titled, best
+    grade) and shutil.copy2's body. In the corpus the first is stored without its title and the
+    second case-changed and re-wrapped; they are the query's two nearest documents, both below the
+    first positive's score. Mined with margin 0, neither is ever a negative of either row:
+    positive-text covers both ways of containment and every positive of the row's group,
+    scheduled or not."""
+    from test_mining import encode
+
+    from embedlab.data.mining import MiningConfig, mine_hard_negatives
+    from embedlab.data.pair_sources import BEIRPairs
+    from embedlab.data.pair_stream import group_positive_texts, pair_table_path
+    from embedlab.data.pairs import PAIR_SCHEMA, Pair
+
+    (query, moved), (_, copied) = summary_and_body(shutil.move), summary_and_body(shutil.copy2)
+    root = write_beir(tmp_path / "beir", {"d0": ("shutil.move", moved), "d1": ("", copied)}, {"q0": query},
+                      {"train": [("q0", "d0", 2), ("q0", "d1", 1)]})
+    data = DataConfig(beir_pairs=(BEIRPairs(name="folder", path=str(root), rights=RIGHTS),),
+                      dev_fraction=0.01, test_fraction=0.01)
+    path = pair_table_path(prepared, ["folder"], data=data, **QUIET)
+    pairs = [Pair(**{**r, "doc_ids": tuple(r["doc_ids"])}) for r in pq.read_table(path, columns=PAIR_SCHEMA.names).to_pylist()]
+    assert [(p.pair_id, p.positive) for p in pairs] == [("folder:q0#0", f"shutil.move. {moved}"),
+                                                        ("folder:q0#1", copied)]
+    mine_docs = [{"doc_id": "mydocs:move.txt", "title": "", "text": moved},
+                 {"doc_id": "mydocs:copy2.txt", "title": "", "text": "\n".join(textwrap.wrap(copied.upper(), 30))}]
+    corpus = pa.concat_tables([prepared.corpus.read(), pa.Table.from_pylist([
+        {**d, "source": "mydocs", "hash": content_hash(d["text"]), "group_id": d["doc_id"], "split": "train"}
+        for d in mine_docs], schema=CORPUS_SCHEMA)])
+
+    # The precondition, by the encoder's own scores: the two copies are the query's nearest documents
+    # and the margin keeps both for the first row (both score below its positive).
+    scores = (encode([query]) @ encode(corpus["text"].to_pylist()).T)[0]
+    ranked = [corpus["doc_id"][int(i)].as_py() for i in np.argsort(-scores)]
+    ceiling = float(encode([query])[0] @ encode([pairs[0].positive])[0])
+    below = [d for d, s in zip(corpus["doc_id"].to_pylist(), scores) if s <= ceiling]
+    assert ranked[:2] == ["mydocs:move.txt", "mydocs:copy2.txt"] and set(ranked[:2]) <= set(below)
+
+    config = MiningConfig(top_k=len(corpus), negatives_per_query=len(corpus), false_negative_margin=0.0)
+    identity = {"encoder_id": "toy-bow-64", "corpus_revision": "hand-made", "progress": QUIET["progress"],
+                "outside_corpus": frozenset(p.pair_id for p in pairs)}
+    mined = mine_hard_negatives(pairs, corpus, encode, config=config, **identity)
+    negatives = {p: [n.doc_id for n in found] for p, found in mined.negatives.items()}
+    corpus_ids = set(prepared.corpus.read()["doc_id"].to_pylist())
+    assert set(negatives["folder:q0#0"]) == {d for d in below if d.startswith("python-docstrings:")}
+    assert not {"mydocs:move.txt", "mydocs:copy2.txt"} & {d for found in negatives.values() for d in found}
+    assert mined.counts["dropped"]["positive-text"] == 4  # both copies, for each of the two rows
+    assert all(set(found) <= corpus_ids for found in negatives.values())
+
+    # The first row alone (the schedule may read one row of a group): its sibling's copy would be
+    # its best negative; the table's group positives keep it out.
+    alone = mine_hard_negatives(pairs[:1], corpus, encode, config=config, **identity)
+    assert alone.negatives["folder:q0#0"][0].doc_id == "mydocs:copy2.txt"
+    kept = mine_hard_negatives(pairs[:1], corpus, encode, config=config, group_positives=group_positive_texts(path),
+                               **identity)
+    assert [n.doc_id for n in kept.negatives["folder:q0#0"]] == negatives["folder:q0#0"]

@@ -113,6 +113,16 @@ def _with_user_pairs(table: pa.Table, user: pa.Table) -> pa.Table:
     return combined.set_column(index, "positive_group", pa.array([p.positive_group for p in merged], pa.string()))
 
 
+def group_positive_texts(pairs_path: Path) -> dict[str, list[str]]:
+    """Positive group -> every positive of its rows in a frozen pairs table (a user pair's
+    `positives` included), for mining's positive-text rule (`mining.mine_hard_negatives`)."""
+    table = pq.read_table(pairs_path, columns=["positive_group", "positive", "positives"])
+    texts: dict[str, set[str]] = {}
+    for group, positive, positives in zip(*(table[c].to_pylist() for c in table.column_names)):
+        texts.setdefault(group, set()).update([positive, *positives])
+    return {group: sorted(found) for group, found in texts.items()}
+
+
 def pair_schedule(
     pairs_path: Path, shares: dict[str, float], *, target_pairs: int, max_epochs: float, seed: int,
     composition: str = "mixed", step_pairs: int = 1,
