@@ -34,6 +34,23 @@ def test_every_ablation_file_loads_and_validates(path, profile):
     assert set(study.arms) <= set(load_study(path, "full").arms)
 
 
+PROBES = sorted((Path(__file__).parent.parent / "ablations" / "probes").glob("*.py"))
+
+
+@pytest.mark.parametrize("path", PROBES, ids=lambda p: p.name)
+def test_every_probe_file_loads_at_the_cpu_profile(path, monkeypatch):
+    """The cpu profile's probes (one seed each, recipe-dev only) load, validate and round-trip:
+    the README's probe figures come from these files as they are."""
+    monkeypatch.setenv("PROBE_VOCAB", "8192")
+    study = load_study(path, "cpu")
+    assert study.profile == "cpu" and len(study.arms) >= 2 and len(study.seeds) == 1
+    assert Study.from_dict(study.to_dict()) == study
+    parent = "/checkpoints/parent" if study.needs_parent else None
+    for arm in study.arms:
+        config = study.trial_config(arm, study.seeds[0], parent)
+        assert TrialConfig.from_dict(config.to_dict()) == config
+
+
 @pytest.mark.parametrize("path", TOURS, ids=lambda p: p.name)
 def test_every_tour_file_loads(path):
     """A tour's stages load and train consecutive phases (the recipe: 1, 2, 3)."""

@@ -368,3 +368,191 @@ def test_phase3_mines_negatives_for_user_pairs_beside_built_in_ones(prepared, tm
     assert user and len(user) < len(mined.negatives)
     assert all(n.doc_id in corpus for p in mined.negatives for n in mined.negatives[p])
     assert sum(len(mined.negatives[p]) for p in user) > 0
+
+
+def test_every_positive_of_a_multi_positive_beir_query_is_a_row_of_its_group_and_is_scheduled(prepared, tmp_path):
+    """A BEIR query with three relevant documents is three rows of the frozen pairs table, one per
+    (query, positive), best grade first, ids "<pair id>#<i>", one positive group (never each
+    other's negatives); a one-positive query keeps its pair id. Each row is one positive pair of
+    the budget, and the schedule reads all four rows, each as often as the others (±1)."""
+    from embedlab.data.pair_sources import BEIRPairs, beir_doc_text
+    from embedlab.data.pair_stream import pair_table_path
+    from embedlab.data.user_pairs import RECORD_FILE, user_pairs_dir
+    from embedlab.train.contrastive import trial_pair_schedule
+
+    docs = [summary_and_body(f) for f in USER_FUNCTIONS[:4]]
+    corpus = {f"d{i}": (USER_FUNCTIONS[i].__qualname__, docs[i][1]) for i in range(4)}
+    queries = {"q0": docs[0][0], "q1": docs[3][0]}
+    train = [("q0", "d0", 2), ("q0", "d1", 3), ("q0", "d2", 1), ("q1", "d3", 1)]
+    root = write_beir(tmp_path / "beir", corpus, queries, {"train": train})
+    data = DataConfig(beir_pairs=(BEIRPairs(name="folder", path=str(root), rights=RIGHTS),),
+                      dev_fraction=0.01, test_fraction=0.01, mixture=MixtureConfig(max_epochs=8))
+    path = pair_table_path(prepared, ["folder"], data=data, **QUIET)
+    rows = pq.read_table(path).to_pylist()
+    text = {d: beir_doc_text(*corpus[d]) for d in corpus}
+    assert [(r["pair_id"], r["query"], r["positive"], r["positive_group"], r["doc_ids"]) for r in rows] == [
+        ("folder:q0#0", docs[0][0], text["d1"], "folder:q0", ["folder:d1", "folder:d0", "folder:d2"]),
+        ("folder:q0#1", docs[0][0], text["d0"], "folder:q0", ["folder:d1", "folder:d0", "folder:d2"]),
+        ("folder:q0#2", docs[0][0], text["d2"], "folder:q0", ["folder:d1", "folder:d0", "folder:d2"]),
+        ("folder:q1", docs[3][0], text["d3"], "folder:q1", ["folder:d3"]),
+    ]
+    assert {tuple(r["positives"]) for r in rows[:3]} == {(text["d1"], text["d0"], text["d2"])}
+    assert [r["scores"] for r in rows] == [[3.0, 2.0, 1.0]] * 3 + [[1.0]]
+    record = json.loads((user_pairs_dir(prepared, data) / RECORD_FILE).read_text())
+    assert record["splits"] == {"folder": {"train": 2, "dev": 0, "test": 0}}
+    assert record["rows"] == {"folder": {"train": 4, "dev": 0, "test": 0}}
+
+    trial = TrialConfig(data=data, phase=2, contrastive=ContrastiveConfig(pairs=(("folder", 1.0),)),
+                        train=dataclasses.replace(TrialConfig().train, budget_pairs=8, batch_rows=2, num_workers=1))
+    schedule, offsets = trial_pair_schedule(trial, path)
+    read = collections.Counter((offsets["folder"] + schedule.item).tolist())
+    assert sorted(read) == [0, 1, 2, 3] and max(read.values()) - min(read.values()) <= 1
+    assert sum(read.values()) == len(schedule.item) >= 8
+
+
+def test_the_data_audit_contrastive_pairs_stage_covers_the_specs_user_pairs(prepared, task_dir, tmp_path):
+    """`embedlab data audit`'s contrastive-pairs stage, given the spec's data config, holds the
+    user pairs' train split beside the built-in pairs: a user pair whose query is a test query
+    and one whose given negative is a test document are findings of that stage, as in the
+    sweep's pre-flight; without the config the stage is the built-in pairs alone."""
+    from embedlab.data.contamination import run_audit
+    from embedlab.data.stages import PAIRS_STAGE
+    from embedlab.evaluate.beir import load_task
+
+    task = load_task(task_dir)
+    rows = user_rows()
+    rows[1]["query"] = task.queries["q0"]
+    rows[3]["negatives"] = [task.corpus["d2"][1]]
+    data = user_data(write_jsonl(tmp_path / "pairs.jsonl", rows), dev_fraction=0.01, test_fraction=0.01)
+
+    def findings(**config) -> set[tuple]:
+        report = run_audit(prepared, stages=(PAIRS_STAGE,), extra_tasks=[task_dir], **QUIET, **config)
+        return {(f.stage, f.split, f.item_kind, f.item_id, f.stage_item_id, f.match) for f in report.findings}
+
+    built_in = findings()
+    assert findings(data=data) - built_in == {
+        (PAIRS_STAGE, "test", "query", "q0", "mine:u1:query", "exact"),
+        (PAIRS_STAGE, "test", "document", "d2", "mine:u3:negative:0", "exact"),
+    }
+    assert not any(item.startswith("mine:") for *_, item, _ in built_in)
+
+
+def test_the_data_card_lists_each_user_pair_source_its_provenance_and_its_drops(prepared, tmp_path):
+    """A directory with a card (the card module's own writer): freezing user pairs rewrites
+    data_card.json and data_card.md with each source (a JSONL file and a BEIR folder), its files'
+    sha256, its rights note, its pair and row counts and its drops in the exclusion report."""
+    import hashlib
+
+    from embedlab.data.card import card_dict, write_card
+    from embedlab.data.pair_sources import BEIRPairs
+    from embedlab.data.user_pairs import user_pairs_dir
+
+    manifest = {"hash": "hand-made", "sources": {}, "unavailable_sources": {}, "split_rule": "all train",
+                "dedup": {"exact": "content hash", "near": "none", "multi_document_clusters": 0,
+                          "documents_in_multi_document_clusters": 0, "cross_source_clusters": 0},
+                "exclusions": [{"source": "python-docstrings", "reason": "empty text", "count": 2}]}
+    (prepared.directory / "corpus" / "manifest.json").write_text(json.dumps(manifest))
+    record = {**prepared.record, "corpus_hash": "hand-made", "tokenizer_hash": "0" * 64,
+              "tokenizer": {"kind": "bpe", "vocab_size": 64}, "tokenizer_sample_documents": len(CORPUS_FUNCTIONS),
+              "mixture": {"shares": {"python-docstrings": 1.0}, "origin": "hand-made", "schedule": "deficit/1",
+                          "seed": 0, "max_epochs": 1.0, "notes": []}, "pieces": {}}
+    prepared = PreparedData(prepared.directory, record)
+    write_card(prepared.directory, card_dict(record, manifest, {}))
+    assert json.loads((prepared.directory / "data_card.json").read_text())["user_pairs"] == {}
+
+    rows = user_rows()[:4]
+    rows[0]["negatives"] = [rows[0]["positive"].upper()]  # a negative equal to its positive
+    file = write_jsonl(tmp_path / "pairs.jsonl", rows)
+    docs = [summary_and_body(f) for f in USER_FUNCTIONS[4:7]]
+    root = write_beir(tmp_path / "beir", {f"d{i}": ("", d[1]) for i, d in enumerate(docs)}, {"q0": docs[0][0]},
+                      {"train": [("q0", "d0", 1), ("q0", "d1", 1), ("q0", "d2", 0)]})
+    beir_rights = "CC BY-SA 4.0, attribution in NOTICE"
+    data = DataConfig(pair_files=(PairFiles(name="mine", path=str(file), rights=RIGHTS),),
+                      beir_pairs=(BEIRPairs(name="folder", path=str(root), rights=beir_rights),),
+                      dev_fraction=0.01, test_fraction=0.01)
+    key = user_pairs_dir(prepared, data, **QUIET).name
+
+    card = json.loads((prepared.directory / "data_card.json").read_text())
+    [pairs] = card["user_pairs"].values()
+    sha = {name: hashlib.sha256(path.read_bytes()).hexdigest() for name, path in (
+        ("pairs.jsonl", file), ("corpus.jsonl", root / "corpus.jsonl"), ("queries.jsonl", root / "queries.jsonl"),
+        ("qrels/train.tsv", root / "qrels" / "train.tsv"))}
+    assert [(s["name"], s["kind"], s["rights"], {f["path"]: f["sha256"] for f in s["files"]})
+            for s in pairs["sources"]] == [
+        ("mine", "pair-files", RIGHTS, {"pairs.jsonl": sha["pairs.jsonl"]}),
+        ("folder", "beir-pairs", beir_rights, {n: sha[n] for n in ("corpus.jsonl", "queries.jsonl", "qrels/train.tsv")}),
+    ]
+    assert pairs["exclusions"] == [{"source": "mine", "reason": "text dropped: negative equals positive", "count": 1}]
+    assert pairs["rows"] == {"mine": {"train": 4, "dev": 0, "test": 0}, "folder": {"train": 2, "dev": 0, "test": 0}}
+
+    markdown = (prepared.directory / "data_card.md").read_text().splitlines()
+    report = markdown[markdown.index("## Exclusion report"):]
+    assert report[2:6] == ["| source | reason | count |", "|---|---|---:|", "| python-docstrings | empty text | 2 |",
+                           "| mine | text dropped: negative equals positive | 1 |"]
+    section = markdown[markdown.index(f"## User pair sources ({key})"):]
+    assert [line for line in section if line.startswith(("| mine ", "| folder "))] == [
+        f"| mine | pair-files | {pairs['sources'][0]['revision']} | 4 | 4 | 4 | 4 | 0 | 0 | {RIGHTS} |",
+        f"| folder | beir-pairs | {pairs['sources'][1]['revision']} | 1 | 1 | 2 | 1 | 0 | 0 | {beir_rights} |",
+    ]
+    assert [line for line in section if line.startswith("- `")] == [
+        f"- `mine` file `pairs.jsonl`: sha256 `{sha['pairs.jsonl']}`",
+        *(f"- `folder` file `{n}`: sha256 `{sha[n]}`" for n in ("corpus.jsonl", "queries.jsonl", "qrels/train.tsv")),
+    ]
+
+
+def test_mining_on_the_users_corpus_never_returns_a_labelled_positive(prepared, tmp_path):
+    """The user's documents are corpus documents (as a local_files source makes them) and their
+    BEIR judgements a pair source: query shutil.move's summary, positives its body (titled, best
+    grade) and shutil.copy2's body. In the corpus the first is stored without its title and the
+    second case-changed and re-wrapped; they are the query's two nearest documents, both below the
+    first positive's score. Mined with margin 0, neither is ever a negative of either row:
+    positive-text covers both ways of containment and every positive of the row's group,
+    scheduled or not."""
+    from test_mining import encode
+
+    from embedlab.data.mining import MiningConfig, mine_hard_negatives
+    from embedlab.data.pair_sources import BEIRPairs
+    from embedlab.data.pair_stream import group_positive_texts, pair_table_path
+    from embedlab.data.pairs import PAIR_SCHEMA, Pair
+
+    (query, moved), (_, copied) = summary_and_body(shutil.move), summary_and_body(shutil.copy2)
+    root = write_beir(tmp_path / "beir", {"d0": ("shutil.move", moved), "d1": ("", copied)}, {"q0": query},
+                      {"train": [("q0", "d0", 2), ("q0", "d1", 1)]})
+    data = DataConfig(beir_pairs=(BEIRPairs(name="folder", path=str(root), rights=RIGHTS),),
+                      dev_fraction=0.01, test_fraction=0.01)
+    path = pair_table_path(prepared, ["folder"], data=data, **QUIET)
+    pairs = [Pair(**{**r, "doc_ids": tuple(r["doc_ids"])}) for r in pq.read_table(path, columns=PAIR_SCHEMA.names).to_pylist()]
+    assert [(p.pair_id, p.positive) for p in pairs] == [("folder:q0#0", f"shutil.move. {moved}"),
+                                                        ("folder:q0#1", copied)]
+    mine_docs = [{"doc_id": "mydocs:move.txt", "title": "", "text": moved},
+                 {"doc_id": "mydocs:copy2.txt", "title": "", "text": "\n".join(textwrap.wrap(copied.upper(), 30))}]
+    corpus = pa.concat_tables([prepared.corpus.read(), pa.Table.from_pylist([
+        {**d, "source": "mydocs", "hash": content_hash(d["text"]), "group_id": d["doc_id"], "split": "train"}
+        for d in mine_docs], schema=CORPUS_SCHEMA)])
+
+    # The precondition, by the encoder's own scores: the two copies are the query's nearest documents
+    # and the margin keeps both for the first row (both score below its positive).
+    scores = (encode([query]) @ encode(corpus["text"].to_pylist()).T)[0]
+    ranked = [corpus["doc_id"][int(i)].as_py() for i in np.argsort(-scores)]
+    ceiling = float(encode([query])[0] @ encode([pairs[0].positive])[0])
+    below = [d for d, s in zip(corpus["doc_id"].to_pylist(), scores) if s <= ceiling]
+    assert ranked[:2] == ["mydocs:move.txt", "mydocs:copy2.txt"] and set(ranked[:2]) <= set(below)
+
+    config = MiningConfig(top_k=len(corpus), negatives_per_query=len(corpus), false_negative_margin=0.0)
+    identity = {"encoder_id": "toy-bow-64", "corpus_revision": "hand-made", "progress": QUIET["progress"],
+                "outside_corpus": frozenset(p.pair_id for p in pairs)}
+    mined = mine_hard_negatives(pairs, corpus, encode, config=config, **identity)
+    negatives = {p: [n.doc_id for n in found] for p, found in mined.negatives.items()}
+    corpus_ids = set(prepared.corpus.read()["doc_id"].to_pylist())
+    assert set(negatives["folder:q0#0"]) == {d for d in below if d.startswith("python-docstrings:")}
+    assert not {"mydocs:move.txt", "mydocs:copy2.txt"} & {d for found in negatives.values() for d in found}
+    assert mined.counts["dropped"]["positive-text"] == 4  # both copies, for each of the two rows
+    assert all(set(found) <= corpus_ids for found in negatives.values())
+
+    # The first row alone (the schedule may read one row of a group): its sibling's copy would be
+    # its best negative; the table's group positives keep it out.
+    alone = mine_hard_negatives(pairs[:1], corpus, encode, config=config, **identity)
+    assert alone.negatives["folder:q0#0"][0].doc_id == "mydocs:copy2.txt"
+    kept = mine_hard_negatives(pairs[:1], corpus, encode, config=config, group_positives=group_positive_texts(path),
+                               **identity)
+    assert [n.doc_id for n in kept.negatives["folder:q0#0"]] == negatives["folder:q0#0"]

@@ -285,7 +285,7 @@ def cmd_data_audit(args: argparse.Namespace) -> int:
     connect(args.address, _stderr)
     for config in _data_configs(args.spec):
         prepared = prepare_data(config, progress=_stderr)
-        report = run_audit(prepared, stages=ALL_STAGES, extra_tasks=args.task, progress=_stderr)
+        report = run_audit(prepared, stages=ALL_STAGES, extra_tasks=args.task, progress=_stderr, data=config)
         print(json.dumps(report.to_dict(), sort_keys=True) if args.json else report.to_markdown())
     return 0
 

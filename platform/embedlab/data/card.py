@@ -106,14 +106,20 @@ def _user_pair_lines(key: str, pairs: dict[str, Any]) -> list[str]:
     lines = ["", f"## User pair sources ({key})", "",
              f"Split: {pairs['split_rule']}. {pairs['groups']:,} positive groups (near-duplicate threshold "
              f"{pairs['near_duplicate_threshold']}); {len(pairs['duplicates']):,} exact duplicate pairs removed.", "",
-             "| source | kind | revision | read | pairs | train | dev | test | rights |",
-             "|---|---|---|---:|---:|---:|---:|---:|---|"]
+             "| source | kind | revision | read | pairs | train rows | train | dev | test | rights |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    files = []
     for source in pairs["sources"]:
         counts, read = pairs["splits"][source["name"]], source["read"]
+        rows = pairs.get("rows", {}).get(source["name"], {}).get("train", counts["train"])
         revision = source.get("content_revision") or source.get("resolved_revision") or source["revision"]
         lines.append(f"| {source['name']} | {source['kind']} | {revision} | {read['records']:,} | {read['pairs']:,} | "
-                     f"{counts['train']:,} | {counts['dev']:,} | {counts['test']:,} | {source['rights']} |")
-    return lines
+                     f"{rows:,} | {counts['train']:,} | {counts['dev']:,} | {counts['test']:,} | {source['rights']} |")
+        files += [f"- `{source['name']}` file `{entry['path']}`: sha256 `{entry['sha256']}`"
+                  for entry in (*source.get("files", ()), *source.get("data_files", ())) if "sha256" in entry]
+    note = ("Pairs are counted per split (train, dev, test); train rows are what is streamed, one per "
+            "(query, positive), the unit of shares and budgets. Their drops are in the exclusion report.")
+    return [*lines, "", note, *([""] + files if files else [])]
 
 
 def write_card(directory: Path, card: dict[str, Any]) -> tuple[Path, Path]:

@@ -2,7 +2,8 @@
 
 `prepare_data` audits the phase-1 stages (pretraining text, tokenizer sample) against every
 task built with the data and saves each report under `audits/<task hash>.json`; `embedlab data
-audit` also covers contrastive pairs and mined negatives, and extra BEIR tasks.
+audit` also covers contrastive pairs (the built-in builders' and the spec's user pair sources')
+and mined negatives, and extra BEIR tasks.
 
 The gate refuses final-eval (test-split) items in what a trial trains on, unless the study
 declares a disclosed-overlap policy (then recorded with the run and printed with its table):
@@ -28,6 +29,7 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
+from embedlab.config import DataConfig
 from embedlab.data.audit import AuditReport, ContaminationError, audit
 from embedlab.data.prepare import PreparedData
 from embedlab.data.stages import (
@@ -37,11 +39,12 @@ from embedlab.evaluate.beir import load_task
 
 
 def _audit_tasks(
-    prepared: PreparedData, tasks: list, stages: Sequence[str], progress: Callable[[str], None]
+    prepared: PreparedData, tasks: list, stages: Sequence[str], progress: Callable[[str], None],
+    data: DataConfig | None = None,
 ) -> AuditReport:
     return audit(
         tasks,
-        training_stages(prepared, tuple(stages)),
+        training_stages(prepared, tuple(stages), data=data, progress=progress),
         threshold=prepared.record["config"]["near_duplicate_threshold"],
         progress=progress,
     )
@@ -53,12 +56,14 @@ def run_audit(
     stages: Sequence[str] = PHASE1_STAGES,
     extra_tasks: Sequence[str | Path] = (),
     progress: Callable[[str], None] = print,
+    data: DataConfig | None = None,
 ) -> AuditReport:
-    """Every task built with the data plus `extra_tasks` against the named stages."""
+    """Every task built with the data plus `extra_tasks` against the named stages; `data`, the
+    spec's config, puts its user pair sources in the contrastive-pairs stage (`training_stages`)."""
     task_dirs = sorted((prepared.directory / "tasks").glob("*")) + [Path(p) for p in extra_tasks]
     tasks = [load_task(d) for d in task_dirs]
     progress(f"audit: {len(tasks)} task(s) against stages {', '.join(stages)}")
-    return _audit_tasks(prepared, tasks, stages, progress)
+    return _audit_tasks(prepared, tasks, stages, progress, data)
 
 
 def _write_json_atomically(path: Path, content: dict) -> None:

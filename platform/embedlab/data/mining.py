@@ -8,12 +8,16 @@ in order, and a dropped candidate is counted under the first rule that drops it:
 
     known-positive         one of the pair's own documents (`Pair.doc_ids`)
     same-group             shares a near-duplicate `group_id` with one of the pair's documents
-    positive-text          its text contains the positive's, compared as the word sequences
-                           of the normalised (content-hash), lower-cased texts; a document
-                           with the positive's content hash is the equal case. Words, as in
+    positive-text          its text contains a positive's or is contained in one, compared as
+                           the word sequences of the normalised (content-hash), case-folded
+                           texts; a document with the positive's content hash is the equal
+                           case. The positives are the pair's own and those of every pair in
+                           its positive group (the other positives of a user's multi-positive
+                           pair, `pair_sources.row_ids`), plus `group_positives`. Words, as in
                            the contamination audit, so punctuation around a copy does not
                            hide it and a short positive ("dog") does not match inside a
-                           longer word ("dogma")
+                           longer word ("dogma"); contained-in, so a corpus copy of a
+                           labelled positive without its title ("title. text") is caught too
     false-negative-margin  score > positive_score - margin, where positive_score is
                            sim(query, positive): too close to the positive to trust as a
                            negative, so more likely an unlabelled positive
@@ -36,7 +40,7 @@ import os
 import re
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -51,7 +55,7 @@ from embedlab.data.document import normalise_text
 from embedlab.data.pairs import Pair
 from embedlab.evaluate.retrieval import search
 
-FORMAT = "embedlab-mined-negatives/1"
+FORMAT = "embedlab-mined-negatives/2"  # 2: positive-text over the positive group, both ways
 RULES = ("known-positive", "same-group", "positive-text", "false-negative-margin", "skip-top")
 TRAIN_SPLIT = "train"
 CORPUS_COLUMNS = ("doc_id", "title", "text", "group_id", "split")
@@ -294,7 +298,12 @@ def _snippet(text: str) -> str:
 
 def _words(text: str) -> str:
     """The word sequence containment is checked on, space-padded so a match is word-aligned."""
-    return f" {' '.join(_WORD.findall(normalise_text(text).lower()))} "
+    return f" {' '.join(_WORD.findall(normalise_text(text).casefold()))} "
+
+
+def _overlaps(document: str, positives: Iterable[str]) -> bool:
+    """Whether a document's words (`_words`) contain a positive's or lie inside one."""
+    return any(positive in document or (document.strip() and document in positive) for positive in positives)
 
 
 def _unit_rows(vectors: np.ndarray, count: int, what: str) -> np.ndarray:
@@ -316,6 +325,7 @@ def mine_hard_negatives(
     corpus_revision: str,
     progress: Callable[[str], None] = print,
     outside_corpus: frozenset[str] = frozenset(),
+    group_positives: Mapping[str, Iterable[str]] | None = None,
 ) -> MinedSet:
     """Negatives for every pair from the training split of `corpus`, found with `encode(texts) -> (N, d)`.
 
@@ -325,6 +335,8 @@ def mine_hard_negatives(
     whose ids are in `outside_corpus` (a user's own pairs, `embedlab.data.pair_sources`):
     their positives are no corpus documents, so known-positive and same-group cannot apply
     to them, and positive-text and the margin are what keep their positives out.
+    `group_positives` (positive group -> texts, `pair_stream.group_positive_texts`) adds the
+    positives of group members that are not among `pairs` (rows the schedule does not read).
     """
     if not pairs:
         raise ValueError("no pairs to mine negatives for")
@@ -363,11 +375,17 @@ def mine_hard_negatives(
         # Once per document, and only for documents that turn up as candidates.
         return _words(texts[row])
 
+    positives_of: dict[str, set[str]] = {}  # positive group -> its positives' words
+    for group, extra in (group_positives or {}).items():
+        positives_of.setdefault(group, set()).update(_words(text) for text in extra)
+    for pair in pairs:
+        positives_of.setdefault(pair.positive_group, set()).add(_words(pair.positive))
+
     mined: dict[str, tuple[MinedNegative, ...]] = {}
     for i, pair in enumerate(pairs):
         own = set(pair.doc_ids)
         own_groups = {group_of[doc_id] for doc_id in pair.doc_ids if doc_id in group_of}
-        positive = _words(pair.positive)
+        positives = positives_of[pair.positive_group]
         positive_score = float(positive_scores[i])
         ceiling = positive_score - config.false_negative_margin
         survivors: list[MinedNegative] = []
@@ -376,7 +394,7 @@ def mine_hard_negatives(
                 dropped["known-positive"] += 1
             elif groups[row] in own_groups:
                 dropped["same-group"] += 1
-            elif positive in document_words(row):
+            elif _overlaps(document_words(row), positives):
                 dropped["positive-text"] += 1
             elif score > ceiling:
                 dropped["false-negative-margin"] += 1

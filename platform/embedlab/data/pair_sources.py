@@ -50,6 +50,14 @@ near duplicates into one positive group; `split_pairs` assigns train/dev/test by
 of the group, so near-duplicate queries never straddle splits. `user_pair_rows` and
 `user_pairs_to_table` give one split's pairs as rows of `pairs.PAIR_SCHEMA` plus the positives,
 negatives and scores columns.
+
+Rows. A pair gives one training row per positive, (query, positive i), so every positive is
+trained on: a BEIR query with three relevant documents is three rows. The rows share the pair's
+positive group, so they are never each other's in-batch negatives, and each carries the pair's
+documents, all its positives and its given negatives. A row's id is the pair id when the pair
+has one positive, else `<pair id>#<i>` (i from 0, best positive first). A row is the unit of
+`contrastive.pairs` shares and of the pair budget: a pair with three positives counts as three
+positive pairs, as three built-in pairs would.
 """
 
 from __future__ import annotations
@@ -863,15 +871,25 @@ def split_pairs(grouped: GroupedPairs, dev_fraction: float, test_fraction: float
 
 USER_PAIR_SCHEMA = pa.schema([
     *PAIR_SCHEMA,
-    ("positives", pa.list_(pa.string())),  # all positives; `positive` is the first
+    ("positives", pa.list_(pa.string())),  # all the pair's positives; `positive` is this row's
     ("negatives", pa.list_(pa.string())),
-    ("scores", pa.list_(pa.float64())),  # one per positive, null without a score
+    ("scores", pa.list_(pa.float64())),  # one per positive of `positives`, null without a score
 ])
 
 
+def row_ids(pair: UserPair) -> list[str]:
+    """The ids of a pair's training rows, one per positive: the pair id alone for one positive,
+    else `<pair id>#<i>`."""
+    if len(pair.positives) == 1:
+        return [pair.pair_id]
+    return [f"{pair.pair_id}#{i}" for i in range(len(pair.positives))]
+
+
 def user_pair_rows(pairs: Iterable[UserPair], split: str = "train") -> list[dict[str, Any]]:
-    """One split's pairs as rows of `USER_PAIR_SCHEMA`: `pairs.PAIR_SCHEMA`'s fields (builder and
-    source the source's name, confidence `USER_PAIR_CONFIDENCE`) plus positives, negatives, scores."""
+    """One split's pairs as rows of `USER_PAIR_SCHEMA`, one row per (query, positive) (`row_ids`):
+    `pairs.PAIR_SCHEMA`'s fields (builder and source the source's name, confidence
+    `USER_PAIR_CONFIDENCE`, the pair's positive group and documents) plus the pair's positives,
+    negatives and scores. A row id that is another pair's id (a user id ending in "#<i>") raises."""
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; valid: {', '.join(SPLITS)}")
     rows = []
@@ -880,20 +898,25 @@ def user_pair_rows(pairs: Iterable[UserPair], split: str = "train") -> list[dict
             raise ValueError(f"pair {pair.pair_id!r} has no split or group: run group_pairs and split_pairs first")
         if pair.split != split:
             continue
-        rows.append({
-            "pair_id": pair.pair_id,
-            "builder": pair.source,
-            "query": pair.query,
-            "positive": pair.positives[0],
-            "source": pair.source,
-            "doc_ids": list(pair.doc_ids),
-            "split": pair.split,
-            "confidence": USER_PAIR_CONFIDENCE,
-            "positive_group": pair.positive_group,
-            "positives": list(pair.positives),
-            "negatives": list(pair.negatives),
-            "scores": list(pair.scores),
-        })
+        for row_id, positive in zip(row_ids(pair), pair.positives):
+            rows.append({
+                "pair_id": row_id,
+                "builder": pair.source,
+                "query": pair.query,
+                "positive": positive,
+                "source": pair.source,
+                "doc_ids": list(pair.doc_ids),
+                "split": pair.split,
+                "confidence": USER_PAIR_CONFIDENCE,
+                "positive_group": pair.positive_group,
+                "positives": list(pair.positives),
+                "negatives": list(pair.negatives),
+                "scores": list(pair.scores),
+            })
+    repeated = sorted(i for i, n in Counter(row["pair_id"] for row in rows).items() if n > 1)
+    if repeated:
+        raise SourceError(f"row ids repeat: {repeated[:MAX_SKIPPED_EXAMPLES]}; a pair with several positives "
+                          "gives rows '<pair id>#<i>', which another pair's id must not be")
     return rows
 
 

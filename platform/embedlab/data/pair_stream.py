@@ -2,8 +2,10 @@
 
 Pairs are built once per prepared data directory and builder set from the training split
 only (`pairs/<key>.parquet`). The mixture is over pair builders with shares of consumed
-*positive pairs* (each pair is one unit), drawn by the same `deficit/1` schedule and
-repetition cap as phase-1 tokens. Each stream row is one pair: `[CLS] prefix + query [SEP]`
+*positive pairs*, drawn by the same `deficit/1` schedule and repetition cap as phase-1
+tokens: each row, one (query, positive), is one unit, so a user pair with three positives
+(three rows sharing its positive group, `pair_sources.user_pair_rows`) counts as three in
+shares and budgets. Each stream row is one pair: `[CLS] prefix + query [SEP]`
 and `[CLS] prefix + positive [SEP]`, truncated and padded to `pair_length`, its positive
 group as an int64 hash, its builder index and its non-padding token counts; phase 3 adds
 `hard_negatives` mined negatives per pair. Workers take their rows of each global batch as
@@ -42,7 +44,8 @@ from embedlab.data.user_pairs import user_pair_table, user_pairs_dir
 from embedlab.data.stream import cached_tokenizer, schedule_windows
 
 
-PAIRS_FORMAT = "embedlab-pairs/3"  # 3: USER_PAIR_SCHEMA (positives, negatives, scores) and user pair sources
+# 3: USER_PAIR_SCHEMA (positives, negatives, scores) and user pair sources; 4: a user pair's every positive a row
+PAIRS_FORMAT = "embedlab-pairs/4"
 PAIR_SOURCES = ("data/pairs.py",)  # the code that builds a pairs table, hashed into its key
 ONE_SOURCE_SCHEDULE = "one-source-deficit/1"  # `Schedule.version` of a one-source schedule
 
@@ -60,8 +63,8 @@ def pair_table_path(
 
     A name that is no built-in builder names one of `data`'s pair sources (a ConfigError
     lists the valid names otherwise): its train split (`embedlab.data.user_pairs`) joins the
-    table under its own name, positive groups merged with the built-in pairs' wherever the
-    positives are the same text. The key holds the user pairs' key, so a changed file is a
+    table under its own name, one row per (query, positive), positive groups merged with the
+    built-in pairs' wherever the positives are the same text. The key holds the user pairs' key, so a changed file is a
     new table."""
     data = data if data is not None else DataConfig()
     check_pair_shares(builders, data)
@@ -108,6 +111,16 @@ def _with_user_pairs(table: pa.Table, user: pa.Table) -> pa.Table:
     merged = merge_positive_groups([Pair(**{**row, "doc_ids": tuple(row["doc_ids"])}) for row in rows], {})
     index = combined.schema.get_field_index("positive_group")
     return combined.set_column(index, "positive_group", pa.array([p.positive_group for p in merged], pa.string()))
+
+
+def group_positive_texts(pairs_path: Path) -> dict[str, list[str]]:
+    """Positive group -> every positive of its rows in a frozen pairs table (a user pair's
+    `positives` included), for mining's positive-text rule (`mining.mine_hard_negatives`)."""
+    table = pq.read_table(pairs_path, columns=["positive_group", "positive", "positives"])
+    texts: dict[str, set[str]] = {}
+    for group, positive, positives in zip(*(table[c].to_pylist() for c in table.column_names)):
+        texts.setdefault(group, set()).update([positive, *positives])
+    return {group: sorted(found) for group, found in texts.items()}
 
 
 def pair_schedule(

@@ -3,7 +3,9 @@
     pretraining        training-split documents of the mixture's sources (phase 1)
     tokenizer-sample   the documents the tokenizer was trained on
     contrastive-pairs  query and positive texts of the phase 2-3 pairs built from the training split
-                       (a frozen table's also a user pair's further positives and given negatives)
+                       by every built-in builder, and, given the data config, the train split of its
+                       user pair sources (`data.user_pairs`): every row's query and positive (a row per
+                       positive) and given negatives, the texts the sweep's pre-flight audits
     mined-negatives    hard negatives of every mined set saved with the data (`mined/*/`)
 
 `pair_table_items` and `mined_set_items` read one frozen pairs table or one mined set: what
@@ -12,11 +14,14 @@ a given trial trains on, for the gate before it trains (`embedlab.data.contamina
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
+from embedlab.config import DataConfig
 
 from embedlab.data.document import document_text
 from embedlab.data.mining import NEGATIVES_FILE
@@ -44,26 +49,34 @@ def _pair_texts(pairs: Iterable[tuple[str, str, str]]) -> Iterator[tuple[str, st
         yield f"{pair_id}:positive", positive
 
 
-def _pairs(prepared: PreparedData) -> Iterator[tuple[str, str]]:
+def _pairs(prepared: PreparedData, data: DataConfig | None, progress: Callable[[str], None]
+           ) -> Iterator[tuple[str, str]]:
     table = prepared.corpus.read(split="train")
     pairs = build_pairs(table, list(PAIR_BUILDERS), split="train", seed=0, max_pairs_per_builder=None)
     yield from _pair_texts((pair.pair_id, pair.query, pair.positive) for pair in pairs)
+    if data is not None and data.pair_sources:
+        from embedlab.data.user_pairs import user_pair_table, user_pairs_dir
+
+        directory = user_pairs_dir(prepared, data, progress)
+        yield from _table_items(user_pair_table(directory, list(data.pair_source_names)))
 
 
 def pair_table_items(path: Path) -> Iterator[tuple[str, str]]:
-    """The texts of one frozen pairs table (`pair_stream.pair_table_path`): "<pair id>:query" and
-    "<pair id>:positive", then a user pair's further positives ("<pair id>:positive:<i>", i >= 1)
-    and given negatives ("<pair id>:negative:<i>"), when the table has those columns."""
+    """The texts of one frozen pairs table (`pair_stream.pair_table_path`): "<row id>:query" and
+    "<row id>:positive" (a user pair has a row per positive, `pair_sources.row_ids`), then a user
+    pair's given negatives ("<row id>:negative:<i>"), when the table has that column."""
     names = pq.read_schema(path).names
-    extra = [c for c in ("positives", "negatives") if c in names]
-    table = pq.read_table(path, columns=["pair_id", "query", "positive", *extra])
+    yield from _table_items(pq.read_table(path, columns=["pair_id", "query", "positive",
+                                                         *(["negatives"] if "negatives" in names else [])]))
+
+
+def _table_items(table: pa.Table) -> Iterator[tuple[str, str]]:
     ids = table["pair_id"].to_pylist()
     yield from _pair_texts(zip(ids, table["query"].to_pylist(), table["positive"].to_pylist()))
-    for column, first in (("positives", 1), ("negatives", 0)):
-        if column in extra:
-            for pair_id, texts in zip(ids, table[column].to_pylist()):
-                for i, text in enumerate(texts[first:], start=first):
-                    yield f"{pair_id}:{column[:-1]}:{i}", text
+    if "negatives" in table.column_names:
+        for pair_id, texts in zip(ids, table["negatives"].to_pylist()):
+            for i, text in enumerate(texts):
+                yield f"{pair_id}:negative:{i}", text
 
 
 def mined_set_items(directory: Path) -> Iterator[tuple[str, str]]:
@@ -80,8 +93,13 @@ def _mined(prepared: PreparedData) -> Iterator[tuple[str, str]]:
         yield from mined_set_items(path.parent)
 
 
-def training_stages(prepared: PreparedData, stages: tuple[str, ...] = PHASE1_STAGES) -> dict[str, Iterator[tuple[str, str]]]:
-    """Lazy (id, text) streams for the named stages."""
+def training_stages(
+    prepared: PreparedData, stages: tuple[str, ...] = PHASE1_STAGES, *, data: DataConfig | None = None,
+    progress: Callable[[str], None] = print,
+) -> dict[str, Iterator[tuple[str, str]]]:
+    """Lazy (id, text) streams for the named stages; `data` (the spec's config, whose pair
+    sources the prepared record does not hold) adds its user pairs to the contrastive-pairs
+    stage, frozen in the directory first if they are not yet."""
     unknown = sorted(set(stages) - set(ALL_STAGES))
     if unknown:
         raise ValueError(f"unknown stages {unknown}; valid: {list(ALL_STAGES)}")
@@ -89,7 +107,7 @@ def training_stages(prepared: PreparedData, stages: tuple[str, ...] = PHASE1_STA
     streams = {
         "pretraining": lambda: _documents(prepared, None),
         "tokenizer-sample": lambda: _documents(prepared, sample_ids),
-        PAIRS_STAGE: lambda: _pairs(prepared),
+        PAIRS_STAGE: lambda: _pairs(prepared, data, progress),
         MINED_STAGE: lambda: _mined(prepared),
     }
     return {name: streams[name]() for name in stages}

@@ -1,7 +1,8 @@
 """A user's pair sources (`DataConfig.pair_files`, `hf_pairs`, `beir_pairs`), frozen once per
 prepared directory and source content, for the phase 2-3 pairs tables (`pair_stream`).
 
-    user-pairs/<key>/pairs.parquet   every pair of every source, all splits (`USER_PAIR_SCHEMA`)
+    user-pairs/<key>/pairs.parquet   every pair of every source, all splits (`USER_PAIR_SCHEMA`),
+                                     one row per (query, positive) (`pair_sources.user_pair_rows`)
     user-pairs/<key>/record.json     provenance per source (paths or dataset and revision,
                                      file hashes, rights note, conventions, read counts),
                                      what was skipped, dropped and deduplicated, split counts
@@ -43,7 +44,7 @@ from embedlab.data.pair_sources import (
 )
 from embedlab.data.prepare import PreparedData, code_revision, refresh_card
 
-FORMAT = "embedlab-user-pairs/1"
+FORMAT = "embedlab-user-pairs/2"  # 2: one row per (query, positive), `pair_sources.row_ids`
 DIRECTORY = "user-pairs"
 PAIRS_FILE = "pairs.parquet"
 RECORD_FILE = "record.json"
@@ -117,8 +118,10 @@ def _record(key: str, config: DataConfig, provenance: list[dict], split, duplica
     source_of = {pair.pair_id: pair.source for pair in read}
     duplicates_by_source = Counter(source_of[removed] for removed in duplicates)
     splits = {name: dict.fromkeys(SPLITS, 0) for name in config.pair_source_names}
+    rows = {name: dict.fromkeys(SPLITS, 0) for name in config.pair_source_names}
     for pair in split:
         splits[pair.source][pair.split] += 1
+        rows[pair.source][pair.split] += len(pair.positives)
     exclusions = []
     for entry in provenance:
         read_stats = entry["read"]
@@ -133,7 +136,8 @@ def _record(key: str, config: DataConfig, provenance: list[dict], split, duplica
         "format": FORMAT,
         "key": key,
         "sources": provenance,
-        "splits": splits,
+        "splits": splits,  # pairs
+        "rows": rows,  # training rows, one per (query, positive): the unit of shares and budgets
         "groups": len({pair.positive_group for pair in split}),
         "duplicates": dict(sorted(duplicates.items())),
         "exclusions": exclusions,
