@@ -540,6 +540,7 @@ def mine_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, schedule, of
     """
     from embedlab.data.mining import MiningConfig, mine_hard_negatives, mining_version, write_text_atomically
     from embedlab.data.pairs import PAIR_BUILDERS, PAIR_SCHEMA, Pair
+    from embedlab.data.pair_stream import group_positive_texts
 
     table = _scheduled_rows(pairs_path, schedule, offsets, PAIR_SCHEMA.names)
     pairs = [Pair(**{**row, "doc_ids": tuple(row["doc_ids"])}) for row in table]
@@ -554,7 +555,9 @@ def mine_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, schedule, of
         parent = _parent_encoder(trial, progress, "mining: encoding")
         mined = mine_hard_negatives(pairs, prepared.corpus.read(), parent.encode, config=config,
                                     encoder_id=encoder_id, corpus_revision=prepared.data_revision,
-                                    progress=progress, outside_corpus=outside)
+                                    progress=progress, outside_corpus=outside,
+                                    # Every positive of a row's group, rows the schedule skips included.
+                                    group_positives=group_positive_texts(pairs_path))
         # The report and the cost first, the set last (its manifest marks it complete): a
         # trial that finds the manifest finds them too. Each file is staged under its
         # writer's own name, as trials needing the same set may mine it at once.
