@@ -474,3 +474,39 @@ def test_phase3_on_user_pairs_ends_in_a_table_and_a_release(phase2, prepared, tm
     # prepared directory (the pair sources are not part of its key).
     records = list((prepared.directory / "user-pairs").glob("*/record.json"))
     assert len(records) == 1 and "Debian package descriptions" in records[0].read_text()
+
+
+def test_panel_sweep_scores_every_task_and_promotes_on_the_mean(ray_session, prepared, tmp_path):
+    """A phase-1 study scored on a panel (the built-in task and a user's BEIR folder of Debian
+    package descriptions) on Ray: every trial's per-task columns equal an in-process evaluation
+    of its checkpoint, the mean column is their unweighted mean, and promotion on
+    `mean/dev/ndcg@10` reports each task's test split and their mean once."""
+    import dataclasses
+
+    from embedlab.evaluate.beir import Task, write_task
+    from embedlab.evaluate.heldout import DPKG_STATUS, read_dpkg_status
+
+    held = read_dpkg_status(DPKG_STATUS).items[:60]
+    qrels = {split: {f"q{i}": {f"d{i}": 1} for i in range(start, start + 30)} for split, start in (("dev", 0),
+                                                                                                  ("test", 30))}
+    task_dir = tmp_path / "packages"
+    write_task(Task(name="packages", corpus={f"d{i}": ("", it.document) for i, it in enumerate(held)},
+                    queries={f"q{i}": it.query for i, it in enumerate(held)}, qrels=qrels), task_dir)
+    base = tiny_trial(num_workers=1)
+    trial = dataclasses.replace(base, eval=dataclasses.replace(base.eval, tasks=(str(task_dir),)))
+    study_file = write_study(tmp_path / "panel_study.py", trial, name="tiny-panel",
+                             extra='budget_tokens=4_000, metric="mean/dev/ndcg@10"')
+    runs = tmp_path / "runs"
+    assert main(["sweep", str(study_file), "--storage", str(runs)]) == 0
+    run_dir = next(runs.iterdir())
+    table = load_table(str(run_dir))
+    assert len(table) == 2
+    for _, row in table.iterrows():
+        ours = in_process(row["checkpoint"], task_dir, "dev", index=trial.eval.index, max_length=trial.eval.max_length)
+        assert row["packages/dev/ndcg@10"] == ours["ndcg@10"]
+        assert row["python-docstrings/dev/ndcg@10"] == row["dev/ndcg@10"]
+        assert row["mean/dev/ndcg@10"] == (row["dev/ndcg@10"] + row["packages/dev/ndcg@10"]) / 2
+    assert main(["promote", str(run_dir), "--max-retention-drop", "1.0"]) == 0
+    scored = json.loads((run_dir / "promotion.json").read_text())["final_eval"]
+    assert scored["metric"] == "mean/test/ndcg@10" and set(scored["tasks"]) == {"python-docstrings", "packages"}
+    assert scored["value"] == sum(t["value"] for t in scored["tasks"].values()) / 2
