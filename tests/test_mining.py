@@ -187,7 +187,8 @@ def test_skip_top_skips_the_closest_survivors(base, target):
 
 
 def test_version_is_stable_and_changes_with_encoder_corpus_config_or_pairs(base, pairs):
-    """Re-mining the same inputs, in any pair order, keeps the version; other encoder/corpus/config/pairs change it."""
+    """Re-mining the same inputs, in any pair order, keeps the version; another encoder, corpus,
+    config, pair set, or pair text under the same ids changes it."""
     config = MiningConfig(top_k=20)
     first = mine(pairs, base, config)
     again = mine(pairs[::-1], base, config)
@@ -198,6 +199,8 @@ def test_version_is_stable_and_changes_with_encoder_corpus_config_or_pairs(base,
         mine(pairs, base, dataclasses.replace(config, false_negative_margin=0.1)),
         mine(pairs, base, dataclasses.replace(config, skip_top=1)),
         mine(pairs[1:], base, config),
+        # The same pair ids with an edited positive (a user's file changed under its ids).
+        mine([dataclasses.replace(pairs[0], positive=pairs[0].positive + " (revised)"), *pairs[1:]], base, config),
     ]
     versions = {first.version, *(other.version for other in others)}
     assert len(versions) == len(others) + 1

@@ -476,24 +476,43 @@ def test_phase3_on_user_pairs_ends_in_a_table_and_a_release(phase2, prepared, tm
     assert len(records) == 1 and "Debian package descriptions" in records[0].read_text()
 
 
-def test_panel_sweep_scores_every_task_and_promotes_on_the_mean(ray_session, prepared, tmp_path):
-    """A phase-1 study scored on a panel (the built-in task and a user's BEIR folder of Debian
-    package descriptions) on Ray: every trial's per-task columns equal an in-process evaluation
+def test_panel_sweep_scores_every_task_and_promotes_on_the_mean(ray_session, prepared, tmp_path, monkeypatch):
+    """A phase-1 study scored on a panel on Ray: the built-in task, a user's BEIR folder and a
+    Hub task (a local directory in the Hub's layout, pinned by its content revision), both of
+    Debian package descriptions. Every trial's per-task columns equal an in-process evaluation
     of its checkpoint, the mean column is their unweighted mean, and promotion on
     `mean/dev/ndcg@10` reports each task's test split and their mean once."""
     import dataclasses
+    import math
+
+    import datasets
+    import huggingface_hub
 
     from embedlab.evaluate.beir import Task, write_task
     from embedlab.evaluate.heldout import DPKG_STATUS, read_dpkg_status
+    from embedlab.evaluate.hub_tasks import HubTask, local_dataset_revision, materialise_hub_task
 
-    held = read_dpkg_status(DPKG_STATUS).items[:60]
+    from test_hub_tasks import write_hub_directory
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-cache")
+    items = read_dpkg_status(DPKG_STATUS).items[:120]
     qrels = {split: {f"q{i}": {f"d{i}": 1} for i in range(start, start + 30)} for split, start in (("dev", 0),
                                                                                                   ("test", 30))}
+
+    def task(name, held):
+        return Task(name=name, corpus={f"d{i}": ("", it.document) for i, it in enumerate(held)},
+                    queries={f"q{i}": it.query for i, it in enumerate(held)}, qrels=qrels)
+
     task_dir = tmp_path / "packages"
-    write_task(Task(name="packages", corpus={f"d{i}": ("", it.document) for i, it in enumerate(held)},
-                    queries={f"q{i}": it.query for i, it in enumerate(held)}, qrels=qrels), task_dir)
+    write_task(task("packages", items[:60]), task_dir)
+    hub_dir = write_hub_directory(tmp_path / "hub-packages", task("more-packages", items[60:]))
+    hub = HubTask(name="more-packages", dataset=str(hub_dir), revision=local_dataset_revision(hub_dir))
     base = tiny_trial(num_workers=1)
-    trial = dataclasses.replace(base, eval=dataclasses.replace(base.eval, tasks=(str(task_dir),)))
+    trial = dataclasses.replace(base, eval=dataclasses.replace(base.eval, tasks=(str(task_dir),), hub_tasks=(hub,)))
     study_file = write_study(tmp_path / "panel_study.py", trial, name="tiny-panel",
                              extra='budget_tokens=4_000, metric="mean/dev/ndcg@10"')
     runs = tmp_path / "runs"
@@ -501,12 +520,17 @@ def test_panel_sweep_scores_every_task_and_promotes_on_the_mean(ray_session, pre
     run_dir = next(runs.iterdir())
     table = load_table(str(run_dir))
     assert len(table) == 2
+    hub_folder = materialise_hub_task(hub).directory  # the sweep's cached copy
     for _, row in table.iterrows():
-        ours = in_process(row["checkpoint"], task_dir, "dev", index=trial.eval.index, max_length=trial.eval.max_length)
-        assert row["packages/dev/ndcg@10"] == ours["ndcg@10"]
+        for name, folder in (("packages", task_dir), ("more-packages", hub_folder)):
+            ours = in_process(row["checkpoint"], folder, "dev", index=trial.eval.index,
+                              max_length=trial.eval.max_length)
+            assert row[f"{name}/dev/ndcg@10"] == ours["ndcg@10"], name
         assert row["python-docstrings/dev/ndcg@10"] == row["dev/ndcg@10"]
-        assert row["mean/dev/ndcg@10"] == (row["dev/ndcg@10"] + row["packages/dev/ndcg@10"]) / 2
+        assert row["mean/dev/ndcg@10"] == math.fsum(
+            row[f"{n}/dev/ndcg@10"] for n in ("python-docstrings", "packages", "more-packages")) / 3
     assert main(["promote", str(run_dir), "--max-retention-drop", "1.0"]) == 0
     scored = json.loads((run_dir / "promotion.json").read_text())["final_eval"]
-    assert scored["metric"] == "mean/test/ndcg@10" and set(scored["tasks"]) == {"python-docstrings", "packages"}
-    assert scored["value"] == sum(t["value"] for t in scored["tasks"].values()) / 2
+    assert scored["metric"] == "mean/test/ndcg@10"
+    assert set(scored["tasks"]) == {"python-docstrings", "packages", "more-packages"}
+    assert scored["value"] == math.fsum(t["value"] for t in scored["tasks"].values()) / 3

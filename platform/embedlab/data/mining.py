@@ -55,7 +55,7 @@ from embedlab.data.document import normalise_text
 from embedlab.data.pairs import Pair
 from embedlab.evaluate.retrieval import search
 
-FORMAT = "embedlab-mined-negatives/2"  # 2: positive-text over the positive group, both ways
+FORMAT = "embedlab-mined-negatives/3"  # 2: positive-text over the positive group, both ways; 3: pairs_digest
 RULES = ("known-positive", "same-group", "positive-text", "false-negative-margin", "skip-top")
 TRAIN_SPLIT = "train"
 CORPUS_COLUMNS = ("doc_id", "title", "text", "group_id", "split")
@@ -113,14 +113,26 @@ class MinedNegative:
     positive_score: float
 
 
-def mining_version(*, encoder_id: str, corpus_revision: str, config: MiningConfig, pair_ids: Iterable[str]) -> str:
-    """sha256 of everything that decides the negatives; pair order does not matter."""
+def pairs_digest(pairs: Iterable[Pair], group_positives: Mapping[str, Iterable[str]] | None = None) -> str:
+    """sha256 of the texts mining reads from the pairs: each pair's query, positive and group,
+    and the group positives, in id order. A user who edits a positive under the same pair id
+    gets a new mined set, not one chosen against the old text."""
+    rows = sorted((p.pair_id, p.query, p.positive, p.positive_group) for p in pairs)
+    groups = sorted((group, sorted(texts)) for group, texts in (group_positives or {}).items())
+    return hashlib.sha256(json.dumps([rows, groups]).encode()).hexdigest()
+
+
+def mining_version(*, encoder_id: str, corpus_revision: str, config: MiningConfig, pair_ids: Iterable[str],
+                   pairs_digest: str) -> str:
+    """sha256 of everything that decides the negatives (`pairs_digest`: the pairs' texts);
+    pair order does not matter."""
     identity = {
         "format": FORMAT,
         "encoder_id": encoder_id,
         "corpus_revision": corpus_revision,
         "config": asdict(config),
         "pair_ids": sorted(pair_ids),
+        "pairs_digest": pairs_digest,
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 
@@ -143,6 +155,7 @@ class MinedSet:
     counts: dict[str, Any]
     queries: dict[str, tuple[str, str]]
     documents: dict[str, str]
+    pairs_digest: str
 
     def to_table(self) -> pa.Table:
         """One row per negative, by pair id then rank, with the query, positive and negative texts."""
@@ -174,6 +187,7 @@ class MinedSet:
             "counts": self.counts,
             # The pair ids restore pairs left without negatives and let `load` recompute the version.
             "pair_ids": sorted(self.negatives),
+            "pairs_digest": self.pairs_digest,
         }
         # Written last, so a directory with a manifest holds a complete set.
         write_text_atomically(directory / MANIFEST_FILE, json.dumps(manifest, indent=2, sort_keys=True))
@@ -192,7 +206,7 @@ class MinedSet:
         config = MiningConfig(**manifest["config"])
         version = mining_version(
             encoder_id=manifest["encoder_id"], corpus_revision=manifest["corpus_revision"],
-            config=config, pair_ids=manifest["pair_ids"],
+            config=config, pair_ids=manifest["pair_ids"], pairs_digest=manifest["pairs_digest"],
         )
         if version != manifest["version"]:
             raise ValueError(f"{manifest_path}: version {manifest['version']} does not match its contents ({version})")
@@ -215,6 +229,7 @@ class MinedSet:
             counts=manifest["counts"],
             queries=queries,
             documents=documents,
+            pairs_digest=manifest["pairs_digest"],
         )
 
     def report(self, examples: int = 5) -> str:
@@ -340,6 +355,7 @@ def mine_hard_negatives(
     """
     if not pairs:
         raise ValueError("no pairs to mine negatives for")
+    digest = pairs_digest(pairs, group_positives)
     pair_ids = [pair.pair_id for pair in pairs]
     repeated = sorted(pair_id for pair_id, n in Counter(pair_ids).items() if n > 1)
     if repeated:
@@ -425,7 +441,8 @@ def mine_hard_negatives(
              f"{len(pairs):,} queries; dropped {counts['dropped']}")
     return MinedSet(
         version=mining_version(encoder_id=encoder_id, corpus_revision=corpus_revision, config=config,
-                               pair_ids=pair_ids),
+                               pair_ids=pair_ids, pairs_digest=digest),
+        pairs_digest=digest,
         encoder_id=encoder_id,
         corpus_revision=corpus_revision,
         config=config,

@@ -538,7 +538,8 @@ def mine_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, schedule, of
     The encoder runs on CUDA when this process sees a GPU (on a GPU cluster the sweep gives a
     mining trial's driver a GPU share: `embedlab.sweep.run.trial_driver_resources`).
     """
-    from embedlab.data.mining import MiningConfig, mine_hard_negatives, mining_version, write_text_atomically
+    from embedlab.data.mining import MiningConfig, mine_hard_negatives, mining_version, pairs_digest, \
+        write_text_atomically
     from embedlab.data.pairs import PAIR_BUILDERS, PAIR_SCHEMA, Pair
     from embedlab.data.pair_stream import group_positive_texts
 
@@ -548,16 +549,16 @@ def mine_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, schedule, of
     config = MiningConfig(negatives_per_query=trial.contrastive.hard_negatives,
                           top_k=trial.contrastive.mining_top_k, false_negative_margin=trial.contrastive.mining_margin)
     encoder_id = _parent_hash(trial)
-    version = mining_version(encoder_id=encoder_id, corpus_revision=prepared.data_revision,
-                             config=config, pair_ids=[p.pair_id for p in pairs])
+    # Every positive of each row's group, rows the schedule does not read included.
+    group_positives = group_positive_texts(pairs_path)
+    version = mining_version(encoder_id=encoder_id, corpus_revision=prepared.data_revision, config=config,
+                             pair_ids=[p.pair_id for p in pairs], pairs_digest=pairs_digest(pairs, group_positives))
     directory = prepared.directory / "mined" / version[:16]
     if not (directory / "manifest.json").is_file():
         parent = _parent_encoder(trial, progress, "mining: encoding")
         mined = mine_hard_negatives(pairs, prepared.corpus.read(), parent.encode, config=config,
                                     encoder_id=encoder_id, corpus_revision=prepared.data_revision,
-                                    progress=progress, outside_corpus=outside,
-                                    # Every positive of a row's group, rows the schedule skips included.
-                                    group_positives=group_positive_texts(pairs_path))
+                                    progress=progress, outside_corpus=outside, group_positives=group_positives)
         # The report and the cost first, the set last (its manifest marks it complete): a
         # trial that finds the manifest finds them too. Each file is staged under its
         # writer's own name, as trials needing the same set may mine it at once.
