@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from embedlab.config import ConfigError, EvalConfig, TrialConfig, _build, read_mapping_file
+from embedlab.config import ConfigError, EvalConfig, TrialConfig, _build
 from embedlab.evaluate.beir import Task, write_task
 from embedlab.evaluate.hub_tasks import HubTask, derive_dev_split, local_dataset_revision
 
@@ -59,7 +59,7 @@ def test_panel_config_round_trips_through_toml_and_json(tmp_path, shell_task, da
     path = tmp_path / "eval.toml"
     path.write_text(PANEL_TOML.format(beir=beir, hub=hub, revision=local_dataset_revision(hub)), encoding="utf-8")
 
-    built = _build(EvalConfig, read_mapping_file(path), "eval")
+    built = EvalConfig.from_file(path)
 
     spec = HubTask(name="shell-utils", dataset=str(hub), revision=local_dataset_revision(hub), dev_fraction=0.3,
                    splits=("train", "test"))
@@ -70,7 +70,7 @@ def test_panel_config_round_trips_through_toml_and_json(tmp_path, shell_task, da
     trial = dataclasses.replace(TrialConfig(), eval=built)
     assert TrialConfig.from_dict(json.loads(trial.to_json())) == trial
     (tmp_path / "eval.json").write_text(json.dumps(as_json), encoding="utf-8")
-    assert _build(EvalConfig, read_mapping_file(tmp_path / "eval.json"), "eval") == built
+    assert EvalConfig.from_file(tmp_path / "eval.json") == built
 
     default = EvalConfig()
     assert not default.panel and default.task_names == ("python-docstrings",)

@@ -570,6 +570,11 @@ class EvalConfig:
             except PanelError as error:
                 raise ConfigError(f"eval.tasks: {error} (names: {list(self.task_names)})") from None
 
+    @classmethod
+    def from_file(cls, path: str | Path) -> EvalConfig:
+        """An EvalConfig from a TOML or JSON file of its fields (a panel's tasks and Hub tasks)."""
+        return _build(cls, read_mapping_file(path), "eval")
+
     @property
     def panel(self) -> bool:
         """Whether the trial is scored on a panel of tasks (`tasks` or `hub_tasks` set)."""
