@@ -80,6 +80,20 @@ def prepared(cache_dir, ray_session):
     return prepare_data(TEST_DATA, cache_dir=cache_dir)
 
 
+@pytest.fixture
+def offline_hub(monkeypatch, tmp_path):
+    """The Hugging Face hub switched off and a private datasets cache, for Hub-layout directories on
+    local disk (datasets and huggingface_hub read the variables at import: patch both)."""
+    import datasets
+    import huggingface_hub
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-cache")
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     """One local Ray cluster for every test that is about Ray."""

@@ -20,7 +20,7 @@ from embedlab.config import ConfigError, EvalConfig, TrialConfig, _build
 from embedlab.evaluate.beir import Task, write_task
 from embedlab.evaluate.hub_tasks import HubTask, derive_dev_split, local_dataset_revision
 
-from test_hub_tasks import docstring_records, docstring_task, offline_hub, write_hub_directory  # noqa: F401
+from test_hub_tasks import docstring_records, docstring_task, write_hub_directory
 
 PANEL_TOML = """\
 task = "python-docstrings"

@@ -210,19 +210,6 @@ def test_undecodable_files_are_named(tmp_path):
 
 
 @pytest.fixture
-def offline_hub(monkeypatch, tmp_path):
-    """Offline hub and a private cache (datasets and huggingface_hub read the variables at import: patch both)."""
-    import datasets
-    import huggingface_hub
-
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-cache")
-
-
-@pytest.fixture
 def local_dataset(tmp_path, english) -> Path:
     """A dataset directory as datasets reads it: one Parquet file per split, named after the split."""
     root = tmp_path / "dataset"

@@ -116,19 +116,6 @@ def write_hub_directory(root: Path, task: Task, *, qrels: bool = True) -> Path:
     return root
 
 
-@pytest.fixture
-def offline_hub(monkeypatch, tmp_path):
-    """Offline hub and a private datasets cache (both libraries read the variables at import: patch both)."""
-    import datasets
-    import huggingface_hub
-
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-cache")
-
-
 @pytest.fixture(scope="module")
 def shell_task() -> Task:
     return docstring_task("shell-utils", docstring_records(shutil, textwrap))

@@ -409,19 +409,6 @@ def test_provenance_lists_file_hashes_rows_conventions_and_rights(tmp_path, docs
     assert pair_source_provenance(source)["revision"] != before
 
 
-@pytest.fixture
-def offline_hub(monkeypatch, tmp_path):
-    """Offline hub and a private cache (datasets and huggingface_hub read the variables at import: patch both)."""
-    import datasets
-    import huggingface_hub
-
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-cache")
-
-
 def test_hub_layout_directory_loads_through_datasets_by_revision(offline_hub, tmp_path, docs):
     """A local directory in the Hub's layout (README configs, data/<split>-*.parquet) loads by config,
     split and revision. datasets ignores the revision of a local directory, so another revision loads the

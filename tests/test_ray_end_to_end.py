@@ -476,7 +476,7 @@ def test_phase3_on_user_pairs_ends_in_a_table_and_a_release(phase2, prepared, tm
     assert len(records) == 1 and "Debian package descriptions" in records[0].read_text()
 
 
-def test_panel_sweep_scores_every_task_and_promotes_on_the_mean(ray_session, prepared, tmp_path, monkeypatch):
+def test_panel_sweep_scores_every_task_and_promotes_on_the_mean(ray_session, prepared, tmp_path, offline_hub):
     """A phase-1 study scored on a panel on Ray: the built-in task, a user's BEIR folder and a
     Hub task (a local directory in the Hub's layout, pinned by its content revision), both of
     Debian package descriptions. Every trial's per-task columns equal an in-process evaluation
@@ -485,20 +485,12 @@ def test_panel_sweep_scores_every_task_and_promotes_on_the_mean(ray_session, pre
     import dataclasses
     import math
 
-    import datasets
-    import huggingface_hub
-
     from embedlab.evaluate.beir import Task, write_task
     from embedlab.evaluate.heldout import DPKG_STATUS, read_dpkg_status
     from embedlab.evaluate.hub_tasks import HubTask, local_dataset_revision, materialise_hub_task
 
     from test_hub_tasks import write_hub_directory
 
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-cache")
     items = read_dpkg_status(DPKG_STATUS).items[:120]
     qrels = {split: {f"q{i}": {f"d{i}": 1} for i in range(start, start + 30)} for split, start in (("dev", 0),
                                                                                                   ("test", 30))}

@@ -84,7 +84,7 @@ from embedlab.data.document import normalise_text
 from embedlab.data.external import MAX_SKIPPED_EXAMPLES, SourceError, _file_entry, _jsonl_rows
 # The configs live beside `embedlab.config`, which holds them; imported from here as before.
 from embedlab.data.pair_source_config import BEIRPairs, ColumnMapping, HFPairs, PairFiles, PairSource  # noqa: F401
-from embedlab.data.pairs import PAIR_SCHEMA
+from embedlab.data.pairs import PAIR_SCHEMA, SmallestRootSets
 from embedlab.evaluate import beir
 
 PAIR_FILE_EXTENSIONS = (".jsonl", ".parquet", ".csv")
@@ -817,19 +817,8 @@ def group_pairs(
             kept[key] = pair.pair_id
     survivors = [pair for pair in pairs if pair.pair_id not in duplicates]
 
-    parent: dict[str, str] = {}
-
-    def find(node: str) -> str:
-        parent.setdefault(node, node)
-        while parent[node] != node:
-            parent[node] = parent[parent[node]]
-            node = parent[node]
-        return node
-
-    def union(a: str, b: str) -> None:
-        a, b = find(a), find(b)
-        if a != b:
-            parent[max(a, b)] = min(a, b)  # the root is always the smallest id
+    sets = SmallestRootSets()  # the root is always the smallest id
+    find, union = sets.find, sets.union
 
     text_ids: list[tuple[str, int]] = []  # (pair id, 0 for the query or 1 + positive index)
     texts: list[str] = []

@@ -470,25 +470,34 @@ def build_pairs(
     return merge_positive_groups(pairs, cluster_of)
 
 
-def merge_positive_groups(pairs: list[Pair], cluster_of: Mapping[str, str]) -> list[Pair]:
-    """The pairs with groups joined (union-find) wherever two pairs' builder groups share a
-    document cluster (`cluster_of`: doc id -> cluster; a document not in it is its own) or
-    their positives are the same text (whitespace and case folded). A joined group is named
-    by its smallest member's name, so the result does not depend on the pairs' order."""
-    parent: dict[str, str] = {}
+class SmallestRootSets:
+    """Union-find over names (path halving) whose root is always the set's smallest name, so
+    which name stands for a set does not depend on the order of the unions."""
 
-    def find(node: str) -> str:
+    def __init__(self) -> None:
+        self._parent: dict[str, str] = {}
+
+    def find(self, node: str) -> str:
+        parent = self._parent
         parent.setdefault(node, node)
         while parent[node] != node:
             parent[node] = parent[parent[node]]
             node = parent[node]
         return node
 
-    def union(a: str, b: str) -> None:
-        a, b = find(a), find(b)
+    def union(self, a: str, b: str) -> None:
+        a, b = self.find(a), self.find(b)
         if a != b:
-            parent[max(a, b)] = min(a, b)
+            self._parent[max(a, b)] = min(a, b)
 
+
+def merge_positive_groups(pairs: list[Pair], cluster_of: Mapping[str, str]) -> list[Pair]:
+    """The pairs with groups joined (union-find) wherever two pairs' builder groups share a
+    document cluster (`cluster_of`: doc id -> cluster; a document not in it is its own) or
+    their positives are the same text (whitespace and case folded). A joined group is named
+    by its smallest member's name, so the result does not depend on the pairs' order."""
+    sets = SmallestRootSets()
+    find, union = sets.find, sets.union
     for pair in pairs:
         group = f"group:{pair.positive_group}"
         for doc_id in pair.doc_ids:

@@ -50,7 +50,7 @@ PAIRS_FILE = "pairs.parquet"
 RECORD_FILE = "record.json"
 # The code that decides the frozen pairs, hashed into the key.
 CODE = ("data/user_pairs.py", "data/pair_sources.py", "data/pair_source_config.py", "data/external.py",
-        "data/dedup.py", "data/document.py", "evaluate/beir.py")
+        "data/dedup.py", "data/document.py", "data/pairs.py", "evaluate/beir.py")
 _REVISION_FIELDS = ("revision", "resolved_revision", "content_revision")
 
 
