@@ -94,9 +94,64 @@ def offline_hub(monkeypatch, tmp_path):
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-cache")
 
 
+# The S3-compatible server's credentials: fake, but distinctive, so a test can prove they
+# never reach a log line, a run record or a manifest.
+S3_KEY_ID = "EMBEDLABTESTKEY7F3C"
+S3_SECRET = "embedlab-test-secret-9b1e4d2a"
+
+
+@dataclasses.dataclass(frozen=True)
+class S3Server:
+    endpoint: str
+    env: dict[str, str]  # what a subprocess (a node, a CLI) needs to reach it
+
+    def bucket(self, name: str) -> str:
+        """A fresh bucket; its s3:// URI."""
+        import boto3
+
+        boto3.client("s3", endpoint_url=self.endpoint).create_bucket(Bucket=name)
+        return f"s3://{name}"
+
+
 @pytest.fixture(scope="session")
-def ray_session():
-    """One local Ray cluster for every test that is about Ray."""
+def s3_server(monkeypatch_session, tmp_path_factory):
+    """moto's standalone S3 server on loopback, for the whole session, reached through the
+    standard AWS variables (set before the session's Ray starts, so its workers inherit them)."""
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log = tmp_path_factory.mktemp("s3") / "moto.log"
+    server = subprocess.Popen([str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=log.open("w"), stderr=subprocess.STDOUT)
+    endpoint = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(endpoint, timeout=1).close()
+            break
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"moto_server did not start: {log.read_text()[-2000:]}")
+            time.sleep(0.2)
+    env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": S3_KEY_ID, "AWS_SECRET_ACCESS_KEY": S3_SECRET,
+           "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
+    for key, value in env.items():
+        monkeypatch_session.setenv(key, value)
+    yield S3Server(endpoint, env)
+    server.terminate()
+    server.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def ray_session(s3_server):
+    """One local Ray cluster for every test that is about Ray (its processes reach the
+    session's S3 server)."""
     import ray
 
     from embedlab.sweep.run import connect

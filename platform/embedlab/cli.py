@@ -185,7 +185,7 @@ def cmd_table(args: argparse.Namespace) -> int:
     if args.json:  # every column of every trial, as records
         print(load_table(args.run_dir).to_json(orient="records"))
     else:
-        print(render(Path(args.run_dir), args.format))
+        print(render(args.run_dir, args.format))
     return 0
 
 
@@ -198,7 +198,7 @@ def cmd_promote(args: argparse.Namespace) -> int:
     if args.run and "next_study" in promotion:
         from embedlab.sweep.run import run_sweep
 
-        from embedlab.sweep import store
+        from embedlab import store
 
         child = run_sweep(promotion["next_study"], storage=store.parent(store.resolve(args.run_dir)),
                           address=args.address, progress=_progress)
@@ -209,6 +209,10 @@ def cmd_promote(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from embedlab.report import write_report  # here: it loads matplotlib
 
+    from embedlab import store
+
+    if args.out is None and store.local_path(args.run_dirs[-1]) is None:
+        raise UsageError(f"{args.run_dirs[-1]} is on object storage: name a local file with --out")
     out = args.out or Path(args.run_dirs[-1]) / "report.html"
     print(write_report(args.run_dirs, out, progress=_stderr))
     return 0
@@ -235,7 +239,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             # The built-in task comes from the same corpus split the checkpoint trained on
             # (baselines: the default data config, the one `make demo` trains on).
             data = DataConfig() if baseline else TrialConfig.from_dict(
-                verify_checkpoint(Path(args.encoder))["config"]).data
+                verify_checkpoint(args.encoder)["config"]).data
             prepared_dir = prepare_data(data, progress=lambda m: print(m, file=sys.stderr)).directory
         task = load_task(resolve_task(args.task, prepared_dir))
         if args.dev_fraction is not None:  # the same rule as a Hub task's, in memory
@@ -245,7 +249,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
         metrics = evaluate_baseline(baseline, task, args.split)
     else:
-        metrics = evaluate_checkpoint(Path(args.encoder), task, args.split, index=args.index)
+        metrics = evaluate_checkpoint(args.encoder, task, args.split, index=args.index)
     if args.json:
         print(json.dumps(metrics, sort_keys=True))
     else:
@@ -316,9 +320,9 @@ def cmd_bench_data(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from embedlab.train.checkpoint import export_inference
+    from embedlab.release import export_release_to
 
-    manifest = export_inference(Path(args.checkpoint), Path(args.out))
+    manifest = export_release_to(args.checkpoint, args.out)
     print(f"exported {args.out}: encoder {manifest['content_hash'][:16]} (from {manifest['exported_from'][:16]}), "
           f"pooling {manifest['pooling']['method']}, prefixes {manifest['pooling'].get('prefixes')}")
     return 0
@@ -523,8 +527,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.set_defaults(func=cmd_evaluate)
 
     export = sub.add_parser("export", help="the inference package of a checkpoint (encoder, tokenizer, manifest)")
-    export.add_argument("checkpoint")
-    export.add_argument("out")
+    export.add_argument("checkpoint", help="a checkpoint directory or storage URI (s3://, gs://, ...)")
+    export.add_argument("out", help="a new or empty directory, or a storage URI")
     export.set_defaults(func=cmd_export)
 
     model = sub.add_parser("model", help="model utilities")

@@ -67,7 +67,7 @@ def score_tasks(encoder: str | None, names: list[str], root: Path, baselines: li
         scores = {}
         if encoder is not None:
             _stderr(f"heldout: {name}: scoring {encoder}")
-            metrics = evaluate_checkpoint(Path(encoder), task, SPLIT, index=index)
+            metrics = evaluate_checkpoint(encoder, task, SPLIT, index=index)
             scores[encoder] = {**{k: metrics[k] for k in SCORE_KEYS}, "checkpoint_hash": metrics["checkpoint_hash"]}
         for baseline in baselines:
             _stderr(f"heldout: {name}: scoring {baseline}")

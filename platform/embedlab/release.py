@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
+from embedlab import store
 from embedlab.tokenizer import FILE_NAME as TOKENIZER_FILE
 from embedlab.train.checkpoint import (
-    ENCODER_FILE, MANIFEST_FILE, CheckpointError, content_hash, load_encoder, staged_directory,
+    ENCODER_FILE, MANIFEST_FILE, CheckpointError, content_hash, load_encoder, local_checkpoint, staged_directory,
 )
 
 # A string, not an import: exporting needs no sentence-transformers; the tests load the package.
@@ -52,14 +54,32 @@ ZERO_VECTOR_RULE = {
 }
 
 
-def export_release(checkpoint_dir: Path, out_dir: Path) -> dict[str, Any]:
+def export_release_to(checkpoint: str | Path, out: str | Path) -> dict[str, Any]:
+    """`export_release` into `out`, a local directory or a storage URI (`embedlab.store`). On
+    object storage the package is built locally, then uploaded with its manifest last, so a
+    reader that finds the manifest finds every file it names."""
+    if store.local_path(out) is not None:
+        return export_release(checkpoint, store.local_path(out))
+    if store.list_tree(out):
+        raise CheckpointError(f"{out}: exists and is not empty; export into a new or empty location")
+    with tempfile.TemporaryDirectory(prefix="embedlab-release-") as scratch:
+        local = Path(scratch) / "release"
+        manifest = export_release(checkpoint, local)
+        for relative in sorted(p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file()):
+            if relative != MANIFEST_FILE:
+                store.upload(local / relative, store.join(out, *relative.split("/")))
+        store.upload(local / MANIFEST_FILE, store.join(out, MANIFEST_FILE))
+    return manifest
+
+
+def export_release(checkpoint_dir: str | Path, out_dir: Path) -> dict[str, Any]:
     """Write the release package of a checkpoint into a new (or empty) `out_dir`; returns its manifest.
 
     The checkpoint is verified first (every file hash, the tokenizer hash, the weights against
     the recorded model config). The package is written next to `out_dir` and moved into place
     at the end, so a failed export leaves nothing behind.
     """
-    checkpoint_dir, out_dir = Path(checkpoint_dir), Path(out_dir)
+    checkpoint_dir, out_dir = local_checkpoint(checkpoint_dir), Path(out_dir)  # a URI: its verified copy
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):  # before the slow checks
         raise CheckpointError(f"{out_dir}: exists and is not empty; export into a new or empty directory")
     _, _, checkpoint = load_encoder(checkpoint_dir)

@@ -40,6 +40,7 @@ from embedlab.data.mixture import MixtureError, Schedule, sample_schedule
 from embedlab.data.pair_sources import USER_PAIR_SCHEMA
 from embedlab.data.pairs import PAIR_BUILDERS, PAIR_SCHEMA, Pair, build_pairs, merge_positive_groups, pairs_to_table
 from embedlab.data.prepare import PreparedData, code_revision
+from embedlab.data.prepared_sync import node_path
 from embedlab.data.user_pairs import user_pair_table, user_pairs_dir
 from embedlab.data.stream import cached_tokenizer, schedule_windows
 
@@ -286,14 +287,14 @@ _negative_maps: dict[str, dict[str, list[tuple[str, str]]]] = {}
 
 def _pair_rows(path: str) -> pa.Table:
     if path not in _pair_tables:
-        _pair_tables[path] = pq.read_table(path, columns=["pair_id", "query", "positive", "positive_group"])
+        _pair_tables[path] = pq.read_table(node_path(path), columns=["pair_id", "query", "positive", "positive_group"])
     return _pair_tables[path]
 
 
 def _negatives(path: str) -> dict[str, list[tuple[str, str]]]:
     """pair_id -> [(doc_id, text)] in mined rank order, from a mined set's `negatives.parquet`."""
     if path not in _negative_maps:
-        table = pq.read_table(path).sort_by([("pair_id", "ascending"), ("rank", "ascending")])
+        table = pq.read_table(node_path(path)).sort_by([("pair_id", "ascending"), ("rank", "ascending")])
         mapping: dict[str, list[tuple[str, str]]] = {}
         for pair_id, doc_id, text in zip(
             table["pair_id"].to_pylist(), table["doc_id"].to_pylist(), table["negative"].to_pylist()

@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 from embedlab.data.document import document_texts
 from embedlab.data.mixture import Schedule
 from embedlab.data.packing import OPENER_POSITIONS, pack_flat, pack_layout
+from embedlab.data.prepared_sync import node_path
 from embedlab.tokenizer import FrozenTokenizer, load_tokenizer
 
 if TYPE_CHECKING:
@@ -49,7 +50,7 @@ _pieces: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 def cached_tokenizer(path: str) -> FrozenTokenizer:
     """The tokenizer at `path`, loaded once per worker process."""
     if path not in _tokenizers:
-        _tokenizers[path] = load_tokenizer(Path(path))
+        _tokenizers[path] = load_tokenizer(node_path(path))
     return _tokenizers[path]
 
 
@@ -211,7 +212,7 @@ def units_by_source(pieces_path: Path) -> tuple[dict[str, np.ndarray], dict[str,
 def _piece_arrays(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Offsets, token ids and word-start flags of every piece (ids and flags share offsets)."""
     if path not in _pieces:
-        table = pq.read_table(path, columns=["ids", "word_start"])
+        table = pq.read_table(node_path(path), columns=["ids", "word_start"])
         ids = table["ids"].combine_chunks()
         starts = table["word_start"].combine_chunks()
         _pieces[path] = (ids.offsets.to_numpy(), ids.values.to_numpy(), starts.values.to_numpy())

@@ -26,6 +26,7 @@ import ray
 
 from embedlab.config import EvalConfig
 from embedlab.evaluate.beir import Task, load_task
+from embedlab.data.prepared_sync import node_path
 from embedlab.evaluate.checkpoint_eval import evaluate_checkpoint
 from embedlab.train.checkpoint import read_manifest
 
@@ -51,7 +52,7 @@ class Evaluator:
         self._status: dict = {"request": None, "active": False, "line": None, "lines": 0}
 
     def task(self, task_dir: str) -> Task:
-        key = str(Path(task_dir).resolve())
+        key = str(node_path(task_dir).resolve())  # a prepared task: this node's verified copy
         if key not in self._tasks:
             self._tasks[key] = load_task(key)
         return self._tasks[key]
@@ -65,15 +66,15 @@ class Evaluator:
         answer repeats the cost of the evaluation that computed it, with "cached" True);
         `request` names this call in `progress()` (default: the checkpoint directory)."""
         task = self.task(task_dir)
-        key = (read_manifest(Path(checkpoint_dir))["content_hash"], task.hash, split, index, retention_dir, max_length)
+        key = (read_manifest(checkpoint_dir)["content_hash"], task.hash, split, index, retention_dir, max_length)
         cached = key in self._results
         if not cached:
             with self._lock:
                 self._status = {"request": request or checkpoint_dir, "active": True, "line": None, "lines": 0}
             try:
                 self._results[key] = evaluate_checkpoint(
-                    Path(checkpoint_dir), task, split, index=index, max_length=max_length,
-                    retention_dir=None if retention_dir is None else Path(retention_dir),
+                    checkpoint_dir, task, split, index=index, max_length=max_length,
+                    retention_dir=None if retention_dir is None else node_path(retention_dir),
                     progress=self._record,
                 )
             finally:

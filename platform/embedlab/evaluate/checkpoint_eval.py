@@ -15,12 +15,12 @@ from embedlab.config import EvalConfig
 from embedlab.evaluate.beir import Task
 from embedlab.evaluate.encode import encode_texts
 from embedlab.evaluate.retrieval import evaluate_encoder
-from embedlab.train.checkpoint import load_encoder
+from embedlab.train.checkpoint import load_encoder, local_checkpoint
 from embedlab.train.flops import FlopTally
 
 
 def evaluate_checkpoint(
-    checkpoint_dir: Path, task: Task, split: str, *, batch_size: int = EvalConfig.batch_size,
+    checkpoint_dir: str | Path, task: Task, split: str, *, batch_size: int = EvalConfig.batch_size,
     max_length: int = EvalConfig.max_length, index: str = "flat",
     retention_dir: Path | None = None,
     progress: Callable[[str], None] | None = None,
@@ -38,7 +38,8 @@ def evaluate_checkpoint(
     "seconds" stays the wall time of the retrieval part alone."""
     started_wall, started_thread = time.perf_counter(), time.thread_time()
     tally = FlopTally()
-    encoder, tokenizer, manifest = load_encoder(Path(checkpoint_dir))
+    checkpoint_dir = local_checkpoint(checkpoint_dir)  # a URI: this node's verified copy
+    encoder, tokenizer, manifest = load_encoder(checkpoint_dir)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     encoder.to(device)
     pooling = manifest["pooling"]
@@ -57,7 +58,7 @@ def evaluate_checkpoint(
 
         retention_encode = partial(encode, prefix=prefixes["passage"], label="evaluate retention panel")
         metrics.update(retention_scores(Path(retention_dir), retention_encode,
-                                        mlm_accuracy_function(Path(checkpoint_dir))))
+                                        mlm_accuracy_function(checkpoint_dir)))
     return {**metrics, "checkpoint_hash": manifest["content_hash"], "eval_flops": tally.flops,
             "eval_seconds": time.thread_time() - started_thread,
             "eval_wall_seconds": time.perf_counter() - started_wall}

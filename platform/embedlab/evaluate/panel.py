@@ -154,7 +154,7 @@ def checkpoint_scorer(checkpoint_dir: str | Path, split: str, **options: Any) ->
     def evaluate(task: Task, split_name: str) -> Mapping[str, Any]:
         from embedlab.evaluate.checkpoint_eval import evaluate_checkpoint  # imports torch
 
-        return evaluate_checkpoint(Path(checkpoint_dir), task, split_name, **options)
+        return evaluate_checkpoint(checkpoint_dir, task, split_name, **options)
 
     return split_scorer(evaluate, split)
 

@@ -249,14 +249,14 @@ def nearest_head(names: list[str], ratio: float) -> str:
     return "mlm" if "mlm" in names else min(names, key=lambda name: abs(head_ratio(name) - ratio))
 
 
-def mlm_accuracy_function(checkpoint_dir: Path, max_length: int = PANEL_MAX_LENGTH) -> MaskedTokenAccuracy | None:
+def mlm_accuracy_function(checkpoint_dir: str | Path, max_length: int = PANEL_MAX_LENGTH) -> MaskedTokenAccuracy | None:
     """The masked-token accuracy of a checkpoint's MLM heads (`MaskedTokenAccuracy`), or None
     without a head, before any weights are loaded. Called on texts it scores the head trained
     nearest `PANEL_MASKING_RATIO`, the one a phase-2 child would continue with; `per_head`
     scores every head of a dual-head checkpoint."""
-    from embedlab.train.checkpoint import head_states, load_encoder, mlm_model, read_manifest
+    from embedlab.train.checkpoint import head_states, load_encoder, local_checkpoint, mlm_model, read_manifest
 
-    directory = Path(checkpoint_dir)
+    directory = local_checkpoint(checkpoint_dir)
     heads = head_states(directory, read_manifest(directory))
     # A head stored with other tensors than an MLMHead's (dense, norm, bias) cannot be loaded.
     if not heads or not all(key.startswith(("dense.", "norm.", "bias")) for state in heads.values() for key in state):

@@ -14,6 +14,8 @@ from typing import Any
 
 import pandas as pd
 
+from embedlab import store
+from embedlab.data.prepared_sync import local_directory
 from embedlab.sweep.table import final_trials, load_table, read_study_record
 
 METRICS_LOG = "metrics.jsonl"  # embedlab.train.metrics_log.FILE_NAME (that module imports Ray Train)
@@ -23,7 +25,7 @@ METRICS_LOG = "metrics.jsonl"  # embedlab.train.metrics_log.FILE_NAME (that modu
 class Run:
     """One run directory as the report reads it."""
 
-    directory: Path
+    directory: str  # a local path or a storage URI (`embedlab.store`)
     record: dict[str, Any]  # study.json
     table: pd.DataFrame  # one row per trial (embedlab.load_table)
     prepared: dict[str, dict[str, Any]]  # prepared.json: arm -> prepared data record
@@ -77,14 +79,15 @@ class Probe:
 
 
 def read_run(directory: str | Path) -> Run:
-    """A run directory's records; a missing promotion or training log is simply absent."""
-    directory = Path(directory)
+    """A run directory's records (a local path or a storage URI); a missing promotion or
+    training log is simply absent."""
+    directory = store.resolve(directory)
     record = read_study_record(directory)
     table = load_table(directory)
-    prepared_path = directory / "prepared.json"
-    prepared = json.loads(prepared_path.read_text()) if prepared_path.is_file() else {}
-    promotion_path = directory / "promotion.json"
-    promotion = json.loads(promotion_path.read_text()) if promotion_path.is_file() else None
+    prepared_path = store.join(directory, "prepared.json")
+    prepared = json.loads(store.read_text(prepared_path)) if store.is_file(prepared_path) else {}
+    promotion_path = store.join(directory, "promotion.json")
+    promotion = json.loads(store.read_text(promotion_path)) if store.is_file(promotion_path) else None
     logs = {}
     for row in table.to_dict("records"):
         path = _log_path(directory, row)
@@ -95,19 +98,22 @@ def read_run(directory: str | Path) -> Run:
                logs=logs, label=f"P{phase} {record['study']['name']}")
 
 
-def _log_path(directory: Path, row: dict[str, Any]) -> Path | None:
+def _log_path(directory: str, row: dict[str, Any]) -> str | None:
     """The trial's metrics.jsonl: next to its checkpoint, else in its Ray Train run folder."""
     checkpoint = row.get("checkpoint")
-    if isinstance(checkpoint, str) and (Path(checkpoint).parent / METRICS_LOG).is_file():
-        return Path(checkpoint).parent / METRICS_LOG
-    found = sorted((directory / "train").glob(f"*-{row['trial_id']}/{METRICS_LOG}"))
+    if isinstance(checkpoint, str) and store.is_file(beside := store.join(store.parent(checkpoint), METRICS_LOG)):
+        return beside
+    train = store.join(directory, "train")
+    folders = [store.join(train, f) for f in sorted({p.split("/")[0] for p in store.list_tree(train)})
+               if f.endswith(f"-{row['trial_id']}")]
+    found = [store.join(f, METRICS_LOG) for f in folders if store.is_file(store.join(f, METRICS_LOG))]
     return found[0] if found else None
 
 
-def read_log(path: Path) -> list[dict[str, Any]]:
+def read_log(path: str | Path) -> list[dict[str, Any]]:
     """The reports of one metrics.jsonl; a line still being written (no newline yet) is skipped."""
     reports = []
-    for line in Path(path).read_text().splitlines():
+    for line in store.read_text(path).splitlines():
         try:
             reports.append(json.loads(line))
         except json.JSONDecodeError:
@@ -122,7 +128,7 @@ def read_runs(directories: list[str | Path]) -> list[Run]:
     unique = []
     for run in runs:
         if counts[run.label] > 1:
-            clock = run.record.get("started", "")[11:16] or run.directory.name
+            clock = run.record.get("started", "")[11:16] or store.name(run.directory)
             run = dataclasses.replace(run, label=f"{run.label} ({clock})")
         unique.append(run)
     return unique
@@ -147,27 +153,27 @@ def probes(runs: list[Run]) -> list[Probe]:
     checkpoint), then each arm's best trial, in tour order, each checkpoint once."""
     out: list[Probe] = []
     seen: set[str] = set()
-    trial_checkpoints = {str(Path(row["checkpoint"]).resolve())
-                         for run in runs for row in best_trials(run)}
+    trial_checkpoints = {store.resolve(row["checkpoint"]) for run in runs for row in best_trials(run)}
     for run in runs:
         first_arm = run.arms[0]
         parent = run.record.get("parent")
-        if parent and Path(parent).is_dir() and str(Path(parent).resolve()) not in trial_checkpoints | seen:
-            seen.add(str(Path(parent).resolve()))
-            out.append(_probe(run, first_arm, Path(parent), None, label=f"parent of {run.label}",
+        # A checkpoint is a directory or a URI (fetched, verified, when measured).
+        if parent and store.exists(parent) and store.resolve(parent) not in trial_checkpoints | seen:
+            seen.add(store.resolve(parent))
+            out.append(_probe(run, first_arm, parent, None, label=f"parent of {run.label}",
                               phase=run.phase - 1))
         for row in best_trials(run):
-            key = str(Path(row["checkpoint"]).resolve())
+            key = store.resolve(row["checkpoint"])
             if key in seen:
                 continue
             seen.add(key)
-            out.append(_probe(run, row["arm"], Path(row["checkpoint"]), row,
+            out.append(_probe(run, row["arm"], row["checkpoint"], row,
                               label=f"{run.label} / {row['arm']} (seed {row['seed']})", phase=run.phase))
     return out
 
 
-def _probe(run: Run, arm: str, checkpoint: Path, row: dict[str, Any] | None, *, label: str, phase: int) -> Probe:
+def _probe(run: Run, arm: str, checkpoint: str | Path, row: dict[str, Any] | None, *, label: str, phase: int) -> Probe:
     config = run.arm_config(arm)
     return Probe(label=label, run_label=run.label, arm=arm if row is not None else "parent", phase=phase,
-                 checkpoint=checkpoint, prepared_dir=Path(run.prepared[arm]["directory"]), eval=config["eval"],
+                 checkpoint=checkpoint, prepared_dir=local_directory(run.prepared[arm]), eval=config["eval"],
                  masking=config["masking"], row=row)

@@ -10,6 +10,7 @@ import numpy as np
 from matplotlib.colors import ListedColormap, to_rgb
 from matplotlib.patches import Patch
 
+from embedlab.data.prepared_sync import local_directory
 from embedlab.report import measure
 from embedlab.report.collect import Run
 from embedlab.report.plotting import Caption, Figure, color, grid, hide_unused, new_figure, new_mosaic, to_png
@@ -101,7 +102,7 @@ def prepared_directories(runs: list[Run]) -> dict[str, list[str]]:
     used: dict[str, list[str]] = {}
     for run in runs:
         for record in run.prepared.values():
-            labels = used.setdefault(record["directory"], [])
+            labels = used.setdefault(str(local_directory(record)), [])  # published data: this machine's copy
             if run.label not in labels:
                 labels.append(run.label)
     present = {d: labels for d, labels in used.items() if Path(d).is_dir()}
@@ -112,7 +113,7 @@ def prepared_directories(runs: list[Run]) -> dict[str, list[str]]:
 
 def length_figures(runs: list[Run]) -> list[Figure]:
     """One histogram panel per source of training-document lengths, per prepared directory."""
-    records = {r["directory"]: r for run in runs for r in run.prepared.values()}
+    records = {str(local_directory(r)): r for run in runs for r in run.prepared.values()}
     return [_length_figure(Path(directory), records[directory], labels, number)
             for number, (directory, labels) in enumerate(prepared_directories(runs).items())]
 

@@ -187,11 +187,11 @@ def heldout_rows(prepared_dir: Path, sources: tuple[str, ...], sequence_length: 
 def _mlm_heads(checkpoint: Path) -> tuple[dict[float, MLMModel], FrozenTokenizer] | None:
     """The checkpoint's encoder under each of its MLM heads, keyed by the masking ratio the
     head was trained at (a single head: the checkpoint's ratio); None without a head."""
-    manifest = read_manifest(Path(checkpoint))
-    named = head_states(Path(checkpoint), manifest)
+    manifest = read_manifest(checkpoint)
+    named = head_states(checkpoint, manifest)
     if not named:
         return None
-    encoder, tokenizer, _ = load_encoder(Path(checkpoint))
+    encoder, tokenizer, _ = load_encoder(checkpoint)
     ratio = manifest.get("objective", {}).get("masking_ratio", 0.15)
     states = {ratio if name == "mlm" else head_ratio(name): state for name, state in named.items()}
     return {ratio: mlm_model(encoder, head_state) for ratio, head_state in states.items()}, tokenizer
@@ -259,7 +259,7 @@ class TaskEmbeddings:
 def task_embeddings(checkpoint: Path, task_dir: Path, split: str, max_length: int, batch_size: int) -> TaskEmbeddings:
     """Encode the task like `embedlab.evaluate.checkpoint_eval` (pooling and prefixes from the
     manifest; documents as "title. text"), so the numbers match the trial rows."""
-    encoder, tokenizer, manifest = load_encoder(Path(checkpoint))
+    encoder, tokenizer, manifest = load_encoder(checkpoint)
     task = load_task(task_dir)
     prefixes = manifest["pooling"].get("prefixes", {"query": "", "passage": ""})
 

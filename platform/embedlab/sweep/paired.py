@@ -66,7 +66,7 @@ from statistics import NormalDist
 import numpy as np
 import pandas as pd
 
-from embedlab.sweep import store
+from embedlab import store
 from embedlab.sweep.table import final_trials
 
 PER_QUERY_DIR = "per_query"

@@ -35,8 +35,9 @@ from typing import Any
 
 import pandas as pd
 
+from embedlab.data.prepared_sync import local_directory
 from embedlab.errors import UserError
-from embedlab.sweep import store
+from embedlab import store
 from embedlab.sweep.table import (
     budget_unit, check_equal_compute, compute_match_line, final_trials, load_table, read_study_record,
 )
@@ -224,7 +225,7 @@ def promote(
     if refusal is not None:
         raise RetentionMarginError(*refusal, max_retention_drop, chosen[0] if chosen else None)
     winner, row, drops, not_compared = chosen
-    manifest = verify_checkpoint(Path(row["checkpoint"]))
+    manifest = verify_checkpoint(row["checkpoint"])
     # Selection is over: the winner is fixed before its final-eval number exists.
     scored = final_eval(run_dir, record, row, metric)
     promotion = {
@@ -321,7 +322,8 @@ def final_eval(run_dir: str, record: dict[str, Any], row: dict[str, Any], metric
     prepared_location = store.join(run_dir, PREPARED_FILE)
     prepared = json.loads(store.read_text(prepared_location)) if store.is_file(prepared_location) else {}
     arm_prepared = prepared.get(arm, {})
-    prepared_dir = arm_prepared.get("directory")
+    # This machine's copy of data published to object storage, fetched and verified.
+    prepared_dir = str(local_directory(arm_prepared)) if arm_prepared.get("directory") else None
     if panel_prefix is None:
         return {**entry, **_score_final(config.task, lambda: config.task, prepared_dir, row, "eval/task_hash", name,
                                         config)}
@@ -370,7 +372,7 @@ def _score_final(task_label: str, locate: Callable[[], str], prepared_dir: str |
         return {"value": None, "reason": f"task {task_label!r} now hashes {task.hash[:12]}, but trial "
                                          f"{row['trial_id']} was scored on {scored_on[:12]}: its content changed "
                                          "since the study ran"}
-    scores = evaluate_checkpoint(Path(row["checkpoint"]), task, FINAL_EVAL_SPLIT, batch_size=config.batch_size,
+    scores = evaluate_checkpoint(row["checkpoint"], task, FINAL_EVAL_SPLIT, batch_size=config.batch_size,
                                  max_length=config.max_length, index=config.index)
     if name not in scores:
         return {"value": None, "reason": f"the evaluator reports no {name} (it reports {', '.join(sorted(scores))})"}

@@ -28,10 +28,11 @@ from typing import Any
 
 from embedlab.config import EvalConfig, TrialConfig
 from embedlab.data.prepare import PreparedData, keep_ray_data_off_the_console, prepare_data
+from embedlab.data.prepared_sync import STORAGE_ENV, local_directory, publish, remote_root
 from embedlab.errors import UsageError, UserError
 from embedlab.evaluate.beir import load_task
 from embedlab.evaluate.checkpoint_eval import arm_eval_tasks, resolve_eval_tasks
-from embedlab.sweep import store
+from embedlab import store
 from embedlab.sweep.paired import PER_QUERY_DIR
 from embedlab.sweep.study import Study, load_study, set_path, study_origin
 from embedlab.sweep.table import STUDY_FILE, TRIALS_DIR, read_study_record
@@ -67,14 +68,17 @@ BUDGET_LINE_SECONDS = 30.0
 EVAL_POLL_SECONDS = 5.0
 
 
-def connect(address: str | None, progress: Callable[[str], None] = print) -> None:
-    """Join the cluster at `address`, or start a local one (the embedded default)."""
+def connect(address: str | None, progress: Callable[[str], None] = print, job_env: dict[str, str] | None = None) -> None:
+    """Join the cluster at `address`, or start a local one (the embedded default); `job_env`
+    is set for every process of this job (not for this driver process)."""
     import ray
 
     if ray.is_initialized():
         return
     os.environ.update(RAY_ENV)
-    runtime_env = {"env_vars": dict(RAY_ENV)}
+    # The job's processes on every node: Ray's settings, and `job_env` (the run's remote
+    # storage root, `embedlab.data.prepared_sync`); never a credential.
+    runtime_env = {"env_vars": {**RAY_ENV, **(job_env or {})}}
     if address:
         progress(f"ray: connecting to {address}")
         _check_reachable(address)
@@ -359,12 +363,13 @@ def _run_trial(study: Study, identity: dict[str, Any], params: dict[str, Any], c
     arm, seed, stage, trial_id = identity["arm"], identity["seed"], identity["stage"], identity["trial_id"]
     run_dir = context["run_dir"]
     trial = set_path(study.trial_config(arm, seed, context.get("parent")), params)
-    prepared = PreparedData(Path(context["prepared"][arm]["directory"]), context["prepared"][arm])
+    # This node's copy (fetched and verified when the run's storage is remote).
+    prepared = PreparedData(local_directory(context["prepared"][arm]), context["prepared"][arm])
     identity = {
         **identity,
         "config_hash": hashlib.sha256(trial.to_json().encode()).hexdigest(),
         "phase": trial.phase, "parent": trial.parent,
-        "parent_hash": read_manifest(Path(trial.parent))["content_hash"] if trial.parent else None,
+        "parent_hash": read_manifest(trial.parent)["content_hash"] if trial.parent else None,
     }
     try:
         result = train_trial(
@@ -377,7 +382,8 @@ def _run_trial(study: Study, identity: dict[str, Any], params: dict[str, Any], c
         return {study.metric: float("nan")}
     if result.error is not None:
         raise result.error
-    checkpoint_dir = result.checkpoint.path
+    # A path on the run's storage, or a URI on object storage: every reader fetches and verifies it.
+    checkpoint_dir = store.location_of(result.checkpoint.filesystem, result.checkpoint.path, like=run_dir)
 
     def evaluate(task_dir: str, retention_dir: str | None) -> dict:
         # The trial's own output does not reach the console (log_to_driver=False): its evaluation
@@ -640,11 +646,9 @@ def run_sweep(
     and only the missing ones run."""
     from ray import tune
 
-    where = resume if resume is not None else storage
-    if store.local_path(where) is None:
-        raise UsageError(
-            f"storage {where}: checkpoints on a remote filesystem are not yet fetched for evaluation and "
-            "promotion; use a local path or file:// URI (on a multi-node cluster, a shared mount)")
+    store.check_location(resume if resume is not None else storage)  # no credentials in a location
+    storage_root = store.parent(store.resolve(resume)) if resume is not None else store.resolve(storage)
+    remote = store.local_path(storage_root) is None
     study = load_study(study_path, profile)
     if resume is not None:
         run_dir = store.resolve(resume)
@@ -664,8 +668,8 @@ def run_sweep(
 
         # Fail before any work on a missing or corrupt parent, or one whose FLOPs a
         # lineage-scoped budget needs and it does not record.
-        lineage = study.lineage_budgets(verify_checkpoint(Path(parent)))
-        parent = str(Path(parent).resolve())
+        lineage = study.lineage_budgets(verify_checkpoint(parent))
+        parent = store.resolve(parent)
     for arm in study.arms:
         study.trial_config(arm, study.seeds[0], parent)  # every arm has what its phase needs
     import ray
@@ -674,7 +678,8 @@ def run_sweep(
         # A local cluster would offer this machine: a study that cannot run here fails now,
         # naming the profile that can, not after the cluster has started.
         check_fits(study_path, study, local_resources(), "this machine")
-    connect(address, progress)
+    # Every process of the job (not this driver) reads prepared data through the storage root.
+    connect(address, progress, job_env={STORAGE_ENV: storage_root} if remote else None)
     from embedlab.evaluate.actor import get_evaluator
 
     resources = ray.cluster_resources()
@@ -694,6 +699,8 @@ def run_sweep(
     prepared = prepare_arms(study, progress)
     overlap = _check_contamination(study, prepared, progress)
     _check_pair_schedules(study, prepared, parent)
+    if remote:  # no shared disk: every node fetches the driver's prepared bytes by hash
+        publish_prepared(prepared, storage_root, progress)
     if resume is None:
         run_dir = _new_run_dir(store.resolve(storage), study.name)
         record = {
@@ -727,7 +734,7 @@ def run_sweep(
         # Score columns only, as before panels: the evaluation's cost is the parent's, not a trial's.
         record["parent_scores"] = {k: v for k, v in scored.columns.items() if not k.startswith("compute/")}
         _write_json(store.join(run_dir, STUDY_FILE), record)
-        progress(f"parent {Path(parent).name}: {study.metric} {record['parent_scores'][study.metric]:.4f}")
+        progress(f"parent {store.name(parent)}: {study.metric} {record['parent_scores'][study.metric]:.4f}")
     context = {"study": study.to_dict(), "prepared": prepared, "run_dir": run_dir, "parent": parent}
     driver = tune.with_resources(tune.with_parameters(trial_driver, context=context), _driver_resources(study, shares))
     rows = _finished_rows(run_dir)
@@ -1019,6 +1026,18 @@ def _new_run_dir(storage: str, name: str) -> str:
         except FileExistsError:
             continue
     raise FileExistsError(f"could not create a new run directory next to {store.join(storage, base)}")
+
+
+def publish_prepared(prepared: dict[str, dict], storage: str, progress: Callable[[str], None]) -> None:
+    """Publish each arm's prepared directory under `storage` (`prepared_sync.publish`) and
+    record where and its tree hash in the arm's record, which every trial fetches by."""
+    published: dict[str, str] = {}
+    for record in prepared.values():
+        directory = record["directory"]
+        if directory not in published:
+            published[directory] = publish(Path(directory), storage, progress)
+        record["published"] = store.join(remote_root(storage), Path(directory).name)
+        record["tree_hash"] = published[directory]
 
 
 def prepare_arms(study: Study, progress: Callable[[str], None]) -> dict[str, dict]:

@@ -356,7 +356,7 @@ class Study:
         if expected_hash is not None:
             from embedlab.train.checkpoint import verify_checkpoint
 
-            found = verify_checkpoint(Path(parent))["content_hash"]
+            found = verify_checkpoint(parent)["content_hash"]
             if found != expected_hash:
                 raise ConfigError(f"parent {parent}: content hash {found[:16]} is not the promoted {expected_hash[:16]}")
         arms = {arm: dataclasses.replace(config, parent=str(parent)) for arm, config in self.arms.items()}
@@ -434,7 +434,7 @@ def _import(path: Path):
 
 def study_origin(path: str | Path) -> str:
     """The study file a generated one (a promotion's next_study.py) stands for."""
-    from embedlab.sweep import store
+    from embedlab import store
 
     origin = getattr(_import(store.fetch(path)), "ORIGIN", None)
     return str(Path(origin).resolve()) if origin else store.resolve(path)
@@ -443,7 +443,7 @@ def study_origin(path: str | Path) -> str:
 def load_study(path: str | Path, profile: str | None = None) -> Study:
     """Import a study file by path and call its `study()` (with `profile` when the file takes
     one: `study(profile="demo")`); errors name the file."""
-    from embedlab.sweep import store
+    from embedlab import store
 
     if store.is_uri(path):  # a promoted study in a remote run directory
         if not store.is_file(path):

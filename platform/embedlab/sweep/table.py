@@ -33,7 +33,7 @@ import pandas as pd
 from scipy import stats
 
 from embedlab.errors import UsageError, UserError
-from embedlab.sweep import store
+from embedlab import store
 
 TRIALS_DIR = "trials"
 STUDY_FILE = "study.json"

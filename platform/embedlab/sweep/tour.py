@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from embedlab.config import ConfigError
-from embedlab.sweep import store
+from embedlab import store
 from embedlab.sweep.promote import DEFAULT_MAX_RETENTION_DROP
 from embedlab.sweep.study import Study, load_study
 
@@ -151,11 +151,13 @@ def run_tour(
                     next_study=stage_path(Path(path), following) if following else None, progress=progress)
         promotion = promote_stage(run_dir, rule)
         if following is None:
-            from embedlab.release import export_release
+            from embedlab.release import export_release_to
 
-            release = Path(run_dir) / "release"
-            export_release(Path(promotion["checkpoint"]), release)
-            progress(f"release: {release} (SentenceTransformer({str(release)!r}, trust_remote_code=True) loads it)")
+            release = store.join(run_dir, "release")
+            export_release_to(promotion["checkpoint"], release)
+            loads = (f"SentenceTransformer({release!r}, trust_remote_code=True) loads it" if store.local_path(release)
+                     else "copy it to a local directory for SentenceTransformer to load it")
+            progress(f"release: {release} ({loads})")
         else:
             study_file = store.join(run_dir, NEXT_STUDY_FILE)
     return run_dirs

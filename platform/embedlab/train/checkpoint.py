@@ -10,6 +10,11 @@
 The content hash is the sha256 of the weight files' hashes; loading recomputes every
 file hash and refuses a mismatch, so a corrupt or truncated file never loads silently.
 
+Every reader takes a location: a local directory, or a URI on object storage (`s3://`,
+`gs://`, any pyarrow filesystem; `embedlab.store`). A remote checkpoint is fetched once into
+this node's cache, `<EMBEDLAB_CACHE>/checkpoints/<manifest sha256>/`, each file checked against
+the manifest's hash before the copy is published (`local_checkpoint`), and read from there.
+
 A training checkpoint adds the complete training state (`embedlab.train.state`): optimizer,
 progress counters and every worker's RNG states, recorded with their hashes under the
 manifest's `training_state`; readers of the weights need none of it. A checkpoint is
@@ -21,8 +26,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import platform as stdlib_platform
 import shutil
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from embedlab import __version__
+from embedlab import __version__, store
 from embedlab.config import ModelConfig
 from embedlab.errors import UserError
 from embedlab.model.encoder import Encoder, MLMModel
@@ -50,6 +57,10 @@ MANIFEST_FILE = "manifest.json"
 
 class CheckpointError(UserError, ValueError):
     """A checkpoint directory is missing, incomplete or corrupt; the message names the file."""
+
+
+Location = str | Path  # a local checkpoint directory or a URI (`embedlab.store`)
+CACHE_DIR = "checkpoints"  # under `store.cache_dir()`
 
 
 def file_sha256(path: Path) -> str:
@@ -164,25 +175,66 @@ def pooling_record(method: str, prefixes: dict[str, str]) -> dict[str, Any]:
     }
 
 
-def read_manifest(directory: Path) -> dict[str, Any]:
-    directory = Path(directory)
+def local_checkpoint(location: Location) -> Path:
+    """A local directory holding the checkpoint at `location`: the directory itself when it is
+    local; for a URI, this node's verified copy, fetched on first use. The copy holds the
+    weights, the tokenizer and the manifest (not the training state, which only Ray Train's
+    own resume reads); each file is checked against the manifest's hash before the copy is
+    published, so a corrupt object is refused (CheckpointError naming it), never cached."""
+    local = store.local_path(location)
+    if local is not None:
+        return local
+    try:
+        raw = store.read_bytes(store.join(location, MANIFEST_FILE))
+    except FileNotFoundError:
+        raise CheckpointError(f"{location}: no {MANIFEST_FILE}; not an embedlab checkpoint") from None
+    manifest = _parse_manifest(raw, f"{location}/{MANIFEST_FILE}")
+    target = store.cache_dir() / CACHE_DIR / hashlib.sha256(raw).hexdigest()[:32]
+    if (target / MANIFEST_FILE).is_file():
+        return target  # published only after every file matched its hash
+    staging = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
+    try:
+        staging.mkdir(parents=True)
+        expected = {**manifest["files"], TOKENIZER_FILE: None}  # the tokenizer's hash is checked by load_tokenizer
+        for name, sha in expected.items():
+            store.download(store.join(location, name), staging / name)
+            if sha is not None and file_sha256(staging / name) != sha:
+                raise CheckpointError(f"{location}/{name}: content hash mismatch (corrupt or truncated object); "
+                                      "refused, nothing cached")
+        (staging / MANIFEST_FILE).write_bytes(raw)
+        try:
+            staging.rename(target)
+        except OSError:  # another process on this node published the same copy first
+            shutil.rmtree(staging, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return target
+
+
+def _parse_manifest(raw: bytes, where: str) -> dict[str, Any]:
+    try:
+        manifest = json.loads(raw)
+    except json.JSONDecodeError as error:
+        raise CheckpointError(f"{where}: not valid JSON ({error})") from None
+    if manifest.get("format") != FORMAT:
+        raise CheckpointError(f"{where}: format {manifest.get('format')!r}, expected {FORMAT!r}")
+    return manifest
+
+
+def read_manifest(directory: Location) -> dict[str, Any]:
+    directory = local_checkpoint(directory)
     path = directory / MANIFEST_FILE
     if not directory.is_dir():
         raise CheckpointError(f"checkpoint directory not found: {directory}")
     if not path.is_file():
         raise CheckpointError(f"{path}: missing; not an embedlab checkpoint")
-    try:
-        manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise CheckpointError(f"{path}: not valid JSON ({error})") from None
-    if manifest.get("format") != FORMAT:
-        raise CheckpointError(f"{path}: format {manifest.get('format')!r}, expected {FORMAT!r}")
-    return manifest
+    return _parse_manifest(path.read_bytes(), str(path))
 
 
-def verify_checkpoint(directory: Path) -> dict[str, Any]:
+def verify_checkpoint(directory: Location) -> dict[str, Any]:
     """The manifest, after checking every weight file against its recorded hash."""
-    directory = Path(directory)
+    directory = local_checkpoint(directory)
     manifest = read_manifest(directory)
     for name, expected in manifest["files"].items():
         path = directory / name
@@ -193,9 +245,9 @@ def verify_checkpoint(directory: Path) -> dict[str, Any]:
     return manifest
 
 
-def load_encoder(directory: Path) -> tuple[Encoder, FrozenTokenizer, dict[str, Any]]:
+def load_encoder(directory: Location) -> tuple[Encoder, FrozenTokenizer, dict[str, Any]]:
     """The verified encoder (eval mode), its tokenizer (hash checked) and the manifest."""
-    directory = Path(directory)
+    directory = local_checkpoint(directory)
     manifest = verify_checkpoint(directory)
     tokenizer = load_tokenizer(directory / TOKENIZER_FILE, expected_hash=manifest["tokenizer_hash"])
     encoder = Encoder(ModelConfig(**manifest["model"]))
@@ -213,12 +265,13 @@ class Parent:
     head_restored: bool
 
 
-def load_parent(directory: Path, *, tokenizer_hash: str, need_head: bool, masking_ratio: float = 0.15) -> Parent:
+def load_parent(directory: Location, *, tokenizer_hash: str, need_head: bool, masking_ratio: float = 0.15) -> Parent:
     """Load a parent for training; refuses one whose tokenizer differs from the child's data.
 
     A joint child of a parent without an MLM head gets a freshly initialised head, and the
     manifest records that (`head_restored` False).
     """
+    directory = local_checkpoint(directory)
     encoder, _, manifest = load_encoder(directory)
     if manifest["tokenizer_hash"] != tokenizer_hash:
         raise CheckpointError(
@@ -237,11 +290,11 @@ def load_parent(directory: Path, *, tokenizer_hash: str, need_head: bool, maskin
     return Parent(model=model, manifest=manifest, head_restored=head_path.is_file())
 
 
-def head_states(directory: Path, manifest: dict[str, Any]) -> dict[str, dict[str, torch.Tensor]]:
+def head_states(directory: Location, manifest: dict[str, Any]) -> dict[str, dict[str, torch.Tensor]]:
     """Every MLM head of a checkpoint as one `MLMHead` state each (without the tied decoder),
     by name: "mlm" for a single head, mask<percent> for a dual-head checkpoint (whose tensors
     are stored under that prefix). Empty without a head."""
-    head_path = Path(directory) / HEAD_FILE
+    head_path = local_checkpoint(directory) / HEAD_FILE
     if not head_path.is_file():
         return {}
     state = load_file(str(head_path))
@@ -265,7 +318,7 @@ def head_ratio(name: str) -> float:
     return float(name.removeprefix("mask").replace("_", ".")) / 100  # "mask2_5" is 2.5% (`ratio_names`)
 
 
-def single_head_state(directory: Path, manifest: dict[str, Any], masking_ratio: float) -> dict[str, torch.Tensor] | None:
+def single_head_state(directory: Location, manifest: dict[str, Any], masking_ratio: float) -> dict[str, torch.Tensor] | None:
     """The checkpoint's MLM head as one `MLMHead` state, or None without a head. A dual-head
     checkpoint gives the head trained nearest `masking_ratio`: the one a phase-2 child
     continues with, and the one the retention panel scores at its 15%."""
@@ -275,10 +328,10 @@ def single_head_state(directory: Path, manifest: dict[str, Any], masking_ratio: 
     return states["mlm"] if "mlm" in states else states[min(states, key=lambda h: abs(head_ratio(h) - masking_ratio))]
 
 
-def load_weights(directory: Path, encoder: Encoder, head: torch.nn.Module | None) -> dict[str, Any]:
+def load_weights(directory: Location, encoder: Encoder, head: torch.nn.Module | None) -> dict[str, Any]:
     """Copy a verified checkpoint's encoder (and head) weights into existing modules, in place
     (the resume path: the optimizer keeps pointing at the same parameters); returns the manifest."""
-    directory = Path(directory)
+    directory = local_checkpoint(directory)
     manifest = verify_checkpoint(directory)
     encoder.load_state_dict(load_file(str(directory / ENCODER_FILE)))
     if head is not None:
@@ -297,8 +350,8 @@ def _check_head(path: Path, missing: list[str], unexpected: list[str]) -> None:
         raise CheckpointError(f"{path}: unexpected keys {unexpected}, missing {missing}")
 
 
-def export_inference(directory: Path, out: Path) -> dict[str, Any]:
+def export_inference(directory: Location, out: Path) -> dict[str, Any]:
     """The release package of a checkpoint: `embedlab.release.export_release` under its older name."""
     from embedlab.release import export_release  # imported here: release builds on this module
 
-    return export_release(Path(directory), Path(out))
+    return export_release(local_checkpoint(directory), Path(out))

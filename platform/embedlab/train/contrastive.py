@@ -43,6 +43,7 @@ import pyarrow.parquet as pq
 import torch
 
 from embedlab.config import ModelConfig, TrialConfig
+from embedlab.data.prepared_sync import node_path, publish_subtree
 from embedlab.model.encoder import Encoder, MLMModel
 from embedlab.model.pooling import l2_normalise, mean_pool
 from embedlab.objectives.contrastive import LearnableTemperature, multi_positive_infonce, pair_masks, pooled
@@ -53,7 +54,7 @@ from embedlab.objectives.mlm import mlm_loss_sum
 from embedlab.tokenizer import load_tokenizer
 from embedlab.train.budget import consumption, recorded_flops, schedule_units, split_lineage_budget, step_units
 from embedlab.train.flops import FORWARD, GRADCACHE, TRAINED, FlopTally
-from embedlab.train.checkpoint import HEAD_FILE, file_sha256, load_parent
+from embedlab.train.checkpoint import HEAD_FILE, file_sha256, load_parent, local_checkpoint
 from embedlab.train.launch import fit
 from embedlab.train.loop import Progress, RunOptions, TrainingLoop, run_on_ray
 from embedlab.train.mlm_step import all_reduce_gradients, no_reduce
@@ -123,14 +124,14 @@ class ContrastiveLoop(TrainingLoop):
         self.trial, self.loop_config, self.rank, self.world, self.device = trial, loop_config, rank, world, device
         settings = self.settings = trial.contrastive
         torch.set_num_threads(trial.train.torch_threads)
-        self.tokenizer = load_tokenizer(loop_config["tokenizer_path"], expected_hash=loop_config["tokenizer_hash"])
+        self.tokenizer = load_tokenizer(node_path(loop_config["tokenizer_path"]), expected_hash=loop_config["tokenizer_hash"])
         self.joint = settings.mlm_weight > 0
         self.from_parent = settings.init == "parent"
         # A contrastive-only child carries its parent's MLM head along, frozen (its own dense,
         # norm and bias; the decoder stays tied to the child's embeddings), so masked-token
         # accuracy can be measured for every child, as retention asks.
-        keeps_head = self.from_parent and (self.joint or (Path(trial.parent) / HEAD_FILE).is_file())
-        self.parent = load_parent(Path(trial.parent), tokenizer_hash=self.tokenizer.hash, need_head=keeps_head,
+        keeps_head = self.from_parent and (self.joint or (local_checkpoint(trial.parent) / HEAD_FILE).is_file())
+        self.parent = load_parent(trial.parent, tokenizer_hash=self.tokenizer.hash, need_head=keeps_head,
                                   masking_ratio=trial.masking.ratio)
         model = self.parent.model if self.from_parent else random_model(
             self.parent.model.config, head=self.joint, seed=trial.train.seed)
@@ -512,7 +513,7 @@ def _parent_encoder(trial: TrialConfig, progress, label: str) -> _ParentEncoder:
     from embedlab.evaluate.encode import encode_texts
     from embedlab.train.checkpoint import load_encoder
 
-    encoder, tokenizer, manifest = load_encoder(Path(trial.parent))
+    encoder, tokenizer, manifest = load_encoder(trial.parent)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     encoder.to(device)
     tally = FlopTally()
@@ -525,7 +526,7 @@ def _parent_encoder(trial: TrialConfig, progress, label: str) -> _ParentEncoder:
 def _parent_hash(trial: TrialConfig) -> str:
     from embedlab.train.checkpoint import verify_checkpoint
 
-    return verify_checkpoint(Path(trial.parent))["content_hash"]
+    return verify_checkpoint(trial.parent)["content_hash"]
 
 
 def mine_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, schedule, offsets, progress=print) -> Path:
@@ -554,6 +555,7 @@ def mine_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, schedule, of
     version = mining_version(encoder_id=encoder_id, corpus_revision=prepared.data_revision, config=config,
                              pair_ids=[p.pair_id for p in pairs], pairs_digest=pairs_digest(pairs, group_positives))
     directory = prepared.directory / "mined" / version[:16]
+    node_path(directory)  # on a cluster with remote storage: another node's published set, fetched
     if not (directory / "manifest.json").is_file():
         parent = _parent_encoder(trial, progress, "mining: encoding")
         mined = mine_hard_negatives(pairs, prepared.corpus.read(), parent.encode, config=config,
@@ -568,6 +570,7 @@ def mine_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, schedule, of
         mined.save(directory)
         progress(f"mining: {len(pairs):,} pairs, negatives in {directory} (version {version[:16]}) on "
                  f"{parent.device}, {parent.tally.flops:.3g} encode FLOPs")
+        publish_subtree(directory)  # every node's trials read the same set
     return directory
 
 
@@ -593,6 +596,7 @@ def given_negatives_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, s
                 "pairs_table": file_sha256(Path(pairs_path)), "margin": margin, "pair_ids": sorted(p.pair_id for p in pairs)}
     version = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
     directory = prepared.directory / "given-negatives" / version[:16]
+    node_path(directory)
     if not (directory / GIVEN_MANIFEST).is_file():
         parent = None if margin is None else _parent_encoder(trial, progress, "given negatives: encoding")
         table, counts = screen_given_negatives(pairs, None if parent is None else parent.encode, margin=margin)
@@ -606,6 +610,7 @@ def given_negatives_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, s
                                                                       "counts": counts}, indent=2, sort_keys=True))
         progress(f"given negatives: {counts['kept']:,} of {counts['given']:,} kept for {counts['pairs_with_given']:,} "
                  f"pairs; {counts['dropped']} (margin {margin})")
+        publish_subtree(directory)
     return directory
 
 

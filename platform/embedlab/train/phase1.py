@@ -23,6 +23,7 @@ import torch.distributed as dist
 from embedlab.config import REPLACEMENT_POLICY, TrialConfig
 from embedlab.data.mixture import Schedule, sample_schedule, schedule_target
 from embedlab.data.prepare import PreparedData
+from embedlab.data.prepared_sync import node_path
 from embedlab.data.stream import packed_dataset, units_by_source
 from embedlab.model.encoder import MLMModel
 from embedlab.model.heads import MultiHeadMLMModel
@@ -85,7 +86,7 @@ class Phase1Loop(TrainingLoop):
         trial = TrialConfig.from_dict(loop_config["trial"])
         self.trial, self.loop_config, self.rank, self.world, self.device = trial, loop_config, rank, world, device
         torch.set_num_threads(trial.train.torch_threads)
-        self.tokenizer = load_tokenizer(loop_config["tokenizer_path"], expected_hash=loop_config["tokenizer_hash"])
+        self.tokenizer = load_tokenizer(node_path(loop_config["tokenizer_path"]), expected_hash=loop_config["tokenizer_hash"])
         torch.manual_seed(seed_for(trial.train.seed, "init"))  # identical weights on every worker
         self.mixed = trial.masking.mixed_ratios
         self.model = (
@@ -93,7 +94,7 @@ class Phase1Loop(TrainingLoop):
         )
         self.parent = None
         if trial.extension:
-            self.parent = continue_from(self.model, Path(trial.parent), self.tokenizer.hash, trial.masking.ratio)
+            self.parent = continue_from(self.model, trial.parent, self.tokenizer.hash, trial.masking.ratio)
         self.model = self.model.to(device)
         if resolve_compile(trial.train):
             compile_blocks(self.model.encoder)
