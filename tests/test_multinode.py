@@ -223,6 +223,57 @@ def test_sweeps_on_a_two_node_cluster_by_address_and_by_job(cache_dir, tmp_path)
         assert ray.get(ray.put("alive")) == "alive"
 
 
+# About 2 minutes on an idle 2-core machine (one Ray head, two sweep start-ups, one worker node).
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="rehearse.sh needs setsid, pgrep and /proc")
+def test_a_sweep_waits_for_a_fleet_scaled_to_zero_to_grow(cache_dir, tmp_path):
+    """On a head with no CPU and no worker node, `embedlab sweep --address` is refused at once,
+    naming --wait-for-resources; with `--wait-for-resources 300` it says what it waits for,
+    goes on once `rehearse.sh join` adds a worker node (the autoscaler's part, by hand), and
+    fills the whole table; `rehearse.sh stop` also stops the node that joined."""
+    study = tmp_path / "fleet.py"
+    study.write_text(STUDY.format(config=tiny_trial(num_workers=1).to_dict(), budget=BUDGET_TOKENS))
+    cluster = rehearsal(cache_dir)
+    cluster.env["REHEARSAL_WORKERS"] = "0"
+    command = [str(BIN / "embedlab"), "sweep", str(study), "--address", cluster.address,
+               "--storage", str(tmp_path / "runs")]
+    sweep = None
+    try:
+        cluster.start()
+        refused = subprocess.run(command, env=cluster.env, capture_output=True, text=True, timeout=120)
+        assert refused.returncode == 2, refused.stdout[-4000:] + refused.stderr[-4000:]
+        assert f"does not fit the cluster at {cluster.address} (0 CPUs, 0 GPUs)" in refused.stderr
+        assert "--wait-for-resources" in refused.stderr and not (tmp_path / "runs").exists()
+
+        sweep = subprocess.Popen([*command, "--wait-for-resources", "300"], env=cluster.env, text=True,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        seen = []
+        for line in sweep.stdout:  # until the sweep says it waits (or ends: the assertion shows why)
+            seen.append(line)
+            if line.startswith("waiting for the autoscaler:"):
+                break
+        assert seen[-1].startswith("waiting for the autoscaler: need 1.5 CPUs/0 GPUs for one trial of arm "
+                                   "mask-15, cluster has 0 CPUs/0 GPUs; "), "".join(seen)[-4000:]
+        joined = cluster.script("join", timeout=180)
+        assert joined.returncode == 0, joined.stdout + joined.stderr
+        rest, _ = sweep.communicate(timeout=400)
+        output = "".join(seen) + rest
+        assert sweep.returncode == 0, output[-6000:]
+        assert re.search(rf"ray: the autoscaler's nodes arrived after \d+ s: {WORKER_CPUS} CPUs/0 GPUs", output)
+        assert f"at most {WORKER_CPUS} at a time" in output  # sized from the worker node that arrived
+        _check_table(next((tmp_path / "runs").iterdir()), cache_dir)
+    finally:
+        if sweep is not None and sweep.poll() is None:
+            sweep.kill()
+            sweep.communicate()
+        sessions = cluster.sessions()
+        stopped = cluster.script("stop", timeout=180)
+        survivors = _processes(sessions, str(cluster.directory))
+        shutil.rmtree(cluster.directory, ignore_errors=True)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert len(sessions) == 2 and not survivors, survivors
+
+
 def test_rehearse_script_parses_and_never_runs_ray_stop():
     """rehearse.sh is valid bash and stops only its own nodes: `ray stop` would stop every Ray
     process on the machine, other people's clusters and test sessions included."""

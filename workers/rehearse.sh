@@ -4,6 +4,9 @@
 # A sweep submitted here takes the same path as on the GPU fleet (--address, ray job submit).
 #
 #   workers/rehearse.sh start     start the head and the worker nodes, print how to submit
+#   workers/rehearse.sh join      add one more worker node to the running cluster, as an
+#                                 autoscaler would (REHEARSAL_WORKERS=0 start, then join: a
+#                                 fleet scaled to zero that grows while a sweep waits)
 #   workers/rehearse.sh status    `ray status` of the rehearsal cluster
 #   workers/rehearse.sh stop      stop this cluster's nodes (workers first, then the head)
 #
@@ -11,7 +14,8 @@
 #   REHEARSAL_DIR             node logs, pids and --temp-dirs [/tmp/embedlab-rehearsal]; keep it
 #                             short: Ray's socket paths under it must fit in 107 characters
 #   REHEARSAL_PORT            the head's GCS port [6390]; the next 2 + REHEARSAL_WORKERS ports
-#                             are taken too (Ray client server, each node's dashboard agent)
+#                             are taken too (Ray client server, each node's dashboard agent),
+#                             and one more for each node `join` adds
 #   REHEARSAL_DASHBOARD_PORT  the dashboard and job server, on 127.0.0.1 only [8275]
 #   REHEARSAL_WORKERS         worker nodes [2]
 #   REHEARSAL_HEAD_CPUS       logical CPUs of the head [0: like the fleet's head, it schedules
@@ -46,12 +50,6 @@ export RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S="${RAY_GRACEFUL_SHUTDOWN_DRAIN_TIME
 
 die() { echo "rehearse: $*" >&2; exit 1; }
 
-node_names() {
-    local i
-    for ((i = WORKERS; i >= 1; i--)); do echo "worker-$i"; done
-    echo head
-}
-
 # Start one node as `ray start --block` in a new session (its pid is the session id) and wait
 # until it says it is up; on failure show its log.
 start_node() {
@@ -77,6 +75,13 @@ start_node() {
         waited=$((waited + 1))
     done
     echo "rehearse: $name up (pid $pid)"
+}
+
+start_worker() {
+    local i="$1"
+    start_node "worker-$i" --address "$HOST:$PORT" --num-cpus "$WORKER_CPUS" \
+        --dashboard-agent-listen-port "$((PORT + 2 + i))" \
+        --resources '{"rehearsal_worker": 1}'
 }
 
 # SIGTERM the node's `ray start --block` and wait until no process of its session is left
@@ -121,9 +126,7 @@ cmd_start() {
         --resources '{"rehearsal_head": 1}' || { cmd_stop; exit 1; }
     local i
     for ((i = 1; i <= WORKERS; i++)); do
-        start_node "worker-$i" --address "$HOST:$PORT" --num-cpus "$WORKER_CPUS" \
-            --dashboard-agent-listen-port "$((PORT + 2 + i))" \
-            --resources '{"rehearsal_worker": 1}' || { cmd_stop; exit 1; }
+        start_worker "$i" || { cmd_stop; exit 1; }
     done
     echo "$HOST:$PORT" >"$DIR/address"
     echo "http://$HOST:$DASHBOARD_PORT" >"$DIR/dashboard"
@@ -138,19 +141,30 @@ here every node is this machine; RAY_AUTH_MODE=token makes the client send the t
 or as a Ray job (the working directory is uploaded; the job joins its own cluster):
   RAY_AUTH_MODE=token ray job submit --address http://$HOST:$DASHBOARD_PORT --working-dir . -- \\
       embedlab sweep ablations/masking_ratio.py --profile demo --address auto --storage "\$PWD/runs"
+Add a worker node: REHEARSAL_DIR=$DIR $0 join
 Stop it: REHEARSAL_DIR=$DIR $0 stop
 EOF
 }
 
+# The next free worker number; a node that fails to join is left to `stop` (its pid file
+# names it), the cluster stays up.
+cmd_join() {
+    [[ -f "$DIR/address" && -f "$DIR/head.pid" ]] && kill -0 "$(cat "$DIR/head.pid")" 2>/dev/null \
+        || die "no rehearsal cluster is running from $DIR; run: $0 start"
+    local i=1
+    while [[ -e "$DIR/worker-$i.pid" ]]; do i=$((i + 1)); done
+    start_worker "$i"
+}
+
 cmd_stop() {
-    local name
-    for name in $(node_names); do stop_node "$name"; done
-    # Worker nodes beyond REHEARSAL_WORKERS, left by a start with a larger count.
+    # Every worker node first, whatever REHEARSAL_WORKERS says now (those `join` added, those
+    # of a start with a larger count), so none loses its head while it drains.
     local pidfile
     for pidfile in "$DIR"/worker-*.pid; do
         [[ -e "$pidfile" ]] || continue
         stop_node "$(basename "$pidfile" .pid)"
     done
+    stop_node head
     rm -f "$DIR/address" "$DIR/dashboard"
 }
 
@@ -161,7 +175,8 @@ cmd_status() {
 
 case "${1:-}" in
     start) cmd_start ;;
+    join) cmd_join ;;
     stop) cmd_stop ;;
     status) cmd_status ;;
-    *) echo "usage: $0 start|status|stop   (settings: see the top of this file)" >&2; exit 2 ;;
+    *) echo "usage: $0 start|status|stop|join   (settings: see the top of this file)" >&2; exit 2 ;;
 esac

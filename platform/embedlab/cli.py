@@ -102,7 +102,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(dry_run(args.study, profile=args.profile, parent=args.parent))
         return 0
     run_dir = run_sweep(args.study, storage=args.storage, address=args.address, parent=args.parent,
-                        profile=args.profile, resume=args.resume, progress=_progress)
+                        profile=args.profile, resume=args.resume, max_concurrent=args.max_concurrent,
+                        wait_for_resources=args.wait_for_resources, progress=_progress)
     return _show_run(run_dir)
 
 
@@ -172,6 +173,7 @@ def cmd_tour(args: argparse.Namespace) -> int:
         return 0
     failed = []
     run_dirs = run_tour(args.tour, profile=args.profile, storage=args.storage, address=args.address,
+                        max_concurrent=args.max_concurrent, wait_for_resources=args.wait_for_resources,
                         show=lambda run_dir: failed.append(_show_run(run_dir)), progress=_progress)
     print("\ntour finished; run directories:")
     for run_dir in run_dirs:
@@ -441,6 +443,12 @@ def build_parser() -> argparse.ArgumentParser:
     def add_run_options(p: argparse.ArgumentParser) -> None:
         p.add_argument("--storage", default="runs", help="where run directories go (default ./runs)")
         p.add_argument("--address", default=None, help="an existing Ray cluster (default: start a local one)")
+        p.add_argument("--max-concurrent", type=int, default=None, metavar="N",
+                       help="trials Tune runs at once (default: as many as the cluster's resources hold when "
+                            "the sweep starts)")
+        p.add_argument("--wait-for-resources", type=float, default=0.0, metavar="SECONDS",
+                       help="on an autoscaling cluster (--address), wait up to SECONDS for nodes that hold one "
+                            "trial of every arm, asking the autoscaler for them (default 0: refuse at once)")
 
     demo = sub.add_parser("demo", help="the three-phase tour on the demo profile, on a local Ray cluster")
     demo.add_argument("--ablations", default=None, metavar="DIR",

@@ -277,6 +277,7 @@ def check_fits(study_path: str | Path, study: Study, resources: dict[str, float]
         fitting = profiles_that_fit(study_path, study, resources)
         remedy = (f"run it with --profile {fitting[0]}, or on a cluster that fits it with --address" if fitting
                   else "no profile of this study file fits there: run it on a cluster that fits it with --address")
+        remedy += "; on an autoscaling cluster, --wait-for-resources SECONDS waits for its nodes to arrive"
         raise UsageError(
             f"{study_path} at profile {study.profile or '-'} does not fit {where} ({resources.get('CPU', 0):g} CPUs, "
             f"{resources.get('GPU', 0):g} GPUs): {remedy} ({error})") from None
@@ -637,13 +638,18 @@ def run_sweep(
     parent: str | None = None,
     profile: str | None = None,
     resume: str | Path | None = None,
+    max_concurrent: int | None = None,
+    wait_for_resources: float = 0.0,
     progress: Callable[[str], None] = print,
 ) -> Path:
     """Run every trial of the study file; returns the run directory.
 
     `parent` (phases 2-3) is the checkpoint every arm starts from, e.g. a phase-1 winner.
     `resume` is an earlier run directory of the same study: its finished trials are kept
-    and only the missing ones run."""
+    and only the missing ones run. `max_concurrent` trials run at once (default: as many as
+    the cluster's resources hold); on an autoscaling cluster that does not hold one trial
+    of every arm yet, the sweep waits up to `wait_for_resources` seconds for its nodes
+    (`embedlab.sweep.capacity`; 0 refuses at once)."""
     from ray import tune
 
     store.check_location(resume if resume is not None else storage)  # no credentials in a location
@@ -674,6 +680,9 @@ def run_sweep(
         study.trial_config(arm, study.seeds[0], parent)  # every arm has what its phase needs
     import ray
 
+    from embedlab.sweep import capacity
+
+    capacity.check_options(max_concurrent, wait_for_resources)
     if address is None and not ray.is_initialized() and not os.environ.get("RAY_ADDRESS"):
         # A local cluster would offer this machine: a study that cannot run here fails now,
         # naming the profile that can, not after the cluster has started.
@@ -682,10 +691,13 @@ def run_sweep(
     connect(address, progress, job_env={STORAGE_ENV: storage_root} if remote else None)
     from embedlab.evaluate.actor import get_evaluator
 
-    resources = ray.cluster_resources()
+    cluster = f"the cluster at {address}" if address else "the cluster"
+    concurrency, resources = capacity.wait_for_capacity(
+        lambda present: check_fits(study_path, study, present, cluster, gpu_shares(study.arms, present, study.search)),
+        ray.cluster_resources, needs=capacity.trial_needs(study.arms, study.search), timeout_s=wait_for_resources,
+        max_concurrent=max_concurrent, progress=progress,
+        request=lambda bundles: capacity.request_from_autoscaler(bundles, progress))
     shares = gpu_shares(study.arms, resources, study.search)
-    concurrency = check_fits(study_path, study, resources, f"the cluster at {address}" if address else "the cluster",
-                             shares)
     if resources.get("GPU", 0):
         progress(f"ray: GPU shares: evaluator {shares.evaluator:g}, mining trial drivers {shares.mining_driver:g}"
                  if shares.evaluator else "ray: evaluation and mining encode on CPU: one trial's workers take "

@@ -130,10 +130,13 @@ def run_tour(
     profile: str | None = None,
     storage: str | Path = "runs",
     address: str | None = None,
+    max_concurrent: int | None = None,
+    wait_for_resources: float = 0.0,
     show: Callable[[Path], None] = lambda run_dir: None,
     progress: Callable[[str], None] = print,
 ) -> list[Path]:
-    """Run every stage, promoting between them; returns the stages' run directories."""
+    """Run every stage, promoting between them; returns the stages' run directories.
+    `max_concurrent` and `wait_for_resources` go to each stage's `run_sweep`."""
     from embedlab.sweep.promote import NEXT_STUDY_FILE
     from embedlab.sweep.run import run_sweep
 
@@ -143,7 +146,8 @@ def run_tour(
     for index, stage in enumerate(tour.stages):
         progress(f"\n== tour {tour.name} ({tour.profile}): stage {index + 1}/{len(tour.stages)}: {store.name(study_file)}")
         run_dir = run_sweep(study_file, storage=storage, address=address,
-                            profile=tour.profile if index == 0 else None, progress=progress)
+                            profile=tour.profile if index == 0 else None, max_concurrent=max_concurrent,
+                            wait_for_resources=wait_for_resources, progress=progress)
         run_dirs.append(run_dir)
         show(run_dir)
         following = tour.stages[index + 1] if index + 1 < len(tour.stages) else None

@@ -1,0 +1,165 @@
+"""Waiting for an autoscaling fleet to grow until one trial of every arm fits.
+
+A fleet scaled to zero (workers/cluster.yaml, workers/raycluster.yaml: a head with no CPU)
+offers nothing when a sweep connects; its autoscaler adds workers when asked.
+`embedlab sweep STUDY --address ... --wait-for-resources 600` polls the cluster's resources
+through `wait_for_capacity`, asks the autoscaler for one trial's bundles meanwhile
+(`request_from_autoscaler`), and goes on as soon as one trial of every arm fits.
+`--max-concurrent N` sets how many trials Tune runs at once instead of sizing it from the
+resources present. The core is pure: tests drive it with fake resources and a fake clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+
+from embedlab.config import TrialConfig
+from embedlab.errors import UsageError
+
+POLL_SECONDS = 5.0  # between reads of the cluster's resources while waiting
+LINE_SECONDS = 30.0  # at most this long between two waiting lines when nothing changes
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialNeed:
+    """What one trial of `arm` reserves: `bundles`, one per trainer worker plus the CPUs kept
+    free for data and evaluation (`embedlab.sweep.run.RESERVED_CPUS`)."""
+
+    arm: str
+    bundles: tuple[dict[str, float], ...]
+
+    def amount(self, resource: str) -> float:
+        return sum(bundle.get(resource, 0.0) for bundle in self.bundles)
+
+    def met_by(self, resources: dict[str, float]) -> bool:
+        return all(resources.get(r, 0.0) >= self.amount(r) for r in ("CPU", "GPU"))
+
+    @property
+    def text(self) -> str:
+        return f"{self.amount('CPU'):g} CPUs/{self.amount('GPU'):g} GPUs for one trial of arm {self.arm}"
+
+
+def trial_needs(arms: dict[str, TrialConfig], search: tuple = ()) -> list[TrialNeed]:
+    """Each arm's `TrialNeed`, at its searched maximum where a search varies its resources
+    (the rule `embedlab.sweep.run.max_concurrent_trials` sizes concurrency by)."""
+    from embedlab.sweep.run import RESERVED_CPUS, _at_searched_maximum
+
+    needs = []
+    for arm, trial in _at_searched_maximum(arms, search)[0].items():
+        worker = {"CPU": float(trial.train.cpus_per_worker), **({"GPU": 1.0} if trial.train.use_gpu else {})}
+        needs.append(TrialNeed(arm, (*[dict(worker)] * trial.train.num_workers, {"CPU": RESERVED_CPUS})))
+    return needs
+
+
+def check_options(max_concurrent: int | None, wait_s: float) -> None:
+    """Refuse a `--max-concurrent` below 1 or a negative `--wait-for-resources`."""
+    if max_concurrent is not None and max_concurrent < 1:
+        raise UsageError(f"--max-concurrent {max_concurrent}: Tune needs at least 1 trial at a time")
+    if wait_s < 0:
+        raise UsageError(f"--wait-for-resources {wait_s:g}: give seconds to wait, 0 to refuse at once")
+
+
+def _cpus_gpus(resources: dict[str, float]) -> str:
+    return f"{resources.get('CPU', 0):g} CPUs/{resources.get('GPU', 0):g} GPUs"
+
+
+def _fit_or_none(fits: Callable[[dict], int], resources: dict[str, float]) -> int | None:
+    try:
+        return fits(resources)
+    except ValueError:  # UsageError: not one trial of some arm fits yet
+        return None
+
+
+def _shortfall(needs: Sequence[TrialNeed], resources: dict[str, float]) -> TrialNeed:
+    """The need to show: the first arm the cluster cannot hold yet, else the most demanding."""
+    missing = [need for need in needs if not need.met_by(resources)]
+    return missing[0] if missing else max(needs, key=lambda n: (n.amount("GPU"), n.amount("CPU")))
+
+
+def _concurrency(fit: int, max_concurrent: int | None, waiting: bool, progress: Callable[[str], None]) -> int:
+    """`max_concurrent` when given, else `fit` (the trials that fit side by side now). More than
+    fit is refused on a cluster that does not grow (no waiting: the extra trainers would take
+    the CPUs kept free and hang their data pipelines) and said where an autoscaler adds nodes."""
+    if max_concurrent is None or max_concurrent <= fit:
+        return fit if max_concurrent is None else max_concurrent
+    if not waiting:
+        raise UsageError(
+            f"--max-concurrent {max_concurrent}: the cluster holds {fit} trial(s) at once; lower it, or on an "
+            "autoscaling cluster add --wait-for-resources SECONDS so the extra trials wait for new nodes")
+    progress(f"ray: --max-concurrent {max_concurrent}: the cluster holds {fit} trial(s) at once now; going on, "
+             "the others start as the autoscaler adds nodes")
+    return max_concurrent
+
+
+def wait_for_capacity(
+    fits: Callable[[dict[str, float]], int],
+    resources: Callable[[], dict[str, float]],
+    *,
+    needs: Sequence[TrialNeed],
+    timeout_s: float,
+    max_concurrent: int | None = None,
+    progress: Callable[[str], None] = print,
+    request: Callable[[list[dict[str, float]]], None] = lambda bundles: None,
+    poll_s: float = POLL_SECONDS,
+    line_s: float = LINE_SECONDS,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> tuple[int, dict[str, float]]:
+    """(trials to run at once, the resources they were sized on) once one trial of every arm fits.
+
+    `fits(resources)` is the number of trials that fit side by side and raises a ValueError
+    (a UsageError) where not one does; `resources()` reads the cluster's
+    (`ray.cluster_resources`). With `timeout_s` 0, `fits`' refusal stands at once. Otherwise the
+    resources are read every `poll_s` seconds until one trial fits, with a line to `progress`
+    whenever the CPUs or GPUs change and at least every `line_s` seconds; meanwhile
+    `request(bundles)` asks for the most demanding arm's bundles and `request([])` clears
+    that ask on the way out. Past `timeout_s`, a UsageError says what was needed and what
+    arrived. The count is `max_concurrent` when given (`_concurrency`), else what fits then."""
+    check_options(max_concurrent, timeout_s)
+    present = resources()
+    if not timeout_s:
+        return _concurrency(fits(present), max_concurrent, False, progress), present
+    fit = _fit_or_none(fits, present)
+    if fit is not None:
+        return _concurrency(fit, max_concurrent, True, progress), present
+    first, start = present, clock()
+    shown: tuple[str, float] | None = None  # the resources last shown, and when
+    request([dict(b) for b in max(needs, key=lambda n: (n.amount("GPU"), n.amount("CPU"))).bundles])
+    try:
+        while fit is None:
+            waited = clock() - start
+            if waited >= timeout_s:
+                need = _shortfall(needs, present)
+                arrived = (f"the cluster went from {_cpus_gpus(first)} to {_cpus_gpus(present)}"
+                           if _cpus_gpus(first) != _cpus_gpus(present) else f"nothing arrived ({_cpus_gpus(present)})")
+                raise UsageError(
+                    f"waited {timeout_s:g} s for the autoscaler: need {need.text}, but {arrived}; check that the "
+                    "fleet has a node type that holds it and room under max_workers (workers/cluster.yaml, "
+                    "workers/raycluster.yaml; `ray status` shows pending demands), wait longer with "
+                    "--wait-for-resources, or use a smaller --profile")
+            if shown is None or shown[0] != _cpus_gpus(present) or waited - shown[1] >= line_s:
+                progress(f"waiting for the autoscaler: need {_shortfall(needs, present).text}, cluster has "
+                         f"{_cpus_gpus(present)}; {waited:.0f} s of {timeout_s:g} s")
+                shown = (_cpus_gpus(present), waited)
+            sleep(min(poll_s, timeout_s - waited))
+            present = resources()
+            fit = _fit_or_none(fits, present)
+    finally:
+        request([])
+    progress(f"ray: the autoscaler's nodes arrived after {clock() - start:.0f} s: {_cpus_gpus(present)}")
+    return _concurrency(fit, max_concurrent, True, progress), present
+
+
+def request_from_autoscaler(bundles: list[dict[str, float]], progress: Callable[[str], None] = print) -> None:
+    """Ask Ray's autoscaler to make room for `bundles` (`ray.autoscaler.sdk.request_resources`,
+    a hint that persists until replaced; [] clears it). Where the ask fails, say so and go on:
+    polling still sees nodes that an operator or another demand adds."""
+    try:
+        from ray.autoscaler.sdk import request_resources
+
+        request_resources(bundles=bundles)
+    except Exception as error:  # a hint only: no autoscaler, an older GCS, a client connection
+        progress(f"ray: could not {'ask the autoscaler for' if bundles else 'clear the ask for'} resources "
+                 f"({type(error).__name__}: {error}); polling the cluster only")
