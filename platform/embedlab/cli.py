@@ -14,6 +14,7 @@
     embedlab model params PRESET [--json]
     embedlab model check-cuda [--device cuda|cpu] [--json]   GPU paths vs their CPU-tested oracles
     embedlab export CKPT_DIR OUT_DIR    the inference package: encoder + tokenizer, no MLM heads
+    embedlab evaluator stop|status [--address A]   stop the cluster's evaluation actor / show its code and stats
     embedlab heldout build [--out DIR] / score [CKPT_OR_RELEASE] [--tasks ...] [--json]   held-out tasks, model vs BM25 and MiniLM
     embedlab data build [SPEC]          prepare data: corpus, dedup, splits, tokenizer, pieces, data card
     embedlab data audit [SPEC] [--task DIR] [--json]   contamination audit of every training stage
@@ -268,6 +269,41 @@ def _data_configs(spec: str | None):
     from embedlab.data.spec import load_data_configs
 
     return load_data_configs(spec)
+
+
+def cmd_evaluator_stop(args: argparse.Namespace) -> int:
+    from embedlab.evaluate.actor import describe_identity, stop_evaluator
+    from embedlab.sweep.run import connect
+
+    connect(args.address, _stderr)
+    served = stop_evaluator()
+    if served is None:
+        print("no evaluator on this cluster")
+    else:
+        print(f"stopped the evaluator ({describe_identity(served) if served else 'not answering'}"
+              f"{', an evaluation in flight failed' if served.get('in_flight') else ''})")
+    return 0
+
+
+def cmd_evaluator_status(args: argparse.Namespace) -> int:
+    import ray
+
+    from embedlab.code_identity import current
+    from embedlab.evaluate.actor import describe_identity, evaluator_identity, find_evaluator
+    from embedlab.sweep.run import connect
+
+    connect(args.address, _stderr)
+    handle = find_evaluator()
+    if handle is None:
+        print("no evaluator on this cluster")
+        return 0
+    served = evaluator_identity(handle, timeout_s=30.0)
+    same = (served["version"], served["code_hash"]) == (current().version, current().code_hash)
+    print(f"evaluator: {describe_identity(served)}, {'evaluating' if served['in_flight'] else 'idle'}; "
+          f"{'the same as' if same else 'not'} this checkout's {current()}")
+    for key, value in ray.get(handle.stats.remote(), timeout=30.0).items():
+        print(f"{key}: {value}")
+    return 0
 
 
 def cmd_data_build(args: argparse.Namespace) -> int:
@@ -538,6 +574,16 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("checkpoint", help="a checkpoint directory or storage URI (s3://, gs://, ...)")
     export.add_argument("out", help="a new or empty directory, or a storage URI")
     export.set_defaults(func=cmd_export)
+
+    evaluator = sub.add_parser("evaluator", help="the cluster's evaluation actor")
+    evaluator_sub = evaluator.add_subparsers(dest="evaluator_command", required=True)
+    for name, func, help_text in (
+            ("stop", cmd_evaluator_stop, "kill it (an evaluation in flight fails); the next sweep starts a fresh one"),
+            ("status", cmd_evaluator_status, "its embedlab version and code hash, whether it is busy, its stats")):
+        command = evaluator_sub.add_parser(name, help=help_text)
+        command.add_argument("--address", default="auto",
+                             help="the Ray cluster (default auto: RAY_ADDRESS, or the one `ray start` started here)")
+        command.set_defaults(func=func)
 
     model = sub.add_parser("model", help="model utilities")
     model_sub = model.add_subparsers(dest="model_command", required=True)

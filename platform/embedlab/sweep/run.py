@@ -33,6 +33,7 @@ from embedlab.errors import UsageError, UserError
 from embedlab.evaluate.beir import load_task
 from embedlab.evaluate.checkpoint_eval import arm_eval_tasks, resolve_eval_tasks
 from embedlab import store
+from embedlab.sweep import ray_compat
 from embedlab.sweep.paired import PER_QUERY_DIR
 from embedlab.sweep.study import Study, load_study, set_path, study_origin
 from embedlab.sweep.table import STUDY_FILE, TRIALS_DIR, read_study_record
@@ -70,9 +71,17 @@ EVAL_POLL_SECONDS = 5.0
 
 def connect(address: str | None, progress: Callable[[str], None] = print, job_env: dict[str, str] | None = None) -> None:
     """Join the cluster at `address`, or start a local one (the embedded default); `job_env`
-    is set for every process of this job (not for this driver process)."""
+    is set for every process of this job (not for this driver process).
+
+    Refuses a Ray outside `ray_compat.SUPPORTED_RAY` with `ray_compat.RayIncompatible`;
+    with EMBEDLAB_ALLOW_UNTESTED_RAY=1 it prints a warning line and goes on.
+    """
     import ray
 
+    untested = ray_compat.check_ray_version()
+    if untested:
+        progress(untested)
+    ray_compat.keep_credentials_out_of_trial_envs()  # before any Tune trial: they would reach Ray's logs
     if ray.is_initialized():
         return
     os.environ.update(RAY_ENV)
@@ -84,11 +93,7 @@ def connect(address: str | None, progress: Callable[[str], None] = print, job_en
         _check_reachable(address)
         # Ray uses ~/.ray/auth_token by itself only for a cluster it finds locally; for an
         # explicit address the token must be switched on before connecting.
-        from ray._private.authentication.authentication_token_setup import (
-            maybe_enable_token_auth_if_token_available,
-        )
-
-        maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+        ray_compat.enable_token_auth_from_local_token()
         try:
             ray.init(address=address, runtime_env=runtime_env, log_to_driver=False, logging_level=logging.WARNING)
         except (ConnectionError, RuntimeError, ValueError) as error:
@@ -101,12 +106,8 @@ def connect(address: str | None, progress: Callable[[str], None] = print, job_en
         # Loopback only: the head, its workers and the dashboard are unreachable from the
         # network; Ray's token authentication (on by default in 2.60) guards the rest.
         # ray.init maps 127.0.0.1 to the machine's routable address unless Ray runs in its
-        # single-machine mode, chosen by this variable (read by Ray's constants at import, so
-        # the module value is set too; started processes inherit the environment).
-        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-        import ray._private.ray_constants as ray_constants
-
-        ray_constants.ENABLE_RAY_CLUSTER = False
+        # single-machine mode.
+        ray_compat.force_single_machine_mode()
         # WARNING: Ray's own INFO lines ("Started a local Ray instance") stay off the console,
         # which has embedlab's progress lines (the dashboard's address among them).
         context = ray.init(runtime_env=runtime_env, log_to_driver=False, include_dashboard=True,

@@ -1,0 +1,46 @@
+"""Which embedlab code is running: its version and a hash of its source.
+
+Long-lived processes on a cluster (the detached evaluation actor) can outlive the checkout that
+started them; comparing identities tells a sweep whether the code serving it is its own. The
+version alone does not: edits between releases keep it. The hash is sha256 over every .py file
+of the imported `embedlab` package, in sorted order of relative path, each as its path and its
+bytes, so an edit, an added or removed module, or a rename changes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+from pathlib import Path
+
+
+@dataclasses.dataclass(frozen=True)
+class CodeIdentity:
+    version: str  # embedlab.__version__
+    code_hash: str  # hex sha256, `code_hash` of the package directory
+
+    def to_dict(self) -> dict[str, str]:
+        return dataclasses.asdict(self)
+
+    def __str__(self) -> str:
+        return f"embedlab {self.version} (code {self.code_hash[:12]})"
+
+
+def code_hash(package_dir: Path) -> str:
+    """sha256 over the sorted relative paths and bytes of every .py file under `package_dir`."""
+    digest = hashlib.sha256()
+    for path in sorted(package_dir.rglob("*.py"), key=lambda p: p.relative_to(package_dir).as_posix()):
+        data = path.read_bytes()
+        name = path.relative_to(package_dir).as_posix().encode()
+        # Lengths first, so no two different trees hash the same stream.
+        digest.update(len(name).to_bytes(8, "big") + name + len(data).to_bytes(8, "big") + data)
+    return digest.hexdigest()
+
+
+@functools.cache
+def current() -> CodeIdentity:
+    """The identity of the embedlab this process imported (computed once)."""
+    import embedlab
+
+    return CodeIdentity(version=embedlab.__version__, code_hash=code_hash(Path(embedlab.__file__).parent))
