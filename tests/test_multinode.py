@@ -107,6 +107,35 @@ class Rehearsal:
     def sessions(self) -> set[int]:
         return {int(p.read_text()) for p in self.directory.glob("*.pid")}
 
+    def stop(self, sweep: subprocess.Popen | None = None) -> tuple[subprocess.CompletedProcess, set[int], list[str]]:
+        """Kill `sweep` if it still runs, stop every node; (the stop, the nodes' sessions, survivors)."""
+        if sweep is not None and sweep.poll() is None:
+            sweep.kill()
+            sweep.communicate()
+        sessions = self.sessions()
+        stopped = self.script("stop", timeout=180)
+        return stopped, sessions, _processes(sessions, str(self.directory))
+
+
+def _read_until(sweep: subprocess.Popen, prefix: str) -> list[str]:
+    """The sweep's output lines up to the first that starts with `prefix` (or its end)."""
+    seen = []
+    for line in sweep.stdout:
+        seen.append(line)
+        if line.startswith(prefix):
+            break
+    return seen
+
+
+def _join_and_finish(cluster: Rehearsal, sweep: subprocess.Popen, seen: list[str]) -> str:
+    """Add a worker node (the autoscaler's part, by hand), wait for the sweep; its whole output."""
+    joined = cluster.script("join", timeout=180)
+    assert joined.returncode == 0, joined.stdout + joined.stderr
+    rest, _ = sweep.communicate(timeout=400)
+    output = "".join(seen) + rest
+    assert sweep.returncode == 0, output[-6000:]
+    return output
+
 
 def rehearsal(cache_dir: Path) -> Rehearsal:
     """The settings of a one-head, one-worker rehearsal cluster (not started yet)."""
@@ -247,31 +276,77 @@ def test_a_sweep_waits_for_a_fleet_scaled_to_zero_to_grow(cache_dir, tmp_path):
 
         sweep = subprocess.Popen([*command, "--wait-for-resources", "300"], env=cluster.env, text=True,
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        seen = []
-        for line in sweep.stdout:  # until the sweep says it waits (or ends: the assertion shows why)
-            seen.append(line)
-            if line.startswith("waiting for the autoscaler:"):
-                break
+        seen = _read_until(sweep, "waiting for the autoscaler:")  # (or its end: the assertion shows why)
         assert seen[-1].startswith("waiting for the autoscaler: need 1.5 CPUs/0 GPUs for one trial of arm "
                                    "mask-15, cluster has 0 CPUs/0 GPUs; "), "".join(seen)[-4000:]
-        joined = cluster.script("join", timeout=180)
-        assert joined.returncode == 0, joined.stdout + joined.stderr
-        rest, _ = sweep.communicate(timeout=400)
-        output = "".join(seen) + rest
-        assert sweep.returncode == 0, output[-6000:]
+        output = _join_and_finish(cluster, sweep, seen)
         assert re.search(rf"ray: the autoscaler's nodes arrived after \d+ s: {WORKER_CPUS} CPUs/0 GPUs", output)
         assert f"at most {WORKER_CPUS} at a time" in output  # sized from the worker node that arrived
         _check_table(next((tmp_path / "runs").iterdir()), cache_dir)
     finally:
-        if sweep is not None and sweep.poll() is None:
-            sweep.kill()
-            sweep.communicate()
-        sessions = cluster.sessions()
-        stopped = cluster.script("stop", timeout=180)
-        survivors = _processes(sessions, str(cluster.directory))
+        stopped, sessions, survivors = cluster.stop(sweep)
         shutil.rmtree(cluster.directory, ignore_errors=True)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert len(sessions) == 2 and not survivors, survivors
+
+
+# About 3 minutes on an idle 2-core machine.
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="rehearse.sh needs setsid, pgrep and /proc")
+def test_a_sweep_on_object_storage_with_a_scratch_disk_per_node(s3_server, tmp_path):
+    """No shared disk: the driver, the head and each worker node have their own EMBEDLAB_CACHE,
+    and only the S3 endpoint is shared. The rehearsal's worker node holds trial drivers and
+    the evaluator but no CPU, so the sweep (`--storage s3://...`) waits; a third node with
+    CPUs joins mid-sweep and trains every trial on its own copy of the driver's prepared
+    data, fetched and checked file by file against the hash the run recorded. The table
+    holds both arms, scored, with checkpoints on S3, and no run directory is local."""
+    from embedlab import store
+    from embedlab.data.prepared_sync import tree_manifest
+
+    study = tmp_path / "fleet.py"
+    study.write_text(STUDY.format(config=tiny_trial(num_workers=1).to_dict(), budget=BUDGET_TOKENS))
+    driver_cache = tmp_path / "driver-cache"
+    cluster = rehearsal(driver_cache)
+    cluster.env.update(REHEARSAL_NODE_CACHES="1", REHEARSAL_WORKER_CPUS="0")
+    storage = store.join(s3_server.bucket("fleet"), "runs")
+    sweep = None
+    try:
+        cluster.start()
+        sweep = subprocess.Popen(
+            [str(BIN / "embedlab"), "sweep", str(study), "--address", cluster.address, "--storage", storage,
+             "--wait-for-resources", "300"],
+            env=cluster.env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        seen = _read_until(sweep, "waiting for the autoscaler:")
+        assert seen[-1].startswith("waiting for the autoscaler:"), "".join(seen)[-4000:]
+        cluster.env["REHEARSAL_WORKER_CPUS"] = str(WORKER_CPUS)  # the node that joins has CPUs
+        output = _join_and_finish(cluster, sweep, seen)
+        assert "publishing" in output and "results in s3://" in output
+    finally:
+        stopped, sessions, survivors = cluster.stop(sweep)
+    try:
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        assert len(sessions) == 3 and not survivors, survivors
+        (run_dir,) = [store.join(storage, n) for n in {p.split("/")[0] for p in store.list_tree(storage)}
+                      if n.startswith("fleet-")]
+        table = load_table(run_dir)
+        assert sorted(table["arm"]) == ["mask-15", "mask-30"] and set(table["status"]) == {"finished"}
+        assert table["dev/ndcg@10"].notna().all() and all(c.startswith("s3://") for c in table["checkpoint"])
+        record = json.loads(store.read_text(store.join(run_dir, "prepared.json")))["mask-15"]
+        assert Path(record["directory"]).parent == driver_cache  # prepared by the driver, in its own cache
+        published = json.loads(store.read_text(store.join(record["published"], f"files-{record['tree_hash']}.json")))
+        name = Path(record["directory"]).name
+        trained_on = [node for node in ("worker-1", "worker-2") if any(
+            ":actor_name:RayTrainWorker" in log.read_text(errors="replace")
+            for log in (cluster.directory / node / "session_latest" / "logs").glob("worker-*.out"))]
+        assert trained_on == ["worker-2"], trained_on  # the node that joined mid-sweep
+        copies = [cluster.directory / f"{node}-cache" / name for node in ("head", "worker-1", "worker-2")]
+        assert copies[2].is_dir()
+        for copy in filter(Path.is_dir, copies):  # every node's copy: the published bytes
+            assert {r: sha for r, sha in tree_manifest(copy)["files"].items() if r in published["files"]} == (
+                published["files"]), copy
+        assert not (tmp_path / "runs").exists()
+    finally:
+        shutil.rmtree(cluster.directory, ignore_errors=True)
 
 
 def test_rehearse_script_parses_and_never_runs_ray_stop():

@@ -167,3 +167,97 @@ def test_a_study_on_s3_from_sweep_to_release(ray_session, prepared, s3_server, t
     for path in logs.rglob("*") if logs.is_dir() else ():
         if path.is_file():
             _secrets_absent(path.read_text(errors="replace"), str(path))
+
+
+@pytest.fixture
+def published(s3_server, tmp_path, monkeypatch):
+    """A small prepared-style directory in the driver's cache, published to a fresh bucket; a
+    second node's cache (EMBEDLAB_CACHE) and the job's storage root (EMBEDLAB_STORAGE)."""
+    import uuid
+
+    from embedlab.data import prepared_sync
+
+    driver = tmp_path / "driver-cache" / "prepared-0123456789abcdef"
+    (driver / "tasks" / "t").mkdir(parents=True)
+    (driver / "pieces.parquet").write_bytes(bytes(range(256)) * 40)
+    (driver / "tasks" / "t" / "corpus.jsonl").write_text('{"_id": "d1", "text": "a"}\n')
+    (driver / "prepared.json").write_text("{}")
+    storage = store.join(s3_server.bucket(f"prep-{uuid.uuid4().hex[:8]}"), "runs")
+    tree = prepared_sync.publish(driver, storage, progress=lambda line: None)
+    monkeypatch.setenv("EMBEDLAB_CACHE", str(tmp_path / "node-cache"))
+    monkeypatch.setenv(prepared_sync.STORAGE_ENV, storage)
+    monkeypatch.setattr(prepared_sync, "_verified", set())
+    return driver, storage, tree
+
+
+def test_a_node_reads_the_drivers_paths_from_its_own_verified_copy(published):
+    from embedlab.data import prepared_sync
+
+    driver, storage, tree = published
+    local = prepared_sync.node_path(driver / "tasks" / "t" / "corpus.jsonl")
+    assert local == store.cache_dir() / driver.name / "tasks" / "t" / "corpus.jsonl"
+    assert local.read_bytes() == (driver / "tasks" / "t" / "corpus.jsonl").read_bytes()
+    copy = store.cache_dir() / driver.name
+    assert prepared_sync.tree_manifest(copy)["tree_hash"] == tree
+    record = {"directory": str(driver), "published": store.join(storage, "prepared", driver.name), "tree_hash": tree}
+    assert prepared_sync.local_directory(record) == copy
+    # Outside a prepared directory, or without a storage root, a path is used as it is.
+    assert prepared_sync.node_path("/data/my-task/corpus.jsonl") == Path("/data/my-task/corpus.jsonl")
+
+
+def test_a_node_copy_with_other_bytes_refuses_to_train(published, monkeypatch):
+    from embedlab.data import prepared_sync
+
+    driver, _, _ = published
+    copy = store.cache_dir() / driver.name
+    copy.mkdir(parents=True)
+    (copy / "pieces.parquet").write_bytes(b"other bytes")  # a stale or foreign copy on this node
+    with pytest.raises(prepared_sync.PreparedDataError, match="differ from the published prepared data"):
+        prepared_sync.node_path(driver / "pieces.parquet")
+
+
+def test_a_corrupted_published_object_is_refused(published):
+    from embedlab.data import prepared_sync
+
+    driver, storage, _ = published
+    store.write_bytes(store.join(storage, "prepared", driver.name, "pieces.parquet"), b"corrupted")
+    with pytest.raises(prepared_sync.PreparedDataError, match="pieces.parquet: content hash mismatch"):
+        prepared_sync.node_path(driver / "pieces.parquet")
+    assert not (store.cache_dir() / driver.name / "pieces.parquet").exists()
+
+
+def test_publication_adds_files_but_never_changes_one(published):
+    from embedlab.data import prepared_sync
+
+    driver, storage, first = published
+    (driver / "pairs").mkdir()
+    (driver / "pairs" / "k.parquet").write_bytes(b"pairs")  # a later phase's pair table
+    second = prepared_sync.publish(driver, storage, progress=lambda line: None)
+    union = json.loads(store.read_text(store.join(storage, "prepared", driver.name, "files.json")))
+    assert second != first and "pairs/k.parquet" in union["files"] and "pieces.parquet" in union["files"]
+    for tree in (first, second):  # each run's snapshot stays readable by its hash
+        assert store.is_file(store.join(storage, "prepared", driver.name, f"files-{tree}.json"))
+    (driver / "pieces.parquet").write_bytes(b"rebuilt differently")
+    with pytest.raises(prepared_sync.PreparedDataError, match="nodes would train on different bytes"):
+        prepared_sync.publish(driver, storage, progress=lambda line: None)
+
+
+def test_mined_negatives_published_first_are_what_every_node_reads(published, tmp_path):
+    from embedlab.data import prepared_sync
+
+    driver, _, _ = published
+    first = driver / "mined" / "v1"
+    first.mkdir(parents=True)
+    (first / "negatives.parquet").write_bytes(b"first node's negatives")
+    prepared_sync.publish_subtree(first)
+    # Another node mined the same version with other bytes: the published set replaces its own.
+    other = store.cache_dir() / driver.name / "mined" / "v1"
+    prepared_sync.node_path(driver / "pieces.parquet")  # this node's copy of the prepared tree
+    other.mkdir(parents=True)
+    (other / "negatives.parquet").write_bytes(b"second node's negatives")
+    assert prepared_sync.publish_subtree(other) == other
+    assert (other / "negatives.parquet").read_bytes() == b"first node's negatives"
+    # A third node that never mined reads the published set by the driver's path.
+    prepared_sync._verified.clear()
+    shutil.rmtree(store.cache_dir() / driver.name)
+    assert prepared_sync.node_path(first / "negatives.parquet").read_bytes() == b"first node's negatives"

@@ -556,3 +556,34 @@ def test_mining_on_the_users_corpus_never_returns_a_labelled_positive(prepared, 
     kept = mine_hard_negatives(pairs[:1], corpus, encode, config=config, group_positives=group_positive_texts(path),
                                **identity)
     assert [n.doc_id for n in kept.negatives["folder:q0#0"]] == negatives["folder:q0#0"]
+
+
+def test_mining_from_a_parent_on_object_storage_equals_mining_from_its_local_copy(prepared, tmp_path, s3_server,
+                                                                                  monkeypatch):
+    """A phase-3 trial whose parent is an s3:// URI mines through this node's verified copy of
+    it: the same negatives, for the same version, as from the checkpoint on local disk."""
+    import synthetic
+
+    from embedlab import store
+    from embedlab.data.mining import MinedSet
+    from embedlab.data.pair_stream import pair_table_path
+    from embedlab.train.contrastive import mine_for_phase3, trial_pair_schedule
+
+    monkeypatch.setenv("EMBEDLAB_CACHE", str(tmp_path / "node-cache"))
+    parent = synthetic.write_parent(tmp_path / "parent", synthetic.tokenizer(tmp_path / "tokenizer"))
+    remote = store.join(s3_server.bucket("mining-parent"), "runs", "p", "checkpoint_000000")
+    store.upload_tree(Path(parent), remote)
+    data = dataclasses.replace(synthetic.DATA, mixture=MixtureConfig(max_epochs=8))
+    mined = {}
+    for where, location in (("s3", remote), ("local", str(parent))):
+        trial = TrialConfig(model=synthetic.MODEL, data=data, phase=3, parent=location,
+                            train=dataclasses.replace(TrialConfig().train, budget_pairs=8, batch_rows=2, num_workers=1),
+                            contrastive=ContrastiveConfig(pairs=(("title-body", 1.0),), pair_length=16,
+                                                          hard_negatives=2, mining_top_k=5, mining_margin=0.0))
+        path = pair_table_path(prepared, ["title-body"], data=data, **QUIET)
+        schedule, offsets = trial_pair_schedule(trial, path)
+        directory = mine_for_phase3(trial, prepared, path, schedule, offsets, **QUIET)
+        mined[where] = (directory.name, MinedSet.load(directory).negatives)
+        shutil.rmtree(directory)  # the next one mines afresh instead of reading this one's cache
+    assert mined["s3"] == mined["local"] and mined["s3"][1]
+    assert (store.cache_dir() / "checkpoints").is_dir()  # the URI was read through this node's cache

@@ -21,8 +21,12 @@
 #   REHEARSAL_HEAD_CPUS       logical CPUs of the head [0: like the fleet's head, it schedules
 #                             no training or data task, so the work crosses nodes]
 #   REHEARSAL_WORKER_CPUS     logical CPUs of each worker node [2]
+#   REHEARSAL_NODE_CACHES     1: each node gets its own EMBEDLAB_CACHE, $REHEARSAL_DIR/<node>-cache,
+#                             as on a cluster without a shared disk (use --storage s3://...:
+#                             every node then fetches prepared data and checkpoints by hash) [0]
 #   RAY                       the ray command [ray]
-# The nodes inherit this shell's environment: set EMBEDLAB_CACHE here to share prepared data.
+# The nodes inherit this shell's environment: set EMBEDLAB_CACHE here to share prepared data
+# (unless REHEARSAL_NODE_CACHES=1), and the object store's variables (AWS_*) to reach it.
 #
 # Why not `ray stop`: it stops every Ray process on the machine (it matches process names),
 # including other clusters and test sessions. Each node here is a `ray start --block` in its
@@ -36,6 +40,7 @@ DASHBOARD_PORT="${REHEARSAL_DASHBOARD_PORT:-8275}"
 WORKERS="${REHEARSAL_WORKERS:-2}"
 HEAD_CPUS="${REHEARSAL_HEAD_CPUS:-0}"
 WORKER_CPUS="${REHEARSAL_WORKER_CPUS:-2}"
+NODE_CACHES="${REHEARSAL_NODE_CACHES:-0}"
 RAY="${RAY:-ray}"
 HOST=127.0.0.1
 START_TIMEOUT_S=120
@@ -55,6 +60,10 @@ die() { echo "rehearse: $*" >&2; exit 1; }
 start_node() {
     local name="$1"; shift
     local log="$DIR/$name.log"
+    if [[ "$NODE_CACHES" == 1 ]]; then
+        mkdir -p "$DIR/$name-cache"
+        export EMBEDLAB_CACHE="$DIR/$name-cache"  # this node's processes only (set per start)
+    fi
     setsid "$RAY" start --block --node-ip-address "$HOST" --temp-dir "$DIR/$name" \
         --disable-usage-stats "$@" >"$log" 2>&1 </dev/null &
     local pid=$!

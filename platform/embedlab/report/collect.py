@@ -89,8 +89,10 @@ def read_run(directory: str | Path) -> Run:
     promotion_path = store.join(directory, "promotion.json")
     promotion = json.loads(store.read_text(promotion_path)) if store.is_file(promotion_path) else None
     logs = {}
+    train = store.join(directory, "train")
+    folders = sorted({p.split("/")[0] for p in store.list_tree(train)})  # one listing for every row
     for row in table.to_dict("records"):
-        path = _log_path(directory, row)
+        path = _log_path(train, folders, row)
         if path is not None:
             logs[row["trial_id"]] = read_log(path)
     phase = max(arm.get("phase") or 1 for arm in record["study"]["arms"].values())
@@ -98,16 +100,14 @@ def read_run(directory: str | Path) -> Run:
                logs=logs, label=f"P{phase} {record['study']['name']}")
 
 
-def _log_path(directory: str, row: dict[str, Any]) -> str | None:
-    """The trial's metrics.jsonl: next to its checkpoint, else in its Ray Train run folder."""
+def _log_path(train: str, folders: list[str], row: dict[str, Any]) -> str | None:
+    """The trial's metrics.jsonl: next to its checkpoint, else in its Ray Train run folder
+    (one of `folders`, the run's `train/` listing)."""
     checkpoint = row.get("checkpoint")
     if isinstance(checkpoint, str) and store.is_file(beside := store.join(store.parent(checkpoint), METRICS_LOG)):
         return beside
-    train = store.join(directory, "train")
-    folders = [store.join(train, f) for f in sorted({p.split("/")[0] for p in store.list_tree(train)})
-               if f.endswith(f"-{row['trial_id']}")]
-    found = [store.join(f, METRICS_LOG) for f in folders if store.is_file(store.join(f, METRICS_LOG))]
-    return found[0] if found else None
+    found = [store.join(train, f, METRICS_LOG) for f in folders if f.endswith(f"-{row['trial_id']}")]
+    return next((path for path in found if store.is_file(path)), None)
 
 
 def read_log(path: str | Path) -> list[dict[str, Any]]:
