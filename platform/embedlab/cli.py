@@ -22,7 +22,8 @@
     embedlab bench [--json] [--no-compile] [--spec SPEC]   every comparison below in one table
     embedlab bench --scaling [--json]   tokens/s vs length 128-2048; eval time vs corpus size 1k-1M
     embedlab bench train [SPEC] [--preset P] [--documents N] [--ablations] [--json]
-                                        phase-1 tokens/s and peak memory vs BertForMaskedLM; optimisations on/off
+                                        phase-1 tokens/s vs BertForMaskedLM and ModernBertForMaskedLM, peak
+                                        memory vs BERT; optimisations on/off
     embedlab bench contrastive [SPEC] [--json]   pairs/s with and without GradCache
     embedlab bench layout [--pairs N] [--json]   phase-2 pairs/s and Ray's fixed cost per worker layout vs one process
     embedlab bench data [SPEC] [--json] packed tokens/s through Ray Data vs raw encode_batch
@@ -671,7 +672,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--json", action="store_true")
 
     bench_train_parser = bench_sub.add_parser(
-        "train", help="phase-1 non-padding tokens/s and peak memory vs BertForMaskedLM; optimisations on/off")
+        "train", help="phase-1 non-padding tokens/s vs BertForMaskedLM and ModernBertForMaskedLM, peak memory vs "
+                      "BERT; optimisations on/off")
     add_spec(bench_train_parser)
     add_bench_sizes(bench_train_parser, "small")
     bench_train_parser.add_argument("--documents", type=int, default=400)
