@@ -280,3 +280,4 @@ def test_bench_commands_parse():
     assert bench_model(MfuBench(attention="dense")).attention == "dense"
     assert parser.parse_args(["bench", "scaling", "--sizes", "1000", "2000"]).sizes == [1000, 2000]
     assert parser.parse_args(["bench", "contrastive"]).chunk == 16
+    assert parser.parse_args(["bench", "mfu-cpu", "--presets", "small", "5m"]).presets == ["small", "5m"]
