@@ -9,10 +9,10 @@ import torch
 
 from embedlab.bench_cpu_mfu import (
     CpuMfuBench,
+    add_shares,
     cpu_mfu_comparisons,
     linear_shapes,
     matmul_peak,
-    share_of_peak,
     why_below_peak,
 )
 from embedlab.bench_measure import comparisons_json
@@ -23,13 +23,14 @@ from embedlab.train.flops import TRAINED, encoder_flops, head_forward_flops, lin
 
 pytestmark = pytest.mark.timeout(300)
 
-def test_share_of_peak_and_its_rows_from_given_numbers():
-    """share = (FLOPs / seconds) / peak; each row is GFLOP/s against the peak, its ratio the share."""
-    assert share_of_peak(3e9, 2.0, 6e9) == 0.25
-    row = {"preset": "small", "executed_flops_per_s": 1.5e9, "executed_share": 0.25, "model_share": 0.2,
-           "attention_path": "dense SDPA mask", "linear_flops_per_s": 4.5e9, "linear_share": 0.75,
-           "linear_by_shape": {"qkv": 5e9, "head dense": 1e9}, "matmul_share": 0.4, "attention_share": 0.1,
-           "busy_fraction": 0.9}
+def test_shares_of_peak_and_their_rows_from_given_numbers():
+    """share = measured FLOP/s / peak FLOP/s; each row is GFLOP/s against the peak, its ratio the share."""
+    measured = {"preset": "small", "executed_flops_per_s": 1.5e9, "model_flops_per_s": 1.2e9,
+                "attention_path": "dense SDPA mask", "linear_flops_per_s": 4.5e9,
+                "linear_by_shape": {"qkv": 5e9, "head dense": 1e9}, "matmul_share": 0.4, "attention_share": 0.1,
+                "busy_fraction": 0.9}
+    row = add_shares(measured, 6e9)
+    assert (row["executed_share"], row["model_share"], row["linear_share"]) == (0.25, 0.2, 0.75)
     result = {"peak": {"size": 2048, "flops_per_s": 6e9, "runs": [5e9, 6e9], "threads": 1},
               "bench": {"batch_rows": 16, "sequence_length": 128}, "presets": [row]}
     step, linears = cpu_mfu_comparisons(result)
@@ -63,7 +64,7 @@ def test_step_flops_are_the_training_counters_over_the_timed_batch():
     expected = (encoder_flops(config, 2, 32, 2 * 32 * 32, mode=TRAINED, recomputes=True)
                 + 3 * head_forward_flops(config, float(masked.selected.sum())))
     assert result["executed_flops"] == pytest.approx(expected)
-    assert result["executed_share"] == pytest.approx(share_of_peak(expected, result["timed_seconds"], 1e12))
+    assert result["executed_share"] == pytest.approx(expected / result["timed_seconds"] / 1e12)
 
 
 def test_linear_shapes_are_the_counters_linears():

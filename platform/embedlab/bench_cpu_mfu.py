@@ -64,9 +64,13 @@ class CpuMfuBench:
             model_preset(preset)  # unknown presets fail here, naming the valid ones
 
 
-def share_of_peak(flops: float, seconds: float, peak_flops_per_s: float) -> float:
-    """(flops / seconds) / peak: the achieved rate as a share of the peak rate."""
-    return flops / seconds / peak_flops_per_s
+SHARES = {"executed_share": "executed_flops_per_s", "model_share": "model_flops_per_s",
+          "linear_share": "linear_flops_per_s"}
+
+
+def add_shares(row: dict, peak_flops_per_s: float) -> dict:
+    """`row` with each measured FLOP/s (`SHARES`' values) as a share of the peak FLOP/s."""
+    return {**row, **{share: row[rate] / peak_flops_per_s for share, rate in SHARES.items()}}
 
 
 def matmul_peak(size: int = 2048, repeats: int = 5) -> dict:
@@ -145,47 +149,53 @@ def linear_ceiling(config: ModelConfig, positions: int, selected: int, repeats: 
             "shapes": [dataclasses.asdict(shape) for shape in shapes]}
 
 
-def measure_preset(preset: str, bench: CpuMfuBench, peak: float, progress: Callable[[str], None] = print) -> dict:
-    """One preset's step (`measure_mfu` on the CPU) and its linears alone, as shares of `peak`."""
+def measure_preset(preset: str, bench: CpuMfuBench, progress: Callable[[str], None] = print) -> dict:
+    """One preset's step (`measure_mfu` on the CPU) and its linears alone: FLOP/s, no shares yet."""
     from embedlab.bench_mfu import MfuBench, bench_model, measure_mfu
 
     step_bench = MfuBench(preset=preset, sequence_length=bench.sequence_length, batch_rows=bench.batch_rows,
                           steps=bench.steps, warmup_steps=bench.warmup_steps, precision="fp32", compile=False,
                           seed=bench.seed, compare_steps=0, profile_steps=bench.profile_steps)
     config = bench_model(step_bench)
-    step = measure_mfu(step_bench, torch.device("cpu"), peak_flops=peak, config=config, progress=progress)
+    step = measure_mfu(step_bench, torch.device("cpu"), config=config, progress=progress)
     positions = bench.batch_rows * bench.sequence_length
     linears = linear_ceiling(config, positions, round(MaskingConfig().ratio * positions))
     profile = step.get("profile", {})
-    row = {
+    return {
         "preset": preset,
         "executed_flops_per_s": step["executed_tflops_per_s"] * 1e12,
-        "executed_share": step["executed_share"],
         "model_flops_per_s": step["model_tflops_per_s"] * 1e12,
-        "model_share": step["mfu"],
         "tokens_per_s": step["tokens_per_s"],
         "attention_path": step["attention_path"],
         "linear_flops_per_s": linears["flops_per_s"],
-        "linear_share": linears["flops_per_s"] / peak,
         "linear_by_shape": linears["by_shape"],
         "matmul_share": profile.get("matmul_share"),
         "attention_share": profile.get("attention_share"),
         "busy_fraction": profile.get("busy_fraction"),
         "profile_top": profile.get("top", [])[:5],
     }
-    progress(f"bench mfu-cpu: {preset}: step {row['executed_flops_per_s'] / 1e9:.1f} GFLOP/s "
-             f"({row['executed_share']:.1%} of peak), its linears alone {row['linear_flops_per_s'] / 1e9:.1f} GFLOP/s "
-             f"({row['linear_share']:.1%})")
-    return row
 
 
 def bench_cpu_mfu(bench: CpuMfuBench = CpuMfuBench(), progress: Callable[[str], None] = print) -> dict:
-    """The measured peak, then each preset's step and linears: {"peak": ..., "presets": [...]}."""
+    """{"peak": ..., "presets": [...]}: each preset's step and linears as shares of the peak.
+
+    The peak is timed before every preset and after the last, and the best of all those
+    products is taken: on a shared machine one burst of timings can land in a busy moment,
+    and a peak measured low would inflate every share."""
     torch.set_num_threads(bench.threads)
-    peak = matmul_peak(bench.peak_size, bench.peak_repeats)
+    runs, rows = [], []
+    for preset in (*bench.presets, None):
+        runs += matmul_peak(bench.peak_size, bench.peak_repeats)["runs"]
+        if preset is not None:
+            rows.append(measure_preset(preset, bench, progress))
+    peak = {"size": bench.peak_size, "flops_per_s": max(runs), "runs": runs, "threads": torch.get_num_threads()}
     progress(f"bench mfu-cpu: fp32 {bench.peak_size}^3 matmul peak {peak['flops_per_s'] / 1e9:.1f} GFLOP/s "
-             f"on {peak['threads']} thread(s), best of {bench.peak_repeats}")
-    rows = [measure_preset(preset, bench, peak["flops_per_s"], progress) for preset in bench.presets]
+             f"on {peak['threads']} thread(s), best of {len(runs)} around the presets")
+    rows = [add_shares(row, peak["flops_per_s"]) for row in rows]
+    for row in rows:
+        progress(f"bench mfu-cpu: {row['preset']}: step {row['executed_flops_per_s'] / 1e9:.1f} GFLOP/s "
+                 f"({row['executed_share']:.1%} of peak), its linears alone {row['linear_flops_per_s'] / 1e9:.1f} "
+                 f"GFLOP/s ({row['linear_share']:.1%})")
     return {"bench": dataclasses.asdict(bench), "peak": peak, "presets": rows}
 
 
