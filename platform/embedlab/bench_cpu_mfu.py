@@ -2,8 +2,9 @@
 
     embedlab bench mfu-cpu [--presets small 5m] [--threads 1] [--json]   (no Ray, no prepared data)
 
-The peak is measured, not looked up: the best of `peak_repeats` timings of an fp32
-`peak_size` x `peak_size` matmul (2 n^3 FLOPs each) on the same torch threads as the step.
+The peak is measured, not looked up: the best timing of an fp32 `peak_size` x `peak_size`
+matmul (2 n^3 FLOPs each) on the same torch threads as the step, `peak_repeats` timed before
+every preset and after the last.
 The step is `bench mfu`'s (`embedlab.bench_mfu.measure_mfu`: the real phase-1 step, eager,
 fp32, fused AdamW, on packed rows of synthetic documents of corpus-like lengths, masked before
 the clock starts), and its FLOPs are what training's own counter counts for those batches
