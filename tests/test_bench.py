@@ -113,14 +113,15 @@ def test_comparison_ratio_and_json_shape():
 
 
 def test_bench_train_cli_reports_every_comparison(spec, capsys):
-    """`bench train --ablations --json` prints both values and their ratio for training, memory and each
-    optimisation (compile skipped: it takes a minute)."""
+    """`bench train --ablations --json` prints both values and their ratio for training (against BERT
+    and ModernBERT), memory and each optimisation (compile skipped: it takes a minute)."""
     argv = ["bench", "train", str(spec), "--preset", "tiny", "--documents", "24", "--sequence-length", "64",
             "--batch-documents", "8", "--repeats", "1", "--ablations", "--no-compile", "--json"]
     assert main(argv) == 0
     result = json.loads(capsys.readouterr().out)
-    assert set(result) == {"train: non-padding tokens/s", "train: peak memory", "opt: packing",
-                           "opt: selected-position logits", "opt: SDPA attention", "opt: fused AdamW"}
+    assert set(result) == {"train: non-padding tokens/s", "train: non-padding tokens/s vs ModernBERT",
+                           "train: peak memory", "opt: packing", "opt: selected-position logits",
+                           "opt: SDPA attention", "opt: fused AdamW"}
     for row in result.values():
         assert row["embedlab"] > 0 and row["reference"] > 0
         assert row["ratio"] == pytest.approx(row["embedlab"] / row["reference"])
@@ -279,3 +280,4 @@ def test_bench_commands_parse():
     assert bench_model(MfuBench(attention="dense")).attention == "dense"
     assert parser.parse_args(["bench", "scaling", "--sizes", "1000", "2000"]).sizes == [1000, 2000]
     assert parser.parse_args(["bench", "contrastive"]).chunk == 16
+    assert parser.parse_args(["bench", "mfu-cpu", "--presets", "small", "5m"]).presets == ["small", "5m"]

@@ -5,7 +5,8 @@ ratio, never a number alone. `bench_all` runs every comparison and returns one l
 (`embedlab.bench_measure.Comparison`); the parts live in `bench_train` (phase-1
 throughput, peak memory, optimisations on/off), `bench_contrastive` (GradCache),
 `bench_scaling` (length and corpus size), `bench_prefetch` (data prefetch), `bench_mfu` (CUDA
-only) and here (data, eval).
+only), `bench_cpu_mfu` (training FLOP/s against this CPU's measured matmul peak) and here
+(data, eval).
 
 `bench data`: packed non-padding tokens per second through embedlab's Ray Data pipeline
 (the corpus's documents as blocks -> tokenize -> pack: the stage `prepare` runs, then the
@@ -184,15 +185,18 @@ def _as_comparisons(result: dict) -> list[Comparison]:
             for c in result["comparisons"]]
 
 
-def bench_all(config: DataConfig | None = None, *, train=None, contrastive=None, data_documents: int | None = None,
-              compile_model: bool = True, progress: Callable[[str], None] = print) -> dict:
+def bench_all(config: DataConfig | None = None, *, train=None, contrastive=None, cpu_mfu=None,
+              data_documents: int | None = None, compile_model: bool = True,
+              progress: Callable[[str], None] = print) -> dict:
     """Every comparison in one run: {"comparisons": [...], "notes": [...]}.
 
-    MFU is measured only where CUDA is available (`bench mfu`); elsewhere a note says so.
+    GPU MFU is measured only where CUDA is available (`bench mfu`); elsewhere a note says so.
+    The CPU's (`bench mfu-cpu`) is measured everywhere.
     """
     import torch
 
     from embedlab.bench_contrastive import ContrastiveBench, bench_contrastive
+    from embedlab.bench_cpu_mfu import CpuMfuBench, bench_cpu_mfu, cpu_mfu_comparisons, cpu_mfu_notes
     from embedlab.bench_prefetch import bench_prefetch, prefetch_note
     from embedlab.bench_train import TrainBench, bench_train, train_notes
 
@@ -219,6 +223,9 @@ def bench_all(config: DataConfig | None = None, *, train=None, contrastive=None,
     ))
     notes.append(f"eval: all-MiniLM-L6-v2 on {evaluation['task']}/{evaluation['split']}: "
                  f"{evaluation['queries']} queries, {evaluation['docs']} documents")
+    measured_cpu = bench_cpu_mfu(cpu_mfu or CpuMfuBench(), progress=progress)
+    comparisons += cpu_mfu_comparisons(measured_cpu)
+    notes += cpu_mfu_notes(measured_cpu)
     if torch.cuda.is_available():
         from embedlab.bench_mfu import bench_mfu, peak_entry
 

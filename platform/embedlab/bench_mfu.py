@@ -9,12 +9,16 @@ model needs, not what an implementation spends:
   + 12 x layers x d x sum over segments of length^2  (attention scores and values, own segment)
 
 so padding, the dense mask's cross-document blocks, GradCache re-forwards and rematerialisation
-count for nothing. The step is the real one (`accumulate_gradients` under the bf16 policy,
-`optimizer_step`, fused AdamW from `build_optimizer`); the encoder runs the variable-length
-flash path ("auto" under bf16 autocast; the kernel is first checked against its oracle,
-`embedlab.cuda_checks`, and the dense mask timed instead if it fails) and, unless
-`--no-compile`, its blocks are compiled around the attention kernel as training compiles them
-(`train.compile`, `embedlab.train.compiling`). Rows are packed from synthetic documents
+count for nothing. Next to it the JSON gives the executed FLOPs ("executed_*"): what training's
+own counter (`embedlab.train.flops.FlopTally`, `budget/flops`) counts for the same batches,
+padding and the kernel's attention area included.
+
+The step is the real one (`accumulate_gradients` under the bf16 policy, `optimizer_step`,
+fused AdamW from `build_optimizer`); the encoder runs the variable-length flash path ("auto"
+under bf16 autocast; the kernel is first checked against its oracle, `embedlab.cuda_checks`,
+and the dense mask timed instead if it fails) and, unless `--no-compile`, its blocks are
+compiled around the attention kernel as training compiles them (`train.compile`,
+`embedlab.train.compiling`). Rows are packed from synthetic documents
 (random ids, lengths drawn from a log-normal fitted to the built-in corpus: median 34, mean
 75 tokens, cut into pieces of at most L) so the command needs no prepared data on the GPU
 machine. Masked batches are prepared and moved to the device before the clock starts (the
@@ -156,6 +160,7 @@ def measure_mfu(bench: MfuBench, device: torch.device, peak_flops: float | None 
     """Tokens/s, model TFLOP/s, MFU and peak memory of `steps` timed phase-1 steps."""
     from embedlab.model.encoder import MLMModel
     from embedlab.train.compiling import compile_blocks
+    from embedlab.train.flops import TRAINED, FlopTally
     from embedlab.train.mlm_step import Microbatch, accumulate_gradients, optimizer_step
     from embedlab.train.optim import build_optimizer
 
@@ -174,27 +179,31 @@ def measure_mfu(bench: MfuBench, device: torch.device, peak_flops: float | None 
         seed = bench.seed + (step if step < bench.warmup_steps else 10_000 + step - bench.warmup_steps)
         segments, masked = synthetic_batch(bench.batch_rows, bench.sequence_length, config.vocab_size, seed, generator)
         flops = model_flops(config, int((segments > 0).sum()), int(masked.selected.sum()), segment_lengths(segments))
-        batches.append((Microbatch(masked=masked.to(device), segment_ids=segments.to(device)), flops))
+        executed = FlopTally()  # as the phase-1 loop counts its microbatches
+        executed.encode(config, segments, mode=TRAINED, device=device, half=bench.precision == "bf16", training=True)
+        executed.head(config, float(masked.selected.sum()))
+        batches.append((Microbatch(masked=masked.to(device), segment_ids=segments.to(device)), flops, executed.flops))
 
-    def run(items) -> tuple[float, int, float]:
+    def run(items) -> tuple[float, int, float, float]:
         if device.type == "cuda":
             torch.cuda.synchronize()
         started = time.perf_counter()
-        tokens, flops = 0, 0.0
-        for microbatch, batch_flops in items:
+        tokens, flops, executed = 0, 0.0, 0.0
+        for microbatch, batch_flops, batch_executed in items:
             result = accumulate_gradients(model, [microbatch], precision=bench.precision)
             tokens += optimizer_step(model, optimizer, result, train.max_grad_norm).tokens
             flops += batch_flops
+            executed += batch_executed
         if device.type == "cuda":
             torch.cuda.synchronize()
-        return time.perf_counter() - started, tokens, flops
+        return time.perf_counter() - started, tokens, flops, executed
 
-    warmup_seconds, _, _ = run(batches[: bench.warmup_steps])
+    warmup_seconds, *_ = run(batches[: bench.warmup_steps])
     progress(f"bench mfu: warm-up ({bench.warmup_steps} steps{', compiling' if bench.compile else ''}) "
              f"took {warmup_seconds:.1f}s")
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    seconds, tokens, flops = run(batches[bench.warmup_steps :])
+    seconds, tokens, flops, executed = run(batches[bench.warmup_steps :])
     achieved = flops / seconds
     result = {
         "bench": dataclasses.asdict(bench),
@@ -203,6 +212,9 @@ def measure_mfu(bench: MfuBench, device: torch.device, peak_flops: float | None 
         "model_tflops_per_s": achieved / 1e12,
         "peak_tflops_per_s": None if peak_flops is None else peak_flops / 1e12,
         "mfu": None if peak_flops is None else achieved / peak_flops,
+        "executed_flops": executed,
+        "executed_tflops_per_s": executed / seconds / 1e12,
+        "executed_share": None if peak_flops is None else executed / seconds / peak_flops,
         "peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
         "warmup_seconds": warmup_seconds,
         "timed_seconds": seconds,
@@ -215,6 +227,11 @@ def measure_mfu(bench: MfuBench, device: torch.device, peak_flops: float | None 
         except Exception as error:  # noqa: BLE001
             result["profile_error"] = f"{type(error).__name__}: {error}"
     return result
+
+
+# CPU operators by the profiler's names (prefixes): matrix products, and the fused attention kernels.
+MATMUL_OPERATORS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+ATTENTION_OPERATORS = ("aten::_scaled_dot_product",)
 
 
 def kernel_profile(work: Callable[[], object], device: torch.device, top: int = 15) -> dict:
@@ -244,6 +261,12 @@ def kernel_profile(work: Callable[[], object], device: torch.device, top: int = 
         "wall_ms": wall_us / 1e3,
         "busy_ms": busy / 1e3,
         "busy_fraction": busy / wall_us,  # on CPU: operator time over wall (threads can overlap)
+        # On CPU, the shares of the matrix products and of the fused attention kernel (its softmax
+        # too); the rest is element-wise work, copies and the optimizer. Not classified for CUDA
+        # kernels, whose names follow no one scheme.
+        "matmul_share": None if cuda else sum(t for name, t, _ in rows if name.startswith(MATMUL_OPERATORS)) / busy,
+        "attention_share": None if cuda else sum(t for name, t, _ in rows
+                                                 if name.startswith(ATTENTION_OPERATORS)) / busy,
         "top": [{"name": name[:160], "self_ms": t / 1e3, "calls": calls, "share": t / busy}
                 for name, t, calls in rows[:top]],
     }

@@ -1,4 +1,4 @@
-"""`embedlab bench train`: phase-1 training throughput and peak memory, embedlab vs BERT.
+"""`embedlab bench train`: phase-1 training throughput and peak memory, embedlab vs BERT and ModernBERT.
 
 embedlab: `MLMModel` trained by the real phase-1 step (`mask_tokens`, then
 `accumulate_gradients` and `optimizer_step` from `embedlab.train.mlm_step`, AdamW from
@@ -22,6 +22,19 @@ alternating passes over all sequences, and the median is reported.
 BertForMaskedLM has parameters embedlab's encoder does not (see `reference_extra_parameters`):
 absolute position and token-type embeddings and biases on every linear; embedlab instead
 has RoPE (no parameters) and a final LayerNorm where BERT has an embedding LayerNorm.
+
+Second reference: `ModernBertForMaskedLM` (`modernbert_config`), timed in the same
+interleaved passes on the same collated batches, with its sparse prediction on (head and
+decoder at the masked positions only, as embedlab's selected-position logits) and SDPA
+attention. Matched beyond the shape: RoPE base, LayerNorm and head biases, dropout, and
+global attention in every layer, as embedlab attends: ModernBERT's default alternates a
+128-token sliding window with a global layer every third; at L <= 128 the window covers
+nearly every document, and on the CPU a window is an SDPA mask, not less work. Not
+matchable: its GeGLU feed-forward (the first matrix is d x 2f at the same `intermediate_size`,
+so it computes more per token), a LayerNorm on the embeddings and none before layer 0's
+attention (`modernbert_extra_parameters`). transformers 5.x's ModernBERT does not unpad:
+its linears run over the padded batch on every device, and only with flash-attn on CUDA
+does its attention skip padding (the kernel unpads per call); this bench runs on the CPU.
 
 Ablations (`--ablations`): each optimisation measured on and off on the same data with
 everything else held: packing, selected-position logits, SDPA vs eager attention, fused
@@ -230,6 +243,54 @@ def reference_extra_parameters(config: ModelConfig, reference) -> int:
     return (reference.max_position_embeddings + reference.type_vocab_size) * d + config.layers * (5 * d + f)
 
 
+def modernbert_config(config: ModelConfig, ids: TokenIds, sequence_length: int):
+    """`ModernBertConfig` with embedlab's depth, width, heads, feed-forward width, vocabulary,
+    dropout, RoPE base and biases (norms and the head's dense layer); global attention in
+    every layer; sparse prediction on; SDPA attention."""
+    from transformers import ModernBertConfig
+
+    rope = {"rope_type": "default", "rope_theta": config.rope_base}
+    return ModernBertConfig(
+        vocab_size=config.vocab_size, hidden_size=config.width, num_hidden_layers=config.layers,
+        num_attention_heads=config.heads, intermediate_size=config.ffn_width, hidden_activation="gelu",
+        max_position_embeddings=sequence_length, norm_eps=config.layer_norm_eps, norm_bias=True,
+        classifier_bias=True, attention_dropout=config.dropout, mlp_dropout=config.dropout,
+        embedding_dropout=config.dropout, layer_types=["full_attention"] * config.layers,
+        rope_parameters={"full_attention": dict(rope), "sliding_attention": dict(rope)},
+        pad_token_id=ids.pad, sep_token_id=ids.sep, eos_token_id=ids.sep, bos_token_id=None, cls_token_id=None,
+        sparse_prediction=True, attn_implementation="sdpa",
+    )
+
+
+def modernbert_extra_parameters(config: ModelConfig) -> int:
+    """ModernBertForMaskedLM's parameters minus `MLMModel`'s (both tie the decoder to the input
+    embeddings, both have a vocabulary bias): GeGLU's gate half of the first FFN matrix (d x f
+    per layer) plus an embedding LayerNorm (2d), minus layer 0's absent attention LayerNorm (2d)."""
+    return config.layers * config.width * config.ffn_width
+
+
+def linear_flops_per_token(config: ModelConfig, reference: str) -> float:
+    """Forward FLOPs of one position's encoder linears: embedlab's (QKV, output, up, down) or
+    ModernBERT's, whose GeGLU first matrix is twice as wide."""
+    d, f = config.width, config.ffn_width
+    return 2.0 * config.layers * (4 * d * d + (3 if reference == "modernbert" else 2) * d * f)
+
+
+def _bert_model(config: ModelConfig, ids: TokenIds, sequence_length: int):
+    from transformers import BertForMaskedLM
+
+    return BertForMaskedLM(reference_config(config, ids, sequence_length))
+
+
+def _modernbert_model(config: ModelConfig, ids: TokenIds, sequence_length: int):
+    from transformers import ModernBertForMaskedLM
+
+    return ModernBertForMaskedLM(modernbert_config(config, ids, sequence_length))
+
+
+REFERENCES = {"bert": _bert_model, "modernbert": _modernbert_model}
+
+
 def hf_tokenizer(ids: TokenIds):
     from transformers import PreTrainedTokenizerFast
 
@@ -238,13 +299,16 @@ def hf_tokenizer(ids: TokenIds):
 
 
 class ReferenceTrainer:
-    """BertForMaskedLM with the usual collator: pad each batch to its longest, mask 15%."""
+    """A Hugging Face masked LM (`REFERENCES`: BertForMaskedLM, or ModernBertForMaskedLM) with
+    the usual collator: pad each batch to its longest, mask 15%."""
 
-    def __init__(self, config: ModelConfig, ids: TokenIds, bench: TrainBench) -> None:
-        from transformers import BertForMaskedLM, DataCollatorForLanguageModeling
+    def __init__(self, config: ModelConfig, ids: TokenIds, bench: TrainBench, architecture: str = "bert") -> None:
+        from transformers import DataCollatorForLanguageModeling
 
+        if architecture not in REFERENCES:
+            raise UsageError(f"reference architecture {architecture!r}; valid: {sorted(REFERENCES)}")
         torch.manual_seed(bench.seed)
-        self.model = BertForMaskedLM(reference_config(config, ids, bench.sequence_length)).train()
+        self.model = REFERENCES[architecture](config, ids, bench.sequence_length).train()
         self.optimizer = build_optimizer(self.model, TRAIN)
         self.collator = DataCollatorForLanguageModeling(hf_tokenizer(ids), mlm=True, mlm_probability=0.15,
                                                         return_tensors="pt")
@@ -278,31 +342,44 @@ def _warm(epoch_steps: list, step: Callable) -> float:
     return time.perf_counter() - started
 
 
-def _rate_comparison(name: str, sides: dict[str, tuple[Callable[[], int], str]], repeats: int) -> Comparison:
-    """`sides` is {"embedlab": (epoch, what it measures), "reference": (...)}, in that order."""
-    rates = interleaved_rates({side: epoch for side, (epoch, _) in sides.items()}, repeats)
+def _comparison(name: str, rates: dict[str, list[float]], measures: dict[str, str],
+                reference: str = "reference") -> Comparison:
+    """Tokens/s of "embedlab" against the side `reference` of the same interleaved `rates`."""
     return Comparison(
-        name=name, embedlab=median(rates["embedlab"]), reference=median(rates["reference"]),
-        unit="tokens/s", better="higher", embedlab_measures=sides["embedlab"][1],
-        reference_measures=sides["reference"][1], runs=rates,
+        name=name, embedlab=median(rates["embedlab"]), reference=median(rates[reference]),
+        unit="tokens/s", better="higher", embedlab_measures=measures["embedlab"],
+        reference_measures=measures[reference], runs={"embedlab": rates["embedlab"], "reference": rates[reference]},
     )
 
 
-def compare_training(sequences: list[list[int]], ids: TokenIds, bench: TrainBench) -> tuple[Comparison, dict]:
-    """Non-padding tokens/s, embedlab vs BertForMaskedLM, and the facts behind it."""
+def _rate_comparison(name: str, sides: dict[str, tuple[Callable[[], int], str]], repeats: int) -> Comparison:
+    """`sides` is {"embedlab": (epoch, what it measures), "reference": (...)}, in that order."""
+    rates = interleaved_rates({side: epoch for side, (epoch, _) in sides.items()}, repeats)
+    return _comparison(name, rates, {side: text for side, (_, text) in sides.items()})
+
+
+def compare_training(sequences: list[list[int]], ids: TokenIds, bench: TrainBench) -> tuple[list[Comparison], dict]:
+    """Non-padding tokens/s, embedlab vs BertForMaskedLM and vs ModernBertForMaskedLM, from
+    the same interleaved passes (one embedlab figure in both rows), and the facts behind them."""
     torch.set_num_threads(bench.threads)
     config = bench.model()
     ours, steps = embedlab_trainer(config, ids, bench.seed), packed_steps(sequences, bench, ids.pad)
-    reference = ReferenceTrainer(config, ids, bench)
-    batches = reference.batches(sequences)
-    _warm(steps, ours.step)
-    _warm(batches, reference.step)
-    comparison = _rate_comparison("train: non-padding tokens/s", {
-        "embedlab": (lambda: ours.epoch(steps), f"MLMModel '{bench.preset}', packed rows, selected-position logits"),
-        "reference": (lambda: reference.epoch(batches),
-                      f"BertForMaskedLM ({reference.model.config._attn_implementation} attention), "
-                      "DataCollatorForLanguageModeling"),
-    }, bench.repeats)
+    bert = ReferenceTrainer(config, ids, bench, "bert")
+    modernbert = ReferenceTrainer(config, ids, bench, "modernbert")
+    batches = bert.batches(sequences)
+    for step, items in ((ours.step, steps), (bert.step, batches), (modernbert.step, batches)):
+        _warm(items, step)
+    rates = interleaved_rates({"embedlab": lambda: ours.epoch(steps), "reference": lambda: bert.epoch(batches),
+                               "modernbert": lambda: modernbert.epoch(batches)}, bench.repeats)
+    measures = {
+        "embedlab": f"MLMModel '{bench.preset}', packed rows, selected-position logits",
+        "reference": f"BertForMaskedLM ({bert.model.config._attn_implementation} attention), "
+                     "DataCollatorForLanguageModeling",
+        "modernbert": f"ModernBertForMaskedLM ({modernbert.model.config._attn_implementation} attention, "
+                      "global every layer, sparse prediction), the same collated batches",
+    }
+    comparisons = [_comparison("train: non-padding tokens/s", rates, measures),
+                   _comparison("train: non-padding tokens/s vs ModernBERT", rates, measures, "modernbert")]
     positions = {"embedlab": sum(s[1].numel() for s in steps),
                  "reference": sum(len(b) * max(len(e["input_ids"]) for e in b) for b in batches)}
     facts = {
@@ -310,9 +387,11 @@ def compare_training(sequences: list[list[int]], ids: TokenIds, bench: TrainBenc
         "documents": len(sequences),
         "steps_per_pass": {"embedlab": len(steps), "reference": len(batches)},
         "padding_share": {k: 1 - sum(map(len, sequences)) / v for k, v in positions.items()},
-        "parameters": {"embedlab": count_parameters(ours.model), "reference": count_parameters(reference.model)},
+        "parameters": {"embedlab": count_parameters(ours.model), "reference": count_parameters(bert.model),
+                       "modernbert": count_parameters(modernbert.model)},
+        "linear_flops_per_token": {side: linear_flops_per_token(config, side) for side in ("embedlab", "modernbert")},
     }
-    return comparison, facts
+    return comparisons, facts
 
 
 def compare_ablations(sequences: list[list[int]], ids: TokenIds, bench: TrainBench,
@@ -425,8 +504,7 @@ def bench_train(prepared, bench: TrainBench = TrainBench(), *, ablations: bool =
     sequences = bench_sequences(prepared, bench.documents, bench.sequence_length)
     progress(f"bench train: {len(sequences)} documents, {sum(map(len, sequences)):,} tokens per pass, "
              f"preset {bench.preset}, L={bench.sequence_length}, {bench.repeats} repeats, {bench.threads} thread(s)")
-    comparison, facts = compare_training(sequences, ids, bench)
-    comparisons = [comparison]
+    comparisons, facts = compare_training(sequences, ids, bench)
     if memory:
         progress("bench train: peak memory, one fresh process per side")
         comparisons.append(compare_peak_memory(sequences, ids, bench))
@@ -450,6 +528,16 @@ def train_notes(result: dict) -> list[str]:
         f"train: preset {bench['preset']}, L={bench['sequence_length']}, torch threads {bench['threads']}, "
         f"median of {bench['repeats']} alternating passes after a warm-up",
     ]
+    if "modernbert" in facts["parameters"]:
+        flops = facts["linear_flops_per_token"]
+        lines.append(
+            "train vs ModernBERT: ModernBertForMaskedLM on BERT's collated batches (padding "
+            f"{shares['reference']:.1%}; transformers 5.x ModernBERT does not unpad, and flash-attn, CUDA only, would "
+            "skip padding in attention alone); matched: depth, width, heads, intermediate size, vocabulary, RoPE base, "
+            "norm and head biases, dropout, global attention every layer (its default: a 128-token window in 2 of 3 "
+            "layers, no saving under SDPA on the CPU), masked-position-only head (sparse_prediction); unmatched: GeGLU "
+            f"({flops['modernbert'] / flops['embedlab']:.2f}x embedlab's linear FLOPs per position), an embedding "
+            f"LayerNorm, no norm before layer 0's attention; parameters {facts['parameters']['modernbert']:,}")
     if "compile_seconds" in facts:
         lines.append(f"train: torch.compile's first steps took {facts['compile_seconds']:.1f}s (a cold compile, "
                      "empty inductor cache), excluded from its row")

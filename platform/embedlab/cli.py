@@ -22,13 +22,15 @@
     embedlab bench [--json] [--no-compile] [--spec SPEC]   every comparison below in one table
     embedlab bench --scaling [--json]   tokens/s vs length 128-2048; eval time vs corpus size 1k-1M
     embedlab bench train [SPEC] [--preset P] [--documents N] [--ablations] [--json]
-                                        phase-1 tokens/s and peak memory vs BertForMaskedLM; optimisations on/off
+                                        phase-1 tokens/s vs BertForMaskedLM and ModernBertForMaskedLM, peak
+                                        memory vs BERT; optimisations on/off
     embedlab bench contrastive [SPEC] [--json]   pairs/s with and without GradCache
     embedlab bench layout [--pairs N] [--json]   phase-2 pairs/s and Ray's fixed cost per worker layout vs one process
     embedlab bench data [SPEC] [--json] packed tokens/s through Ray Data vs raw encode_batch
     embedlab bench prefetch [SPEC] [--json]   the phase-1 loop's tokens/s and data wait, prefetch on vs off
     embedlab bench eval [--json]        evaluator time vs sentence-transformers' IR evaluator
     embedlab bench mfu [--preset 300m] [--sequence-length 512] [--json]   MFU on a CUDA GPU (bf16)
+    embedlab bench mfu-cpu [--presets small 5m] [--threads 1] [--json]   training FLOP/s vs this CPU's matmul peak
 
 `main(argv)` returns an exit code, so tests call it in-process. An error in what was asked
 (`embedlab.errors.UserError`, and FileNotFoundError or ConnectionError) prints one line,
@@ -451,6 +453,21 @@ def cmd_bench_scaling(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_mfu_cpu(args: argparse.Namespace) -> int:
+    from embedlab.bench_cpu_mfu import CpuMfuBench, bench_cpu_mfu, cpu_mfu_comparisons, cpu_mfu_notes
+
+    given = {"presets": None if args.presets is None else tuple(args.presets), "sequence_length": args.sequence_length,
+             "batch_rows": args.batch_rows, "steps": args.steps, "peak_size": args.peak_size,
+             "peak_repeats": args.peak_repeats, "threads": args.threads}
+    bench = CpuMfuBench(**{name: value for name, value in given.items() if value is not None})
+    result = bench_cpu_mfu(bench, progress=_stderr)
+    if args.json:
+        print(json.dumps(result, sort_keys=True))
+    else:
+        _print_comparisons(cpu_mfu_comparisons(result), cpu_mfu_notes(result), as_json=False)
+    return 0
+
+
 def cmd_bench_mfu(args: argparse.Namespace) -> int:
     from embedlab.bench_mfu import MfuBench, bench_mfu
 
@@ -671,7 +688,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--json", action="store_true")
 
     bench_train_parser = bench_sub.add_parser(
-        "train", help="phase-1 non-padding tokens/s and peak memory vs BertForMaskedLM; optimisations on/off")
+        "train", help="phase-1 non-padding tokens/s vs BertForMaskedLM and ModernBertForMaskedLM, peak memory vs "
+                      "BERT; optimisations on/off")
     add_spec(bench_train_parser)
     add_bench_sizes(bench_train_parser, "small")
     bench_train_parser.add_argument("--documents", type=int, default=400)
@@ -714,6 +732,21 @@ def build_parser() -> argparse.ArgumentParser:
                                        "name in embedlab.bench_mfu.PEAKS; an unknown device needs this)")
     bench_mfu_parser.add_argument("--json", action="store_true")
     bench_mfu_parser.set_defaults(func=cmd_bench_mfu)
+    # Unset options keep CpuMfuBench's defaults (one place; importing it here would import torch).
+    bench_mfu_cpu_parser = bench_sub.add_parser(
+        "mfu-cpu", help="phase-1 training FLOP/s as a share of this CPU's measured fp32 matmul peak")
+    bench_mfu_cpu_parser.add_argument("--presets", nargs="+", default=None, help="model presets (default: small 5m)")
+    bench_mfu_cpu_parser.add_argument("--sequence-length", type=int, default=None, help="row length (default 128)")
+    bench_mfu_cpu_parser.add_argument("--batch-rows", type=int, default=None, help="rows a step (default 16)")
+    bench_mfu_cpu_parser.add_argument("--steps", type=int, default=None,
+                                      help="timed steps after 2 warm-up steps (default 6)")
+    bench_mfu_cpu_parser.add_argument("--peak-size", type=int, default=None,
+                                      help="n of the n x n fp32 matmul whose best FLOP/s is the peak (default 2048)")
+    bench_mfu_cpu_parser.add_argument("--peak-repeats", type=int, default=None, help="timed matmuls (default 5)")
+    bench_mfu_cpu_parser.add_argument("--threads", type=int, default=None,
+                                      help="torch threads for the peak and the steps (default 1)")
+    bench_mfu_cpu_parser.add_argument("--json", action="store_true")
+    bench_mfu_cpu_parser.set_defaults(func=cmd_bench_mfu_cpu)
     add_heldout_parser(sub)
     return parser
 
