@@ -63,27 +63,30 @@ class Profile:
     phase3_pair_shares: tuple[tuple[str, float], ...] = BUILTIN_PHASE3_PAIRS
 
 
-# Public Hugging Face datasets for the gpu-300m profile, each pinned by a commit. The commits
-# were found pinned in public repositories and in the Hub's own commit pages (as search results;
-# nothing was fetched from the Hub here); the licences are the dataset cards'. A revision is
-# what `datasets.load_dataset` is called with, so a wrong one fails loudly when data is
-# prepared, never silently.
+# Public Hugging Face datasets for the gpu-300m profile, each pinned by a commit and read by
+# `datasets.load_dataset` at it, so a wrong commit fails when the data is prepared, never
+# silently. Nothing was fetched from the Hub to choose them: each commit is one that public
+# repositories pin or that the Hub's own pages (as stored by a search index) show, as said per
+# source; the licences are the dataset cards'. HFDataset records no rights, so they are here.
 GPU_SOURCES = {
-    # ODC-By 1.0 (the card); Common Crawl pages kept by an educational-quality classifier,
-    # the 10^10-token sample.
+    # ODC-By 1.0. Common Crawl pages kept by an educational-quality classifier, the 10^10-token
+    # sample; this commit is the one many public projects pin for sample-10BT.
     "fineweb-edu": HFDataset(name="fineweb-edu", dataset="HuggingFaceFW/fineweb-edu", config="sample-10BT",
                              revision="87f09149ef4734204d70ed1d046ddc9ca3f2b8f9", id_field="id"),
-    # CC BY-SA 3.0 and GFDL (the card): the English dump of 2023-11-01.
+    # CC BY-SA 3.0 and GFDL. The English dump of 2023-11-01; a commit public projects pin for
+    # the 20231101.* configs.
     "wikipedia-en": HFDataset(name="wikipedia-en", dataset="wikimedia/wikipedia", config="20231101.en",
                               revision="b04c8d1ceb2f5cd4588862100d08de323dccfbaa", title_field="title",
                               id_field="id"),
-    # Functions with their docstrings (1,375,067 rows); the code is the text, the docstring its title.
+    # The card states no licence; CodeSearchNet's functions come from public GitHub repositories
+    # under their own licences. 1,375,067 functions: the code is the text, its docstring the
+    # title. The commit is the card's "Update README.md" (the Hub's tree page at it).
     "codesearchnet": HFDataset(name="codesearchnet", dataset="sentence-transformers/codesearchnet", config="pair",
                                revision="079a958b01dc87cf07b66a68414c4b4196d889cc", text_field="code",
                                title_field="comment"),
 }
 GPU_PAIRS = (
-    # question -> answer, 3,012,496 rows; the commit is the card's "Update README.md".
+    # question -> answer, 3,012,496 rows; the commit is the card's "Update README.md" (its Hub page).
     HFPairs(name="gooaq", dataset="sentence-transformers/gooaq", config="pair",
             revision="b089f728748a068b7bc5234e5bcf5b25e3c8279c",
             rights="sentence-transformers/gooaq's card states no licence; its source, GooAQ (allenai/gooaq), is "
