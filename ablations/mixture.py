@@ -8,8 +8,7 @@ Run:  embedlab sweep ablations/mixture.py [--profile demo]
 from dataclasses import replace
 
 from embedlab import Study, recipes
-from embedlab.data.builtin import available_sources
-from embedlab.data.mixture import PHASE1_PILOT, pilot_mixture
+from embedlab.data.mixture import PHASE1_PILOT
 
 MORE_TECHNICAL = {**PHASE1_PILOT, "general": 0.3, "technical": 0.4}
 
@@ -17,8 +16,9 @@ MORE_TECHNICAL = {**PHASE1_PILOT, "general": 0.3, "technical": 0.4}
 def study(profile: str = recipes.DEFAULT_PROFILE) -> Study:
     p = recipes.profile(profile)
     base = recipes.phase1_baseline(profile)
-    pilot = pilot_mixture(available_sources()).shares
-    changed = pilot_mixture(available_sources(), MORE_TECHNICAL).shares
+    # The families mapped onto the profile's phase-1 sources (built-in, or its own documents).
+    pilot = recipes.phase1_shares(p)
+    changed = recipes.phase1_shares(p, MORE_TECHNICAL)
 
     def with_shares(shares: dict[str, float]):
         return replace(base, data=replace(base.data, mixture=replace(base.data.mixture, shares=tuple(sorted(shares.items())))))

@@ -97,3 +97,79 @@ def test_plan_refuses_a_contrastive_study_without_parent_and_too_few_steps(tmp_p
     path = write_study(tmp_path / "study.py", tiny_trial())
     assert main(["plan", path, "--pilot-reports", "2"]) == 2
     assert "--pilot-reports 2" in capsys.readouterr().err
+
+
+def _bench_json(tmp_path: Path, tokens_per_s: float = 250_000.0) -> str:
+    """What `embedlab bench mfu --json` writes, reduced to the fields the planner reads."""
+    import json
+
+    path = tmp_path / "bench-mfu.json"
+    path.write_text(json.dumps({"bench": {"preset": "300m", "sequence_length": 512, "batch_rows": 64,
+                                          "precision": "bf16", "steps": 20}, "device": "NVIDIA H200",
+                                "tokens_per_s": tokens_per_s, "mfu": 0.45}))
+    return str(path)
+
+
+def test_a_plan_from_a_gpu_measurement_is_budget_tokens_over_measured_tokens_per_second(tmp_path, capsys):
+    """Oracle: 10^9 tokens on 8 GPUs measured at 250,000 tokens/s each take 10^9 / (8 x 250,000)
+    = 500 s for the arm at the bench's setting (300m, length 512, 64 rows a GPU, 15% masking);
+    the 30% arm costs more FLOPs a step at the same FLOP/s, in proportion. The plan says it
+    extrapolates from the measurement, and (without a GPU here) that no pilot ran."""
+    import json
+
+    import torch
+
+    from embedlab import recipes
+    from embedlab.cli import main
+    from embedlab.train.flops import expected_step_flops
+
+    path = write_study(tmp_path / "study.py", recipes.phase1_baseline("gpu-300m"), seeds=(0, 1),
+                       extra="budget_tokens=1_000_000_000")
+    assert main(["plan", path, "--throughput", _bench_json(tmp_path), "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    arms = plan["arms"]
+    assert arms["mask-15"]["trial_seconds"] == pytest.approx(1e9 / (8 * 250_000), rel=1e-9)
+    study = load_study(path)
+    costs = {arm: expected_step_flops(study.trial_config(arm, 0)) for arm in arms}
+    assert arms["mask-30"]["trial_seconds"] == pytest.approx(500 * costs["mask-30"] / costs["mask-15"], rel=1e-9)
+    assert plan["wall_seconds"] == pytest.approx(2 * (arms["mask-15"]["trial_seconds"]
+                                                      + arms["mask-30"]["trial_seconds"]))
+    assert main(["plan", path, "--throughput", _bench_json(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert "not piloted: extrapolated from a GPU measurement" in text and "250,000 tokens/s" in text
+    assert "rule: trial seconds = training FLOPs / (measured tokens/s" in text
+    assert ("this machine has no GPU: the time is extrapolated" in text) == (not torch.cuda.is_available())
+
+
+def test_plan_refuses_a_gpu_study_without_a_gpu_before_ray_or_data(monkeypatch, capsys):
+    """A GPU study here without a GPU, --throughput or --address stops at once naming
+    --throughput: no cluster is joined and no data prepared; --throughput for a CPU study, or a
+    file that lacks a field, is refused by name."""
+    import torch
+
+    import embedlab.sweep.run
+    from embedlab.cli import main
+
+    def fail(*args, **kwargs):
+        raise AssertionError("the planner joined a cluster")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(embedlab.sweep.run, "connect", fail)
+    assert main(["plan", "ablations/masking_ratio.py", "--profile", "gpu-300m"]) == 2
+    err = capsys.readouterr().err
+    assert "trains on GPUs and this machine has none" in err and "--throughput FILE" in err and "demo, cpu" in err
+
+
+def test_plan_throughput_errors_are_named(tmp_path, capsys):
+    """--throughput on a CPU profile, or a file without tokens_per_s, says which and why."""
+    import json
+
+    from embedlab.cli import main
+
+    assert main(["plan", "ablations/masking_ratio.py", "--profile", "demo", "--throughput",
+                 _bench_json(tmp_path)]) == 2
+    assert "trains on CPUs" in capsys.readouterr().err
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps({"bench": {"preset": "300m"}, "device": "NVIDIA H200"}))
+    assert main(["plan", "ablations/masking_ratio.py", "--profile", "gpu-300m", "--throughput", str(broken)]) == 2
+    assert "no field 'sequence_length'" in capsys.readouterr().err

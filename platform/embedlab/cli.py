@@ -4,7 +4,7 @@
     embedlab sweep STUDY_FILE           run a study (arms x seeds, Optuna per arm) with Ray Tune
                    [--profile P] [--parent CKPT] [--dry-run] [--resume RUN_DIR] [--address A]
     embedlab tour TOUR_FILE [--profile P] [--dry-run]   studies of consecutive phases, winners promoted between
-    embedlab plan STUDY_FILE [--profile P] [--parent CKPT] [--pilot-reports N] [--json]
+    embedlab plan STUDY_FILE [--profile P] [--parent CKPT] [--pilot-reports N] [--throughput FILE] [--json]
                                         measured pilots: time, memory and storage of the study
     embedlab table RUN_DIR [--format text|csv|markdown|json]   per-arm mean ± 95% CI, paired differences
     embedlab promote RUN_DIR [--metric dev/ndcg@10] [--max-retention-drop X] [--run]
@@ -114,7 +114,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from embedlab.sweep.plan import format_plan, plan_study
 
     plan = plan_study(args.study, profile=args.profile, parent=args.parent, address=args.address,
-                      reports=args.pilot_reports, progress=_stderr)
+                      reports=args.pilot_reports, throughput=args.throughput, progress=_stderr)
     print(json.dumps(plan, sort_keys=True) if args.json else format_plan(plan))
     return 0
 
@@ -532,6 +532,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--pilot-reports", type=int, default=6,
                       help="report intervals (train.report_every_steps) each arm's pilot trains (default 6)")
     plan.add_argument("--address", default=None, help="a Ray cluster to plan on (default: a local one)")
+    plan.add_argument("--throughput", default=None, metavar="FILE",
+                      help="no pilots: estimate a GPU study from one GPU's `embedlab bench mfu --json` output "
+                           "(training FLOP/s x workers a trial); starts nothing")
     plan.add_argument("--json", action="store_true")
     plan.set_defaults(func=cmd_plan)
 

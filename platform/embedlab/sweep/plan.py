@@ -21,11 +21,31 @@ checkpoint time + evaluation, with steps = budget / units per step; the study's 
 the set-up (joining the cluster, preparing the data, as measured by the planner) plus the sum
 over its trials (Optuna's tuning trials included) divided by the trials that run side by side. The range uses the step-time quartiles; start-up and evaluation are single samples.
 Trials sharing the cluster slow each other (pilots run alone), which the estimate ignores.
+
+Without pilots (`--throughput FILE`, `measured_plan`): a GPU study is planned from one GPU's
+measurement by `embedlab bench mfu --json` (phase-1 training of a preset at a length and batch,
+`embedlab.bench_mfu`), by one rule. The measured tokens/s at the bench's own setting, times the
+training FLOPs a token costs there (`embedlab.train.flops.expected_step_flops`), is the GPU's
+rate in training FLOP/s; a trial runs that on each of its workers (linear scaling: gradient
+all-reduce and all-gather cost nothing), so
+
+    trial seconds = the trial's training FLOPs / (rate x workers)
+
+where the training FLOPs are the budget (a FLOPs budget), or the budget's tokens or pairs at
+the arm's FLOPs per step (a data budget). An arm at the bench's own setting (its preset,
+length and rows a GPU, 15% masking) then takes budget tokens / (tokens/s x workers). Phases
+2-3 and other presets or lengths are extrapolated at the same FLOP/s: short pair texts, mined
+negatives and the MLM head's share run at utilisations the bench did not measure. Start-up,
+checkpoints, evaluation and data preparation are not measured, so they count for nothing, and
+trials run one at a time (a cluster of one trial's GPUs). Nothing starts: no Ray, no data.
+A GPU study on a machine without a GPU and without `--address` is planned this way or not at
+all: piloting it here would download its datasets and time its model on CPU cores.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import statistics
 import sys
@@ -37,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from embedlab.errors import UsageError
-from embedlab.config import TrialConfig
+from embedlab.config import DataConfig, TrainConfig, TrialConfig, model_preset
 from embedlab.data.prepare import PreparedData
 from embedlab.sweep.study import Study, load_study
 from embedlab.train.flops import expected_step_flops
@@ -253,12 +273,136 @@ def make_plan(study: Study, pilots: dict[str, Pilot], concurrency: int, checkpoi
     }
 
 
+@dataclass(frozen=True)
+class Measurement:
+    """What `embedlab bench mfu --json` measured on one GPU: phase-1 training of `preset` at
+    `sequence_length`, `batch_rows` rows a step, in `precision`, at `tokens_per_s`."""
+
+    path: str
+    device: str
+    preset: str
+    sequence_length: int
+    batch_rows: int
+    precision: str
+    tokens_per_s: float
+    mfu: float | None
+
+    @classmethod
+    def read(cls, path: str | Path) -> Measurement:
+        """The measurement in a `bench mfu --json` file; a missing file or field is a UsageError naming it."""
+        try:
+            raw = json.loads(Path(path).read_text())
+            bench = raw["bench"]
+            measured = cls(path=str(path), device=raw["device"], preset=bench["preset"],
+                           sequence_length=int(bench["sequence_length"]), batch_rows=int(bench["batch_rows"]),
+                           precision=bench["precision"], tokens_per_s=float(raw["tokens_per_s"]), mfu=raw.get("mfu"))
+        except FileNotFoundError:
+            raise UsageError(f"--throughput {path}: no such file") from None
+        except json.JSONDecodeError as error:
+            raise UsageError(f"--throughput {path}: not JSON ({error}); write it with embedlab bench mfu --json") from None
+        except (KeyError, TypeError) as error:
+            raise UsageError(f"--throughput {path}: no field {error} (need device, tokens_per_s and bench.preset, "
+                             "sequence_length, batch_rows, precision, as embedlab bench mfu --json writes)") from None
+        if measured.tokens_per_s <= 0:
+            raise UsageError(f"--throughput {path}: tokens_per_s must be positive, got {measured.tokens_per_s}")
+        return measured
+
+    def reference(self) -> TrialConfig:
+        """The bench's step as a one-GPU phase-1 trial (15% masking), for the FLOPs counter."""
+        return TrialConfig(model=model_preset(self.preset, max_length=max(512, self.sequence_length)),
+                           data=DataConfig(sequence_length=self.sequence_length),
+                           train=TrainConfig(num_workers=1, batch_rows=self.batch_rows, use_gpu=True,
+                                             precision=self.precision))
+
+    @property
+    def flops_per_s(self) -> float:
+        """The GPU's rate in training FLOP/s: tokens/s x the FLOPs a token costs at the bench's setting."""
+        from embedlab.train.budget import step_units
+
+        reference = self.reference()
+        return self.tokens_per_s * expected_step_flops(reference) / step_units(reference)
+
+
+def measured_arm(study: Study, arm: str, measurement: Measurement) -> dict[str, Any]:
+    """One trial of the arm from the GPU measurement (module docstring: trial seconds = its
+    training FLOPs / (rate x workers))."""
+    from embedlab.train.budget import step_units
+
+    config = study.trial_config(arm, study.seeds[0], "PARENT" if study.needs_parent else None)
+    step_flops, units = expected_step_flops(config), step_units(config)
+    workers = config.train.num_workers
+    rate = measurement.flops_per_s * workers
+    if study.unit == "device_seconds":  # device time summed over workers
+        seconds = study.budget_device_seconds / workers
+        flops = seconds * rate
+    else:
+        flops = study.budget_flops if study.unit == "flops" else (
+            (study.budget_tokens if study.unit == "tokens" else study.budget_pairs) / units * step_flops)
+        seconds = flops / rate
+    return {"trials": (study.search_trials if study.search else 0) + len(study.seeds), "workers": workers,
+            "model": config.model.preset, "layers": config.model.layers, "width": config.model.width,
+            "sequence_length": config.data.sequence_length if config.phase == 1 else config.contrastive.pair_length,
+            "precision": config.train.precision, "steps": math.ceil(flops / step_flops), "step_flops": step_flops,
+            "units_per_step": units, "units_per_second": units * rate / step_flops, "training_flops": flops,
+            "trial_seconds": seconds}
+
+
+def measured_plan(study: Study, measurement: Measurement, *, gpu_here: bool) -> dict[str, Any]:
+    """The study's plan from one GPU's measurement alone (module docstring); starts nothing."""
+    configs = {arm: study.trial_config(arm, study.seeds[0], "PARENT" if study.needs_parent else None)
+               for arm in study.arms}
+    if not all(config.train.use_gpu for config in configs.values()):
+        raise UsageError(f"--throughput is a GPU measurement, and study {study.name} at profile "
+                         f"{study.profile or '-'} trains on CPUs: plan it with pilots (no --throughput)")
+    arms = {arm: measured_arm(study, arm, measurement) for arm in study.arms}
+    first = next(iter(configs.values()))
+    notes = [] if gpu_here else [
+        "this machine has no GPU: the time is extrapolated from the GPU measurement above by the rule above, "
+        "not from pilots here (CPU pilots of a GPU study are not run)"]
+    measured = (measurement.preset, measurement.sequence_length, 1)
+    other = next((arm for arm, a in arms.items() if (a["model"], a["sequence_length"], study.phase) != measured), None)
+    if other is not None:
+        a = arms[other]
+        notes.append(f"arm {other} trains preset {a['model']} at length {a['sequence_length']} in phase {study.phase}; "
+                     f"the measurement is of preset {measurement.preset} at length {measurement.sequence_length} in "
+                     "phase 1: its FLOP/s is carried over unchanged")
+    if any(c.contrastive.hard_negatives and c.contrastive.mine_negatives for c in configs.values()):
+        notes.append("mining hard negatives (a no-grad pass of the parent over the training documents, once per "
+                     "parent) is outside the training budget and not counted")
+    if study.budget_scope == "lineage":
+        notes.append("lineage budget: an arm that starts from the parent's weights trains the total less the "
+                     "parent's recorded FLOPs, so its time here is an upper bound")
+    data = first.data
+    sources = [*data.hf_datasets, *(data.hf_pairs if study.phase > 1 else ())]
+    return {
+        "study": study.name, "phase": study.phase, "profile": study.profile, "estimate": "measured",
+        "budget_unit": study.unit,
+        "budget": {"tokens": study.budget_tokens, "pairs": study.budget_pairs, "flops": study.budget_flops,
+                   "device_seconds": study.budget_device_seconds}[study.unit],
+        "budget_tokens": study.budget_tokens, "budget_pairs": study.budget_pairs,
+        "trials": sum(a["trials"] for a in arms.values()), "concurrent_trials": 1,
+        "measurement": {**asdict(measurement), "flops_per_s": measurement.flops_per_s},
+        "rule": "trial seconds = training FLOPs / (measured tokens/s x training FLOPs a token at the bench's "
+                "setting x workers); start-up, checkpoints and evaluation not counted; one trial at a time",
+        "data_sources": [{"name": s.name, "dataset": s.dataset, "config": s.config, "revision": s.revision}
+                         for s in sources],
+        "arms": arms,
+        "wall_seconds": sum(a["trial_seconds"] * a["trials"] for a in arms.values()),
+        "notes": notes,
+    }
+
+
 def plan_study(study_path: str | Path, *, profile: str | None = None, parent: str | None = None,
-               address: str | None = None, reports: int = PILOT_REPORTS,
+               address: str | None = None, reports: int = PILOT_REPORTS, throughput: str | Path | None = None,
                progress: Callable[[str], None] = print) -> dict[str, Any]:
     """Pilot every arm of the study on the cluster and return the plan (`make_plan`); for a
     tour file, a plan per stage, each stage's pilots starting from the previous stage's
-    pilot checkpoint (`{"tour": name, "phases": [plan, ...], "wall_seconds": ...}`)."""
+    pilot checkpoint (`{"tour": name, "phases": [plan, ...], "wall_seconds": ...}`). With
+    `throughput` (a `bench mfu --json` file), no pilots: every stage from that measurement
+    (`measured_plan`). A GPU study here without a GPU, `throughput` or `address` is refused
+    before anything starts."""
+    import torch
+
     from embedlab.sweep.tour import load_tour, stage_path
 
     if reports < 4:
@@ -268,6 +412,23 @@ def plan_study(study_path: str | Path, *, profile: str | None = None, parent: st
     tour = load_tour(path, profile) if path.is_file() and "def tour(" in path.read_text() else None
     studies = [load_study(stage_path(path, stage), tour.profile) for stage in tour.stages] if tour else [
         load_study(path, profile)]
+    gpu_here = torch.cuda.is_available()
+    if throughput is not None:
+        measurement = Measurement.read(throughput)
+        plans = [measured_plan(study, measurement, gpu_here=gpu_here) for study in studies]
+        if not tour:
+            return plans[0]
+        return {"tour": tour.name, "profile": tour.profile, "estimate": "measured", "phases": plans,
+                "trials": sum(plan["trials"] for plan in plans),
+                "wall_seconds": sum(plan["wall_seconds"] for plan in plans)}
+    gpu_study = next((s for s in studies if any(c.train.use_gpu for c in s.arms.values())), None)
+    if gpu_study is not None and address is None and not gpu_here:
+        raise UsageError(
+            f"study {gpu_study.name} at profile {gpu_study.profile or '-'} trains on GPUs and this machine has none: "
+            "plan it from one GPU's measurement with --throughput FILE (embedlab bench mfu --json, as "
+            "workers/bench-gpu.sh writes bench-mfu.json), or pilot it on a GPU cluster with --address; it is not "
+            "piloted on CPUs here (that would download its datasets and time its model on CPU cores)"
+            + (f"; or plan a CPU profile of it here (--profile {', '.join(_cpu_profiles())})" if gpu_study.profile else ""))
     parent = parent or studies[0].parent
     if studies[0].needs_parent and parent is None:
         raise UsageError(f"study {studies[0].name} needs --parent: any checkpoint with the study's tokenizer and "
@@ -285,6 +446,12 @@ def plan_study(study_path: str | Path, *, profile: str | None = None, parent: st
     return {"tour": tour.name, "profile": tour.profile, "phases": plans,
             **{key: sum(plan[key] for plan in plans) for key in
                ("wall_seconds", "wall_seconds_low", "wall_seconds_high", "storage_bytes", "trials")}}
+
+
+def _cpu_profiles() -> list[str]:
+    from embedlab.recipes import PROFILES
+
+    return [name for name, p in PROFILES.items() if not p.use_gpu]
 
 
 def _plan_one(study: Study, parent: str | None, address: str | None, reports: int, storage: Path,
@@ -320,8 +487,48 @@ def _duration(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
 
 
+def format_measured_plan(plan: dict[str, Any]) -> str:
+    """A plan from a GPU measurement (`measured_plan`) as `embedlab plan --throughput` prints it."""
+    m, unit = plan["measurement"], plan["budget_unit"]
+    first = next(iter(plan["arms"].values()))
+    mfu = f", MFU {m['mfu']:.1%}" if m["mfu"] is not None else ""
+    record = f"budget_tokens {plan['budget_tokens']:,}" + (
+        f", budget_pairs {plan['budget_pairs']:,}" if plan["budget_pairs"] else "")
+    width = max(len(arm) for arm in plan["arms"]) + 2
+    lines = [
+        f"plan for study {plan['study']} (phase {plan['phase']}, profile {plan['profile']}): {plan['trials']} trials, "
+        f"1 at a time; not piloted: extrapolated from a GPU measurement",
+        f"  measured: bench mfu on {m['device']} ({m['path']}): preset {m['preset']}, length {m['sequence_length']}, "
+        f"{m['batch_rows']} rows a step, {m['precision']}: {m['tokens_per_s']:,.0f} tokens/s = "
+        f"{m['flops_per_s']:.4g} training FLOP/s a GPU{mfu}",
+        f"  rule: {plan['rule']}",
+        f"  budget per trial: {_amount(plan['budget'])} {unit} (the study's {record})",
+        f"  model {first['model']} ({first['layers']} layers, width {first['width']}), "
+        + (f"sequence length {first['sequence_length']}" if plan["phase"] == 1 else
+           f"pair length {first['sequence_length']}")
+        + f", {first['workers']} GPUs a trial, {first['precision']}",
+        *[f"  data: {s['name']} = {s['dataset']}" + (f" {s['config']}" if s["config"] else "") + f" @ {s['revision']}"
+          for s in plan["data_sources"]],
+        "",
+        f"  {'arm':<{width}}{'trials':>7}{'steps':>8}{'step flops':>12}{'units/s':>12}{'trial':>9}",
+    ]
+    for arm, a in plan["arms"].items():
+        lines.append(f"  {arm:<{width}}{a['trials']:>7}{a['steps']:>8}{a['step_flops']:>12.4g}"
+                     f"{_amount(a['units_per_second']):>12}{_duration(a['trial_seconds']):>9}")
+    lines += ["", f"  estimated wall time: {_duration(plan['wall_seconds'])} (training steps only)",
+              *[f"  note: {note}" for note in plan["notes"]]]
+    return "\n".join(lines)
+
+
 def format_plan(plan: dict[str, Any]) -> str:
     """The plan as the table `embedlab plan` prints (a tour: one table per phase, then the total)."""
+    if plan.get("estimate") == "measured":
+        if "phases" not in plan:
+            return format_measured_plan(plan)
+        return "\n\n".join([format_measured_plan(phase) for phase in plan["phases"]] + [
+            f"tour {plan['tour']} ({plan['profile']}): {plan['trials']} trials in {len(plan['phases'])} phases, "
+            f"estimated wall time {_duration(plan['wall_seconds'])} (training steps only, extrapolated from a GPU "
+            "measurement), plus promotion and the release export"])
     if "phases" in plan:
         return "\n\n".join([format_plan(phase) for phase in plan["phases"]] + [
             f"tour {plan['tour']} ({plan['profile']}): {plan['trials']} trials in {len(plan['phases'])} phases, "
