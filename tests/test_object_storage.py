@@ -147,6 +147,11 @@ def test_a_study_on_s3_from_sweep_to_release(ray_session, prepared, s3_server, t
     assert sorted(child["arm"]) == ["cls", "mean"] and set(child["status"]) == {"finished"}
     assert set(child["parent"]) == {promotion["checkpoint"]}
     assert set(child["parent_hash"]) == {promotion["lineage"]["content_hash"]}
+    # The child's trials read the pair table its driver froze and published (recorded per arm).
+    child_prepared = json.loads(store.read_text(store.join(child_dir, "prepared.json")))["mean"]
+    (table_path,) = child_prepared["pair_tables"].values()
+    published = json.loads(store.read_text(store.join(child_prepared["published"], "files.json")))
+    assert table_path in published["files"]
 
     release = store.join(storage, "releases", "tiny")
     assert main(["export", promotion["checkpoint"], release]) == 0

@@ -587,3 +587,24 @@ def test_mining_from_a_parent_on_object_storage_equals_mining_from_its_local_cop
         shutil.rmtree(directory)  # the next one mines afresh instead of reading this one's cache
     assert mined["s3"] == mined["local"] and mined["s3"][1]
     assert (store.cache_dir() / "checkpoints").is_dir()  # the URI was read through this node's cache
+
+
+def test_trials_read_the_pair_table_the_sweep_froze_without_the_users_files(prepared, tmp_path):
+    """The sweep records each arm's frozen pair table in the prepared record; a trial on a node
+    without the user's pair files (they live on the submitting machine) reads that table,
+    where building it again would need the files."""
+    from embedlab.data.pair_stream import PAIR_TABLES, pair_table_name, pair_table_path, recorded_pair_table
+
+    pairs_file = write_jsonl(tmp_path / "pairs.jsonl", user_rows())
+    data = user_data(pairs_file)
+    builders = ["mine", "title-body"]
+    path = pair_table_path(prepared, builders, data=data, **QUIET)
+    record = {**prepared.record, PAIR_TABLES: {pair_table_name(builders): path.relative_to(prepared.directory).as_posix()}}
+    elsewhere = PreparedData(prepared.directory, record)
+    pairs_file.unlink()
+    assert recorded_pair_table(elsewhere, list(reversed(builders))) == path
+    assert recorded_pair_table(elsewhere, ["title-body"]) is None  # another set: built as before
+    from embedlab.data.external import SourceError
+
+    with pytest.raises(SourceError, match="does not exist"):
+        pair_table_path(prepared, builders, data=data, **QUIET)

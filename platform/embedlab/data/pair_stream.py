@@ -56,6 +56,21 @@ def group_hash(group: str) -> int:
     return int.from_bytes(hashlib.sha256(group.encode()).digest()[:8], "big", signed=True)
 
 
+PAIR_TABLES = "pair_tables"  # a prepared record's {pair_table_name: path in the directory}, set by the sweep
+
+
+def pair_table_name(builders: list[str]) -> str:
+    """The name a prepared record files a pair table under: its builders, sorted."""
+    return ",".join(sorted(builders))
+
+
+def recorded_pair_table(prepared: PreparedData, builders: list[str]) -> Path | None:
+    """The pair table the sweep froze for these builders before any trial started (in the
+    prepared record), or None for a run without one (`pair_table_path` builds it)."""
+    recorded = prepared.record.get(PAIR_TABLES, {}).get(pair_table_name(builders))
+    return None if recorded is None else prepared.directory / recorded
+
+
 def pair_table_path(
     prepared: PreparedData, builders: list[str], progress: Callable[[str], None] = print, *,
     data: DataConfig | None = None,

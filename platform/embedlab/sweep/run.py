@@ -1012,7 +1012,7 @@ def _check_pair_schedules(study: Study, prepared: dict[str, dict], parent: str |
     cannot fill within the repetition cap (`data.mixture.max_epochs`): otherwise every trial
     of that arm fails inside Ray, one after the other, and the study ranks the arms that ran."""
     from embedlab.data.mixture import MixtureError
-    from embedlab.data.pair_stream import pair_table_path
+    from embedlab.data.pair_stream import PAIR_TABLES, pair_table_name, pair_table_path
     from embedlab.train.contrastive import trial_pair_schedule
 
     if study.phase == 1:
@@ -1020,9 +1020,13 @@ def _check_pair_schedules(study: Study, prepared: dict[str, dict], parent: str |
     for arm in study.arms:
         trial = study.trial_config(arm, study.seeds[0], parent)
         data = PreparedData(Path(prepared[arm]["directory"]), prepared[arm])
+        builders = list(dict(trial.contrastive.pairs))
+        path = pair_table_path(data, builders, lambda _: None, data=trial.data)
+        # Recorded for the trials: they read this table (on any node, a copy of it) instead of
+        # hashing the user's pair files again, which live on this machine only.
+        prepared[arm].setdefault(PAIR_TABLES, {})[pair_table_name(builders)] = path.relative_to(data.directory).as_posix()
         try:
-            trial_pair_schedule(trial, pair_table_path(data, list(dict(trial.contrastive.pairs)), lambda _: None,
-                                                       data=trial.data))
+            trial_pair_schedule(trial, path)
         except MixtureError as error:
             raise UsageError(f"study {study.name}, arm {arm}: its budget schedules more pairs than the frozen pairs "
                              f"hold: {error}; lower the budget or the profile's pairs") from None

@@ -663,12 +663,13 @@ def run_contrastive(trial: TrialConfig, prepared, *, storage_path: Path, name: s
     `storage_path` resumes from the latest.
     """
     from embedlab.data.contamination import check_mined_negatives, check_training_data
-    from embedlab.data.pair_stream import pair_dataset, pair_table_path
+    from embedlab.data.pair_stream import pair_dataset, pair_table_path, recorded_pair_table
     from embedlab.evaluate.checkpoint_eval import arm_eval_tasks
 
     settings = trial.contrastive
     shares = dict(settings.pairs)
-    pairs_path = pair_table_path(prepared, list(shares), progress, data=trial.data)
+    pairs_path = recorded_pair_table(prepared, list(shares)) or pair_table_path(prepared, list(shares), progress,
+                                                                                data=trial.data)
     # Every task of a panel, as the sweep resolved them into the prepared record.
     record = {**prepared.record, "directory": str(prepared.directory)}
     task_dirs = [Path(directory) for _, directory in arm_eval_tasks(trial.eval, record)]
