@@ -97,6 +97,21 @@ def test_split_rows_are_each_global_batchs_worker_rows_and_partition_it(world, b
         assert np.array_equal(union, np.arange(total // (world * batch_rows) * world * batch_rows))
 
 
+@pytest.mark.parametrize("sequence_length", [9, 16, 64])
+def test_driver_row_counts_follow_packing(sequence_length):
+    """`packed_row_count` (the driver's count, no tokens) is `pack_layout`'s row count, for
+    pieces from one token to several rows long, short fragments padded away included."""
+    from embedlab.data.packing import pack_layout
+    from embedlab.data.stream import packed_row_count
+
+    generator = np.random.default_rng(sequence_length)
+    for _ in range(50):
+        lengths = generator.integers(1, 3 * sequence_length, generator.integers(1, 40))
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        expected = pack_layout(offsets, sequence_length=sequence_length, opener=True).rows
+        assert packed_row_count(lengths.tolist(), sequence_length) == expected
+
+
 @pytest.mark.parametrize("world", WORLDS)
 def test_each_workers_packed_stream_is_its_rows_of_the_whole_one(world, pieces, small_windows, tmp_path):
     """Phase 1: the driver's row counts are the rows packing makes, and worker r's windows,
@@ -172,7 +187,19 @@ def test_the_split_repeats_run_for_run_and_a_resumed_worker_reads_its_tail(piece
         assert same_batches(resumed, uninterrupted[consumed:]) and same_batches(resumed, old[rank][consumed:])
 
 
+def test_a_window_that_packs_otherwise_than_counted_fails(pieces, small_windows):
+    """A worker's window whose packing no longer matches the driver's count raises instead of
+    dealing every later row to the wrong worker."""
+    path, tokens = pieces
+    windows = schedule_windows(*schedule_of(20))
+    counts = window_row_counts(windows, tokens, LENGTH)
+    window = worker_windows(windows, counts + 1, WorkerSplit(rank=0, world=2, batch_rows=1))[0]
+    with pytest.raises(RuntimeError, match="the driver counted"):
+        packed([window], path)
+
+
 def test_split_refuses_a_rank_outside_the_world():
     """A rank must name one of the workers; the error says which values were given."""
     with pytest.raises(ValueError, match="rank 2, world 2"):
         WorkerSplit(rank=2, world=2, batch_rows=4)
+

@@ -25,6 +25,7 @@ indices names the same text on every machine and run.
 
 from __future__ import annotations
 
+import inspect
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,6 +55,8 @@ DATA_ASSIGNMENT = (
     "of each and reads only those (its own Ray Dataset, split by global row index before training); "
     "a resumed run skips the global batches already consumed"
 )
+# The fragment floor `pack_window` packs with (pack_layout's default), which row counts follow.
+MIN_FRAGMENT = inspect.signature(pack_layout).parameters["min_fragment"].default
 _tokenizers: dict[str, FrozenTokenizer] = {}
 _pieces: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
@@ -235,14 +238,21 @@ def pack_window(
 ) -> dict[str, np.ndarray]:
     """Ray Data UDF: one schedule window (piece rows + source indices) -> packed rows, every
     segment opening with CLS as evaluation encodes a text (`embedlab.data.packing`); with
-    `keep` (a worker's window), only the packed rows it indexes."""
+    `keep` (a worker's window), only the packed rows it indexes, once the window has packed into
+    the `row_count` rows the split was made from."""
     offsets, values, starts = _piece_arrays(pieces_path)
     rows_out: dict[str, list[np.ndarray]] = {"input_ids": [], "segment_ids": [], "source_index": [], "word_start": []}
-    keeps = batch["keep"] if "keep" in batch else itertools.repeat(slice(None))
-    for piece_rows, sources, keep in zip(batch["rows"], batch["source_index"], keeps):
+    split = "keep" in batch
+    keeps = batch["keep"] if split else itertools.repeat(slice(None))
+    counted = batch["row_count"] if split else itertools.repeat(None)
+    for piece_rows, sources, keep, count in zip(batch["rows"], batch["source_index"], keeps, counted):
         # A worker's window (`worker_windows`) is packed whole, so its rows are the whole
         # stream's; `keep` then picks the worker's own.
         layout = pack_layout(offsets, pieces=piece_rows, sequence_length=sequence_length, opener=True)
+        if count is not None and layout.rows != int(count):
+            # Every later window's rows would go to the wrong workers: fail instead.
+            raise RuntimeError(f"a window packed into {layout.rows} rows where the driver counted {int(count)} "
+                               "(packed_row_count no longer follows pack_layout)")
         packed = layout.packed(values, pad_id, cls_id)
         source_of = np.asarray(sources, dtype=np.int32)
         rows_out["word_start"].append(layout.word_starts(starts)[keep])
@@ -306,24 +316,43 @@ def worker_splits(world: int, batch_rows: int) -> list[WorkerSplit | None]:
     return [WorkerSplit(rank=rank, world=world, batch_rows=batch_rows) for rank in range(world)]
 
 
+def packed_row_count(lengths: list[int], sequence_length: int, min_fragment: int = MIN_FRAGMENT) -> int:
+    """Rows `pack_layout(..., opener=True)` packs pieces of these lengths into: its greedy
+    rule without building any per-token array (which cost ~50x more on the driver, over the
+    whole stream). `pack_window` checks every worker's window against it."""
+    rows = fill = 0
+    for remaining in lengths:
+        while remaining:
+            space = sequence_length - fill
+            if space <= OPENER_POSITIONS or space < min(min_fragment, remaining + OPENER_POSITIONS):
+                rows, fill = rows + 1, 0  # the rest of the row is padding
+                continue
+            take = min(space - OPENER_POSITIONS, remaining)
+            fill, remaining = fill + OPENER_POSITIONS + take, remaining - take
+            if fill == sequence_length:
+                rows, fill = rows + 1, 0
+    return rows + (fill > 0)
+
+
 def window_row_counts(windows: list[dict[str, np.ndarray]], piece_tokens: np.ndarray,
                       sequence_length: int) -> np.ndarray:
     """Rows `pack_window` packs each window into. Packing depends on piece lengths only, so
-    the pieces' token counts decide it (the same `pack_layout` call, without the tokens)."""
-    offsets = np.concatenate([[0], np.cumsum(piece_tokens, dtype=np.int64)])
-    return np.array([pack_layout(offsets, pieces=window["rows"], sequence_length=sequence_length, opener=True).rows
-                     for window in windows], dtype=np.int64)
+    the pieces' token counts decide it."""
+    return np.array([packed_row_count(piece_tokens[window["rows"]].tolist(), sequence_length) for window in windows],
+                    dtype=np.int64)
 
 
 def worker_windows(windows: list[dict[str, np.ndarray]], row_counts: np.ndarray,
                    split: WorkerSplit) -> list[dict[str, np.ndarray]]:
     """`split`'s share of the packed stream: every window holding one of its rows, with
-    `keep`, the indices of those rows among the window's packed rows (`row_counts`)."""
+    `keep`, the indices of those rows among the window's packed rows, and `row_count`, how
+    many it packs into (`row_counts`)."""
     total = int(row_counts.sum())
     firsts = np.cumsum(row_counts) - row_counts  # each window's first global row
     shares = [(window, split.keep(int(first), int(count), total))
               for window, first, count in zip(windows, firsts, row_counts)]
-    return [{**window, "keep": keep} for window, keep in shares if len(keep)]
+    return [{**window, "keep": keep, "row_count": count}
+            for (window, keep), count in zip(shares, row_counts.tolist()) if len(keep)]
 
 
 def packed_dataset(
