@@ -187,6 +187,17 @@ def test_the_split_repeats_run_for_run_and_a_resumed_worker_reads_its_tail(piece
         assert same_batches(resumed, uninterrupted[consumed:]) and same_batches(resumed, old[rank][consumed:])
 
 
+def test_local_sessions_deal_the_split(tmp_path):
+    """The in-process session the training oracles run on reads each rank's rows through the
+    same split: its worker batches are `worker_rows` of its global batches."""
+    rows = {"index": torch.arange(23), "twice": 2 * torch.arange(23)}
+    for world in (1, 2, 3):
+        old = whole_stream_shares(rows, world, 3, tmp_path)
+        for rank in range(world):
+            session = LocalSession(rows, tmp_path, rank=rank, world=world)
+            assert same_batches(list(session.worker_batches(3)), old[rank])
+
+
 def test_a_window_that_packs_otherwise_than_counted_fails(pieces, small_windows):
     """A worker's window whose packing no longer matches the driver's count raises instead of
     dealing every later row to the wrong worker."""
@@ -203,3 +214,25 @@ def test_split_refuses_a_rank_outside_the_world():
     with pytest.raises(ValueError, match="rank 2, world 2"):
         WorkerSplit(rank=2, world=2, batch_rows=4)
 
+
+# Real Ray (the session's one cluster): the Datasets training reads, through Ray Data.
+
+@pytest.mark.timeout(300)
+def test_ray_worker_datasets_are_the_whole_streams_worker_rows(ray_session, prepared):
+    """The phase-1 Datasets `trial_streams` builds for 3 workers, read through Ray Data as a
+    worker reads its own, are row for row its `worker_rows` of the whole packed stream."""
+    from embedlab.data.stream import packed_dataset
+    from embedlab.train.phase1 import trial_schedule, trial_streams
+    from embedlab.train.session import DatasetSession
+
+    from conftest import tiny_trial
+
+    trial = tiny_trial(num_workers=3, batch_rows=4, budget_tokens=20_000)
+    schedule, offsets = trial_schedule(trial, prepared)
+    whole = packed_dataset(prepared.pieces_path, schedule, offsets, sequence_length=trial.data.sequence_length,
+                           pad_id=prepared.tokenizer.pad_id, cls_id=prepared.tokenizer.cls_id)
+    global_batches = list(DatasetSession(whole).worker_batches(3 * 4))
+    assert len(global_batches) >= 3
+    for rank, dataset in enumerate(trial_streams(trial, prepared, schedule, offsets)):
+        mine = list(DatasetSession(dataset).worker_batches(4))
+        assert same_batches(mine, [worker_rows(batch, rank, 3) for batch in global_batches])
