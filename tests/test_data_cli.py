@@ -112,9 +112,11 @@ def test_bench_data_measures_both_sides(spec, capsys):
 
 def test_bench_prefetch_trains_both_sides_on_the_same_stream(spec, prepared, capsys):
     """`bench prefetch --json`: the phase-1 loop on its Ray Data stream with the iterator's
-    prefetch and without, each pass consuming the same tokens, plus the stream's own rate;
-    and the session the bench reads through delivers rows in order whatever the prefetch depth
-    (Ray Data alone may reorder blocks; Ray Train's ingest is set to preserve order)."""
+    prefetch and without, each pass consuming the same tokens, plus the stream's own rate and
+    its rate per worker at 1, 2 and 4 workers, split and whole (the bench fails unless both
+    deliver the same tokens in all); and the session the bench reads through delivers rows in
+    order whatever the prefetch depth (Ray Data alone may reorder blocks; Ray Train's ingest is
+    set to preserve order)."""
     import ray.data
     import torch
 
@@ -123,7 +125,10 @@ def test_bench_prefetch_trains_both_sides_on_the_same_stream(spec, prepared, cap
     assert main(["bench", "prefetch", str(spec), "--budget-tokens", "3000", "--preset", "tiny",
                  "--repeats", "1", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert set(rows) == {"opt: data prefetch", "data: wait share of training", "data: stream vs training tokens/s"}
+    per_worker = {f"data: tokens/s per worker, {n} workers" for n in (1, 2, 4)}
+    assert set(rows) == {"opt: data prefetch", "data: wait share of training", "data: stream vs training tokens/s",
+                         *per_worker}
+    assert all(rows[name]["embedlab"] > 0 and rows[name]["reference"] > 0 for name in per_worker)
     rates, wait, stream = rows["opt: data prefetch"], rows["data: wait share of training"], rows[
         "data: stream vs training tokens/s"]
     assert min(rates["embedlab"], rates["reference"], stream["embedlab"]) > 0
@@ -134,7 +139,7 @@ def test_bench_prefetch_trains_both_sides_on_the_same_stream(spec, prepared, cap
     seen = []
     for prefetch in (0, PREFETCH_BATCHES, 3):
         dataset = ray.data.from_items([{"x": i} for i in range(23)]).map_batches(lambda b: b, batch_size=4)
-        batches = list(DatasetSession(dataset, prefetch).global_batches(5))
+        batches = list(DatasetSession(dataset, prefetch).worker_batches(5))
         assert all(b["x"].dtype == torch.long for b in batches)
         seen.append([b["x"].tolist() for b in batches])
     assert seen[0] == seen[1] == seen[2] == [list(range(i, i + 5)) for i in range(0, 20, 5)]

@@ -344,8 +344,8 @@ def test_waiting_for_data_is_measured_apart_from_the_stream_start(frozen, tmp_pa
     from embedlab.train.session import LocalSession
 
     class SlowSession(LocalSession):
-        def global_batches(self, rows):
-            for batch in super().global_batches(rows):
+        def worker_batches(self, rows):
+            for batch in super().worker_batches(rows):
                 clock.sleep(0.05)
                 yield batch
 

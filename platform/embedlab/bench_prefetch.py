@@ -15,6 +15,15 @@ apart), and the share of that time spent waiting for batches
 figures are medians. A third row reads the same stream with no training step: the rate it
 can deliver, against the rate the loop consumed. That ratio is the headroom a faster
 consumer (a GPU step) has before it would wait.
+
+The last rows read the stream as 1, 2 and 4 Train workers do, each worker a Ray task of its
+own, all at once, with no training step: each worker's own Dataset (`WorkerSplit`, what
+training reads) against every worker reading the whole stream and keeping its rows
+(`worker_rows`, what it read before the split). The figure is the slowest worker's
+delivered tokens/s (its own rows' non-padding tokens from its first batch): a step waits
+for every worker. Both sides must deliver the same tokens in all, or the bench fails.
+
+    embedlab bench prefetch SPEC --json
 """
 
 from __future__ import annotations
@@ -30,6 +39,8 @@ from embedlab.bench_measure import Comparison, median
 from embedlab.config import DataConfig, TrialConfig, model_preset
 from embedlab.data.mixture import Schedule
 from embedlab.data.prepare import PreparedData
+
+SPLIT_WORKERS = (1, 2, 4)  # worker counts the split stream is read at
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -52,16 +63,27 @@ def bench_trial(bench: PrefetchBench, data: DataConfig) -> TrialConfig:
         trial.train, budget_tokens=bench.budget_tokens, checkpoint_every_steps=0))
 
 
+def worker_streams(trial: TrialConfig, prepared: PreparedData, drawn: tuple[Schedule, dict[str, int]],
+                   workers: int) -> list:
+    """The trial's stream as `workers` Train workers read it: one Dataset each (one worker: the
+    whole stream)."""
+    from embedlab.train.phase1 import trial_streams
+
+    schedule, offsets = drawn
+    trial = dataclasses.replace(trial, train=dataclasses.replace(trial.train, num_workers=workers))
+    return trial_streams(trial, prepared, schedule, offsets)
+
+
 def one_pass(trial: TrialConfig, prepared: PreparedData, drawn: tuple[Schedule, dict[str, int]],
              prefetch_batches: int) -> dict:
     """Train `trial` once from scratch on its stream (`drawn`: `trial_schedule`'s schedule and
-    offsets); the loop's figures."""
+    offsets) as one worker; the loop's figures."""
     from embedlab.train.loop import run
-    from embedlab.train.phase1 import Phase1Loop, phase1_loop_config, trial_stream
+    from embedlab.train.phase1 import Phase1Loop, phase1_loop_config
     from embedlab.train.session import DatasetSession
 
-    schedule, offsets = drawn
-    session = DatasetSession(trial_stream(trial, prepared, schedule, offsets), prefetch_batches)
+    schedule, _ = drawn
+    session = DatasetSession(worker_streams(trial, prepared, drawn, 1)[0], prefetch_batches)
     loop = Phase1Loop(phase1_loop_config(trial, prepared, schedule), rank=0, world=1, device=torch.device("cpu"))
     started = time.perf_counter()
     run(loop, session)
@@ -80,24 +102,62 @@ def stream_pass(trial: TrialConfig, prepared: PreparedData, drawn: tuple[Schedul
     """The same stream, read the way the loop reads it (`DatasetSession`), with no training
     step: how fast it can deliver. Counted as the loop counts: every batch's non-padding
     tokens over the time from the first batch's arrival."""
-    from embedlab.train.phase1 import trial_stream
     from embedlab.train.session import DatasetSession
 
-    schedule, offsets = drawn
-    session = DatasetSession(trial_stream(trial, prepared, schedule, offsets))
+    return read_share(DatasetSession(worker_streams(trial, prepared, drawn, 1)[0]), trial.train.batch_rows)
+
+
+def read_share(session, rows: int, keep: Callable[[dict], dict] = lambda batch: batch) -> dict:
+    """Read a session's batches of `rows` rows to the end, counting the non-padding tokens of
+    `keep(batch)` from the first batch's arrival."""
     started = time.perf_counter()
     tokens, first = 0, None
-    for batch in session.global_batches(trial.train.batch_rows):
+    for batch in session.worker_batches(rows):
         first = first or time.perf_counter()
-        tokens += int((batch["segment_ids"] > 0).sum())
-    return {"tokens": tokens, "tokens_per_s": tokens / (time.perf_counter() - first),
+        tokens += int((keep(batch)["segment_ids"] > 0).sum())
+    if first is None:
+        raise RuntimeError("bench prefetch: a stream delivered no batch; raise --budget-tokens")
+    return {"tokens": tokens, "tokens_per_s": tokens / max(time.perf_counter() - first, 1e-9),
             "stream_start_seconds": first - started}
+
+
+def _read_worker(dataset, rows: int, rank: int, world: int, whole: bool) -> dict:
+    """Ray task body: one worker's read, of its own Dataset (`rows` rows a batch), or of the
+    whole stream in global batches keeping its `worker_rows`."""
+    from embedlab.data.stream import worker_rows
+    from embedlab.train.session import DatasetSession
+
+    if whole:
+        return read_share(DatasetSession(dataset), world * rows, lambda batch: worker_rows(batch, rank, world))
+    return read_share(DatasetSession(dataset), rows)
+
+
+def workers_pass(trial: TrialConfig, prepared: PreparedData, drawn: tuple[Schedule, dict[str, int]], workers: int,
+                 *, whole: bool) -> list[dict]:
+    """`workers` readers at once, each a Ray task as a Train worker is its own process: each
+    worker's own Dataset, or (`whole`) the whole stream each; every worker's figures."""
+    import ray
+
+    from embedlab.data.stream import packed_dataset
+
+    if whole:
+        schedule, offsets = drawn
+        stream = packed_dataset(prepared.pieces_path, schedule, offsets, sequence_length=trial.data.sequence_length,
+                                pad_id=prepared.tokenizer.pad_id, cls_id=prepared.tokenizer.cls_id)
+        datasets = [stream] * workers
+    else:
+        datasets = worker_streams(trial, prepared, drawn, workers)
+    # No CPU held: the readers only wait and collate, as Train workers' Data pipelines run in tasks of their own.
+    read = ray.remote(num_cpus=0)(_read_worker)
+    return ray.get([read.remote(dataset, trial.train.batch_rows, rank, workers, whole)
+                    for rank, dataset in enumerate(datasets)])
 
 
 def bench_prefetch(prepared: PreparedData, data: DataConfig, bench: PrefetchBench = PrefetchBench(),
                    progress: Callable[[str], None] = print) -> dict:
-    """Prefetching (`PREFETCH_BATCHES`) against none, and the stream's own rate:
-    {"comparisons", "passes", "streamed", "tokens", ...}. `data`: the prepared data's config."""
+    """Prefetching (`PREFETCH_BATCHES`) against none, the stream's own rate, and its rate per
+    worker split against whole at `SPLIT_WORKERS` workers: {"comparisons", "passes",
+    "streamed", "tokens", "per_worker", ...}. `data`: the prepared data's config."""
     from embedlab.train.phase1 import trial_schedule
     from embedlab.train.session import PREFETCH_BATCHES
 
@@ -105,19 +165,30 @@ def bench_prefetch(prepared: PreparedData, data: DataConfig, bench: PrefetchBenc
     drawn = trial_schedule(trial, prepared)  # read and drawn once; every pass streams it anew
     sides = {"embedlab": PREFETCH_BATCHES, "reference": 0}
     progress(f"bench prefetch: phase-1 loop on its Ray Data stream, {bench.budget_tokens:,} tokens a pass, "
-             f"prefetch {PREFETCH_BATCHES} vs 0, a warm-up pass of each then {bench.repeats} alternating")
+             f"prefetch {PREFETCH_BATCHES} vs 0, a warm-up pass of each then {bench.repeats} alternating; "
+             f"then each repeat the stream read by {', '.join(map(str, SPLIT_WORKERS))} workers, split vs whole")
     for prefetch in sides.values():
         one_pass(trial, prepared, drawn, prefetch)  # Ray Data workers and the tokenizer warm up
     passes: dict[str, list[dict]] = {side: [] for side in sides}
     streamed = []
+    # per_worker[workers][side]: every repeat's list of every worker's figures
+    per_worker: dict[int, dict[str, list[list[dict]]]] = {w: {"split": [], "whole": []} for w in SPLIT_WORKERS}
     for repeat in range(bench.repeats):
         order = list(sides) if repeat % 2 == 0 else list(reversed(sides))
         for side in order:
             passes[side].append(one_pass(trial, prepared, drawn, sides[side]))
         streamed.append(stream_pass(trial, prepared, drawn))
+        for workers in SPLIT_WORKERS:
+            for side in (["split", "whole"] if repeat % 2 == 0 else ["whole", "split"]):
+                per_worker[workers][side].append(workers_pass(trial, prepared, drawn, workers, whole=side == "whole"))
     tokens = {p["tokens"] for side in passes.values() for p in side}
     if len(tokens) != 1:
         raise RuntimeError(f"bench prefetch: passes consumed different token counts {sorted(tokens)}")
+    for workers, sides_read in per_worker.items():
+        delivered = {sum(w["tokens"] for w in run) for runs in sides_read.values() for run in runs}
+        if len(delivered) != 1:
+            raise RuntimeError(f"bench prefetch: {workers} workers' own Datasets and their rows of the whole stream "
+                               f"hold different token counts {sorted(delivered)}")
 
     def figure(key: str) -> dict[str, list[float]]:
         return {side: [p[key] for p in runs] for side, runs in passes.items()}
@@ -141,8 +212,17 @@ def bench_prefetch(prepared: PreparedData, data: DataConfig, bench: PrefetchBenc
                    reference_measures="what the phase-1 loop consumed (its headroom is the ratio)",
                    runs={"embedlab": [p["tokens_per_s"] for p in streamed], "reference": rates["embedlab"]}),
     ]
+    for workers, sides_read in per_worker.items():
+        slowest = {side: [min(w["tokens_per_s"] for w in run) for run in runs] for side, runs in sides_read.items()}
+        comparisons.append(Comparison(
+            name=f"data: tokens/s per worker, {workers} workers",
+            embedlab=median(slowest["split"]), reference=median(slowest["whole"]), unit="tokens/s", better="higher",
+            embedlab_measures=f"the slowest of {workers} workers reading its own Dataset (WorkerSplit), no step",
+            reference_measures=f"the slowest of {workers} workers reading the whole stream, keeping its worker_rows",
+            runs={"embedlab": slowest["split"], "reference": slowest["whole"]}))
     return {"comparisons": comparisons, "passes": passes, "streamed": streamed, "tokens": tokens.pop(),
-            "stream_start_seconds": figure("stream_start_seconds"), "trial": trial.to_dict()}
+            "stream_start_seconds": figure("stream_start_seconds"), "per_worker": per_worker,
+            "trial": trial.to_dict()}
 
 
 def prefetch_note(result: dict) -> str:

@@ -8,8 +8,10 @@ tokens: each row, one (query, positive), is one unit, so a user pair with three 
 shares and budgets. Each stream row is one pair: `[CLS] prefix + query [SEP]`
 and `[CLS] prefix + positive [SEP]`, truncated and padded to `pair_length`, its positive
 group as an int64 hash, its builder index and its non-padding token counts; phase 3 adds
-`hard_negatives` mined negatives per pair. Workers take their rows of each global batch as
-in phase 1 (`embedlab.data.stream.worker_rows`).
+`hard_negatives` mined negatives per pair. Workers train on their rows of each global batch
+as in phase 1 (`embedlab.data.stream.worker_rows`); a row is a draw of the schedule, so worker
+r's Dataset holds the draws at positions r, r + W, ... of the whole global batches
+(`embedlab.data.stream.WorkerSplit`) and tokenises only those (`pair_dataset`'s `split`).
 
 `contrastive.batch_composition` decides how builders meet in a batch. "mixed" draws pair by
 pair, so every batch mixes the builders by share. "one-source" (as Contrastors and
@@ -42,7 +44,7 @@ from embedlab.data.pairs import PAIR_BUILDERS, PAIR_SCHEMA, Pair, build_pairs, m
 from embedlab.data.prepare import PreparedData, code_revision
 from embedlab.data.prepared_sync import node_path
 from embedlab.data.user_pairs import user_pair_table, user_pairs_dir
-from embedlab.data.stream import cached_tokenizer, schedule_windows
+from embedlab.data.stream import WorkerSplit, cached_tokenizer, schedule_windows
 
 
 # 3: USER_PAIR_SCHEMA (positives, negatives, scores) and user pair sources; 4: a user pair's every positive a row
@@ -319,6 +321,14 @@ def _negatives(path: str) -> dict[str, list[tuple[str, str]]]:
     return _negative_maps[path]
 
 
+def pair_windows(schedule: Schedule, offsets: dict[str, int],
+                 split: WorkerSplit | None = None) -> list[dict[str, np.ndarray]]:
+    """The windows `tokenize_pair_window` reads: every draw of the schedule, or `split`'s
+    (stream row i is draw i, one pair a row)."""
+    draws = len(schedule.item)
+    return schedule_windows(schedule, offsets, None if split is None else split.keep(0, draws, draws))
+
+
 def pair_dataset(
     pairs_path: Path,
     schedule: Schedule,
@@ -331,11 +341,14 @@ def pair_dataset(
     negatives_path: Path | None = None,
     negatives_per_pair: int = 0,
     given_negatives_path: Path | None = None,
+    split: WorkerSplit | None = None,
 ):
-    """The Ray Dataset of tokenised pairs for one trial, in schedule order."""
+    """The Ray Dataset of tokenised pairs for one trial, in schedule order: the whole stream,
+    or with `split` one worker's rows of it. Every pair is tokenised on its own, so a row is
+    the same whichever window holds it."""
     import ray.data
 
-    return ray.data.from_items(schedule_windows(schedule, offsets)).map_batches(
+    return ray.data.from_items(pair_windows(schedule, offsets, split)).map_batches(
         tokenize_pair_window,
         fn_kwargs={
             "pairs_path": str(pairs_path),
@@ -351,4 +364,5 @@ def pair_dataset(
         batch_format="numpy",
         num_cpus=0.25,
     )
+
 

@@ -9,10 +9,15 @@
     sample     `mixture.sample_schedule`: which piece comes next, by share of tokens
     pack       `map_batches(pack_window)` over windows of the schedule -> rows of L tokens
                with `segment_ids` (document boundaries) and `source_index` per position
-    assign     every worker reads the whole stream in order (`preserve_order`, not split by
-               Ray Train) in global batches of W x batch_rows rows and takes its own rows
-               (`worker_rows`), so which worker trains on which row is fixed, never decided
-               by task timing, and a resumed run skips exactly the batches already consumed
+    assign     the stream is read in global batches of W x batch_rows rows, and worker r's
+               rows of each are rows r, r + W, ... (`worker_rows`). Each worker reads only
+               those (`WorkerSplit`): the driver counts every window's packed rows (packing
+               depends on piece lengths only), so each window's first global row is known,
+               and worker r's Dataset packs the windows holding its rows and keeps them
+               (`worker_windows`). Its k-th batch of batch_rows rows is exactly its share of
+               global batch k, in order (`preserve_order`, never split by Ray Train), so which
+               worker trains on which row is fixed, never decided by task timing, and a
+               resumed run skips exactly the batches already consumed
 
 Pieces are stored in a canonical order (source, doc_id, piece), so a schedule of piece
 indices names the same text on every machine and run.
@@ -20,8 +25,10 @@ indices names the same text on every machine and run.
 
 from __future__ import annotations
 
+import inspect
 import itertools
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -43,6 +50,13 @@ PIECES_FILE = "pieces.parquet"
 WINDOW_PIECES = 2048
 BLOCK_ROWS = 8192  # documents per tokenising task at most
 DOCUMENT_COLUMNS = ("doc_id", "source", "split", "title", "text")  # what tokenize_pieces reads
+DATA_ASSIGNMENT = (
+    "the stream is read in global batches of W x batch_rows rows; rank r trains on rows r, r + W, ... "
+    "of each and reads only those (its own Ray Dataset, split by global row index before training); "
+    "a resumed run skips the global batches already consumed"
+)
+# The fragment floor `pack_window` packs with (pack_layout's default), which row counts follow.
+MIN_FRAGMENT = inspect.signature(pack_layout).parameters["min_fragment"].default
 _tokenizers: dict[str, FrozenTokenizer] = {}
 _pieces: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
@@ -223,40 +237,155 @@ def pack_window(
     batch: dict[str, np.ndarray], *, pieces_path: str, sequence_length: int, pad_id: int, cls_id: int
 ) -> dict[str, np.ndarray]:
     """Ray Data UDF: one schedule window (piece rows + source indices) -> packed rows, every
-    segment opening with CLS as evaluation encodes a text (`embedlab.data.packing`)."""
+    segment opening with CLS as evaluation encodes a text (`embedlab.data.packing`); with
+    `keep` (a worker's window), only the packed rows it indexes, once the window has packed into
+    the `row_count` rows the split was made from."""
     offsets, values, starts = _piece_arrays(pieces_path)
     rows_out: dict[str, list[np.ndarray]] = {"input_ids": [], "segment_ids": [], "source_index": [], "word_start": []}
-    for piece_rows, sources in zip(batch["rows"], batch["source_index"]):
+    split = "keep" in batch
+    keeps = batch["keep"] if split else itertools.repeat(slice(None))
+    counted = batch["row_count"] if split else itertools.repeat(None)
+    for piece_rows, sources, keep, count in zip(batch["rows"], batch["source_index"], keeps, counted):
+        # A worker's window (`worker_windows`) is packed whole, so its rows are the whole
+        # stream's; `keep` then picks the worker's own.
         layout = pack_layout(offsets, pieces=piece_rows, sequence_length=sequence_length, opener=True)
+        if count is not None and layout.rows != int(count):
+            # Every later window's rows would go to the wrong workers: fail instead.
+            raise RuntimeError(f"a window packed into {layout.rows} rows where the driver counted {int(count)} "
+                               "(packed_row_count no longer follows pack_layout)")
         packed = layout.packed(values, pad_id, cls_id)
         source_of = np.asarray(sources, dtype=np.int32)
-        rows_out["word_start"].append(layout.word_starts(starts))
-        rows_out["input_ids"].append(packed.input_ids)
-        rows_out["segment_ids"].append(packed.segment_ids)
+        rows_out["word_start"].append(layout.word_starts(starts)[keep])
+        rows_out["input_ids"].append(packed.input_ids[keep])
+        rows_out["segment_ids"].append(packed.segment_ids[keep])
         rows_out["source_index"].append(
-            np.where(packed.document_index >= 0, source_of[np.maximum(packed.document_index, 0)], -1)
+            np.where(packed.document_index >= 0, source_of[np.maximum(packed.document_index, 0)], -1)[keep]
         )
     return {k: np.concatenate(v).astype(np.int32) for k, v in rows_out.items()}
 
 
-def schedule_windows(schedule: Schedule, offsets: dict[str, int]) -> list[dict[str, np.ndarray]]:
-    """The schedule as windows of file rows (`rows`) and source indices (`source_index`),
-    `WINDOW_PIECES` draws each: the unit one Ray Data task packs or tokenises."""
+def schedule_windows(schedule: Schedule, offsets: dict[str, int],
+                     positions: np.ndarray | None = None) -> list[dict[str, np.ndarray]]:
+    """The schedule (or its draws at `positions`, in that order) as windows of file rows
+    (`rows`) and source indices (`source_index`), `WINDOW_PIECES` draws each: the unit one
+    Ray Data task packs or tokenises."""
     rows = np.array([offsets[name] for name in schedule.sources], dtype=np.int64)[schedule.source] + schedule.item
+    source = schedule.source.astype(np.int32)
+    if positions is not None:
+        rows, source = rows[positions], source[positions]
     return [
-        {"rows": rows[i : i + WINDOW_PIECES], "source_index": schedule.source[i : i + WINDOW_PIECES].astype(np.int32)}
+        {"rows": rows[i : i + WINDOW_PIECES], "source_index": source[i : i + WINDOW_PIECES]}
         for i in range(0, len(rows), WINDOW_PIECES)
     ]
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerSplit:
+    """Worker `rank` of `world`'s share of a stream read in global batches of `world` x
+    `batch_rows` rows: global rows rank, rank + world, ... of the whole global batches, in
+    stream order. Global batch k holds rows [k W B, (k + 1) W B) and W divides W B, so the
+    share's k-th run of B rows is `worker_rows(global batch k, rank, world)`, row for row.
+    The last partial global batch is no worker's, as `drop_last` drops it from the whole
+    stream: every worker has the same number of batches."""
+
+    rank: int
+    world: int
+    batch_rows: int
+
+    def __post_init__(self) -> None:
+        if self.world < 1 or not 0 <= self.rank < self.world or self.batch_rows < 1:
+            raise ValueError(f"WorkerSplit needs world >= 1, 0 <= rank < world and batch_rows >= 1, "
+                             f"got rank {self.rank}, world {self.world}, batch_rows {self.batch_rows}")
+
+    def stream_rows(self, total_rows: int) -> int:
+        """Rows in the whole global batches of a stream of `total_rows` rows."""
+        span = self.world * self.batch_rows
+        return total_rows // span * span
+
+    def keep(self, first_row: int, count: int, total_rows: int) -> np.ndarray:
+        """This worker's rows among `count` consecutive stream rows from global row
+        `first_row` of a stream of `total_rows` rows, as indices into those `count`."""
+        stop = min(count, self.stream_rows(total_rows) - first_row)
+        return np.arange((self.rank - first_row) % self.world, max(stop, 0), self.world, dtype=np.int64)
+
+
+def worker_splits(world: int, batch_rows: int) -> list[WorkerSplit | None]:
+    """Each of `world` workers' split of the stream; None for a single worker, which reads it whole."""
+    if world == 1:
+        return [None]
+    return [WorkerSplit(rank=rank, world=world, batch_rows=batch_rows) for rank in range(world)]
+
+
+def packed_row_count(lengths: list[int], sequence_length: int, min_fragment: int = MIN_FRAGMENT) -> int:
+    """Rows `pack_layout(..., opener=True)` packs pieces of these lengths into: its greedy
+    rule without building any per-token array (which cost ~50x more on the driver, over the
+    whole stream). `pack_window` checks every worker's window against it."""
+    rows = fill = 0
+    for remaining in lengths:
+        while remaining:
+            space = sequence_length - fill
+            if space <= OPENER_POSITIONS or space < min(min_fragment, remaining + OPENER_POSITIONS):
+                rows, fill = rows + 1, 0  # the rest of the row is padding
+                continue
+            take = min(space - OPENER_POSITIONS, remaining)
+            fill, remaining = fill + OPENER_POSITIONS + take, remaining - take
+            if fill == sequence_length:
+                rows, fill = rows + 1, 0
+    return rows + (fill > 0)
+
+
+def window_row_counts(windows: list[dict[str, np.ndarray]], piece_tokens: np.ndarray,
+                      sequence_length: int) -> np.ndarray:
+    """Rows `pack_window` packs each window into. Packing depends on piece lengths only, so
+    the pieces' token counts decide it."""
+    return np.array([packed_row_count(piece_tokens[window["rows"]].tolist(), sequence_length) for window in windows],
+                    dtype=np.int64)
+
+
+def worker_windows(windows: list[dict[str, np.ndarray]], row_counts: np.ndarray,
+                   split: WorkerSplit) -> list[dict[str, np.ndarray]]:
+    """`split`'s share of the packed stream: every window holding one of its rows, with
+    `keep`, the indices of those rows among the window's packed rows, and `row_count`, how
+    many it packs into (`row_counts`)."""
+    total = int(row_counts.sum())
+    firsts = np.cumsum(row_counts) - row_counts  # each window's first global row
+    shares = [(window, split.keep(int(first), int(count), total))
+              for window, first, count in zip(windows, firsts, row_counts)]
+    return [{**window, "keep": keep, "row_count": count}
+            for (window, keep), count in zip(shares, row_counts.tolist()) if len(keep)]
 
 
 def packed_dataset(
     pieces_path: Path, schedule: Schedule, offsets: dict[str, int], *, sequence_length: int, pad_id: int,
     cls_id: int,
 ):
-    """The Ray Dataset of packed rows for one trial, in schedule order."""
+    """The Ray Dataset of packed rows for one trial, in schedule order: the whole stream."""
+    return _packed(schedule_windows(schedule, offsets), pieces_path, sequence_length=sequence_length,
+                   pad_id=pad_id, cls_id=cls_id)
+
+
+def packed_datasets(
+    pieces_path: Path, schedule: Schedule, offsets: dict[str, int], *, sequence_length: int, pad_id: int,
+    cls_id: int, world: int, batch_rows: int,
+) -> list:
+    """One Ray Dataset per worker of `world`: worker r's packed rows (`WorkerSplit`), in
+    stream order. One worker reads the whole stream (no counting pass)."""
+    windows = schedule_windows(schedule, offsets)
+    if world == 1:
+        shares = [windows]
+    else:
+        tokens = pq.read_table(node_path(pieces_path), columns=["tokens"])["tokens"].to_numpy()
+        counts = window_row_counts(windows, tokens, sequence_length)
+        shares = [worker_windows(windows, counts, split) for split in worker_splits(world, batch_rows)]
+    return [_packed(share, pieces_path, sequence_length=sequence_length, pad_id=pad_id, cls_id=cls_id)
+            for share in shares]
+
+
+def _packed(windows: list[dict[str, np.ndarray]], pieces_path: Path, *, sequence_length: int, pad_id: int,
+            cls_id: int):
     import ray.data
 
-    return ray.data.from_items(schedule_windows(schedule, offsets)).map_batches(
+    return ray.data.from_items(windows).map_batches(
         pack_window,
         fn_kwargs={"pieces_path": str(pieces_path), "sequence_length": sequence_length, "pad_id": pad_id,
                    "cls_id": cls_id},

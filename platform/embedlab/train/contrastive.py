@@ -664,6 +664,7 @@ def run_contrastive(trial: TrialConfig, prepared, *, storage_path: Path, name: s
     """
     from embedlab.data.contamination import check_mined_negatives, check_training_data
     from embedlab.data.pair_stream import pair_dataset, pair_table_path, recorded_pair_table
+    from embedlab.data.stream import worker_splits
     from embedlab.evaluate.checkpoint_eval import arm_eval_tasks
 
     settings = trial.contrastive
@@ -687,13 +688,14 @@ def run_contrastive(trial: TrialConfig, prepared, *, storage_path: Path, name: s
             # Mined negatives exist only now: checked here, after mining and before training.
             for task_dir in task_dirs:
                 check_mined_negatives(prepared, task_dir, mined, overlap_policy, progress)
-    rows = pair_dataset(
+    streams = [pair_dataset(
         pairs_path, schedule, offsets, tokenizer_path=prepared.tokenizer_path, length=settings.pair_length,
         query_prefix=settings.query_prefix, passage_prefix=settings.passage_prefix,
         negatives_path=None if mined is None else mined / "negatives.parquet",
         negatives_per_pair=settings.hard_negatives,
         given_negatives_path=None if given is None else given / "negatives.parquet",
-    )
+        split=split,
+    ) for split in worker_splits(trial.train.num_workers, trial.train.batch_rows)]
     return fit(
         contrastive_worker,
         {
@@ -710,7 +712,7 @@ def run_contrastive(trial: TrialConfig, prepared, *, storage_path: Path, name: s
             "run": options.to_dict(),
         },
         trial,
-        rows,
+        streams,
         storage_path=storage_path,
         name=name,
         callbacks=callbacks,

@@ -17,16 +17,17 @@ def fit(
     worker: Callable[[dict[str, Any]], None],
     loop_config: dict[str, Any],
     trial: TrialConfig,
-    dataset,
+    datasets: list,
     *,
     storage_path: Path | str,
     name: str,
     callbacks: list | None = None,
 ):
-    """Fit `worker` on `trial.train.num_workers` workers (gloo on CPU, NCCL on GPU) with
-    `dataset` as the "train" stream; returns the Ray Train `Result`.
+    """Fit `worker` on `trial.train.num_workers` workers (gloo on CPU, NCCL on GPU), worker r
+    reading `datasets[r]`, its own rows of the stream; returns the Ray Train `Result`.
 
-    Every worker gets the whole dataset in order (not split: `embedlab.data.stream`). A
+    Ray Train splits none of them: each is read whole and in order by its one worker (the
+    split by global row is made on the driver, `embedlab.data.stream.WorkerSplit`). A
     worker group that fails is restarted from the latest checkpoint up to
     `train.max_failures` times; a run whose `name` already has checkpoints under
     `storage_path` resumes from the latest. A trial its workers stopped for non-finite
@@ -37,7 +38,11 @@ def fit(
     from ray.train.torch import TorchConfig, TorchTrainer
 
     from embedlab.train.metrics_log import MetricsLog, log_location
+    from embedlab.train.session import train_dataset_name
 
+    if len(datasets) != trial.train.num_workers:
+        raise ValueError(f"fit needs one dataset per worker: {len(datasets)} for "
+                         f"train.num_workers {trial.train.num_workers}")
     execution = DataConfig.default_ingest_options()
     execution.preserve_order = True
     trainer = TorchTrainer(
@@ -49,7 +54,7 @@ def fit(
             resources_per_worker={"CPU": trial.train.cpus_per_worker},
         ),
         torch_config=TorchConfig(backend="nccl" if trial.train.use_gpu else "gloo"),
-        datasets={"train": dataset},
+        datasets={train_dataset_name(rank): dataset for rank, dataset in enumerate(datasets)},
         dataset_config=DataConfig(datasets_to_split=[], execution_options=execution),
         run_config=RunConfig(
             name=name,

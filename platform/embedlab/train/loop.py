@@ -2,8 +2,9 @@
 
     resume      restore the latest checkpoint of the run, if any (weights, optimizer,
                 progress counters, every RNG), then skip the global batches it had consumed
-    step        the phase's optimizer step on this worker's rows of the next global batches;
-                rejected (no update) when its loss or gradient is not finite
+    step        the phase's optimizer step on this worker's rows of the next global batches
+                (the only rows it reads: `Session.worker_batches`); rejected (no update)
+                when its loss or gradient is not finite
     report      every `train.report_every_steps` steps, at every checkpoint and at the end
     checkpoint  every `train.checkpoint_every_steps` steps and at the end: the complete
                 training state (`embedlab.train.state`) next to the weights
@@ -27,7 +28,7 @@ from typing import Any
 import torch
 
 from embedlab.config import TrialConfig
-from embedlab.data.stream import worker_rows
+from embedlab.data.stream import DATA_ASSIGNMENT
 from embedlab.train.checkpoint import load_weights, read_manifest, save_checkpoint
 from embedlab.train.nonfinite import REJECTED_UPDATE_POLICY, STOPPED_KEY, NonFiniteError
 from embedlab.train.optim import optimizer_record
@@ -37,7 +38,6 @@ from embedlab.train.device_time import DeviceClock
 from embedlab.train.precision import PRECISION_POLICY, resolve_precision
 from embedlab.train.session import Batch, FaultDrill, Session
 from embedlab.train.state import (
-    DATA_ASSIGNMENT,
     RESUME_POLICY,
     RNG_STREAMS,
     TrainingState,
@@ -248,8 +248,8 @@ def run(loop: TrainingLoop, session: Session, options: RunOptions = RunOptions()
     loop.start_clock()
     loop.device_clock = DeviceClock(loop.device, loop.trial.train.torch_threads)
     per_step_time = unit_of(loop.trial.train, loop.trial.phase) == "device_seconds"
-    batches = session.global_batches(loop.world * loop.trial.train.batch_rows)
-    for _ in range(loop.progress.batches):
+    batches = session.worker_batches(loop.trial.train.batch_rows)
+    for _ in range(loop.progress.batches):  # this worker's share of each consumed global batch
         if next(batches, None) is None:
             raise RuntimeError(f"the data stream is shorter than the checkpoint's position "
                                f"({loop.progress.batches} global batches)")
@@ -267,7 +267,7 @@ def run(loop: TrainingLoop, session: Session, options: RunOptions = RunOptions()
         if len(group) < loop.batches_per_step:
             raise loop.stream_ended()
         before, budget = loop.clock()
-        rows = loop.fit_to_budget([worker_rows(batch, loop.rank, loop.world) for batch in group], budget - before)
+        rows = loop.fit_to_budget(group, budget - before)
         try:
             loop.device_clock.start()
             loop.step(rows)

@@ -24,7 +24,7 @@ from embedlab.config import REPLACEMENT_POLICY, TrialConfig
 from embedlab.data.mixture import Schedule, sample_schedule, schedule_target
 from embedlab.data.prepare import PreparedData
 from embedlab.data.prepared_sync import node_path
-from embedlab.data.stream import packed_dataset, units_by_source
+from embedlab.data.stream import packed_datasets, units_by_source
 from embedlab.model.encoder import MLMModel
 from embedlab.model.heads import MultiHeadMLMModel
 from embedlab.objectives.dual_mlm import assign_ratios, head_names, mask_mixed, ratio_names, route_heads, worker_ratios
@@ -385,15 +385,16 @@ def run_phase1(
     """
     schedule, offsets = trial_schedule(trial, prepared)
     return fit(phase1_worker, phase1_loop_config(trial, prepared, schedule, options), trial,
-               trial_stream(trial, prepared, schedule, offsets),
+               trial_streams(trial, prepared, schedule, offsets),
                storage_path=storage_path, name=name, callbacks=callbacks)
 
 
-def trial_stream(trial: TrialConfig, prepared: PreparedData, schedule: Schedule, offsets: dict[str, int]):
-    """The trial's Ray Dataset of packed rows, in schedule order."""
-    return packed_dataset(prepared.pieces_path, schedule, offsets,
-                          sequence_length=trial.data.sequence_length, pad_id=prepared.tokenizer.pad_id,
-                          cls_id=prepared.tokenizer.cls_id)
+def trial_streams(trial: TrialConfig, prepared: PreparedData, schedule: Schedule, offsets: dict[str, int]) -> list:
+    """The trial's Ray Datasets of packed rows, one per worker (its rows, in schedule order)."""
+    return packed_datasets(prepared.pieces_path, schedule, offsets,
+                           sequence_length=trial.data.sequence_length, pad_id=prepared.tokenizer.pad_id,
+                           cls_id=prepared.tokenizer.cls_id, world=trial.train.num_workers,
+                           batch_rows=trial.train.batch_rows)
 
 
 def phase1_loop_config(trial: TrialConfig, prepared: PreparedData, schedule: Schedule,

@@ -1,7 +1,8 @@
 """Where a training loop runs: on Ray Train (`RaySession`) or in this process (`LocalSession`).
 
-A session gives the loop its rank, world size and device, the stream of global batches,
-the checkpoint to resume from, and a way to report metrics with an optional checkpoint.
+A session gives the loop its rank, world size and device, its own rows of the stream's
+global batches, the checkpoint to resume from, and a way to report metrics with an optional
+checkpoint.
 The loop itself (`embedlab.train.loop`) knows nothing of Ray, so the exact-resume and
 rejected-update guarantees are tested in-process with the same code Ray Train runs.
 """
@@ -28,8 +29,10 @@ class Session(Protocol):
     world: int
     device: torch.device
 
-    def global_batches(self, rows: int) -> Iterator[Batch]:
-        """The whole stream in order, `rows` rows a batch (the last partial batch dropped)."""
+    def worker_batches(self, rows: int) -> Iterator[Batch]:
+        """This worker's `rows` rows of each global batch of `world` x `rows` rows, in order:
+        its k-th batch is `worker_rows(global batch k, rank, world)` (the last partial global
+        batch dropped)."""
 
     def resume_point(self):
         """A context manager giving the directory of the latest checkpoint, or None."""
@@ -44,6 +47,11 @@ class Session(Protocol):
 # Batches Ray Data's iterator collates ahead of the one the step is consuming, in a
 # background thread. `embedlab bench prefetch` measures this against 0 (README, Benchmarks).
 PREFETCH_BATCHES = 1
+
+
+def train_dataset_name(rank: int) -> str:
+    """The name Ray Train gives worker `rank`'s own Dataset (`launch.fit`)."""
+    return f"train-{rank}"
 
 
 def torch_batches(source, rows: int, prefetch_batches: int = PREFETCH_BATCHES) -> Iterator[Batch]:
@@ -69,12 +77,13 @@ class RaySession:
 
             self.telemetry = TrainingTelemetry(context.get_experiment_name(), self.world)
 
-    def global_batches(self, rows: int) -> Iterator[Batch]:
+    def worker_batches(self, rows: int) -> Iterator[Batch]:
         import ray.train
 
-        # Not split across workers (`launch.fit`): each worker iterates the whole dataset in
-        # order and takes its own rows, so who gets which row never depends on timing.
-        return torch_batches(ray.train.get_dataset_shard("train"), rows)
+        # Each worker has its own Dataset, built on the driver from the split by global row
+        # (`embedlab.data.stream.WorkerSplit`) and not split by Ray Train (`launch.fit`), so
+        # who gets which row never depends on timing.
+        return torch_batches(ray.train.get_dataset_shard(train_dataset_name(self.rank)), rows)
 
     @contextmanager
     def resume_point(self):
@@ -117,9 +126,20 @@ class LocalSession:
         self.checkpoints: list[Path] = []
 
     def global_batches(self, rows: int) -> Iterator[Batch]:
+        """The whole stream in order, `rows` rows a batch (the last partial batch dropped)."""
         total = len(next(iter(self.rows.values())))
         for start in range(0, total - rows + 1, rows):
             yield {k: v[start : start + rows] for k, v in self.rows.items()}
+
+    def worker_batches(self, rows: int) -> Iterator[Batch]:
+        """This rank's rows only, picked by the split the Ray streams are built from."""
+        from embedlab.data.stream import WorkerSplit
+
+        total = len(next(iter(self.rows.values())))
+        mine = torch.as_tensor(WorkerSplit(rank=self.rank, world=self.world, batch_rows=rows).keep(0, total, total))
+        for start in range(0, len(mine), rows):
+            index = mine[start : start + rows]
+            yield {k: v[index] for k, v in self.rows.items()}
 
     @contextmanager
     def resume_point(self):
@@ -143,8 +163,9 @@ class LocalSession:
 
 class DatasetSession:
     """This process alone reading a Ray Dataset (no Ray Train): for measuring the data path
-    the training loop sees (`embedlab bench prefetch`). Keeps the reports; checkpoints are
-    not stored, and there is nothing to resume from."""
+    the training loop sees (`embedlab bench prefetch`), one worker's Dataset at a time (as
+    rank 0 of 1: the loop takes every row it reads). Keeps the reports; checkpoints are not
+    stored, and there is nothing to resume from."""
 
     rank, world, device = 0, 1, torch.device("cpu")
 
@@ -154,7 +175,7 @@ class DatasetSession:
         self.dataset, self.prefetch_batches = dataset, prefetch_batches
         self.reports: list[dict[str, Any]] = []
 
-    def global_batches(self, rows: int) -> Iterator[Batch]:
+    def worker_batches(self, rows: int) -> Iterator[Batch]:
         return torch_batches(self.dataset, rows, self.prefetch_batches)
 
     @contextmanager

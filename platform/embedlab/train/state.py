@@ -44,10 +44,6 @@ RESUME_POLICY = (
     "exact within phase: a run resumed from any checkpoint of the same trial config and worker "
     "count gives bitwise the losses and weights of an uninterrupted run"
 )
-DATA_ASSIGNMENT = (
-    "every worker reads the whole stream in order; rank r takes rows r, r + W, ... of each "
-    "global batch of W x batch_rows rows; a resumed run skips the global batches already consumed"
-)
 # Separate streams, each derived from the trial seed by `embedlab.train.phase1.seed_for`
 # (a hash of seed, stream name and rank), so a change that draws more from one stream (say,
 # a higher masking ratio) leaves every other stream's draws as they were.
