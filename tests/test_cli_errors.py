@@ -64,3 +64,15 @@ def test_demo_study_files_that_are_not_there_fail_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"not in {tmp_path};" in err and "embedlab demo --ablations DIR" in err
     assert not (tmp_path / "runs").exists()
+
+
+def test_promote_run_takes_the_sweeps_fleet_options_and_checks_them_before_promoting(tmp_path, capsys):
+    """`promote --run` launches the next phase as `sweep` would, with --max-concurrent and
+    --wait-for-resources; a bad value is refused before anything is promoted."""
+    run_dir = tmp_path / "no-such-run"
+    assert main(["promote", str(run_dir), "--run", "--max-concurrent", "0"]) == 2
+    assert "--max-concurrent 0: Tune needs at least 1 trial at a time" in capsys.readouterr().err
+    assert main(["promote", str(run_dir), "--run", "--wait-for-resources", "-1"]) == 2
+    assert "--wait-for-resources -1: give seconds to wait" in capsys.readouterr().err
+    assert main(["promote", str(run_dir), "--run", "--max-concurrent", "2"]) == 2  # checked, then promotion runs
+    assert "not an embedlab run directory" in capsys.readouterr().err

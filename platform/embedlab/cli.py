@@ -195,8 +195,10 @@ def cmd_table(args: argparse.Namespace) -> int:
 
 
 def cmd_promote(args: argparse.Namespace) -> int:
+    from embedlab.sweep.capacity import check_options
     from embedlab.sweep.promote import DEFAULT_MAX_RETENTION_DROP, promote
 
+    check_options(args.max_concurrent, args.wait_for_resources)  # before promoting, not after
     margin = DEFAULT_MAX_RETENTION_DROP if args.max_retention_drop is None else args.max_retention_drop
     promotion = promote(args.run_dir, metric=args.metric, max_retention_drop=margin,
                         arm=args.arm, next_study=args.next, progress=_progress)
@@ -206,7 +208,8 @@ def cmd_promote(args: argparse.Namespace) -> int:
         from embedlab import store
 
         child = run_sweep(promotion["next_study"], storage=store.parent(store.resolve(args.run_dir)),
-                          address=args.address, progress=_progress)
+                          address=args.address, max_concurrent=args.max_concurrent,
+                          wait_for_resources=args.wait_for_resources, progress=_progress)
         return _show_run(child)
     return 0
 
@@ -563,6 +566,10 @@ def build_parser() -> argparse.ArgumentParser:
     promote.add_argument("--next", default=None, help="the next phase's study file (default: the recipe's next)")
     promote.add_argument("--run", action="store_true", help="launch the next phase's study after promoting")
     promote.add_argument("--address", default=None, help="with --run: an existing Ray cluster")
+    promote.add_argument("--max-concurrent", type=int, default=None, metavar="N",
+                         help="with --run: trials Tune runs at once (as for embedlab sweep)")
+    promote.add_argument("--wait-for-resources", type=float, default=0.0, metavar="SECONDS",
+                         help="with --run: wait up to SECONDS for the autoscaler's nodes (as for embedlab sweep)")
     promote.set_defaults(func=cmd_promote)
 
     report = sub.add_parser("report", help="the study report: one self-contained HTML page for one or more runs")
