@@ -65,10 +65,7 @@ def export_release_to(checkpoint: str | Path, out: str | Path) -> dict[str, Any]
     with tempfile.TemporaryDirectory(prefix="embedlab-release-") as scratch:
         local = Path(scratch) / "release"
         manifest = export_release(checkpoint, local)
-        for relative in sorted(p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file()):
-            if relative != MANIFEST_FILE:
-                store.upload(local / relative, store.join(out, *relative.split("/")))
-        store.upload(local / MANIFEST_FILE, store.join(out, MANIFEST_FILE))
+        store.upload_tree(local, out, last=MANIFEST_FILE)
     return manifest
 
 

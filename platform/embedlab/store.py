@@ -16,6 +16,7 @@ A URI's query (`?region=...&endpoint_override=...`) is kept when parts are joine
 
 from __future__ import annotations
 
+import hashlib
 import os
 import posixpath
 import shutil
@@ -230,13 +231,21 @@ def upload(source: Path, location: str | Path) -> None:
     fs.move(staging, path)
 
 
-def upload_tree(source: Path, location: str | Path) -> list[str]:
+def upload_tree(source: Path, location: str | Path, last: str | None = None) -> list[str]:
     """Copy every file under the local directory `source` to the directory `location`, each
-    whole or not at all; returns the relative paths copied."""
-    names = sorted(p.relative_to(source).as_posix() for p in Path(source).rglob("*") if p.is_file())
+    whole or not at all, the relative path `last` (a manifest) after all others; returns the
+    relative paths copied, in that order."""
+    names = sorted((p.relative_to(source).as_posix() for p in Path(source).rglob("*") if p.is_file()),
+                   key=lambda relative: (relative == last, relative))
     for relative in names:
         upload(Path(source) / relative, join(location, *relative.split("/")))
     return names
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of a local file's bytes, read in pieces (a file of any size)."""
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def cache_dir() -> Path:
@@ -253,5 +262,5 @@ def fetch(location: str | Path) -> Path:
     import tempfile
 
     copy = Path(tempfile.mkdtemp(prefix="embedlab-")) / name(location)
-    copy.write_bytes(read_bytes(location))
+    download(location, copy)
     return copy

@@ -29,6 +29,7 @@ import uuid
 from pathlib import Path
 
 from embedlab import store
+from embedlab.store import file_sha256
 from embedlab.errors import UserError
 
 STORAGE_ENV = "EMBEDLAB_STORAGE"
@@ -55,8 +56,13 @@ def tree_manifest(directory: Path, exclude: tuple[str, ...] = ()) -> dict:
         parts = relative.split("/")
         if path.is_file() and parts[0] not in exclude and not any(p.startswith(".") for p in parts) \
                 and relative != MANIFEST:
-            files[relative] = _sha256(path)
-    return {"files": files, "tree_hash": hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()}
+            files[relative] = file_sha256(path)
+    return {"files": files, "tree_hash": tree_hash(files)}
+
+
+def tree_hash(files: dict[str, str]) -> str:
+    """A tree's identity: the sha256 of its {relative path: sha256} mapping."""
+    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
 
 
 def remote_root(storage: str) -> str:
@@ -91,7 +97,7 @@ def publish(directory: Path, storage: str, progress=print) -> str:
     if new or not union["files"]:
         files = {**union["files"], **manifest["files"]}
         store.write_text(store.join(remote, MANIFEST), json.dumps(
-            {"files": files, "tree_hash": hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()},
+            {"files": files, "tree_hash": tree_hash(files)},
             indent=1, sort_keys=True))
     return manifest["tree_hash"]
 
@@ -190,13 +196,13 @@ def _ensure(local: Path, remote: str, expected: str | None = None) -> None:
     for relative in order:
         path = local / relative
         if path.is_file():
-            if _sha256(path) != manifest["files"][relative]:
+            if file_sha256(path) != manifest["files"][relative]:
                 wrong.append(relative)
             continue
         staging = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
         try:
             store.download(store.join(remote, *relative.split("/")), staging)
-            if _sha256(staging) != manifest["files"][relative]:
+            if file_sha256(staging) != manifest["files"][relative]:
                 raise PreparedDataError(f"{remote}/{relative}: content hash mismatch (corrupt object); refused")
             os.replace(staging, path)
         finally:
@@ -207,11 +213,3 @@ def _ensure(local: Path, remote: str, expected: str | None = None) -> None:
             f"{manifest['tree_hash'][:12]}), e.g. {wrong[0]}; refusing to train on other bytes. Remove {local} "
             "to fetch the published copy")
     _verified.add(key)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()

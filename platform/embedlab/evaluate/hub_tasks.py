@@ -84,6 +84,7 @@ from pathlib import Path
 from typing import Any
 
 from embedlab.errors import UserError
+from embedlab.store import file_sha256
 from embedlab.evaluate.beir import QRELS_HEADER, REQUIRED_SPLIT, Qrels, Task, load_task, write_task
 
 HUB_TASKS_DIR = "hub-tasks"
@@ -253,7 +254,7 @@ def local_dataset_revision(path: str | Path) -> str:
         raise HubTaskError(f"{root}: not a directory")
     digest = hashlib.sha256()
     for relative, file in _visible_files(root):
-        digest.update(f"{relative}\0{_file_sha256(file)}\n".encode())
+        digest.update(f"{relative}\0{file_sha256(file)}\n".encode())
     return LOCAL_REVISION_PREFIX + digest.hexdigest()
 
 
@@ -376,7 +377,7 @@ def _materialise(
             "dev_split": dev.as_dict() if dev is not None else None,
             "task_hash": task.hash,
             "files": [
-                {"path": relative, "bytes": file.stat().st_size, "sha256": _file_sha256(file)}
+                {"path": relative, "bytes": file.stat().st_size, "sha256": file_sha256(file)}
                 for relative, file in _visible_files(staging)
             ],
             "datasets_version": _datasets_version(),
@@ -651,11 +652,6 @@ def _visible_files(root: Path) -> list[tuple[str, Path]]:
         if file.is_file() and not any(part.startswith(".") for part in relative.parts):
             found.append((relative.as_posix(), file))
     return sorted(found)
-
-
-def _file_sha256(file: Path) -> str:
-    with file.open("rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def _datasets_version() -> str:

@@ -40,6 +40,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from embedlab import __version__, store
+from embedlab.store import file_sha256  # re-exported: the checkpoint, state and heldout modules hash with it
 from embedlab.config import ModelConfig
 from embedlab.errors import UserError
 from embedlab.model.encoder import Encoder, MLMModel
@@ -61,10 +62,6 @@ class CheckpointError(UserError, ValueError):
 
 Location = str | Path  # a local checkpoint directory or a URI (`embedlab.store`)
 CACHE_DIR = "checkpoints"  # under `store.cache_dir()`
-
-
-def file_sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def content_hash(files: dict[str, str]) -> str:
