@@ -30,5 +30,6 @@ def study(profile: str = recipes.DEFAULT_PROFILE) -> Study:
         **recipes.budget_for(p, phase=2, control=control),
         metric="dev/ndcg@10",
         profile=p.name,
+        disclosed_overlap=p.disclosed_overlap,  # what the audit finds in this profile's pairs, if anything
         description="Do one-source batches (same-builder in-batch negatives) beat batches mixed by share?",
     )

@@ -31,5 +31,6 @@ def study(profile: str = recipes.DEFAULT_PROFILE) -> Study:
         **recipes.budget_for(p, phase=3, control=control),
         metric="dev/ndcg@10",
         profile=p.name,
+        disclosed_overlap=p.disclosed_overlap,  # what the audit finds in this profile's pairs, if anything
         description="Do mined hard negatives improve target retrieval over in-batch negatives alone?",
     )

@@ -26,5 +26,6 @@ def study(profile: str = recipes.DEFAULT_PROFILE) -> Study:
         **recipes.budget_for(p, phase=2, control=control),
         metric="dev/ndcg@10",
         profile=p.name,
+        disclosed_overlap=p.disclosed_overlap,  # what the audit finds in this profile's pairs, if anything
         description="Does keeping an MLM term during contrastive pretraining help retrieval or retention?",
     )

@@ -40,5 +40,6 @@ def study(profile: str = recipes.DEFAULT_PROFILE) -> Study:
         budget_scope="lineage",
         metric="dev/ndcg@10",
         profile=p.name,
+        disclosed_overlap=p.disclosed_overlap,  # what the audit finds in this profile's pairs, if anything
         description="Does phase-1 MLM beat spending its compute on more phase-2 contrastive training from scratch?",
     )

@@ -25,5 +25,6 @@ def study(profile: str = recipes.DEFAULT_PROFILE) -> Study:
         **recipes.budget_for(p, phase=2, control=control),
         metric="dev/ndcg@10",
         profile=p.name,
+        disclosed_overlap=p.disclosed_overlap,  # what the audit finds in this profile's pairs, if anything
         description="Is CLS pooling as good as mean pooling once the encoder is trained contrastively?",
     )

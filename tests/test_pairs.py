@@ -7,9 +7,13 @@ import re
 import pyarrow as pa
 import pytest
 
+from embedlab.data.audit import containment_words
 from embedlab.data.builtin import SOURCE_NAMES, iter_documents, source_status
 from embedlab.data.corpus import SPLITS
 from embedlab.data.pairs import (
+    LEAD_MAX_WORDS,
+    LEAD_MIN_WORDS,
+    MIN_BODY_WORDS,
     PAIR_BUILDERS,
     SPAN_MAX_WORDS,
     SPAN_MIN_WORDS,
@@ -39,6 +43,7 @@ BUILDER_SOURCES = {
     "title-body": ("python-docs", "python-docstrings", "debian-handbook", "postgresql-doc-15", "manpages-dev"),
     "term-definition": ("dict-foldoc", "dict-jargon"),
     "synonyms": ("mythes-en-us",),
+    "lead-rest": ("python-docs", "python-docstrings", "debian-handbook", "postgresql-doc-15", "manpages-dev"),
 }
 AVAILABLE = [name for name, reason in source_status().items() if reason is None]
 
@@ -163,6 +168,54 @@ def test_title_body_postgres_reference_page_is_purpose_to_description(rows: list
     reference = [p for p in pairs if " — " in p.query]
     assert reference and all("Synopsis" not in p.positive for p in reference)
     assert not [p for p in pairs if re.match(r"(Chapter |Appendix )?[\dA-Z]+(\.\d+)*\. ", p.query)]
+
+
+def test_lead_rest_pairs_a_docstring_summary_with_the_rest() -> None:
+    """A docstring's summary paragraph is the query and the paragraphs after it the positive;
+    the summary never appears in the positive, and a docstring whose rest is too short yields
+    no pair."""
+    text = ("Return the number of items in a container.\n\n"
+            "The argument may be a sequence (such as a string, bytes, tuple, list, or range) or a collection "
+            "(such as a dictionary, set, or frozen set).\n\nRaises TypeError for other objects.")
+    row = {"doc_id": "d1", "source": "python-docstrings", "title": "builtins.len", "text": text, "split": "train"}
+    [pair] = built([row], "lead-rest")
+    assert pair.query == "Return the number of items in a container."
+    assert pair.positive == ("The argument may be a sequence (such as a string, bytes, tuple, list, or range) or a "
+                             "collection (such as a dictionary, set, or frozen set). Raises TypeError for other objects.")
+    assert (pair.pair_id, pair.positive_group, pair.confidence) == ("lead-rest:d1", "d1", 0.8)
+    short = dict(row, doc_id="d2", text="Return the length of the given container object.\n\nSee len().")
+    assert built([short], "lead-rest") == []
+    # A lead too short for the audit's containment match could equal a held-out query unseen.
+    generic = dict(row, doc_id="d4", text="Close the transport.\n\n" + text.split("\n\n", 1)[1])
+    assert built([generic], "lead-rest") == []
+    # A source without titled texts (a fortune, a dictionary entry) yields nothing.
+    assert built([dict(row, doc_id="d3", source="fortunes")], "lead-rest") == []
+
+
+def test_lead_rest_splits_a_long_opening_paragraph_after_its_first_sentence() -> None:
+    """An opening paragraph longer than LEAD_MAX_WORDS is no summary: its first sentence is the
+    lead (not cut at "e.g." or a number) and the rest of the paragraph opens the positive."""
+    first = "The planner chooses a plan for each query, e.g. a sequential scan, from cost estimates."
+    rest = " ".join(["Each estimate counts pages and rows read by one node of the plan tree."] * 5)
+    row = {"doc_id": "p1", "source": "debian-handbook", "title": "1.2. Planning", "text": f"{first} {rest}",
+           "split": "train"}
+    [pair] = built([row], "lead-rest")
+    assert len(f"{first} {rest}".split()) > LEAD_MAX_WORDS
+    assert pair.query == first
+    assert pair.positive == rest  # 65 words: under MAX_BODY_WORDS, so not truncated
+
+
+def test_lead_rest_on_real_documents_keeps_the_lead_out_of_the_positive(rows: list[dict]) -> None:
+    """On every available titled source: a prose lead of LEAD_MIN_WORDS..LEAD_MAX_WORDS words, a positive of at
+    least MIN_BODY_WORDS words that does not contain it, one pair per document."""
+    pairs = built(rows, "lead-rest")
+    if not pairs:
+        pytest.skip("no titled source is installed")
+    assert len({p.doc_ids for p in pairs}) == len(pairs)
+    for pair in pairs:
+        assert len(containment_words(pair.query)) >= LEAD_MIN_WORDS and len(pair.query.split()) <= LEAD_MAX_WORDS
+        assert len(pair.positive.split()) >= MIN_BODY_WORDS
+        assert pair.query not in pair.positive
 
 
 def test_term_definition_skips_stubs_and_labels(rows: list[dict]) -> None:

@@ -189,7 +189,9 @@ def _eval_items(tasks: Iterable[Task]) -> list[_EvalItem]:
     return items
 
 
-def _containment_words(text: str) -> list[str]:
+def containment_words(text: str) -> list[str]:
+    """The words a containment match compares (normalised, lower-cased). A text with at least
+    CONTAINED_MIN_WORDS of them is found inside any text that holds it."""
     return _WORD.findall(normalise_text(text).lower())
 
 
@@ -204,7 +206,7 @@ class _Matcher:
         self.index = NearDuplicateIndex(threshold, num_perm, seed)
         self.index.add([number for number, _ in forms], [text for _, text in forms])
         self.anchors: dict[int, list[tuple[int, str]]] = defaultdict(list)
-        words = [_containment_words(text) for _, text in forms]
+        words = [containment_words(text) for _, text in forms]
         hashes, counts = _window_hashes(words)
         firsts = np.cumsum(counts) - counts
         for (number, _), form_words, count, first in zip(forms, words, counts, firsts):
@@ -236,7 +238,7 @@ class _Matcher:
 
     def _contained(self, texts: list[str]) -> set[tuple[int, int]]:
         """(eval item, position) pairs where the item's words occur inside the text's words."""
-        words = [_containment_words(text) for text in texts]
+        words = [containment_words(text) for text in texts]
         hashes, counts = _window_hashes(words)
         hits = np.flatnonzero(np.isin(hashes, self.anchor_keys))
         owners = np.repeat(np.arange(len(texts)), counts)[hits]

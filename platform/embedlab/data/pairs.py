@@ -25,6 +25,12 @@ docstring or a synonym set listed under several headwords is never its own copy'
                        subject tags, etymology labels, dates and citations removed; entries
                        that only point elsewhere, "See X.", are skipped). Confidence 0.9:
                        curated, though a definition can cover several senses. Group: the entry.
+    lead-rest          the opening summary of a text title-body reads -> the rest of it: a
+                       docstring's summary -> its explanation, a section's or a reference
+                       page's first paragraph (or, when that is long, first sentence) -> what
+                       follows, without the lead. Confidence 0.8: authors open with what the
+                       text is about, but an opening can be a mere introduction.
+                       Group: the document.
     synonyms           thesaurus headword -> the other words of one of its senses
                        ("amsterdam" -> "Dutch capital, capital of The Netherlands"), one pair
                        per sense that lists synonyms (hypernyms, antonyms and adjective
@@ -46,6 +52,7 @@ from typing import TypeVar
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from embedlab.data.audit import CONTAINED_MIN_WORDS, containment_words
 from embedlab.data.corpus import SPLITS
 
 Row = Mapping[str, str]  # one corpus row: doc_id, source, title, text, split (hash is not used)
@@ -327,6 +334,48 @@ def title_body(rows: Iterable[Row]) -> Iterator[Pair]:
 
 
 # ---------------------------------------------------------------------------------------------
+# lead-rest
+
+LEAD_REST_CONFIDENCE = 0.8
+# A lead must be long enough for the contamination audit's containment match. A task built
+# from held-out documents drops every query contained in a training document, so no eval
+# query can equal a lead of this length (each lead is inside its training document). A
+# shorter lead ("Close the transport.") can equal an eval query word for word unseen, and
+# the gate then refuses the pairs.
+LEAD_MIN_WORDS = CONTAINED_MIN_WORDS
+LEAD_MAX_WORDS = 48  # a longer opening paragraph is not a summary: its first sentence is the lead
+_LEAD_SENTENCE_END = re.compile(r"(?<=[^\d\s.][.!?])\s+(?=[\"'“‘(]*[A-Z])")  # "... a file. The" but not "e.g. the"
+
+
+def _lead(body: str) -> tuple[str, str]:
+    """(lead, rest) of a text: its first paragraph when that is short, else its first sentence."""
+    paragraphs = _paragraphs(body)
+    if not paragraphs:
+        return "", ""
+    first = " ".join(paragraphs[0].split())
+    if len(first.split()) <= LEAD_MAX_WORDS:
+        return first, "\n\n".join(paragraphs[1:])
+    sentence, *remainder = _LEAD_SENTENCE_END.split(first, maxsplit=1)
+    return sentence, "\n\n".join([*remainder, *paragraphs[1:]])
+
+
+def lead_rest(rows: Iterable[Row]) -> Iterator[Pair]:
+    """The lead of a titled text (its opening summary) -> the rest of that text."""
+    # The texts title-body reads (a docstring, a handbook section, a reference page's
+    # Description): their authors open with what the text is about, and the rest explains it.
+    # The lead is taken out of the positive, so the pair is never a substring match.
+    for row in rows:
+        reader = TITLE_BODY_READERS.get(row["source"])
+        if reader is None:
+            continue
+        lead, rest = _lead(reader(row)[1])
+        positive = _truncate(rest, MAX_BODY_WORDS)
+        if (len(containment_words(lead)) >= LEAD_MIN_WORDS and len(lead.split()) <= LEAD_MAX_WORDS and _is_prose(lead)
+                and len(positive.split()) >= MIN_BODY_WORDS):
+            yield _pair("lead-rest", row, "", lead, positive, LEAD_REST_CONFIDENCE, row["doc_id"])
+
+
+# ---------------------------------------------------------------------------------------------
 # term-definition
 
 TERM_SOURCES = frozenset({"dict-foldoc", "dict-jargon"})
@@ -414,6 +463,7 @@ PAIR_BUILDERS: dict[str, Callable[[Iterable[Row]], Iterator[Pair]]] = {
     "title-body": title_body,
     "term-definition": term_definition,
     "synonyms": synonyms,
+    "lead-rest": lead_rest,
 }
 
 _ROW_COLUMNS = ["doc_id", "source", "title", "text", "split"]
