@@ -240,3 +240,47 @@ def test_missing_directory(tmp_path: Path) -> None:
     """Loading a directory that does not exist says so and names it."""
     with pytest.raises(TaskFormatError, match="nowhere: task directory not found"):
         load_task(tmp_path / "nowhere")
+
+
+def test_without_documents_drops_the_queries_that_judge_them_relevant() -> None:
+    """Dropping d1 removes q1 from test (d1 relevant at grade 2) but keeps q2 in train, which
+    judges d1 at grade 0; the corpus keeps every document; an unknown id is refused."""
+    from embedlab.errors import UnknownKey
+    from embedlab.evaluate.beir import without_documents
+
+    task = _sample_task()
+    reduced, dropped = without_documents(task, ["d1"])
+    assert dropped == ["q1"]
+    assert reduced.qrels == {"test": {"q2": {"d2": 1}}, "train": {"q2": {"d1": 0, "d2": 1}}}
+    assert reduced.corpus == task.corpus and reduced.hash != task.hash
+    assert without_documents(task, ["d3"]) == (task, [])  # judged, but not relevant
+    with pytest.raises(UnknownKey, match="'d9'"):
+        without_documents(task, ["d1", "d9"])
+
+
+def test_scores_without_documents_are_the_other_queries_means() -> None:
+    """Oracle: the metrics of the reduced task equal the mean, over the queries kept, of the
+    full task's per-query values (the left-out documents still compete as distractors)."""
+    import numpy as np
+
+    from embedlab.evaluate.beir import without_documents
+    from embedlab.evaluate.retrieval import evaluate_encoder
+
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa".split()
+    corpus = {f"d{i}": ("", " ".join(words[j % 10] for j in range(i, i + 3))) for i in range(12)}
+    queries = {f"q{i}": " ".join(words[j % 10] for j in range(i, i + 2)) for i in range(10)}
+    qrels = {"test": {f"q{i}": {f"d{i}": 1, f"d{i + 2}": 1} for i in range(10)}}
+    task = Task(name="toy", corpus=corpus, queries=queries, qrels=qrels)
+
+    def encode(texts):  # bag of words, normalised: deterministic and imperfect
+        vectors = np.array([[text.split().count(w) for w in words] for text in texts], dtype=np.float32)
+        return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+    full = evaluate_encoder(encode, task, "test")
+    reduced, dropped = without_documents(task, ["d4", "d9"])
+    assert dropped == ["q2", "q4", "q7", "q9"]
+    part = evaluate_encoder(encode, reduced, "test")
+    kept = [q for q in sorted(queries) if q not in dropped]
+    for metric in ("ndcg@10", "recall@100"):
+        assert part[metric] == pytest.approx(np.mean([full["per_query"][metric][q] for q in kept]), abs=1e-12)
+    assert part["queries"] == 6

@@ -252,6 +252,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         task = load_task(resolve_task(args.task, prepared_dir))
         if args.dev_fraction is not None:  # the same rule as a Hub task's, in memory
             task, _ = derive_dev_split(task, args.dev_fraction, args.dev_seed)
+    if args.without_documents:
+        from embedlab.evaluate.beir import without_documents
+
+        task, dropped = without_documents(task, args.without_documents.split(","))
+        print(f"without documents {args.without_documents}: {len(dropped)} queries left out "
+              f"({', '.join(dropped)})", file=sys.stderr)
     if baseline is not None:
         from embedlab.evaluate.baselines import evaluate_baseline
 
@@ -594,6 +600,10 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--split", default="test", help="qrels split to score (default test)")
     evaluate.add_argument("--index", default="flat", choices=["flat", "ivf", "hnsw"],
                           help="Faiss index: exact flat (default) or approximate ivf/hnsw")
+    evaluate.add_argument("--without-documents", metavar="DOC_ID[,DOC_ID...]", default=None,
+                          help="leave out the queries that judge any of these documents relevant (a "
+                               "contaminated item a study declared), in every split; the documents stay "
+                               "in the corpus as distractors")
     evaluate.add_argument("--json", action="store_true")
     evaluate.set_defaults(func=cmd_evaluate)
 

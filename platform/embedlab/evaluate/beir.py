@@ -20,7 +20,7 @@ import hashlib
 import json
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from embedlab.errors import UnknownKey, UserError
@@ -75,6 +75,27 @@ class Task:
         if split not in self.qrels:
             raise UnknownKey(f"task {self.name!r} has no split {split!r}, only {sorted(self.qrels)}")
         return {qid: self.queries[qid] for qid in sorted(self.qrels[split])}
+
+
+def without_documents(task: Task, doc_ids: Iterable[str]) -> tuple[Task, list[str]]:
+    """`task` without the queries that judge any of `doc_ids` relevant (grade > 0), in every
+    split, and the ids of the queries dropped. The documents stay in the corpus as
+    distractors, so every other query is ranked against exactly the same documents.
+
+    This is how a score is reported without a contaminated item: a document the audit found
+    in the training data cannot fairly be retrieved, so its queries are left out (for every
+    encoder compared, so the comparison stays paired). An id not in the corpus is an
+    UnknownKey: a typo must not silently leave the score unchanged."""
+    wanted = set(doc_ids)
+    unknown = sorted(wanted - set(task.corpus))
+    if unknown:
+        raise UnknownKey(f"task {task.name!r}: no document {', '.join(map(repr, unknown))} in its corpus")
+    dropped = sorted({qid for judged in task.qrels.values() for qid, grades in judged.items()
+                      if any(grades.get(doc, 0) > 0 for doc in wanted)})
+    gone = set(dropped)
+    qrels = {split: {qid: grades for qid, grades in judged.items() if qid not in gone}
+             for split, judged in task.qrels.items()}
+    return replace(task, qrels=qrels), dropped
 
 
 def task_hash(
