@@ -12,10 +12,10 @@ import pytest
 from embedlab.cli import main
 from embedlab.config import DataConfig, MixtureConfig
 from embedlab.data.builtin import iter_documents
-from embedlab.recipes import LEAD_REST_OVERLAP
 from embedlab.data.external import LocalFiles
 from embedlab.evaluate.beir import Task, write_task
 from embedlab.evaluate.builtin_tasks import split_docstring
+from embedlab.recipes import LEAD_REST_OVERLAP
 
 from conftest import TEST_DATA, tiny_trial
 
