@@ -17,6 +17,7 @@ A URI's query (`?region=...&endpoint_override=...`) is kept when parts are joine
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import posixpath
 import shutil
@@ -246,6 +247,12 @@ def file_sha256(path: Path) -> str:
     """The sha256 of a local file's bytes, read in pieces (a file of any size)."""
     with open(path, "rb") as handle:
         return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def files_sha256(files: dict[str, str]) -> str:
+    """The sha256 of a {relative path: sha256} mapping (sorted JSON): the identity of a set of
+    files, such as a checkpoint's weights or a published tree."""
+    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
 
 
 def cache_dir() -> Path:

@@ -20,7 +20,6 @@ or a shared disk) every path is used as it is.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -29,7 +28,7 @@ import uuid
 from pathlib import Path
 
 from embedlab import store
-from embedlab.store import file_sha256
+from embedlab.store import file_sha256, files_sha256
 from embedlab.errors import UserError
 
 STORAGE_ENV = "EMBEDLAB_STORAGE"
@@ -57,12 +56,7 @@ def tree_manifest(directory: Path, exclude: tuple[str, ...] = ()) -> dict:
         if path.is_file() and parts[0] not in exclude and not any(p.startswith(".") for p in parts) \
                 and relative != MANIFEST:
             files[relative] = file_sha256(path)
-    return {"files": files, "tree_hash": tree_hash(files)}
-
-
-def tree_hash(files: dict[str, str]) -> str:
-    """A tree's identity: the sha256 of its {relative path: sha256} mapping."""
-    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
+    return {"files": files, "tree_hash": files_sha256(files)}
 
 
 def remote_root(storage: str) -> str:
@@ -97,7 +91,7 @@ def publish(directory: Path, storage: str, progress=print) -> str:
     if new or not union["files"]:
         files = {**union["files"], **manifest["files"]}
         store.write_text(store.join(remote, MANIFEST), json.dumps(
-            {"files": files, "tree_hash": tree_hash(files)},
+            {"files": files, "tree_hash": files_sha256(files)},
             indent=1, sort_keys=True))
     return manifest["tree_hash"]
 

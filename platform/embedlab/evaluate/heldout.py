@@ -62,7 +62,7 @@ from embedlab.data.dedup import ngram_hashes, word_hashes
 from embedlab.data.document import document_text, normalise_text
 from embedlab.errors import UsageError, UserError
 from embedlab.evaluate.beir import REQUIRED_SPLIT, Task, write_task
-from embedlab.train.checkpoint import file_sha256
+from embedlab.store import file_sha256
 
 DPKG_STATUS = Path("/var/lib/dpkg/status")
 INFO_DIR = Path("/usr/share/info")

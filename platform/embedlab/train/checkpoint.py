@@ -40,7 +40,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from embedlab import __version__, store
-from embedlab.store import file_sha256  # re-exported: the checkpoint, state and heldout modules hash with it
+from embedlab.store import file_sha256, files_sha256
 from embedlab.config import ModelConfig
 from embedlab.errors import UserError
 from embedlab.model.encoder import Encoder, MLMModel
@@ -66,7 +66,7 @@ CACHE_DIR = "checkpoints"  # under `store.cache_dir()`
 
 def content_hash(files: dict[str, str]) -> str:
     """The checkpoint's identity: the sha256 of its weight files' hashes (name -> sha256)."""
-    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
+    return files_sha256(files)
 
 
 def versions() -> dict[str, str]:

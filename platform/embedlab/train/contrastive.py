@@ -54,7 +54,8 @@ from embedlab.objectives.mlm import mlm_loss_sum
 from embedlab.tokenizer import load_tokenizer
 from embedlab.train.budget import consumption, recorded_flops, schedule_units, split_lineage_budget, step_units
 from embedlab.train.flops import FORWARD, GRADCACHE, TRAINED, FlopTally
-from embedlab.train.checkpoint import HEAD_FILE, file_sha256, load_parent, local_checkpoint
+from embedlab.store import file_sha256
+from embedlab.train.checkpoint import HEAD_FILE, load_parent, local_checkpoint
 from embedlab.train.launch import fit
 from embedlab.train.loop import Progress, RunOptions, TrainingLoop, run_on_ray
 from embedlab.train.mlm_step import all_reduce_gradients, no_reduce

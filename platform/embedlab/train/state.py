@@ -35,7 +35,8 @@ import torch.distributed as dist
 from safetensors.torch import load as load_bytes
 from safetensors.torch import load_file, save, save_file
 
-from embedlab.train.checkpoint import MANIFEST_FILE, CheckpointError, file_sha256
+from embedlab.store import file_sha256
+from embedlab.train.checkpoint import MANIFEST_FILE, CheckpointError
 
 STATE_FORMAT = "embedlab-training-state/1"
 STATE_TENSORS = "training_state.safetensors"
