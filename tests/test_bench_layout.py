@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from embedlab.bench_layout import (
+from embedlab.bench.layout import (
     LAYOUTS,
     Layout,
     LayoutBench,

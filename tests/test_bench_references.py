@@ -16,8 +16,8 @@ import textwrap
 import pytest
 import torch
 
-from embedlab.bench_measure import comparisons_json
-from embedlab.bench_train import (
+from embedlab.bench.measure import comparisons_json
+from embedlab.bench.train import (
     REFERENCES,
     ReferenceTrainer,
     TokenIds,

@@ -76,7 +76,7 @@ def cmd_model_check_cuda(args: argparse.Namespace) -> int:
 
     import torch
 
-    from embedlab.cuda_checks import run_checks
+    from embedlab.bench.cuda_checks import run_checks
 
     if args.device == "cuda":
         _require_cuda("model check-cuda", "--device cpu runs the same checks on the CPU")
@@ -357,7 +357,7 @@ def cmd_tokenizer_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_data(args: argparse.Namespace) -> int:
-    from embedlab.bench import bench_data, format_bench
+    from embedlab.bench.data import bench_data, format_bench
     from embedlab.sweep.run import connect
 
     connect(args.address, _stderr)
@@ -378,7 +378,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_eval(args: argparse.Namespace) -> int:
-    from embedlab.bench import bench_eval, format_bench_eval
+    from embedlab.bench.evaluation import bench_eval, format_bench_eval
     from embedlab.sweep.run import connect
 
     connect(args.address, _stderr)
@@ -388,7 +388,7 @@ def cmd_bench_eval(args: argparse.Namespace) -> int:
 
 
 def _print_comparisons(comparisons, notes: list[str], as_json: bool) -> None:
-    from embedlab.bench_measure import comparisons_json, format_comparisons
+    from embedlab.bench.measure import comparisons_json, format_comparisons
 
     print(json.dumps(comparisons_json(comparisons), sort_keys=True) if as_json else format_comparisons(comparisons, notes))
 
@@ -404,7 +404,7 @@ def _bench_prepared(args: argparse.Namespace):
 def cmd_bench_all(args: argparse.Namespace) -> int:
     if args.scaling:
         return cmd_bench_scaling(args)
-    from embedlab.bench import bench_all
+    from embedlab.bench.suite import bench_all
     from embedlab.sweep.run import connect
 
     connect(args.address, _stderr)
@@ -414,7 +414,7 @@ def cmd_bench_all(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_train(args: argparse.Namespace) -> int:
-    from embedlab.bench_train import TrainBench, bench_train, train_notes
+    from embedlab.bench.train import TrainBench, bench_train, train_notes
 
     bench = TrainBench(preset=args.preset, sequence_length=args.sequence_length, documents=args.documents,
                        batch_documents=args.batch_documents, repeats=args.repeats, threads=args.threads)
@@ -425,7 +425,7 @@ def cmd_bench_train(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_contrastive(args: argparse.Namespace) -> int:
-    from embedlab.bench_contrastive import ContrastiveBench, bench_contrastive
+    from embedlab.bench.contrastive import ContrastiveBench, bench_contrastive
 
     bench = ContrastiveBench(preset=args.preset, batch_pairs=args.batch_pairs, gradcache_chunk=args.chunk,
                              repeats=args.repeats, threads=args.threads, memory=not args.no_memory)
@@ -435,7 +435,7 @@ def cmd_bench_contrastive(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_layout(args: argparse.Namespace) -> int:
-    from embedlab.bench_layout import LayoutBench, bench_layout, format_layout
+    from embedlab.bench.layout import LayoutBench, bench_layout, format_layout
 
     bench = LayoutBench(**({} if args.pairs is None else {"pairs": args.pairs}))
     result = bench_layout(_bench_prepared(args), bench, progress=_stderr)
@@ -444,7 +444,7 @@ def cmd_bench_layout(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_prefetch(args: argparse.Namespace) -> int:
-    from embedlab.bench_prefetch import PrefetchBench, bench_prefetch, prefetch_note
+    from embedlab.bench.prefetch import PrefetchBench, bench_prefetch, prefetch_note
 
     bench = PrefetchBench(budget_tokens=args.budget_tokens, preset=args.preset, repeats=args.repeats)
     result = bench_prefetch(_bench_prepared(args), _data_configs(args.spec)[0], bench, progress=_stderr)
@@ -453,7 +453,7 @@ def cmd_bench_prefetch(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_scaling(args: argparse.Namespace) -> int:
-    from embedlab.bench_scaling import bench_scaling, format_scaling
+    from embedlab.bench.scaling import bench_scaling, format_scaling
 
     limit = {} if args.encode_limit is None else {"encode_limit": args.encode_limit}
     result = bench_scaling(_bench_prepared(args), sizes=tuple(args.sizes), length_tokens=args.length_tokens,
@@ -463,7 +463,7 @@ def cmd_bench_scaling(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_mfu_cpu(args: argparse.Namespace) -> int:
-    from embedlab.bench_cpu_mfu import CpuMfuBench, bench_cpu_mfu, cpu_mfu_comparisons, cpu_mfu_notes
+    from embedlab.bench.cpu_mfu import CpuMfuBench, bench_cpu_mfu, cpu_mfu_comparisons, cpu_mfu_notes
 
     given = {"presets": None if args.presets is None else tuple(args.presets), "sequence_length": args.sequence_length,
              "batch_rows": args.batch_rows, "steps": args.steps, "peak_size": args.peak_size,
@@ -478,7 +478,7 @@ def cmd_bench_mfu_cpu(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_mfu(args: argparse.Namespace) -> int:
-    from embedlab.bench_mfu import MfuBench, bench_mfu
+    from embedlab.bench.mfu import MfuBench, bench_mfu
 
     _require_cuda("bench mfu", "run workers/bench-gpu.sh on a GPU machine")
     bench = MfuBench(preset=args.preset, sequence_length=args.sequence_length, batch_rows=args.batch_rows,
@@ -749,7 +749,7 @@ def build_parser() -> argparse.ArgumentParser:
                                   help="timed steps of the eager runs measured before/after (0: skip; default 8)")
     bench_mfu_parser.add_argument("--peak-tflops", type=float, default=None,
                                   help="the device's dense bf16 peak in TFLOP/s (default: looked up by the exact device "
-                                       "name in embedlab.bench_mfu.PEAKS; an unknown device needs this)")
+                                       "name in embedlab.bench.mfu.PEAKS; an unknown device needs this)")
     bench_mfu_parser.add_argument("--json", action="store_true")
     bench_mfu_parser.set_defaults(func=cmd_bench_mfu)
     # Unset options keep CpuMfuBench's defaults (one place; importing it here would import torch).

@@ -24,7 +24,7 @@ Trials sharing the cluster slow each other (pilots run alone), which the estimat
 
 Without pilots (`--throughput FILE`, `measured_plan`): a GPU study is planned from one GPU's
 measurement by `embedlab bench mfu --json` (phase-1 training of a preset at a length and batch,
-`embedlab.bench_mfu`), by one rule. The measured tokens/s at the bench's own setting, times the
+`embedlab.bench.mfu`), by one rule. The measured tokens/s at the bench's own setting, times the
 training FLOPs a token costs there (`embedlab.train.flops.expected_step_flops`), is the GPU's
 rate in training FLOP/s; a trial runs that on each of its workers (linear scaling: gradient
 all-reduce and all-gather cost nothing), so

@@ -140,12 +140,14 @@ def gather_rank_states(state: RankState, world: int, device: torch.device) -> li
     """Every worker's state on every worker (a collective: all ranks call it)."""
     if world == 1:
         return [state]
-    payloads = _all_gather_bytes(save(state.tensors), device)
-    records = _all_gather_bytes(json.dumps(state.record).encode(), device)
+    payloads = all_gather_bytes(save(state.tensors), device)
+    records = all_gather_bytes(json.dumps(state.record).encode(), device)
     return [RankState(load_bytes(p), json.loads(r)) for p, r in zip(payloads, records)]
 
 
-def _all_gather_bytes(payload: bytes, device: torch.device) -> list[bytes]:
+def all_gather_bytes(payload: bytes, device: torch.device) -> list[bytes]:
+    """Every rank's `payload`, in rank order (a collective: all ranks call it); payloads may
+    differ in length, so sizes are gathered first and each buffer padded to the longest."""
     world = dist.get_world_size()
     size = torch.tensor([len(payload)], dtype=torch.int64, device=device)
     sizes = [torch.zeros_like(size) for _ in range(world)]
