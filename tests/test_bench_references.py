@@ -46,7 +46,7 @@ def docstrings() -> list[str]:
 
 @pytest.fixture(scope="module")
 def tokenizer(docstrings, tmp_path_factory):
-    from embedlab.tokenizer import save_tokenizer, train_tokenizer
+    from embedlab.tokenizer.frozen import save_tokenizer, train_tokenizer
 
     return save_tokenizer(train_tokenizer(docstrings, vocab_size=512), tmp_path_factory.mktemp("tokenizer"))
 

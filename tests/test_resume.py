@@ -50,7 +50,7 @@ def test_resume_is_bitwise_exact(kind, frozen, parent, tmp_path):
 
 
 def _two_worker_runs(root: str, parent: str, rank: int):
-    from embedlab.tokenizer import load_tokenizer
+    from embedlab.tokenizer.frozen import load_tokenizer
 
     frozen = load_tokenizer(Path(root) / "tokenizer")
     out = {}

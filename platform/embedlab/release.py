@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from embedlab import store
-from embedlab.tokenizer import FILE_NAME as TOKENIZER_FILE
+from embedlab.tokenizer.frozen import FILE_NAME as TOKENIZER_FILE
 from embedlab.train.checkpoint import (
     ENCODER_FILE, MANIFEST_FILE, CheckpointError, content_hash, load_encoder, local_checkpoint, staged_directory,
 )

@@ -40,7 +40,7 @@ from embedlab.data.mixture import resolve_mixture
 from embedlab.data.stream import PIECES_FILE, build_pieces, piece_stats
 from embedlab.evaluate.beir import write_task
 from embedlab.evaluate.builtin_tasks import BUILTIN_TASKS, build_builtin_task, decontaminate
-from embedlab.tokenizer import FrozenTokenizer, describe, load_tokenizer, save_tokenizer, train_tokenizer
+from embedlab.tokenizer.frozen import FrozenTokenizer, describe, load_tokenizer, save_tokenizer, train_tokenizer
 
 FORMAT = "embedlab-prepared/4"  # the human-readable part of the key; `code_revision` is the rest
 # The package's source files whose code decides the prepared bytes (corpus, tokenizer, pieces,
@@ -51,7 +51,7 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 BUILD_SOURCES = (
     "data/prepare.py", "data/corpus.py", "data/builtin.py", "data/document.py", "data/dedup.py",
     "data/external.py", "data/rights.py", "data/mixture.py", "data/stream.py", "data/packing.py",
-    "data/audit.py", "data/contamination.py", "data/stages.py", "data/card.py", "tokenizer.py",
+    "data/audit.py", "data/contamination.py", "data/stages.py", "data/card.py", "tokenizer/frozen.py",
     "evaluate/beir.py", "evaluate/builtin_tasks.py", "evaluate/retention.py",
 )
 

@@ -44,8 +44,8 @@ from embedlab.store import file_sha256, files_sha256
 from embedlab.config import ModelConfig
 from embedlab.errors import UserError
 from embedlab.model.encoder import Encoder, MLMModel
-from embedlab.tokenizer import FILE_NAME as TOKENIZER_FILE
-from embedlab.tokenizer import FrozenTokenizer, load_tokenizer
+from embedlab.tokenizer.frozen import FILE_NAME as TOKENIZER_FILE
+from embedlab.tokenizer.frozen import FrozenTokenizer, load_tokenizer
 
 if TYPE_CHECKING:
     from embedlab.train.state import TrainingState

@@ -51,7 +51,7 @@ from embedlab.objectives.gather import gather_no_grad, gather_with_grad
 from embedlab.objectives.gradcache import gradcache_step
 from embedlab.objectives.masking import mask_tokens
 from embedlab.objectives.mlm import mlm_loss_sum
-from embedlab.tokenizer import load_tokenizer
+from embedlab.tokenizer.frozen import load_tokenizer
 from embedlab.train.budget import consumption, recorded_flops, schedule_units, split_lineage_budget, step_units
 from embedlab.train.flops import FORWARD, GRADCACHE, TRAINED, FlopTally
 from embedlab.store import file_sha256

@@ -30,7 +30,7 @@ from embedlab.model.heads import MultiHeadMLMModel
 from embedlab.objectives.dual_mlm import assign_ratios, head_names, mask_mixed, ratio_names, route_heads, worker_ratios
 from embedlab.objectives.masking import mask_tokens
 from embedlab.objectives.mlm import combine
-from embedlab.tokenizer import load_tokenizer
+from embedlab.tokenizer.frozen import load_tokenizer
 from embedlab.train.budget import consumption, schedule_units, step_units, unit_of
 from embedlab.train.flops import TRAINED, FlopTally
 from embedlab.train.launch import fit

@@ -46,7 +46,7 @@ import sys
 from pathlib import Path
 
 from embedlab.errors import UsageError, UserError
-from embedlab.heldout_cli import add_heldout_parser
+from embedlab.cli.heldout import add_heldout_parser
 
 DEMO_TOUR = "recipe.py"  # in the repository's ablations/
 DEMO_PROFILE = "demo"
@@ -346,7 +346,7 @@ def cmd_data_audit(args: argparse.Namespace) -> int:
 def cmd_tokenizer_compare(args: argparse.Namespace) -> int:
     from embedlab.data.prepare import prepare_data
     from embedlab.sweep.run import connect
-    from embedlab.tokenizer_compare import compare_corpus_tokenizers, format_comparison
+    from embedlab.tokenizer.compare import compare_corpus_tokenizers, format_comparison
 
     connect(args.address, _stderr)
     for config in _data_configs(args.spec):
@@ -785,6 +785,3 @@ def one_line(error: BaseException) -> str:
     """The error's message on one line (a multi-line message is joined with " | ")."""
     return " | ".join(line.strip() for line in str(error).splitlines() if line.strip()) or type(error).__name__
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import decoders, pre_tokenizers
 
-from embedlab.tokenizer import (
+from embedlab.tokenizer.frozen import (
     TOKENIZER_KINDS,
     FrozenTokenizer,
     check_kind,
