@@ -95,6 +95,12 @@ def export_release(checkpoint_dir: str | Path, out_dir: Path) -> dict[str, Any]:
     return manifest
 
 
+def export_inference(directory: str | Path, out: Path) -> dict[str, Any]:
+    """The release package of a checkpoint at any location (`train.checkpoint.local_checkpoint`):
+    `export_release` under its older name."""
+    return export_release(local_checkpoint(directory), Path(out))
+
+
 def _release_manifest(checkpoint: dict[str, Any]) -> dict[str, Any]:
     """The package manifest: the checkpoint's fields (lineage, config, versions) with the encoder
     as the only weight file, the checkpoint's hash as `exported_from`, and the full contract."""

@@ -56,7 +56,7 @@ from pathlib import Path
 
 import numpy as np
 
-from embedlab import __version__
+from embedlab.code_identity import VERSION
 from embedlab.data.audit import Finding, audit
 from embedlab.data.dedup import ngram_hashes, word_hashes
 from embedlab.data.document import document_text, normalise_text
@@ -628,7 +628,7 @@ def provenance(source: HeldoutSource, task: Task, reading: Reading) -> dict:
         "packages": versions,
         "files": [{"path": str(path), "sha256": file_sha256(path), "bytes": path.stat().st_size} for path in reading.files],
         "builder": {"module": __name__, "code_revision": code_revision(sources=BUILD_SOURCES),
-                    "embedlab_version": __version__},
+                    "embedlab_version": VERSION},
         "construction": {"max_queries": source.max_queries, "min_queries": source.min_queries,
                          "query_order": f"sha256('{source.name}:' + item id), smallest first"},
         "queries": len(task.queries),

@@ -36,7 +36,7 @@ from safetensors.torch import load as load_bytes
 from safetensors.torch import load_file, save, save_file
 
 from embedlab.store import file_sha256
-from embedlab.train.checkpoint import MANIFEST_FILE, CheckpointError
+from embedlab.train.checkpoint_files import MANIFEST_FILE, CheckpointError
 
 STATE_FORMAT = "embedlab-training-state/1"
 STATE_TENSORS = "training_state.safetensors"
