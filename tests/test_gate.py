@@ -14,7 +14,7 @@ import pytest
 
 from embedlab.config import ContrastiveConfig
 from embedlab.data.audit import ContaminationError
-from embedlab.data.prepare import PreparedData
+from embedlab.data.prepared import PreparedData
 from embedlab.evaluate.beir import load_task
 
 from conftest import tiny_trial

@@ -29,7 +29,7 @@ import pytest
 from embedlab.config import ConfigError, ContrastiveConfig, DataConfig, MixtureConfig, TrialConfig
 from embedlab.data.document import content_hash
 from embedlab.data.pair_sources import PairFiles
-from embedlab.data.prepare import PreparedData
+from embedlab.data.prepared import PreparedData
 
 from test_pair_sources import RIGHTS, longest_paragraph, summary_and_body, write_beir, write_jsonl
 

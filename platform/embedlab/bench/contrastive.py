@@ -27,7 +27,7 @@ import torch
 from embedlab.bench.measure import Comparison, interleaved_rates, median, peak_since, start_peak_window
 from embedlab.config import ContrastiveConfig, DataConfig, TrainConfig, TrialConfig, model_preset
 from embedlab.data.pair_stream import pair_table_path, tokenize_pair_window
-from embedlab.data.prepare import PreparedData
+from embedlab.data.prepared import PreparedData
 from embedlab.errors import UsageError
 from embedlab.model.encoder import MLMModel
 from embedlab.train.checkpoint import save_checkpoint

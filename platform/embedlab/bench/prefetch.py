@@ -37,7 +37,7 @@ import torch
 from embedlab.bench.measure import Comparison, median
 from embedlab.config import DataConfig, TrialConfig, model_preset
 from embedlab.data.mixture import Schedule
-from embedlab.data.prepare import PreparedData
+from embedlab.data.prepared import PreparedData
 from embedlab.data.stream import packed_dataset, worker_rows
 from embedlab.errors import UsageError
 from embedlab.train.loop import run

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from embedlab.config import ConfigError, DataConfig, _build, read_mapping_file
+from embedlab.config import ConfigError, DataConfig, build_config, read_mapping_file
 
 
 def load_data_configs(spec: str | None) -> list[DataConfig]:
@@ -35,6 +35,6 @@ def load_data_configs(spec: str | None) -> list[DataConfig]:
         raise ConfigError(f"{path}: unsupported spec type {path.suffix!r}; use .py, .toml or .json")
     raw = read_mapping_file(path)
     try:
-        return [_build(DataConfig, raw, "data")]
+        return [build_config(DataConfig, raw, "data")]
     except ConfigError as error:
         raise ConfigError(f"{path}: {error}") from None

@@ -58,7 +58,7 @@ from typing import Any
 
 from embedlab.errors import UsageError
 from embedlab.config import DataConfig, TrainConfig, TrialConfig, model_preset
-from embedlab.data.prepare import PreparedData
+from embedlab.data.prepared import PreparedData
 from embedlab.sweep.study import Study, load_study
 from embedlab.train.flops import expected_step_flops
 

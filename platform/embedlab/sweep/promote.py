@@ -303,7 +303,7 @@ def final_eval(run_dir: str, record: dict[str, Any], row: dict[str, Any], metric
     "<task>/test/<name>"), "mean/dev/<name>" every task of the panel and their unweighted mean
     ("mean/test/<name>", None unless every task has a number); "tasks" holds each task's entry,
     each checked against its own ``<task>/eval/task_hash``."""
-    from embedlab.config import EvalConfig, _build
+    from embedlab.config import EvalConfig, build_config
 
     measure = dev_measure(metric)
     name = measure.split("/", 1)[1]
@@ -315,7 +315,7 @@ def final_eval(run_dir: str, record: dict[str, Any], row: dict[str, Any], metric
     if "eval" not in arm_config:
         return {**entry, "reason": f"the study record holds no eval config for arm {arm} (written before "
                                    "arms were recorded in full), so its task is unknown"}
-    config = _build(EvalConfig, arm_config["eval"], "eval")
+    config = build_config(EvalConfig, arm_config["eval"], "eval")
     if config.split == FINAL_EVAL_SPLIT:
         return {**entry, "reason": f"arm {arm} was scored on the {FINAL_EVAL_SPLIT} split itself, so no "
                                    "held-out final-eval split is left"}

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from embedlab.config import EvalConfig, TrialConfig
-from embedlab.data.prepare import PreparedData, keep_ray_data_off_the_console, prepare_data
+from embedlab.data.prepare import keep_ray_data_off_the_console, prepare_data
+from embedlab.data.prepared import PreparedData
 from embedlab.data.prepared_sync import STORAGE_ENV, local_directory, publish, remote_root
 from embedlab.errors import UsageError, UserError
 from embedlab.evaluate.beir import load_task

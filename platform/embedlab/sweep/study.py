@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from embedlab.errors import UnknownKey
 from embedlab.config import BUDGET_SCOPES, ConfigError, TrialConfig
+from embedlab.errors import UnknownKey
+from embedlab.evaluate.panel import METRICS, UnknownPanelMetric, resolve_study_metric
 
-METRICS = ("dev/ndcg@10", "dev/recall@100", "dev/mrr@10", "dev/map")
 BUDGET_UNITS = ("tokens", "pairs", "flops", "device_seconds")
 # Tuning trial k of every arm runs at seed TUNING_SEED_OFFSET + k: the same seeds for every
 # arm (equal tuning conditions), and far from the small seeds studies use (0, 1, 2).
@@ -184,8 +184,6 @@ class Study:
         names = panels.pop()
         if len(panels) > 0 or len(names) == 1:
             raise ConfigError(f"study.metric: {self.metric!r}; valid: {list(METRICS)}")
-        from embedlab.evaluate.panel import UnknownPanelMetric, resolve_study_metric
-
         try:
             resolve_study_metric(self.metric, names, METRICS)
         except UnknownPanelMetric as error:

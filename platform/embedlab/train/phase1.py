@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from embedlab.config import REPLACEMENT_POLICY, TrialConfig
 from embedlab.data.mixture import Schedule, sample_schedule, schedule_target
-from embedlab.data.prepare import PreparedData
+from embedlab.data.prepared import PreparedData
 from embedlab.data.prepared_sync import node_path
 from embedlab.data.stream import packed_datasets, units_by_source
 from embedlab.model.encoder import MLMModel
