@@ -28,14 +28,6 @@ ALLOWED_CYCLE_EDGES: frozenset[tuple[str, str]] = frozenset({
     # and data.pairs imports the corpus, which imports config. Ends when the names move to a
     # module of their own (or into config) that data/pairs.py imports.
     ("embedlab.config", "embedlab.data.pairs"),
-    ("embedlab.sweep.promote", "embedlab.sweep.tour"),
-    ("embedlab.sweep.run", "embedlab.sweep.capacity"),
-    ("embedlab.sweep.table", "embedlab.sweep.paired"),
-})
-# Cross-module uses of private names still to be made public, as reported by `collect`; the
-# same rule: the list may only shrink.
-ALLOWED_PRIVATE_USES: frozenset[str] = frozenset({
-    "embedlab.sweep.capacity:47 imports _at_searched_maximum from embedlab.sweep.run",
 })
 # What `embedlab.config` may import: the standard library and the modules holding its own types
 # (each importing nothing of embedlab beyond this set), kept apart from the code that uses them.
@@ -301,10 +293,7 @@ def test_allowlist_only_shrinks():
 def test_no_private_names_across_modules():
     """No module imports or reads a single-underscore name of another embedlab module."""
     _, private_uses = collect()
-    found = sorted(set(private_uses) - ALLOWED_PRIVATE_USES)
-    assert not found, "private names used across modules:\n" + "\n".join(found)
-    gone = sorted(ALLOWED_PRIVATE_USES - set(private_uses))
-    assert not gone, "allowlisted private uses that no longer exist (remove them from the list):\n" + "\n".join(gone)
+    assert not private_uses, "private names used across modules:\n" + "\n".join(private_uses)
 
 
 def test_config_depends_only_on_its_own_types():

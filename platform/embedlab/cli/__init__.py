@@ -121,7 +121,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def _show_run(run_dir: Path) -> int:
     """Print a finished run's table; 1 when trials are missing."""
-    from embedlab.sweep.table import final_trials, load_table, read_study_record, render
+    from embedlab.sweep.table import load_table, read_study_record, render
+    from embedlab.sweep.trial_rows import final_trials
 
     print()
     print(render(run_dir, "text"))
@@ -152,7 +153,7 @@ def find_demo_tour(ablations: str | Path | None = None) -> Path:
     """The demo's tour file: `ablations/recipe.py` in the directory given (--ablations), else in
     the installed checkout's `ablations/` (beside `platform/`, wherever the command runs from),
     else in the working directory's. UsageError naming where it looked when none has it."""
-    from embedlab.sweep.tour import packaged_ablations
+    from embedlab.sweep.promote import packaged_ablations
 
     places = [Path(ablations)] if ablations is not None else [packaged_ablations(), Path.cwd() / "ablations"]
     found = next((place / DEMO_TOUR for place in places if (place / DEMO_TOUR).is_file()), None)

@@ -35,12 +35,14 @@ from typing import Any
 
 import pandas as pd
 
+from embedlab import store
+from embedlab.code_identity import PACKAGE_DIR
 from embedlab.data.prepared_sync import local_directory
 from embedlab.errors import UserError
-from embedlab import store
 from embedlab.sweep.table import (
-    budget_unit, check_equal_compute, compute_match_line, final_trials, load_table, read_study_record,
+    budget_unit, check_equal_compute, compute_match_line, load_table, read_study_record,
 )
+from embedlab.sweep.trial_rows import final_trials
 
 PROMOTION_FILE = "promotion.json"
 NEXT_STUDY_FILE = "next_study.py"
@@ -54,6 +56,7 @@ RETENTION_PREFIX = "retention/"
 MARGIN_TOLERANCE = 1e-9
 # The next phase's study when none is named: the recipe's order of ablations.
 NEXT_STUDY = {1: "joint_vs_contrastive.py", 2: "hard_negatives.py"}
+ABLATIONS_DIR = "ablations"
 # Manifest fields that make up the stage contract a child run inherits.
 LINEAGE_FIELDS = (
     "content_hash", "parent_hash", "parent_phase", "tokenizer_hash", "pooling", "data_revision", "objective",
@@ -380,12 +383,16 @@ def _score_final(task_label: str, locate: Callable[[], str], prepared_dir: str |
             "queries": int(scores["queries"]), "checkpoint_hash": scores["checkpoint_hash"]}
 
 
+def packaged_ablations() -> Path:
+    """The repository's `ablations/` beside `platform/`, found from the installed package (an
+    editable install is the checkout itself), so it does not depend on the working directory."""
+    return PACKAGE_DIR.resolve().parent.parent / ABLATIONS_DIR
+
+
 def _resolve_next(record: dict[str, Any], phase: int, next_study: str | Path | None) -> Path:
     if next_study is not None:
         path = Path(next_study)
     else:
-        from embedlab.sweep.tour import packaged_ablations
-
         name = NEXT_STUDY[phase]
         origin = Path(record.get("study_origin") or record["study_file"])
         # Beside the study that ran, else the installed checkout's ablations/, else the

@@ -34,7 +34,8 @@ from embedlab.errors import UsageError, UserError
 from embedlab.evaluate.beir import load_task
 from embedlab.evaluate.checkpoint_eval import arm_eval_tasks, resolve_eval_tasks
 from embedlab import store
-from embedlab.sweep import ray_compat
+from embedlab.sweep import capacity, ray_compat
+from embedlab.sweep.capacity import RESERVED_CPUS, at_searched_maximum
 from embedlab.sweep.paired import PER_QUERY_DIR
 from embedlab.sweep.study import Study, load_study, set_path, study_origin
 from embedlab.sweep.table import STUDY_FILE, TRIALS_DIR, read_study_record
@@ -47,9 +48,6 @@ RAY_ENV = {
     # evaluator at the end); Optuna only reads the final result, which has it.
     "TUNE_DISABLE_STRICT_METRIC_CHECKING": "1",
 }
-# CPUs left free for Ray Data's read tasks and the evaluation actor (RAY-NOTES.md: a
-# trainer that takes every CPU starves its own data pipeline and hangs).
-RESERVED_CPUS = 1.0
 LOCAL_HOST = "127.0.0.1"
 TRIAL_RETRIES = 1
 # A trial driver only waits on its trainer; it reserves memory, not a CPU, so the trainer's
@@ -194,23 +192,12 @@ def max_concurrent_trials(trial: TrialConfig, resources: dict[str, float], share
     return max(1, fit)
 
 
-RESOURCE_PATHS = ("train.num_workers", "train.cpus_per_worker", "train.use_gpu")  # what a trial reserves
-
-
-def _at_searched_maximum(arms: dict[str, TrialConfig], search: tuple) -> tuple[dict[str, TrialConfig], bool]:
-    """Each arm with every searched resource path at its most demanding value (Optuna may
-    pick any), and whether the search named any."""
-    worst = {item.path: max(item.choices) if item.choices else item.high
-             for item in search if item.path in RESOURCE_PATHS}
-    return ({arm: set_path(trial, worst) for arm, trial in arms.items()} if worst else dict(arms)), bool(worst)
-
-
 def study_concurrency(arms: dict[str, TrialConfig], resources: dict[str, float], search: tuple = (),
                       shares: GpuShares = GpuShares()) -> int:
     """Trials of a study that fit side by side: the arm needing the most resources decides,
     as arms may differ in workers or GPUs, and a `search` over a resource path (Optuna may
     pick any value) counts at its most demanding value. An arm that fits nowhere is named."""
-    worst, searched = _at_searched_maximum(arms, search)
+    worst, searched = at_searched_maximum(arms, search)
     fits = []
     for arm, trial in worst.items():
         try:
@@ -231,7 +218,7 @@ def gpu_shares(arms: dict[str, TrialConfig], resources: dict[str, float], search
     evaluator = evaluator_gpus(resources)
     if not evaluator:
         return GpuShares()
-    trials = list(_at_searched_maximum(arms, search)[0].values())
+    trials = list(at_searched_maximum(arms, search)[0].values())
     mining = MINING_GPU_SHARE if any(mines_negatives(t) for t in trials) else 0.0
     if max(map(_trainer_gpus, trials)) + _whole_gpus_held(evaluator + mining) > resources.get("GPU", 0):
         return GpuShares()
@@ -681,8 +668,6 @@ def run_sweep(
     for arm in study.arms:
         study.trial_config(arm, study.seeds[0], parent)  # every arm has what its phase needs
     import ray
-
-    from embedlab.sweep import capacity
 
     capacity.check_options(max_concurrent, wait_for_resources)
     if address is None and not ray.is_initialized() and not os.environ.get("RAY_ADDRESS"):
