@@ -98,7 +98,7 @@ def test_phase3_refuses_a_final_eval_document_planted_in_its_mined_negatives(dat
     from embedlab.train.budget import schedule_units
     from embedlab.train.checkpoint import save_checkpoint
     from embedlab.train.contrastive import mine_for_phase3, run_contrastive
-    from embedlab.train.phase1 import data_seed
+    from embedlab.train.state import data_seed
 
     base = tiny_trial(budget_pairs=32)
     parent = tmp_path / "parent"

@@ -44,9 +44,14 @@ from embedlab.model.encoder import (
     segment_layout,
 )
 from embedlab.train.compiling import compile_blocks
-from embedlab.train.mlm_step import Microbatch, accumulate_gradients, all_reduce_gradients, optimizer_step
+from embedlab.train.mlm_step import (
+    Microbatch,
+    accumulate_gradients,
+    all_reduce_gradients,
+    optimizer_step,
+    sum_all_reduce,
+)
 from embedlab.train.optim import build_optimizer
-from embedlab.train.phase1 import sum_all_reduce
 from embedlab.train.state import all_gather_bytes
 
 Kernel = Callable[..., torch.Tensor]

@@ -58,13 +58,12 @@ from embedlab.store import file_sha256
 from embedlab.train.checkpoint import HEAD_FILE, load_parent, local_checkpoint
 from embedlab.train.launch import fit
 from embedlab.train.loop import Progress, RunOptions, TrainingLoop, run_on_ray
-from embedlab.train.mlm_step import all_reduce_gradients, no_reduce
+from embedlab.train.mlm_step import all_reduce_gradients, no_reduce, sum_all_reduce
 from embedlab.train.optim import build_optimizer, set_learning_rate
 from embedlab.train.nonfinite import finite_update
-from embedlab.train.phase1 import data_seed, seed_for, sum_all_reduce
 from embedlab.train.compiling import compile_blocks, resolve_compile
 from embedlab.train.precision import forward_precision, half_activations, resolve_precision
-from embedlab.train.state import seed_everything
+from embedlab.train.state import data_seed, seed_everything, seed_for
 
 
 def embed(encoder: Encoder, ids: torch.Tensor, pad_id: int, pooling: str) -> torch.Tensor:

@@ -11,14 +11,12 @@ the same all-reduced counts, so all stop at the same step.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from embedlab.config import REPLACEMENT_POLICY, TrialConfig
 from embedlab.data.mixture import Schedule, sample_schedule, schedule_target
@@ -36,36 +34,18 @@ from embedlab.train.flops import TRAINED, FlopTally
 from embedlab.train.launch import fit
 from embedlab.train.loop import Progress, RunOptions, TrainingLoop, run_on_ray
 from embedlab.train.length import split_rows, stage_length
-from embedlab.train.mlm_step import Microbatch, StepResult, accumulate_gradients, no_reduce, optimizer_step
+from embedlab.train.mlm_step import (
+    Microbatch,
+    StepResult,
+    accumulate_gradients,
+    no_reduce,
+    optimizer_step,
+    sum_all_reduce,
+)
 from embedlab.train.optim import build_optimizer, set_learning_rate
 from embedlab.train.compiling import compile_blocks, resolve_compile
 from embedlab.train.precision import half_activations, resolve_precision
-from embedlab.train.state import seed_everything
-
-
-def seed_for(seed: int, stream: str, rank: int = 0) -> int:
-    """Independent RNG streams (init, masking, ...) derived from one trial seed."""
-    digest = hashlib.sha256(f"{seed}:{stream}:{rank}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") & 0x7FFF_FFFF_FFFF_FFFF
-
-
-def data_seed(trial: TrialConfig) -> int:
-    """The seed of the order documents (phase 1) or pairs (phases 2-3) are drawn in: the
-    mixture's seed with the trial seed, so seeds replicate over data order as well as
-    initialisation and masking, while every arm sees the same order at one seed (paired).
-    A phase-2 arm from one parent would otherwise train identically at every seed."""
-    return seed_for(trial.data.mixture.seed, f"data-order:{trial.train.seed}")
-
-
-def sum_all_reduce(device: torch.device):
-    """An all-reduce (sum) over the process group that accepts tensors on any device."""
-
-    def reduce(tensor: torch.Tensor) -> torch.Tensor:
-        on_device = tensor.to(device)
-        dist.all_reduce(on_device, op=dist.ReduceOp.SUM)
-        return on_device.to(tensor.device)
-
-    return reduce
+from embedlab.train.state import data_seed, seed_everything, seed_for
 
 
 @dataclass
