@@ -24,9 +24,9 @@ SCORE_KEYS = ("ndcg@10", "recall@100")
 
 
 def default_heldout_dir() -> Path:
-    from embedlab.data.prepare import default_cache_dir
+    from embedlab import store
 
-    return default_cache_dir() / "heldout"
+    return store.cache_dir() / "heldout"
 
 
 def _stderr(message: str) -> None:

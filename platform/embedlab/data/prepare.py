@@ -30,6 +30,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from embedlab import store
 from embedlab.config import DataConfig
 from embedlab.data import builtin
 from embedlab.data.audit import audit
@@ -43,7 +44,6 @@ from embedlab.data.saved_audits import task_audit
 from embedlab.data.stream import PIECES_FILE, build_pieces, piece_stats
 from embedlab.evaluate.beir import write_task
 from embedlab.evaluate.builtin_tasks import BUILTIN_TASKS, build_builtin_task, decontaminate
-from embedlab.evaluate.retention import build_panel
 from embedlab.tokenizer.frozen import describe, save_tokenizer, train_tokenizer
 
 FORMAT = "embedlab-prepared/4"  # the human-readable part of the key; `code_revision` is the rest
@@ -59,10 +59,6 @@ BUILD_SOURCES = (
     "data/stages.py", "data/card.py", "tokenizer/frozen.py", "evaluate/beir.py", "evaluate/builtin_tasks.py",
     "evaluate/retention.py",
 )
-
-
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("EMBEDLAB_CACHE", Path.home() / ".cache" / "embedlab"))
 
 
 def code_revision(root: Path = PACKAGE_ROOT, sources: Sequence[str] = BUILD_SOURCES) -> str:
@@ -108,7 +104,7 @@ def prepare_data(
     progress: Callable[[str], None] = print,
 ) -> PreparedData:
     """Prepare (or reuse) the data directory for `config`."""
-    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    cache_dir = Path(cache_dir) if cache_dir is not None else store.cache_dir()
     directory = cache_dir / f"prepared-{prepare_key(config)}"
     record_path = directory / "prepared.json"
     if record_path.is_file():
@@ -174,6 +170,10 @@ def _prepare_into(config: DataConfig, directory: Path, progress: Callable[[str],
     )
     progress(f"data: pieces written in {time.perf_counter() - step:.1f}s")
     tasks = _build_tasks(corpus, directory / "tasks", config, progress)
+    # Here: the retention module imports torch, which nothing else preparing data (nor a Ray
+    # Data task importing this module) needs.
+    from embedlab.evaluate.retention import build_panel
+
     progress("data: building the retention panel")
     retention = build_panel(corpus.read(), directory / "retention")
     progress(f"data: retention panel: {retention}")

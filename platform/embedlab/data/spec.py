@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from embedlab.config import ConfigError, DataConfig, build_config, read_mapping_file
+from embedlab.sweep.study import load_study
 
 
 def load_data_configs(spec: str | None) -> list[DataConfig]:
@@ -24,8 +25,6 @@ def load_data_configs(spec: str | None) -> list[DataConfig]:
     if not path.is_file():
         raise FileNotFoundError(f"data spec not found: {path}")
     if path.suffix == ".py":
-        from embedlab.sweep.study import load_study
-
         configs: list[DataConfig] = []
         for arm in load_study(path).arms.values():
             if arm.data not in configs:

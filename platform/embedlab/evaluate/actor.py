@@ -36,10 +36,11 @@ import ray
 
 from embedlab import code_identity
 from embedlab.config import EvalConfig
-from embedlab.errors import UsageError
 from embedlab.data.prepared_sync import node_path
+from embedlab.errors import UsageError
 from embedlab.evaluate.beir import Task, load_task
 from embedlab.evaluate.checkpoint_eval import evaluate_checkpoint
+from embedlab.telemetry import EvaluationTelemetry
 from embedlab.train.checkpoint import read_manifest
 
 ACTOR_NAME = "embedlab-evaluator"
@@ -134,8 +135,6 @@ class Evaluator:
 
     def _telemetry(self):
         if self._metrics is None:
-            from embedlab.telemetry import EvaluationTelemetry
-
             self._metrics = EvaluationTelemetry()
         return self._metrics
 

@@ -83,6 +83,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from embedlab import store
 from embedlab.config import build_config, read_mapping_file
 from embedlab.evaluate.beir import QRELS_HEADER, REQUIRED_SPLIT, Qrels, Task, load_task, write_task
 from embedlab.evaluate.hub_task_config import HubTask, HubTaskError, check_fraction
@@ -239,9 +240,7 @@ def materialise_hub_task(spec: HubTask, cache_dir: str | Path | None = None) -> 
     TaskFormatError for ids that cannot be written as TSV).
     """
     if cache_dir is None:
-        from embedlab.data.prepare import default_cache_dir
-
-        cache_dir = default_cache_dir()
+        cache_dir = store.cache_dir()
     qrels_dataset, qrels_revision = spec.qrels_source
     resolved = resolve_revision(spec.dataset, spec.revision)
     resolved_qrels = resolved if qrels_dataset == spec.dataset else resolve_revision(qrels_dataset, qrels_revision)

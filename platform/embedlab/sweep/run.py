@@ -914,9 +914,7 @@ def _optuna_database(run_dir: str) -> Path:
     local = store.local_path(run_dir)
     if local is not None:
         return local / OPTUNA_FILE
-    from embedlab.data.prepare import default_cache_dir
-
-    path = default_cache_dir() / "optuna" / f"{store.name(run_dir)}-{hashlib.sha256(run_dir.encode()).hexdigest()[:8]}.db"
+    path = store.cache_dir() / "optuna" / f"{store.name(run_dir)}-{hashlib.sha256(run_dir.encode()).hexdigest()[:8]}.db"
     path.parent.mkdir(parents=True, exist_ok=True)
     remote = store.join(run_dir, OPTUNA_FILE)
     if store.is_file(remote):

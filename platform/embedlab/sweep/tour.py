@@ -86,7 +86,7 @@ def dry_run_tour(path: str | Path, profile: str | None = None) -> str:
     each stage's study plan (`embedlab.sweep.run.dry_run`, under the tour's profile) and how
     its winner is promoted. Stages after the first start from the previous stage's winner,
     which exists only once that stage has run."""
-    from embedlab.sweep.run import dry_run
+    from embedlab.sweep.run import dry_run  # here: torch and Ray, which loading a tour does not need
 
     tour = load_tour(path, profile)
     blocks = [f"tour {tour.name} ({path}), profile {tour.profile}: {len(tour.stages)} stages"
@@ -128,7 +128,7 @@ def run_tour(
 ) -> list[Path]:
     """Run every stage, promoting between them; returns the stages' run directories.
     `max_concurrent` and `wait_for_resources` go to each stage's `run_sweep`."""
-    from embedlab.sweep.run import run_sweep
+    from embedlab.sweep.run import run_sweep  # here: torch and Ray, which loading a tour does not need
 
     tour = load_tour(path, profile)
     run_dirs: list[Path] = []
@@ -145,7 +145,7 @@ def run_tour(
                     next_study=stage_path(Path(path), following) if following else None, progress=progress)
         promotion = promote_stage(run_dir, rule)
         if following is None:
-            from embedlab.release import export_release_to
+            from embedlab.release import export_release_to  # here: torch, which loading a tour does not need
 
             release = store.join(run_dir, "release")
             export_release_to(promotion["checkpoint"], release)

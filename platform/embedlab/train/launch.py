@@ -34,6 +34,7 @@ def fit(
     steps raises `NonFiniteError` here. Every report is logged in
     `<storage_path>/<name>/metrics.jsonl` (`embedlab.train.metrics_log`).
     """
+    # Here: Ray Train (the metrics log and session build on it), imported when a trial launches.
     from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 

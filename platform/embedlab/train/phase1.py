@@ -30,10 +30,12 @@ from embedlab.objectives.masking import mask_tokens
 from embedlab.objectives.mlm import combine
 from embedlab.tokenizer.frozen import load_tokenizer
 from embedlab.train.budget import consumption, schedule_units, step_units, unit_of
+from embedlab.train.checkpoint import CheckpointError, load_parent
+from embedlab.train.compiling import compile_blocks, resolve_compile
 from embedlab.train.flops import TRAINED, FlopTally
 from embedlab.train.launch import fit
-from embedlab.train.loop import Progress, RunOptions, TrainingLoop, run_on_ray
 from embedlab.train.length import split_rows, stage_length
+from embedlab.train.loop import Progress, RunOptions, TrainingLoop, run_on_ray
 from embedlab.train.mlm_step import (
     Microbatch,
     StepResult,
@@ -43,7 +45,6 @@ from embedlab.train.mlm_step import (
     sum_all_reduce,
 )
 from embedlab.train.optim import build_optimizer, set_learning_rate
-from embedlab.train.compiling import compile_blocks, resolve_compile
 from embedlab.train.precision import half_activations, resolve_precision
 from embedlab.train.state import data_seed, seed_everything, seed_for
 
@@ -317,8 +318,6 @@ def continue_from(model: MLMModel, parent: Path, tokenizer_hash: str, masking_ra
     """Load a phase-1 parent's encoder and MLM head (the head nearest `masking_ratio` from a
     dual-head parent) into `model`, in place; returns the parent's manifest. Refuses a parent
     whose tokenizer or architecture differs (beyond `EXTENSION_MAY_CHANGE`)."""
-    from embedlab.train.checkpoint import CheckpointError, load_parent
-
     loaded = load_parent(parent, tokenizer_hash=tokenizer_hash, need_head=True, masking_ratio=masking_ratio)
     ours, theirs = asdict(model.encoder.config), asdict(loaded.model.encoder.config)
     differing = sorted(k for k in ours if k not in EXTENSION_MAY_CHANGE and ours[k] != theirs[k])
