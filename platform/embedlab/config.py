@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from embedlab.data.pair_builder_names import BUILDER_NAMES
 from embedlab.data.pair_source_config import BEIRPairs, HFPairs, PairFiles
 from embedlab.data.source_config import HFDataset, LocalFiles
 from embedlab.errors import UserError
@@ -217,13 +218,11 @@ class DataConfig:
         )
         external = [s.name for s in (*self.local_files, *self.hf_datasets)]
         _check(len(set(external)) == len(external), "data.local_files", f"external source names repeat: {external}")
-        from embedlab.data.pairs import PAIR_BUILDERS  # here: data.pairs imports the corpus, which imports this
-
         users = self.pair_source_names
         _check(len(set(users)) == len(users), "data.pair_files", f"pair source names repeat: {list(users)}")
-        clashes = sorted(set(users) & (set(external) | set(PAIR_BUILDERS)))
+        clashes = sorted(set(users) & (set(external) | set(BUILDER_NAMES)))
         _check(not clashes, "data.pair_files", f"pair source names {clashes} are also document source or built-in "
-               f"pair builder names ({', '.join(PAIR_BUILDERS)}); a share must name one thing")
+               f"pair builder names ({', '.join(BUILDER_NAMES)}); a share must name one thing")
         if self.sources and self.mixture.shares:
             outside = sorted(set(self.mixture.share_map) - set(self.sources) - set(external))
             _check(not outside, "data.mixture.shares", f"names sources that are not built: {outside}")
