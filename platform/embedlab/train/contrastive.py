@@ -12,8 +12,10 @@ own microbatch's candidates (`train/effective_candidates` says how many); GradCa
 
 Joint arm (`contrastive.mlm_weight` = w > 0): w * L_MLM + (1 - w) * L_contrastive, with
 MLM on separately corrupted copies of the same texts and contrastive on clean views; both
-component losses and the norms of their gradients are reported. Phase 3's negatives are
-made on the trial driver before the workers start (`embedlab.train.phase3_negatives`).
+component losses and the norms of their gradients are reported. The contrastive term, its
+weight 1 - w and its backward, plain or GradCache by one rule, are
+`embedlab.train.contrastive_step`'s; phase 3's negatives are made on the trial driver
+before the workers start (`embedlab.train.phase3_negatives`).
 
 Lineage: the child records its parent's content hash and refuses a parent whose tokenizer
 hash differs from its own data's. Optimizer state and schedule clocks reset at the phase
@@ -44,16 +46,16 @@ from embedlab.data.prepared_sync import node_path
 from embedlab.data.stream import worker_splits
 from embedlab.evaluate.checkpoint_eval import arm_eval_tasks
 from embedlab.model.encoder import Encoder, MLMModel
-from embedlab.model.pooling import l2_normalise, mean_pool
-from embedlab.objectives.contrastive import LearnableTemperature, multi_positive_infonce, pair_masks, pooled
+from embedlab.objectives.contrastive import LearnableTemperature
 from embedlab.objectives.gather import gather_no_grad, gather_with_grad
-from embedlab.objectives.gradcache import gradcache_step
 from embedlab.objectives.masking import mask_tokens
 from embedlab.objectives.mlm import mlm_loss_sum
 from embedlab.tokenizer.frozen import load_tokenizer
 from embedlab.train.budget import consumption, recorded_flops, schedule_units, split_lineage_budget, step_units
-from embedlab.train.flops import FORWARD, GRADCACHE, TRAINED, FlopTally
 from embedlab.train.checkpoint import HEAD_FILE, load_parent, local_checkpoint
+from embedlab.train.compiling import compile_blocks, resolve_compile
+from embedlab.train.contrastive_step import ContrastiveStep, local
+from embedlab.train.flops import FORWARD, TRAINED, FlopTally
 from embedlab.train.launch import fit
 from embedlab.train.loop import Progress, RunOptions, TrainingLoop, run_on_ray
 from embedlab.train.mlm_step import all_reduce_gradients, no_reduce, sum_all_reduce
@@ -61,30 +63,8 @@ from embedlab.train.nonfinite import finite_update
 from embedlab.train.optim import build_optimizer, set_learning_rate
 from embedlab.train.phase3_negatives import given_negative_counts, given_negatives_for_phase3, mine_for_phase3, \
     mining_compute
-from embedlab.train.compiling import compile_blocks, resolve_compile
 from embedlab.train.precision import forward_precision, half_activations, resolve_precision
 from embedlab.train.state import data_seed, seed_everything, seed_for
-
-
-def embed(encoder: Encoder, ids: torch.Tensor, pad_id: int, pooling: str) -> torch.Tensor:
-    """(B, L) `[CLS] text [SEP]` rows -> (B, d) unit embeddings (zero rows stay zero).
-
-    Mean pooling averages content tokens (CLS and SEP excluded); CLS pooling takes the
-    first position's final state.
-    """
-    segments = (ids != pad_id).long()
-    hidden = encoder(ids, segments)
-    if pooling == "cls":
-        return l2_normalise(hidden[:, 0])
-    lengths = segments.sum(dim=1, keepdim=True)
-    positions = torch.arange(ids.shape[1], device=ids.device)[None, :]
-    content = (positions >= 1) & (positions < lengths - 1)
-    return l2_normalise(mean_pool(hidden, content))
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    """The one-worker gather: this worker's rows are all the candidates."""
-    return tensor
 
 
 def _grad_vector(model: torch.nn.Module) -> torch.Tensor:
@@ -163,8 +143,11 @@ class ContrastiveLoop(TrainingLoop):
         seed_everything(seed_for(trial.train.seed, "python", rank))
         gathered = settings.gather_across_workers and world > 1
         self.all_reduce = sum_all_reduce(device) if world > 1 else no_reduce
-        self.gather = gather_with_grad if gathered else _local
-        self.gather_ids = gather_no_grad if gathered else _local
+        self.contrastive = ContrastiveStep(
+            settings=settings, encoder=self.encoder, temperature=self.temperature,
+            gather=gather_with_grad if gathered else local, gather_ids=gather_no_grad if gathered else local,
+            model=trial.model, pad_id=self.tokenizer.pad_id, precision=self.precision, device=device, half=self.half,
+        )
         self.host_ban = torch.tensor(self.tokenizer.special_ids)  # never masked (the joint term's copies)
         self.random_range = (len(self.tokenizer.special_ids), self.tokenizer.vocab_size)
         self.builders = loop_config["sources"]
@@ -188,10 +171,6 @@ class ContrastiveLoop(TrainingLoop):
     def done(self) -> bool:
         clock, budget = self.clock()
         return clock >= budget
-
-    def _encode(self, ids: torch.Tensor) -> torch.Tensor:
-        with forward_precision(self.precision, self.device):
-            return embed(self.encoder, ids, self.tokenizer.pad_id, self.settings.pooling)
 
     def step(self, batches: list[dict[str, torch.Tensor]]) -> None:
         """One update from `train.microbatches` microbatches: each scores its queries against
@@ -256,69 +235,16 @@ class ContrastiveLoop(TrainingLoop):
         self.count_rejection(rejected)
 
     def _contrastive_backward(self, batch: dict[str, torch.Tensor], valid: int):
-        """Backward of one microbatch's contrastive loss sum / the step's global valid count;
-        returns the term, the FLOPs this worker's passes ran and the temperature used."""
-        settings, device = self.settings, self.device
+        """Backward of one microbatch's contrastive objective (`embedlab.train.contrastive_step`),
+        counting its pairs and tokens per builder; returns the term, the FLOPs this worker's
+        passes ran and the temperature used."""
         self.builder_pairs += torch.bincount(batch["builder_index"], minlength=len(self.builders)).double()
         self.builder_tokens += torch.bincount(batch["builder_index"], weights=batch["tokens"].double(),
                                               minlength=len(self.builders))
-        host_sides = [batch["positive_ids"]]  # the stream's CPU tensors, read for FLOPs
-        groups = [batch["group"].to(device)]
-        exclude = [torch.zeros(len(batch["group"]), dtype=torch.bool, device=device)]
-        if "negative_ids" in batch:
-            rows, k, length = batch["negative_ids"].shape
-            host_sides.append(batch["negative_ids"].reshape(rows * k, length))
-            groups.append(batch["negative_group"].reshape(-1).to(device))
-            exclude.append((batch["negative_len"].reshape(-1) == 0).to(device))
-        query_groups = batch["group"].to(device)
-        candidate_groups = self.gather_ids(torch.cat(groups))
-        ineligible = self.gather_ids(torch.cat(exclude).long()).bool()
-        tau = self.temperature() if self.temperature is not None else settings.temperature
-
-        scores = FlopTally()  # the score matrices, counted at the shapes they are computed at
-
-        def contrastive_term(queries: torch.Tensor, local_candidates: torch.Tensor):
-            """This worker's queries against every worker's candidates (+ the reverse direction)."""
-            masks = pair_masks(query_groups, candidate_groups,
-                               exclude=ineligible[None, :].expand(len(queries), -1).contiguous())
-            candidates = self.gather(local_candidates)
-            scores.similarity(len(queries), len(candidates), queries.shape[1])
-            term = multi_positive_infonce(queries, candidates, masks.positive, masks.eligible, temperature=tau)
-            if settings.symmetric:
-                # Reverse direction: this worker's positives against every worker's queries,
-                # pooled with the forward term so sums and counts stay exact across workers.
-                reverse = pair_masks(query_groups, self.gather_ids(query_groups))
-                all_queries = self.gather(queries)
-                scores.similarity(len(queries), len(all_queries), queries.shape[1])
-                term = pooled([term, multi_positive_infonce(
-                    local_candidates[: len(queries)], all_queries, reverse.positive, reverse.eligible,
-                    temperature=tau,
-                )])
-            return term
-
-        sides = [side.to(device) for side in host_sides]
-        flops = self._encode_flops((batch["query_ids"], torch.cat(host_sides)), settings.gradcache_chunk)
-        if settings.gradcache_chunk:
-            term = gradcache_step(
-                self._encode, batch["query_ids"].to(device).split(settings.gradcache_chunk),
-                torch.cat(sides).split(settings.gradcache_chunk), contrastive_term, global_valid=valid,
-            )
-        else:
-            term = contrastive_term(self._encode(batch["query_ids"].to(device)), self._encode(torch.cat(sides)))
-            ((1.0 - settings.mlm_weight) * term.loss_sum / valid).backward()
-        if term.valid != self.anchors_per_query * len(query_groups):
+        term, flops, tau = self.contrastive.backward(batch, valid)
+        if term.valid != self.anchors_per_query * len(batch["group"]):
             raise RuntimeError(f"worker {self.rank}: {term.anchors - term.valid} anchors without a positive")
-        return term, flops + scores.flops, tau
-
-    def _encode_flops(self, texts: tuple[torch.Tensor, ...], chunk: int) -> float:
-        """FLOPs of encoding each (B, L) id tensor with gradients: one trained pass, or with
-        GradCache a no-grad pass and a trained one per chunk (the kernel's work is per chunk)."""
-        tally, model, pad_id = FlopTally(), self.trial.model, self.tokenizer.pad_id
-        for ids in texts:
-            for part in (ids.split(chunk) if chunk else (ids,)):
-                tally.encode(model, (part != pad_id).long(), mode=GRADCACHE if chunk else TRAINED, device=self.device,
-                             half=self.half, training=True)
-        return tally.flops
+        return term, flops, tau
 
     def _mlm_backward(self, batches: list[dict[str, torch.Tensor]]) -> tuple[float, float]:
         """The joint arm's MLM term on separately corrupted copies of every microbatch's texts:
