@@ -97,7 +97,8 @@ def test_phase3_refuses_a_final_eval_document_planted_in_its_mined_negatives(dat
     from embedlab.model.encoder import MLMModel
     from embedlab.train.budget import schedule_units
     from embedlab.train.checkpoint import save_checkpoint
-    from embedlab.train.contrastive import mine_for_phase3, run_contrastive
+    from embedlab.train.contrastive import run_contrastive
+    from embedlab.train.phase3_negatives import mine_for_phase3
     from embedlab.train.state import data_seed
 
     base = tiny_trial(budget_pairs=32)

@@ -227,7 +227,8 @@ def test_given_negatives_reach_the_phase3_batch_and_the_margin_drops_a_close_one
     from embedlab.data.pair_stream import group_hash, pair_table_path, tokenize_pair_window
     from embedlab.evaluate.encode import encode_texts
     from embedlab.train.checkpoint import load_encoder
-    from embedlab.train.contrastive import given_negative_counts, given_negatives_for_phase3, trial_pair_schedule
+    from embedlab.train.contrastive import trial_pair_schedule
+    from embedlab.train.phase3_negatives import given_negative_counts, given_negatives_for_phase3
 
     frozen = synthetic.tokenizer(tmp_path / "tokenizer")
     parent = synthetic.write_parent(tmp_path / "parent", frozen)
@@ -348,7 +349,8 @@ def test_phase3_mines_negatives_for_user_pairs_beside_built_in_ones(prepared, tm
     from embedlab.data.pair_stream import pair_table_path
     from embedlab.data.mining import MinedSet
     from embedlab.sweep.run import mines_negatives
-    from embedlab.train.contrastive import mine_for_phase3, trial_pair_schedule
+    from embedlab.train.contrastive import trial_pair_schedule
+    from embedlab.train.phase3_negatives import mine_for_phase3
 
     parent = synthetic.write_parent(tmp_path / "parent", synthetic.tokenizer(tmp_path / "tokenizer"))
     data = dataclasses.replace(synthetic.DATA, pair_files=(PairFiles(
@@ -567,7 +569,8 @@ def test_mining_from_a_parent_on_object_storage_equals_mining_from_its_local_cop
     from embedlab import store
     from embedlab.data.mining import MinedSet
     from embedlab.data.pair_stream import pair_table_path
-    from embedlab.train.contrastive import mine_for_phase3, trial_pair_schedule
+    from embedlab.train.contrastive import trial_pair_schedule
+    from embedlab.train.phase3_negatives import mine_for_phase3
 
     monkeypatch.setenv("EMBEDLAB_CACHE", str(tmp_path / "node-cache"))
     parent = synthetic.write_parent(tmp_path / "parent", synthetic.tokenizer(tmp_path / "tokenizer"))

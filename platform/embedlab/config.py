@@ -444,7 +444,8 @@ class ContrastiveConfig:
     The loss is the multi-positive InfoNCE at `temperature` (a temperature: logits are
     divided by it), optionally learnable and optionally symmetric; candidates are gathered
     across workers when `gather_across_workers`. `gradcache_chunk` > 0 turns on GradCache
-    with that many pairs per chunk. `mlm_weight` > 0 makes the phase joint:
+    with that many pairs per chunk (the same gradient, with or without a joint MLM term).
+    `mlm_weight` > 0 makes the phase joint:
     mlm_weight * L_MLM + (1 - mlm_weight) * L_contrastive, with MLM on separately corrupted
     copies of the same texts. `hard_negatives` > 0 (phase 3) adds that many mined negatives
     per query, searched among the `mining_top_k` nearest training documents, dropping any
@@ -491,8 +492,6 @@ class ContrastiveConfig:
         _check(self.pair_length >= 8, "contrastive.pair_length", "must be >= 8")
         _check(self.temperature > 0, "contrastive.temperature", "must be positive")
         _check(self.gradcache_chunk >= 0, "contrastive.gradcache_chunk", "must be >= 0")
-        _check(not (self.gradcache_chunk and self.mlm_weight), "contrastive.gradcache_chunk",
-               "GradCache covers the contrastive term only; use it with mlm_weight 0")
         _check(0.0 <= self.mlm_weight < 1.0, "contrastive.mlm_weight", "must be in [0, 1)")
         _check(self.hard_negatives >= 0, "contrastive.hard_negatives", "must be >= 0")
         _check(self.mining_top_k >= max(self.hard_negatives, 1), "contrastive.mining_top_k",
