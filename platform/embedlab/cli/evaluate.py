@@ -1,9 +1,9 @@
 """`embedlab evaluate` and `embedlab evaluator stop|status`: score an encoder on a task; the
 cluster's evaluation actor.
 
-`evaluate` scores with `embedlab.evaluate` and `evaluator` asks `embedlab.evaluate.actor`.
-`embedlab.cli.build_parser` registers them with `add_evaluate_parser` and `add_evaluator_parser`
-(two, as `embedlab export` is listed between them).
+`evaluate` resolves its arguments with `embedlab.evaluate.arguments` and `evaluator` asks
+`embedlab.evaluate.actor`. `embedlab.cli.build_parser` registers them with `add_evaluate_parser`
+and `add_evaluator_parser` (two, as `embedlab export` is listed between them).
 """
 
 from __future__ import annotations
@@ -11,46 +11,22 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from embedlab.cli.common import stderr
 from embedlab.code_identity import current
-from embedlab.config import DataConfig, TrialConfig
-from embedlab.evaluate.baselines import evaluate_baseline
-from embedlab.evaluate.beir import load_task, without_documents
-from embedlab.evaluate.builtin_tasks import BUILTIN_TASKS
-from embedlab.evaluate.hub_tasks import derive_dev_split, hub_task_argument, load_hub_task
+from embedlab.evaluate.beir import without_documents
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    # here: checkpoint_eval and train.checkpoint load torch, data.prepare tokenizers
-    from embedlab.data.prepare import prepare_data
-    from embedlab.evaluate.checkpoint_eval import evaluate_checkpoint, resolve_task
-    from embedlab.train.checkpoint import verify_checkpoint
+    from embedlab.evaluate.arguments import load_task_argument, score_encoder  # here: it loads torch
 
-    baseline = args.encoder.removeprefix("baseline:") if args.encoder.startswith("baseline:") else None
-    spec = hub_task_argument(args.task, dev_fraction=args.dev_fraction, dev_seed=args.dev_seed)
-    if spec is not None:  # materialised (with its derived dev split, if any) in the cache, once
-        task = load_hub_task(spec)
-    else:
-        prepared_dir = None
-        if args.task in BUILTIN_TASKS and not Path(args.task).is_dir():
-            # The built-in task comes from the same corpus split the checkpoint trained on
-            # (baselines: the default data config, the one `make demo` trains on).
-            data = DataConfig() if baseline else TrialConfig.from_dict(
-                verify_checkpoint(args.encoder)["config"]).data
-            prepared_dir = prepare_data(data, progress=lambda m: print(m, file=sys.stderr)).directory
-        task = load_task(resolve_task(args.task, prepared_dir))
-        if args.dev_fraction is not None:  # the same rule as a Hub task's, in memory
-            task, _ = derive_dev_split(task, args.dev_fraction, args.dev_seed)
+    task = load_task_argument(args.task, args.encoder, dev_fraction=args.dev_fraction, dev_seed=args.dev_seed,
+                              progress=lambda m: print(m, file=sys.stderr))
     if args.without_documents:
         task, dropped = without_documents(task, args.without_documents.split(","))
         print(f"without documents {args.without_documents}: {len(dropped)} queries left out "
               f"({', '.join(dropped)})", file=sys.stderr)
-    if baseline is not None:
-        metrics = evaluate_baseline(baseline, task, args.split)
-    else:
-        metrics = evaluate_checkpoint(args.encoder, task, args.split, index=args.index)
+    metrics = score_encoder(args.encoder, task, args.split, index=args.index)
     if args.json:
         print(json.dumps(metrics, sort_keys=True))
     else:
