@@ -51,9 +51,9 @@ def cmd_evaluator_stop(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluator_status(args: argparse.Namespace) -> int:
-    import ray  # here, as evaluate.actor (ray, torch) and sweep.run (torch) below
-
-    from embedlab.evaluate.actor import describe_identity, evaluator_identity, find_evaluator
+    # here: evaluate.actor loads ray and torch, sweep.run torch
+    from embedlab.evaluate.actor import (describe_identity, evaluator_identity, evaluator_stats, find_evaluator,
+                                         runs_this_code)
     from embedlab.sweep.run import connect
 
     connect(args.address, stderr)
@@ -62,10 +62,9 @@ def cmd_evaluator_status(args: argparse.Namespace) -> int:
         print("no evaluator on this cluster")
         return 0
     served = evaluator_identity(handle, timeout_s=30.0)
-    same = (served["version"], served["code_hash"]) == (current().version, current().code_hash)
     print(f"evaluator: {describe_identity(served)}, {'evaluating' if served['in_flight'] else 'idle'}; "
-          f"{'the same as' if same else 'not'} this checkout's {current()}")
-    for key, value in ray.get(handle.stats.remote(), timeout=30.0).items():
+          f"{'the same as' if runs_this_code(served) else 'not'} this checkout's {current()}")
+    for key, value in evaluator_stats(handle, timeout_s=30.0).items():
         print(f"{key}: {value}")
     return 0
 
