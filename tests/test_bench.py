@@ -23,7 +23,8 @@ from embedlab.bench.train import (
     reference_config,
     reference_extra_parameters,
 )
-from embedlab.cli import build_parser, cmd_bench_all, cmd_bench_mfu, cmd_bench_train, main
+from embedlab.cli import build_parser, main
+from embedlab.cli.bench import cmd_bench_all, cmd_bench_mfu, cmd_bench_train
 from embedlab.config import MODEL_PRESETS, model_preset
 from embedlab.errors import UsageError
 from embedlab.model.encoder import MLMModel, count_parameters

@@ -16,7 +16,8 @@ from embedlab.bench.cpu_mfu import (
     why_below_peak,
 )
 from embedlab.bench.measure import comparisons_json
-from embedlab.cli import build_parser, cmd_bench_mfu_cpu, main
+from embedlab.cli import build_parser, main
+from embedlab.cli.bench import cmd_bench_mfu_cpu
 from embedlab.config import ConfigError, model_preset
 from embedlab.errors import UsageError
 from embedlab.train.flops import TRAINED, encoder_flops, head_forward_flops, linear_parameters

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from embedlab.cli import find_demo_tour, main
+from embedlab.cli import main
+from embedlab.cli.sweep import find_demo_tour
 from embedlab.errors import UserError
 
 REPOSITORY = Path(__file__).parent.parent

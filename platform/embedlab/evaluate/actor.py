@@ -235,6 +235,16 @@ def describe_identity(served: dict) -> str:
     return str(code_identity.CodeIdentity(version=served["version"], code_hash=served["code_hash"]))
 
 
+def runs_this_code(served: dict) -> bool:
+    """Whether an evaluator that reported `served` (`evaluator_identity`) runs this process's code."""
+    return _runs(served, code_identity.current())
+
+
+def evaluator_stats(handle: ray.actor.ActorHandle, timeout_s: float = IDENTITY_TIMEOUT_S) -> dict:
+    """What `Evaluator.stats()` returns: tasks loaded, results cached, its GPUs."""
+    return ray.get(handle.stats.remote(), timeout=timeout_s)
+
+
 def stop_evaluator() -> dict | None:
     """Kill the cluster's evaluator, if there is one, and wait until its name is free: the
     identity it reported (None when there was none; {} when it did not answer in 10 s).
