@@ -53,7 +53,7 @@ class TrialNeed:
 
 def trial_needs(arms: dict[str, TrialConfig], search: tuple = ()) -> list[TrialNeed]:
     """Each arm's `TrialNeed`, at its searched maximum where a search varies its resources
-    (the rule `embedlab.sweep.run.max_concurrent_trials` sizes concurrency by)."""
+    (the rule `embedlab.sweep.cluster.max_concurrent_trials` sizes concurrency by)."""
     needs = []
     for arm, trial in at_searched_maximum(arms, search)[0].items():
         worker = {"CPU": float(trial.train.cpus_per_worker), **({"GPU": 1.0} if trial.train.use_gpu else {})}
