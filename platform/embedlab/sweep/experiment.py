@@ -13,6 +13,9 @@ from embedlab.sweep.rundir import error_text, write_row
 from embedlab.sweep.study import Study
 from embedlab.sweep.table import TRIALS_DIR
 
+# Runs of a trial beyond its first before it counts as failed. Fixed, not a setting: one
+# retry outlasts a lost node or a removed placement group; a trial that fails again fails
+# for a reason of its own, which its row records, and a resumed run runs it again.
 TRIAL_RETRIES = 1
 
 

@@ -12,10 +12,14 @@ from typing import Any
 from embedlab.config import EvalConfig
 
 # Console lines: a trial's budget at each quarter and at most every 30 s between them; the
-# evaluator's encoding line polled every 5 s (it writes one at most every 10 s).
+# evaluator's encoding line polled every 5 s (it writes one at most every 10 s). Fixed: they
+# pace the console, not the training; polling at half the evaluator's pace shows each of its
+# lines while it is current.
 BUDGET_LINE_SECONDS = 30.0
 EVAL_POLL_SECONDS = 5.0
-EVAL_PROGRESS = "eval/progress"  # a Tune result holding one evaluation progress line (text)
+# A Tune result holding one evaluation progress line (text): the key the trial writes and the
+# callback reads.
+EVAL_PROGRESS = "eval/progress"
 
 
 def evaluate_with_progress(evaluator, args: tuple, *, request: str, report: Callable[[str], None],

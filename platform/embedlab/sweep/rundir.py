@@ -23,7 +23,9 @@ from embedlab.sweep.paired import PER_QUERY_DIR
 from embedlab.sweep.scores import TrialScores
 from embedlab.sweep.table import TRIALS_DIR
 
-ERROR_CHARS = 2_000  # of an error's text kept in a failed trial's row
+# Of an error's text kept in a failed trial's row. Fixed, not a setting: the row keeps the
+# end, where the exception's own line is, and stays a small record.
+ERROR_CHARS = 2_000
 
 
 def new_run_dir(storage: str, name: str) -> str:

@@ -17,6 +17,8 @@ from embedlab.sweep.rundir import finished_rows, write_json
 from embedlab.sweep.study import Study
 from embedlab.sweep.table import STUDY_FILE
 
+# Fixed, not a setting: the run directory's layout (`embedlab.sweep.rundir`) names it, so a
+# resumed run finds its Optuna storage there.
 OPTUNA_FILE = "optuna.db"
 
 
