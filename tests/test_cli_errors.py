@@ -40,7 +40,7 @@ def test_the_projects_input_errors_are_user_errors_and_keep_their_old_bases():
     from embedlab.data.mixture import MixtureError
     from embedlab.evaluate.beir import TaskFormatError
     from embedlab.sweep.promote import PromotionError
-    from embedlab.sweep.run import TuningError
+    from embedlab.sweep.tuning import TuningError
     from embedlab.sweep.table import UnequalComputeError
     from embedlab.train.checkpoint import CheckpointError
 

@@ -124,7 +124,7 @@ def test_panel_scores_equal_single_task_evaluations_and_the_mean_is_the_hand_mea
     """Scored on a panel, a trial's `<task>/dev/...` columns equal the plain columns a single-task
     trial on that task writes, exactly; the main task keeps its plain columns; `mean/dev/...` is
     the hand mean of the two; per-query values are keyed like the columns; the cost is summed."""
-    from embedlab.sweep.run import score_trial
+    from embedlab.sweep.scores import score_trial
 
     evaluate, calls = checkpoint_evaluator(parent)
     panel = score_trial(evaluate, panel_dirs, "dev", None)
@@ -312,7 +312,7 @@ def test_preflight_audit_finds_a_planted_query_of_the_second_task(tmp_path, pane
     of the second task quoted in a training document is found (and refused without a disclosed
     policy), though the main task is clean."""
     from embedlab.data.audit import ContaminationError
-    from embedlab.sweep.run import _check_contamination
+    from embedlab.sweep.gate import check_contamination as _check_contamination
 
     query_id = next(q for q in sorted(data_task.qrels["test"]) if len(data_task.queries[q].split()) >= 8)
     background = [(f"os:{name}", name, body) for name, _, body in docstring_records(__import__("os"))][:20]

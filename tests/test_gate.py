@@ -58,7 +58,7 @@ def test_sweep_gate_refuses_final_eval_items_planted_in_the_pairs(data):
     refuses the same frozen table once a test query and a quoted test document are planted in
     it, naming the pairs stage, and with a disclosed-overlap policy returns exactly those two."""
     from embedlab.data.pair_stream import pair_table_path
-    from embedlab.sweep.run import _check_contamination
+    from embedlab.sweep.gate import check_contamination as _check_contamination
 
     records = {arm: {**data.record, "directory": str(data.directory)} for arm in ("cold", "warm")}
     lines: list[str] = []
@@ -176,7 +176,7 @@ def test_sweep_refuses_a_pair_budget_past_the_repetition_cap_before_any_trial(da
     and the builder; the same study within the cap passes."""
     from embedlab.data.pair_stream import pair_table_path
     from embedlab.errors import UsageError
-    from embedlab.sweep.run import _check_pair_schedules
+    from embedlab.sweep.gate import check_pair_schedules as _check_pair_schedules
 
     records = {arm: {**data.record, "directory": str(data.directory)} for arm in ("cold", "warm")}
     held = pq.read_table(pair_table_path(data, list(BUILDERS), **QUIET), columns=["builder"]).num_rows

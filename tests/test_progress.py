@@ -14,7 +14,7 @@ import synthetic
 from embedlab.evaluate.beir import Task, write_task
 from embedlab.evaluate.checkpoint_eval import evaluate_checkpoint
 from embedlab.evaluate.encode import encode_texts
-from embedlab.sweep.run import BudgetLines, evaluate_with_progress
+from embedlab.sweep.progress import BudgetLines, evaluate_with_progress
 from embedlab.tokenizer.frozen import train_tokenizer
 from embedlab.train.checkpoint import load_encoder
 

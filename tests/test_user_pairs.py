@@ -139,7 +139,7 @@ def test_a_mixture_naming_a_user_source_schedules_its_train_rows_by_share(prepar
     from embedlab.data.user_pairs import RECORD_FILE, user_pairs_dir
     from embedlab.errors import UsageError
     from embedlab.train.contrastive import trial_pair_schedule
-    from embedlab.sweep.run import _check_pair_schedules
+    from embedlab.sweep.gate import check_pair_schedules as _check_pair_schedules
     from embedlab import Study
 
     rows = user_rows()
@@ -187,7 +187,7 @@ def test_the_audit_finds_a_user_pair_holding_an_eval_query_and_the_preflight_ref
     from embedlab import Study
     from embedlab.data.audit import ContaminationError
     from embedlab.evaluate.beir import load_task
-    from embedlab.sweep.run import _check_contamination
+    from embedlab.sweep.gate import check_contamination as _check_contamination
 
     task = load_task(task_dir)
     rows = user_rows()
@@ -348,7 +348,7 @@ def test_phase3_mines_negatives_for_user_pairs_beside_built_in_ones(prepared, tm
 
     from embedlab.data.pair_stream import pair_table_path
     from embedlab.data.mining import MinedSet
-    from embedlab.sweep.run import mines_negatives
+    from embedlab.sweep.cluster import mines_negatives
     from embedlab.train.contrastive import trial_pair_schedule
     from embedlab.train.phase3_negatives import mine_for_phase3
 

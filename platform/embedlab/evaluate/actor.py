@@ -48,7 +48,7 @@ NAMESPACE = "embedlab"
 PROGRESS_GROUP = "progress"  # a concurrency group of one thread beside the default one
 # The evaluator's share of one GPU on a GPU cluster. It encodes in bursts between trainings,
 # so a quarter is enough to run on the device while Ray packs it with other fractional
-# requests (mining trial drivers: `embedlab.sweep.run.MINING_GPU_SHARE`) onto one device,
+# requests (mining trial drivers: `embedlab.sweep.cluster.MINING_GPU_SHARE`) onto one device,
 # leaving whole devices to the trainers' workers.
 EVALUATOR_GPU_SHARE = 0.25
 # How long `get_evaluator` waits for the actor to answer `identity()` (it first has to start),
@@ -165,7 +165,7 @@ def get_evaluator(num_cpus: float = 0, num_gpus: float | None = None) -> ray.act
     one sweep's driver exiting does not take it from another (a non-detached actor dies with
     its creator). It holds no CPU reservation: it works between trainings, and on a 2-core
     box a reserved core would starve the trainers' data pipeline. `num_gpus` defaults to
-    `evaluator_gpus` of the cluster (a sweep passes its own choice: `sweep.run.gpu_shares`);
+    `evaluator_gpus` of the cluster (a sweep passes its own choice: `sweep.cluster.gpu_shares`);
     requests only count when this call creates the actor, not when it finds it.
 
     An evaluator found with another code identity is replaced when idle (one warning line);

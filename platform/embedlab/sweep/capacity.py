@@ -19,12 +19,17 @@ from embedlab.config import TrialConfig
 from embedlab.errors import UsageError
 from embedlab.sweep.study import set_path
 
-POLL_SECONDS = 5.0  # between reads of the cluster's resources while waiting
-LINE_SECONDS = 30.0  # at most this long between two waiting lines when nothing changes
-# CPUs left free for Ray Data's read tasks and the evaluation actor (RAY-NOTES.md: a
-# trainer that takes every CPU starves its own data pipeline and hangs).
+# Fixed rules, not settings: none of them changes what a study computes.
+# Between reads of the cluster's resources while waiting, and at most this long between two
+# waiting lines when nothing changes: they pace the wait and the console, not the sweep.
+POLL_SECONDS = 5.0
+LINE_SECONDS = 30.0
+# CPUs left free for Ray Data's read tasks and the evaluation actor: a trainer that takes
+# every CPU starves its own data pipeline and hangs. The trials' own CPUs are the setting
+# (`train.num_workers`, `train.cpus_per_worker`); this is what every sweep needs beside them.
 RESERVED_CPUS = 1.0
-RESOURCE_PATHS = ("train.num_workers", "train.cpus_per_worker", "train.use_gpu")  # what a trial reserves
+# What a trial reserves: the config paths Ray's resource requests are made of.
+RESOURCE_PATHS = ("train.num_workers", "train.cpus_per_worker", "train.use_gpu")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +53,7 @@ class TrialNeed:
 
 def trial_needs(arms: dict[str, TrialConfig], search: tuple = ()) -> list[TrialNeed]:
     """Each arm's `TrialNeed`, at its searched maximum where a search varies its resources
-    (the rule `embedlab.sweep.run.max_concurrent_trials` sizes concurrency by)."""
+    (the rule `embedlab.sweep.cluster.max_concurrent_trials` sizes concurrency by)."""
     needs = []
     for arm, trial in at_searched_maximum(arms, search)[0].items():
         worker = {"CPU": float(trial.train.cpus_per_worker), **({"GPU": 1.0} if trial.train.use_gpu else {})}
