@@ -12,14 +12,14 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-SCANNED = ("platform", "tests", "ablations", "workers", "dashboards")
+SCANNED = ("platform", "tests", "ablations", "workers", "dashboards", "docs")
 # Markdown files embedlab writes at run time, named in the code that writes or reads them.
 RUNTIME_DOCUMENTS = frozenset({"data_card.md", "report.md"})
 REFERENCE = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)*[\w-]+\.md)\b")
 
 
 def _sources() -> list[Path]:
-    files = [REPO / "Makefile", REPO / "pyproject.toml"]
+    files = [REPO / "Makefile", REPO / "pyproject.toml", REPO / "README.md"]
     for folder in SCANNED:
         files += [p for p in (REPO / folder).rglob("*") if p.is_file() and "__pycache__" not in p.parts
                   and p.suffix in (".py", ".sh", ".toml", ".md", ".json", "")]

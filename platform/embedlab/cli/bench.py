@@ -23,7 +23,7 @@ def _print_comparisons(comparisons, notes: list[str], as_json: bool) -> None:
 def _bench_prepared(args: argparse.Namespace):
     # here: data.prepare loads tokenizers, sweep.run torch
     from embedlab.data.prepare import prepare_data
-    from embedlab.sweep.run import connect
+    from embedlab.sweep.cluster import connect
 
     connect(args.address, stderr)
     return prepare_data(load_data_configs(args.spec)[0], progress=stderr)
@@ -32,7 +32,7 @@ def _bench_prepared(args: argparse.Namespace):
 def cmd_bench_data(args: argparse.Namespace) -> int:
     # here: bench.data loads tokenizers, sweep.run torch
     from embedlab.bench.data import bench_data, format_bench
-    from embedlab.sweep.run import connect
+    from embedlab.sweep.cluster import connect
 
     connect(args.address, stderr)
     config = load_data_configs(args.spec)[0]
@@ -45,7 +45,7 @@ def cmd_bench_data(args: argparse.Namespace) -> int:
 def cmd_bench_eval(args: argparse.Namespace) -> int:
     # here: bench.evaluation loads tokenizers, sweep.run torch
     from embedlab.bench.evaluation import bench_eval, format_bench_eval
-    from embedlab.sweep.run import connect
+    from embedlab.sweep.cluster import connect
 
     connect(args.address, stderr)
     result = bench_eval(split=args.split, progress=stderr)
@@ -58,7 +58,7 @@ def cmd_bench_all(args: argparse.Namespace) -> int:
         return cmd_bench_scaling(args)
     # here: both load torch
     from embedlab.bench.suite import bench_all
-    from embedlab.sweep.run import connect
+    from embedlab.sweep.cluster import connect
 
     connect(args.address, stderr)
     result = bench_all(load_data_configs(args.spec)[0], compile_model=not args.no_compile, progress=stderr)

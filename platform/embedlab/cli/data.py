@@ -17,7 +17,7 @@ from embedlab.data.spec import load_data_configs
 def cmd_data_build(args: argparse.Namespace) -> int:
     # here: torch (sweep.run) and tokenizers (data.prepare)
     from embedlab.data.prepare import prepare_data
-    from embedlab.sweep.run import connect
+    from embedlab.sweep.cluster import connect
 
     connect(args.address, stderr)
     for config in load_data_configs(args.spec):
@@ -32,7 +32,7 @@ def cmd_data_audit(args: argparse.Namespace) -> int:
     from embedlab.data.contamination import run_audit
     from embedlab.data.prepare import prepare_data
     from embedlab.data.stages import ALL_STAGES
-    from embedlab.sweep.run import connect
+    from embedlab.sweep.cluster import connect
 
     connect(args.address, stderr)
     for config in load_data_configs(args.spec):
@@ -45,7 +45,7 @@ def cmd_data_audit(args: argparse.Namespace) -> int:
 def cmd_tokenizer_compare(args: argparse.Namespace) -> int:
     # here: torch (sweep.run) and tokenizers (data.prepare, tokenizer.compare)
     from embedlab.data.prepare import prepare_data
-    from embedlab.sweep.run import connect
+    from embedlab.sweep.cluster import connect
     from embedlab.tokenizer.compare import compare_corpus_tokenizers, format_comparison
 
     connect(args.address, stderr)

@@ -38,7 +38,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def cmd_evaluator_stop(args: argparse.Namespace) -> int:
     # here: evaluate.actor loads ray and torch, sweep.run torch
     from embedlab.evaluate.actor import describe_identity, stop_evaluator
-    from embedlab.sweep.run import connect
+    from embedlab.sweep.cluster import connect
 
     connect(args.address, stderr)
     served = stop_evaluator()
@@ -54,7 +54,7 @@ def cmd_evaluator_status(args: argparse.Namespace) -> int:
     # here: evaluate.actor loads ray and torch, sweep.run torch
     from embedlab.evaluate.actor import (describe_identity, evaluator_identity, evaluator_stats, find_evaluator,
                                          runs_this_code)
-    from embedlab.sweep.run import connect
+    from embedlab.sweep.cluster import connect
 
     connect(args.address, stderr)
     handle = find_evaluator()
