@@ -154,7 +154,7 @@ def ray_session(s3_server):
     session's S3 server)."""
     import ray
 
-    from embedlab.sweep.run import connect
+    from embedlab.sweep.cluster import connect
 
     connect(None, progress=lambda message: None)
     yield

@@ -29,7 +29,7 @@ TIMING = ("compute/", "train/tokens_per_s", "train/pairs_per_s")
 
 
 def tokenizer(directory: Path):
-    from embedlab.tokenizer import save_tokenizer, train_tokenizer
+    from embedlab.tokenizer.frozen import save_tokenizer, train_tokenizer
 
     return save_tokenizer(train_tokenizer(TEXTS, vocab_size=300), directory)
 

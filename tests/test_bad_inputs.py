@@ -114,7 +114,7 @@ def test_corrupt_or_truncated_checkpoint(tmp_path, storage, capsys):
     from test_promote import TINY  # a one-layer encoder
 
     from embedlab.model.encoder import MLMModel
-    from embedlab.tokenizer import save_tokenizer, train_tokenizer
+    from embedlab.tokenizer.frozen import save_tokenizer, train_tokenizer
     from embedlab.train.checkpoint import save_checkpoint
 
     tokenizer = save_tokenizer(train_tokenizer([f"text {i}" for i in range(50)], vocab_size=300), tmp_path / "tok")
@@ -131,7 +131,7 @@ def test_tokenizer_hash_that_does_not_match_the_checkpoint(tmp_path):
     from test_promote import TINY
 
     from embedlab.model.encoder import MLMModel
-    from embedlab.tokenizer import save_tokenizer, train_tokenizer
+    from embedlab.tokenizer.frozen import save_tokenizer, train_tokenizer
     from embedlab.train.checkpoint import CheckpointError, load_parent, save_checkpoint
 
     tokenizer = save_tokenizer(train_tokenizer([f"text {i}" for i in range(50)], vocab_size=300), tmp_path / "tok")

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from embedlab.bench_measure import Comparison, comparisons_json, format_comparisons
-from embedlab.bench_train import (
+from embedlab.bench.measure import Comparison, comparisons_json, format_comparisons
+from embedlab.bench.train import (
     AllPositionLogits,
     ReferenceTrainer,
     TokenIds,
@@ -23,7 +23,8 @@ from embedlab.bench_train import (
     reference_config,
     reference_extra_parameters,
 )
-from embedlab.cli import build_parser, cmd_bench_all, cmd_bench_mfu, cmd_bench_train, main
+from embedlab.cli import build_parser, main
+from embedlab.cli.bench import cmd_bench_all, cmd_bench_mfu, cmd_bench_train
 from embedlab.config import MODEL_PRESETS, model_preset
 from embedlab.errors import UsageError
 from embedlab.model.encoder import MLMModel, count_parameters
@@ -130,7 +131,7 @@ def test_bench_train_cli_reports_every_comparison(spec, capsys):
 
 def test_bench_contrastive_runs_the_real_step_both_ways(prepared):
     """GradCache and plain steps both train on the same real pairs; pairs/s reported for each."""
-    from embedlab.bench_contrastive import ContrastiveBench, bench_contrastive
+    from embedlab.bench.contrastive import ContrastiveBench, bench_contrastive
 
     bench = ContrastiveBench(preset="tiny", batch_pairs=8, gradcache_chunk=4, pair_length=32, steps=1,
                              repeats=1, memory=False)
@@ -140,8 +141,8 @@ def test_bench_contrastive_runs_the_real_step_both_ways(prepared):
 
 def test_scaling_labels_extrapolated_encoding(prepared):
     """Tokens/s is measured per length on both attention paths; encoding beyond the limit is labelled."""
-    from embedlab.bench_scaling import eval_time_by_corpus_size, format_scaling
-    from embedlab.bench_train import tokens_per_second_by_length
+    from embedlab.bench.scaling import eval_time_by_corpus_size, format_scaling
+    from embedlab.bench.train import tokens_per_second_by_length
 
     lengths = tokens_per_second_by_length(prepared, (32, 64), tokens=512, repeats=1, progress=lambda m: None)
     corpus = eval_time_by_corpus_size(prepared, (40, 400), encode_limit=40, queries=5, preset="tiny",
@@ -153,7 +154,8 @@ def test_scaling_labels_extrapolated_encoding(prepared):
 
 def test_mfu_counts_model_flops_and_measures_on_any_device():
     """Model FLOPs = 6 x body x tokens + 6 x head x selected + 12 L d sum(len^2); MFU = achieved / peak."""
-    from embedlab.bench_mfu import MfuBench, body_parameters, measure_mfu, model_flops, segment_lengths, synthetic_rows
+    from embedlab.bench.mfu import MfuBench, body_parameters, measure_mfu, model_flops, segment_lengths
+    from embedlab.bench.synthetic import synthetic_rows
 
     config = model_preset("tiny", vocab_size=512)
     d, layers = config.width, config.layers
@@ -179,7 +181,7 @@ def test_mfu_before_after_compares_bf16_with_fp32_and_compiled_with_eager():
     dense mask), and the compiled run against eager at its precision, each ratio being its two
     measured values'; nothing when disabled. Run on CPU with the tiny preset, where bf16
     autocast also works."""
-    from embedlab.bench_mfu import MfuBench, before_after
+    from embedlab.bench.mfu import MfuBench, before_after
 
     config = model_preset("tiny", vocab_size=512)
     bench = MfuBench(preset="tiny", sequence_length=64, batch_rows=2, steps=1, warmup_steps=1, compare_steps=1)
@@ -217,7 +219,7 @@ KNOWN_DEVICES = [
 def test_mfu_peak_is_chosen_by_the_exact_device_name(name, part, tflops):
     """Each reported name gets its own part's dense peak (a PCIe or NVL H100 is not the SXM part,
     an A10 is not an A100), and the JSON's "peak" record names the entry it matched."""
-    from embedlab.bench_mfu import device_peak, peak_entry, resolve_peak
+    from embedlab.bench.mfu import device_peak, peak_entry, resolve_peak
 
     entry = peak_entry(name)
     assert (entry.part, entry.dense_tflops) == (part, tflops)
@@ -236,7 +238,7 @@ def test_mfu_peak_of_an_unlisted_device_is_unknown_and_needs_peak_tflops(name):
     """A name not in the table (a bare "NVIDIA H100" names no form factor; a MIG slice has a
     fraction of the SMs) has no peak; the bench then refuses, naming --peak-tflops, and takes
     the peak given there."""
-    from embedlab.bench_mfu import device_peak, peak_entry, resolve_peak
+    from embedlab.bench.mfu import device_peak, peak_entry, resolve_peak
 
     assert peak_entry(name) is None and device_peak(name) is None
     with pytest.raises(UsageError, match=r"MFU needs --peak-tflops N, the device's dense bf16"):
@@ -249,7 +251,7 @@ def test_mfu_peak_of_an_unlisted_device_is_unknown_and_needs_peak_tflops(name):
 
 def test_mfu_peak_tflops_overrides_the_table_and_the_record_keeps_both():
     """--peak-tflops wins over a known device's entry; the record shows the entry it overrode."""
-    from embedlab.bench_mfu import resolve_peak
+    from embedlab.bench.mfu import resolve_peak
 
     peak, record = resolve_peak("NVIDIA H100 PCIe", peak_tflops=700.0)
     assert peak == 700e12
@@ -274,7 +276,7 @@ def test_bench_commands_parse():
     mfu = parser.parse_args(["bench", "mfu"])
     assert mfu.func is cmd_bench_mfu and (mfu.preset, mfu.sequence_length, mfu.attention) == ("300m", 512, "auto")
     # The GPU script's retry: never touches the flash kernel again.
-    from embedlab.bench_mfu import MfuBench, bench_model
+    from embedlab.bench.mfu import MfuBench, bench_model
 
     assert parser.parse_args(["bench", "mfu", "--attention", "dense"]).attention == "dense"
     assert bench_model(MfuBench(attention="dense")).attention == "dense"

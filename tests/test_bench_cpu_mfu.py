@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from embedlab.bench_cpu_mfu import (
+from embedlab.bench.cpu_mfu import (
     CpuMfuBench,
     add_shares,
     cpu_mfu_comparisons,
@@ -15,8 +15,9 @@ from embedlab.bench_cpu_mfu import (
     matmul_peak,
     why_below_peak,
 )
-from embedlab.bench_measure import comparisons_json
-from embedlab.cli import build_parser, cmd_bench_mfu_cpu, main
+from embedlab.bench.measure import comparisons_json
+from embedlab.cli import build_parser, main
+from embedlab.cli.bench import cmd_bench_mfu_cpu
 from embedlab.config import ConfigError, model_preset
 from embedlab.errors import UsageError
 from embedlab.train.flops import TRAINED, encoder_flops, head_forward_flops, linear_parameters
@@ -52,7 +53,8 @@ def test_step_flops_are_the_training_counters_over_the_timed_batch():
     """The step's executed FLOPs are FlopTally's for the timed batch (dense path on the CPU: every
     row position through the linears, B x L^2 attention recomputed in the fused backward, the head
     at the selected positions), and the share is those FLOPs over the timed seconds over the peak."""
-    from embedlab.bench_mfu import MfuBench, measure_mfu, synthetic_batch
+    from embedlab.bench.mfu import MfuBench, measure_mfu
+    from embedlab.bench.synthetic import synthetic_batch
 
     config = model_preset("tiny", vocab_size=512)
     bench = MfuBench(preset="tiny", sequence_length=32, batch_rows=2, steps=1, warmup_steps=1, precision="fp32",

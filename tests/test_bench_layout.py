@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from embedlab.bench_layout import (
+from embedlab.bench.layout import (
     LAYOUTS,
     Layout,
     LayoutBench,
@@ -18,7 +18,8 @@ from embedlab.bench_layout import (
     summarise,
     trial_timing,
 )
-from embedlab.cli import build_parser, cmd_bench_layout
+from embedlab.cli import build_parser
+from embedlab.cli.bench import cmd_bench_layout
 from embedlab.config import TrialConfig
 from embedlab.errors import UsageError
 from embedlab.train.budget import step_units

@@ -16,8 +16,8 @@ import textwrap
 import pytest
 import torch
 
-from embedlab.bench_measure import comparisons_json
-from embedlab.bench_train import (
+from embedlab.bench.measure import comparisons_json
+from embedlab.bench.train import (
     REFERENCES,
     ReferenceTrainer,
     TokenIds,
@@ -46,7 +46,7 @@ def docstrings() -> list[str]:
 
 @pytest.fixture(scope="module")
 def tokenizer(docstrings, tmp_path_factory):
-    from embedlab.tokenizer import save_tokenizer, train_tokenizer
+    from embedlab.tokenizer.frozen import save_tokenizer, train_tokenizer
 
     return save_tokenizer(train_tokenizer(docstrings, vocab_size=512), tmp_path_factory.mktemp("tokenizer"))
 

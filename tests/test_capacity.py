@@ -8,8 +8,8 @@ import math
 import pytest
 
 from embedlab.errors import UsageError
-from embedlab.sweep.capacity import TrialNeed, request_from_autoscaler, trial_needs, wait_for_capacity
-from embedlab.sweep.run import RESERVED_CPUS, max_concurrent_trials
+from embedlab.sweep.capacity import RESERVED_CPUS, TrialNeed, request_from_autoscaler, trial_needs, wait_for_capacity
+from embedlab.sweep.cluster import max_concurrent_trials
 
 from conftest import tiny_trial
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from embedlab.cli import find_demo_tour, main
+from embedlab.cli import main
+from embedlab.cli.sweep import find_demo_tour
 from embedlab.errors import UserError
 
 REPOSITORY = Path(__file__).parent.parent
@@ -39,7 +40,7 @@ def test_the_projects_input_errors_are_user_errors_and_keep_their_old_bases():
     from embedlab.data.mixture import MixtureError
     from embedlab.evaluate.beir import TaskFormatError
     from embedlab.sweep.promote import PromotionError
-    from embedlab.sweep.run import TuningError
+    from embedlab.sweep.tuning import TuningError
     from embedlab.sweep.table import UnequalComputeError
     from embedlab.train.checkpoint import CheckpointError
 

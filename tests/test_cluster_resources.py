@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 
 from embedlab.evaluate.actor import EVALUATOR_GPU_SHARE, evaluator_gpus
-from embedlab.sweep.run import (
-    MINING_GPU_SHARE, TRIAL_DRIVER_RESOURCES, GpuShares, _driver_resources, check_fits, gpu_shares,
-    local_resources, run_sweep, study_concurrency, trial_driver_resources,
+from embedlab.sweep.cluster import (
+    MINING_GPU_SHARE, TRIAL_DRIVER_RESOURCES, GpuShares, check_fits, gpu_shares, local_resources, study_concurrency,
+    trial_driver_resources,
 )
+from embedlab.sweep.run import _driver_resources, run_sweep
 from embedlab.sweep.study import load_study
 
 ROOT = Path(__file__).parent.parent
@@ -72,7 +73,7 @@ def test_shares_never_leave_a_trainer_without_whole_gpus():
 
 SCHEDULED = """
 import json, os
-os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # loopback only, as embedlab.sweep.run.connect
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # loopback only, as embedlab.sweep.cluster.connect
 import ray
 import ray._private.ray_constants as ray_constants
 ray_constants.ENABLE_RAY_CLUSTER = False

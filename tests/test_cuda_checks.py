@@ -10,9 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from embedlab import bench_mfu, cuda_checks
+from embedlab.bench import cuda_checks
+from embedlab.bench import mfu as bench_mfu
 from embedlab.cli import main
-from embedlab.cuda_checks import CHECKS, check_varlen_kernel, run_checks
+from embedlab.bench.cuda_checks import CHECKS, check_varlen_kernel, run_checks
 
 pytestmark = pytest.mark.timeout(300)
 

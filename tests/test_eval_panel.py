@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from embedlab.config import ConfigError, EvalConfig, TrialConfig, _build
+from embedlab.config import ConfigError, EvalConfig, TrialConfig, build_config
 from embedlab.evaluate.beir import Task, write_task
 from embedlab.evaluate.hub_tasks import HubTask, derive_dev_split, local_dataset_revision
 
@@ -66,7 +66,7 @@ def test_panel_config_round_trips_through_toml_and_json(tmp_path, shell_task, da
     assert built == EvalConfig(tasks=(str(beir),), hub_tasks=(spec,))
     assert built.panel and built.task_names == ("python-docstrings", "data-formats", "shell-utils")
     as_json = json.loads(json.dumps(dataclasses.asdict(built)))
-    assert _build(EvalConfig, as_json, "eval") == built
+    assert build_config(EvalConfig, as_json, "eval") == built
     trial = dataclasses.replace(TrialConfig(), eval=built)
     assert TrialConfig.from_dict(json.loads(trial.to_json())) == trial
     (tmp_path / "eval.json").write_text(json.dumps(as_json), encoding="utf-8")
@@ -88,7 +88,7 @@ def test_panel_task_names_must_be_distinct_and_usable(tmp_path):
     with pytest.raises(ConfigError, match="cannot name panel columns"):
         EvalConfig(hub_tasks=(HubTask(name="mean", dataset="mteb/scifact", revision="v1"),))
     with pytest.raises(ConfigError, match=r"eval.hub_tasks\[0\]: missing required keys \['revision'\]"):
-        _build(EvalConfig, {"hub_tasks": [{"name": "scifact", "dataset": "mteb/scifact"}]}, "eval")
+        build_config(EvalConfig, {"hub_tasks": [{"name": "scifact", "dataset": "mteb/scifact"}]}, "eval")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -124,7 +124,7 @@ def test_panel_scores_equal_single_task_evaluations_and_the_mean_is_the_hand_mea
     """Scored on a panel, a trial's `<task>/dev/...` columns equal the plain columns a single-task
     trial on that task writes, exactly; the main task keeps its plain columns; `mean/dev/...` is
     the hand mean of the two; per-query values are keyed like the columns; the cost is summed."""
-    from embedlab.sweep.run import score_trial
+    from embedlab.sweep.scores import score_trial
 
     evaluate, calls = checkpoint_evaluator(parent)
     panel = score_trial(evaluate, panel_dirs, "dev", None)
@@ -312,7 +312,7 @@ def test_preflight_audit_finds_a_planted_query_of_the_second_task(tmp_path, pane
     of the second task quoted in a training document is found (and refused without a disclosed
     policy), though the main task is clean."""
     from embedlab.data.audit import ContaminationError
-    from embedlab.sweep.run import _check_contamination
+    from embedlab.sweep.gate import check_contamination as _check_contamination
 
     query_id = next(q for q in sorted(data_task.qrels["test"]) if len(data_task.queries[q].split()) >= 8)
     background = [(f"os:{name}", name, body) for name, _, body in docstring_records(__import__("os"))][:20]

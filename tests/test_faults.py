@@ -133,7 +133,7 @@ def test_consecutive_rejections_stop_the_trial(kind, frozen, parent, tmp_path):
 
 
 def _agree(root: str, parent: str, rank: int):
-    from embedlab.tokenizer import load_tokenizer
+    from embedlab.tokenizer.frozen import load_tokenizer
 
     frozen = load_tokenizer(Path(root) / "tokenizer")
     out = {}

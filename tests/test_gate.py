@@ -14,7 +14,7 @@ import pytest
 
 from embedlab.config import ContrastiveConfig
 from embedlab.data.audit import ContaminationError
-from embedlab.data.prepare import PreparedData
+from embedlab.data.prepared import PreparedData
 from embedlab.evaluate.beir import load_task
 
 from conftest import tiny_trial
@@ -58,7 +58,7 @@ def test_sweep_gate_refuses_final_eval_items_planted_in_the_pairs(data):
     refuses the same frozen table once a test query and a quoted test document are planted in
     it, naming the pairs stage, and with a disclosed-overlap policy returns exactly those two."""
     from embedlab.data.pair_stream import pair_table_path
-    from embedlab.sweep.run import _check_contamination
+    from embedlab.sweep.gate import check_contamination as _check_contamination
 
     records = {arm: {**data.record, "directory": str(data.directory)} for arm in ("cold", "warm")}
     lines: list[str] = []
@@ -97,8 +97,9 @@ def test_phase3_refuses_a_final_eval_document_planted_in_its_mined_negatives(dat
     from embedlab.model.encoder import MLMModel
     from embedlab.train.budget import schedule_units
     from embedlab.train.checkpoint import save_checkpoint
-    from embedlab.train.contrastive import mine_for_phase3, run_contrastive
-    from embedlab.train.phase1 import data_seed
+    from embedlab.train.contrastive import run_contrastive
+    from embedlab.train.phase3_negatives import mine_for_phase3
+    from embedlab.train.state import data_seed
 
     base = tiny_trial(budget_pairs=32)
     parent = tmp_path / "parent"
@@ -175,7 +176,7 @@ def test_sweep_refuses_a_pair_budget_past_the_repetition_cap_before_any_trial(da
     and the builder; the same study within the cap passes."""
     from embedlab.data.pair_stream import pair_table_path
     from embedlab.errors import UsageError
-    from embedlab.sweep.run import _check_pair_schedules
+    from embedlab.sweep.gate import check_pair_schedules as _check_pair_schedules
 
     records = {arm: {**data.record, "directory": str(data.directory)} for arm in ("cold", "warm")}
     held = pq.read_table(pair_table_path(data, list(BUILDERS), **QUIET), columns=["builder"]).num_rows

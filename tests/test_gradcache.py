@@ -137,3 +137,41 @@ def test_gradcache_memory_grows_with_chunk_not_batch():
     assert plain_64 >= 3.5 * plain_16
     assert cached_64 <= plain_64 / 5
     assert peak_saved_bytes(64, chunk=16) >= 1.8 * cached_64  # and it does grow with the chunk
+
+
+def test_gradcache_with_a_joint_mlm_term_equals_the_plain_step(frozen, parent):
+    """A joint arm (mlm_weight 0.3; symmetric, learnable temperature, two microbatches): one
+    `ContrastiveLoop` step with GradCache (chunks of 3, so an unequal last chunk) has the plain
+    step's contrastive and MLM losses, gradient norms and gradients, in float64."""
+    import dataclasses
+
+    import synthetic
+
+    trial = synthetic.contrastive_trial(parent, microbatches=2, max_grad_norm=1e9)  # no clipping
+    assert trial.contrastive.mlm_weight == 0.3
+    cached = dataclasses.replace(trial, contrastive=dataclasses.replace(trial.contrastive, gradcache_chunk=3))
+    rows = synthetic.pair_rows(frozen, 8, seed=3)
+    parts = [{k: torch.as_tensor(v[i * 4:(i + 1) * 4]) for k, v in rows.items()} for i in range(2)]
+
+    def one_step(each):
+        loop = synthetic.make_loop(each, frozen)
+        # The plain step encodes a microbatch at once and GradCache chunk by chunk, so their
+        # dropout masks differ: the oracle compares without dropout.
+        loop.model.eval()
+        loop.parameters.double()
+        applied = []
+        loop.optimizer.step = lambda: applied.extend(  # the gradients the update would apply
+            torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in loop.parameters.parameters())
+        loop.step(parts)
+        assert not loop.progress.skipped and applied
+        return loop, applied
+
+    (plain, plain_grads), (chunked, chunked_grads) = one_step(trial), one_step(cached)
+    for name in ("train/grad_norm", "train/grad_norm_contrastive", "train/grad_norm_mlm", "train/temperature"):
+        torch.testing.assert_close(chunked.last[name], plain.last[name], atol=1e-10, rtol=0)
+    torch.testing.assert_close(chunked.window, plain.window, atol=1e-10, rtol=0)
+    torch.testing.assert_close(chunked.window_mlm, plain.window_mlm, atol=1e-10, rtol=0)
+    assert len(chunked_grads) == len(plain_grads)
+    for got, expected in zip(chunked_grads, plain_grads):
+        assert got.dtype == torch.float64
+        torch.testing.assert_close(got, expected, atol=1e-10, rtol=0)

@@ -373,7 +373,7 @@ def _tiny_checkpoint(directory):
     """A random 2-layer width-32 encoder with a tokenizer trained on a few sentences."""
     from embedlab.config import ModelConfig
     from embedlab.model.encoder import Encoder
-    from embedlab.tokenizer import save_tokenizer, train_tokenizer
+    from embedlab.tokenizer.frozen import save_tokenizer, train_tokenizer
     from embedlab.train.checkpoint import save_checkpoint
 
     texts = [*EXPECTED["devils-dictionary"]["corpus"].values(), *EXPECTED["gnu-info"]["corpus"].values()]

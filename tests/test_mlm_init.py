@@ -127,7 +127,7 @@ def test_a_random_init_loop_starts_from_fresh_weights_drawn_from_the_seed(tmp_pa
 
 def test_a_random_init_child_still_needs_the_parents_tokenizer(tmp_path, frozen):
     """The parent supplies the tokenizer to a random arm too: a parent with another tokenizer is refused."""
-    from embedlab.tokenizer import save_tokenizer, train_tokenizer
+    from embedlab.tokenizer.frozen import save_tokenizer, train_tokenizer
 
     other = save_tokenizer(train_tokenizer([f"other words {i} here" for i in range(200)], vocab_size=280),
                            tmp_path / "other-tokenizer")

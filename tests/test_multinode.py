@@ -364,7 +364,7 @@ def _fits_a_full_trial(cpus: float, gpus: float) -> None:
     """A sweep of the default (GPU) profile started on the fleet at its minimum size is not
     refused: the sweep sizes its concurrency from the resources present when it starts."""
     from embedlab import recipes
-    from embedlab.sweep.run import max_concurrent_trials
+    from embedlab.sweep.cluster import max_concurrent_trials
 
     assert max_concurrent_trials(recipes.phase1_baseline(recipes.DEFAULT_PROFILE), {"CPU": cpus, "GPU": gpus}) >= 1
 

@@ -10,6 +10,7 @@ import pytest
 from embedlab.data.audit import containment_words
 from embedlab.data.builtin import SOURCE_NAMES, iter_documents, source_status
 from embedlab.data.corpus import SPLITS
+from embedlab.data.pair_builder_names import BUILDER_NAMES
 from embedlab.data.pairs import (
     LEAD_MAX_WORDS,
     LEAD_MIN_WORDS,
@@ -81,6 +82,12 @@ def by_id(rows: list[dict]) -> dict[str, dict]:
 def built(rows: list[dict], builder: str) -> list[Pair]:
     """Run one builder directly on rows of mixed splits."""
     return list(PAIR_BUILDERS[builder](rows))
+
+
+def test_the_registry_holds_exactly_the_builder_names_config_checks_against() -> None:
+    """`config` refuses user pair sources named like a builder from BUILDER_NAMES, a leaf module;
+    the registry must hold exactly those names, in that order, or the check would miss one."""
+    assert tuple(PAIR_BUILDERS) == BUILDER_NAMES
 
 
 @pytest.mark.parametrize("builder", list(PAIR_BUILDERS))

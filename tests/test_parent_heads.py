@@ -11,7 +11,7 @@ TINY = ModelConfig(preset="tiny", layers=1, width=32, heads=2, ffn_width=64, voc
 
 
 def test_joint_child_takes_the_nearest_ratio_head(tmp_path):
-    from embedlab.tokenizer import save_tokenizer, train_tokenizer
+    from embedlab.tokenizer.frozen import save_tokenizer, train_tokenizer
 
     texts = [f"a parent with two heads, line {i} of {i * 3}" for i in range(100)]
     tokenizer = save_tokenizer(train_tokenizer(texts, vocab_size=300), tmp_path / "tokenizer")
@@ -32,7 +32,7 @@ def test_retention_scores_a_dual_head_checkpoint_with_its_head_nearest_15_percen
     equals that of a single-head checkpoint holding the same encoder and its mask5 head
     (nearest the panel's 15%), not its mask50 head."""
     from embedlab.evaluate.retention import mlm_accuracy_function
-    from embedlab.tokenizer import save_tokenizer, train_tokenizer
+    from embedlab.tokenizer.frozen import save_tokenizer, train_tokenizer
 
     texts = [f"the panel masks fifteen percent of line {i} and {i * 7} words" for i in range(200)]
     tokenizer = save_tokenizer(train_tokenizer(texts, vocab_size=300), tmp_path / "tokenizer")
@@ -92,7 +92,7 @@ def test_a_dual_head_checkpoint_is_scored_on_each_of_its_heads(tmp_path):
     import pyarrow as pa
 
     from embedlab.evaluate.retention import build_panel, mlm_accuracy_function, retention_scores
-    from embedlab.tokenizer import save_tokenizer, train_tokenizer
+    from embedlab.tokenizer.frozen import save_tokenizer, train_tokenizer
 
     texts = [f"panel passage {i} from source {i % 2} holds {i * 7} words and more of them" for i in range(40)]
     tokenizer = save_tokenizer(train_tokenizer(texts, vocab_size=300), tmp_path / "tokenizer")

@@ -147,14 +147,14 @@ def test_plan_refuses_a_gpu_study_without_a_gpu_before_ray_or_data(monkeypatch, 
     file that lacks a field, is refused by name."""
     import torch
 
-    import embedlab.sweep.run
+    import embedlab.sweep.plan
     from embedlab.cli import main
 
     def fail(*args, **kwargs):
         raise AssertionError("the planner joined a cluster")
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(embedlab.sweep.run, "connect", fail)
+    monkeypatch.setattr(embedlab.sweep.plan, "connect", fail)
     assert main(["plan", "ablations/masking_ratio.py", "--profile", "gpu-300m"]) == 2
     err = capsys.readouterr().err
     assert "trains on GPUs and this machine has none" in err and "--throughput FILE" in err and "demo, cpu" in err

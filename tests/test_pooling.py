@@ -9,7 +9,7 @@ import torch
 from embedlab.config import ModelConfig
 from embedlab.evaluate.encode import encode_texts
 from embedlab.model.encoder import Encoder
-from embedlab.tokenizer import save_tokenizer, train_tokenizer
+from embedlab.tokenizer.frozen import save_tokenizer, train_tokenizer
 
 TEXTS = [
     "Return a new list containing all items from the iterable in ascending order.",

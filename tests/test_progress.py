@@ -14,8 +14,8 @@ import synthetic
 from embedlab.evaluate.beir import Task, write_task
 from embedlab.evaluate.checkpoint_eval import evaluate_checkpoint
 from embedlab.evaluate.encode import encode_texts
-from embedlab.sweep.run import BudgetLines, evaluate_with_progress
-from embedlab.tokenizer import train_tokenizer
+from embedlab.sweep.progress import BudgetLines, evaluate_with_progress
+from embedlab.tokenizer.frozen import train_tokenizer
 from embedlab.train.checkpoint import load_encoder
 
 ENCODED = re.compile(r"^(.+): ([\d,]+)/([\d,]+) texts encoded \((\d+)%\), ([\d,]+) texts/s$")

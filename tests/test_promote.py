@@ -25,7 +25,7 @@ TINY = ModelConfig(preset="tiny", layers=1, width=32, heads=2, ffn_width=64, voc
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
-    from embedlab.tokenizer import save_tokenizer, train_tokenizer
+    from embedlab.tokenizer.frozen import save_tokenizer, train_tokenizer
 
     texts = [f"the quick brown fox {i} jumps over the lazy dog number {i * 7}" for i in range(200)]
     return save_tokenizer(train_tokenizer(texts, vocab_size=300), tmp_path_factory.mktemp("tokenizer"))

@@ -103,7 +103,7 @@ def test_actor_serves_two_concurrent_trials_loading_the_task_once(trained, prepa
     import ray
 
     from embedlab.evaluate.actor import get_evaluator
-    from embedlab.train.checkpoint import export_inference
+    from embedlab.release import export_inference
 
     _, result = trained
     export_inference(Path(result.checkpoint.path), tmp_path / "exported")  # a second checkpoint hash

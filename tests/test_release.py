@@ -14,7 +14,7 @@ from embedlab.config import ContrastiveConfig, DataConfig, EvalConfig, ModelConf
 from embedlab.evaluate.encode import encode_texts
 from embedlab.model.encoder import Encoder, MLMModel
 from embedlab.release import ZERO_VECTOR_RULE, export_release
-from embedlab.tokenizer import save_tokenizer, train_tokenizer
+from embedlab.tokenizer.frozen import save_tokenizer, train_tokenizer
 from embedlab.train.checkpoint import CheckpointError, load_encoder, save_checkpoint
 
 MAX_LENGTH = 24

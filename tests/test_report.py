@@ -30,7 +30,7 @@ from embedlab.report import html as html_page
 from embedlab.report import write_report
 from embedlab.report.collect import read_run
 from embedlab.report.model_figures import source_curves
-from embedlab.sweep.run import _score_columns  # the exact columns the sweep writes
+from embedlab.sweep.scores import _score_columns  # the exact columns the sweep writes
 from embedlab.sweep.study import Study
 from embedlab.train.checkpoint import save_checkpoint
 from embedlab.train.loop import run as run_loop

@@ -50,7 +50,7 @@ def test_resume_is_bitwise_exact(kind, frozen, parent, tmp_path):
 
 
 def _two_worker_runs(root: str, parent: str, rank: int):
-    from embedlab.tokenizer import load_tokenizer
+    from embedlab.tokenizer.frozen import load_tokenizer
 
     frozen = load_tokenizer(Path(root) / "tokenizer")
     out = {}
@@ -152,13 +152,13 @@ def test_resume_refuses_another_config_or_worker_count(frozen, tmp_path):
 
 def test_interrupted_checkpoint_write_leaves_nothing(frozen, tmp_path, monkeypatch):
     """A checkpoint write that fails half-way leaves neither the checkpoint nor its staging directory."""
-    import embedlab.train.state as state
+    import embedlab.train.checkpoint as checkpoint
 
     def fail_after_weights(directory, training_state):
         assert (directory / "encoder.safetensors").is_file()  # the weights were already written
         raise OSError("disk full")
 
-    monkeypatch.setattr(state, "write_training_state", fail_after_weights)
+    monkeypatch.setattr(checkpoint, "write_training_state", fail_after_weights)
     loop = synthetic.make_loop(synthetic.phase1_trial(), frozen)
     loop.start_clock()
     with pytest.raises(OSError, match="disk full"):

@@ -24,7 +24,7 @@ def test_local_cluster_binds_loopback_with_token_auth(ray_session):
 
 def test_disabled_auth_is_refused(monkeypatch):
     """Starting a local cluster with RAY_AUTH_MODE=disabled is refused before Ray starts."""
-    from embedlab.sweep.run import require_token_auth
+    from embedlab.sweep.cluster import require_token_auth
 
     require_token_auth()
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")

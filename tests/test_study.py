@@ -123,11 +123,12 @@ def test_the_recipe_studies_the_issue_names_exist():
 
 def test_dry_run_prints_the_plan_and_starts_nothing(capsys, monkeypatch):
     """`sweep --dry-run` prints arms, seeds, budget, search and the trial count without Ray."""
+    import embedlab.sweep.arm_data as arm_data
     import embedlab.sweep.run as run
     from embedlab.cli import main
 
     monkeypatch.setattr(run, "connect", lambda *a, **k: pytest.fail("a dry run connected to Ray"))
-    monkeypatch.setattr(run, "prepare_data", lambda *a, **k: pytest.fail("a dry run prepared data"))
+    monkeypatch.setattr(arm_data, "prepare_data", lambda *a, **k: pytest.fail("a dry run prepared data"))
 
     path = ABLATIONS[0].parent / "masking_ratio.py"
     assert main(["sweep", str(path), "--dry-run"]) == 0
@@ -282,13 +283,11 @@ def test_config_unknown_keys_are_named():
 
 
 def test_contrastive_phase_config_rules():
-    """Phases 2-3 refuse a length schedule, GradCache with a joint MLM term, and negatives outside phase 3."""
+    """Phases 2-3 refuse a length schedule and negatives outside phase 3."""
     from embedlab.config import ContrastiveConfig, TrainConfig
 
     with pytest.raises(ConfigError, match="train.length_schedule"):
         TrialConfig(phase=2, parent="p", train=TrainConfig(length_schedule=((0.5, 64), (0.5, 128))))
-    with pytest.raises(ConfigError, match="gradcache_chunk"):
-        ContrastiveConfig(gradcache_chunk=4, mlm_weight=0.3)
     with pytest.raises(ConfigError, match="hard_negatives"):
         TrialConfig(phase=2, parent="p", contrastive=ContrastiveConfig(hard_negatives=2))
     with pytest.raises(ConfigError, match="continue_optimizer"):
@@ -299,7 +298,7 @@ def test_concurrency_is_set_by_the_arm_needing_most():
     """Arms with different worker counts: the sweep runs as many trials side by side as the
     largest arm allows (one CPU kept free), whichever arm comes first, and a searched worker
     count or CPU share counts at its largest value; an arm that cannot fit is named."""
-    from embedlab.sweep.run import study_concurrency
+    from embedlab.sweep.cluster import study_concurrency
 
     base = recipes.phase1_baseline("demo")
     small = replace(base, train=replace(base.train, num_workers=1, cpus_per_worker=1.0))

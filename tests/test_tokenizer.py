@@ -2,7 +2,7 @@
 
 import pytest
 
-from embedlab.tokenizer import SPECIAL_TOKENS, load_tokenizer, save_tokenizer, train_tokenizer
+from embedlab.tokenizer.frozen import SPECIAL_TOKENS, load_tokenizer, save_tokenizer, train_tokenizer
 
 TEXTS = [
     "Return a new list containing all items from the iterable in ascending order.",

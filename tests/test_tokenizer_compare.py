@@ -6,14 +6,14 @@ import pytest
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
 from embedlab.data.builtin import iter_documents
-from embedlab.tokenizer import (
+from embedlab.tokenizer.frozen import (
     SPECIAL_TOKENS,
     TOKENIZER_KINDS,
     describe,
     save_tokenizer,
     train_tokenizer,
 )
-from embedlab.tokenizer_compare import ROW_KEYS, SOURCE_KEYS, compare_tokenizers, format_comparison
+from embedlab.tokenizer.compare import ROW_KEYS, SOURCE_KEYS, compare_tokenizers, format_comparison
 
 VOCAB = 800
 # Characters Python's documentation does not contain (checked in the test that relies on it).

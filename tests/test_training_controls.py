@@ -149,7 +149,7 @@ def test_contrastive_accumulation_equals_the_pooled_loss(frozen, parent, tmp_pat
     """Two microbatches per step: the update equals one AdamW step on (sum of each microbatch's
     InfoNCE sum) / (all anchors), computed by hand; and the run resumes bitwise."""
     from embedlab.config import ContrastiveConfig
-    from embedlab.train.contrastive import embed
+    from embedlab.train.contrastive_step import embed
     from embedlab.train.optim import set_learning_rate
 
     trial = TrialConfig(model=MODEL, data=synthetic.DATA, phase=2, parent=str(parent),

@@ -12,7 +12,7 @@ import pytest
 from embedlab import Search, load_table
 from embedlab.cli import main
 from embedlab.sweep.optuna_search import TPE_MIN_TRIALS, FinalResultOptuna, SamplerChoice, SearchSpace
-from embedlab.sweep.run import TuningError, best_tuning_row, split_tuning_rows
+from embedlab.sweep.tuning import TuningError, best_tuning_row, split_tuning_rows
 from embedlab.sweep.study import TUNING_SEED_OFFSET
 from embedlab.sweep.table import render
 

@@ -29,7 +29,7 @@ import pytest
 from embedlab.config import ConfigError, ContrastiveConfig, DataConfig, MixtureConfig, TrialConfig
 from embedlab.data.document import content_hash
 from embedlab.data.pair_sources import PairFiles
-from embedlab.data.prepare import PreparedData
+from embedlab.data.prepared import PreparedData
 
 from test_pair_sources import RIGHTS, longest_paragraph, summary_and_body, write_beir, write_jsonl
 
@@ -139,7 +139,7 @@ def test_a_mixture_naming_a_user_source_schedules_its_train_rows_by_share(prepar
     from embedlab.data.user_pairs import RECORD_FILE, user_pairs_dir
     from embedlab.errors import UsageError
     from embedlab.train.contrastive import trial_pair_schedule
-    from embedlab.sweep.run import _check_pair_schedules
+    from embedlab.sweep.gate import check_pair_schedules as _check_pair_schedules
     from embedlab import Study
 
     rows = user_rows()
@@ -187,7 +187,7 @@ def test_the_audit_finds_a_user_pair_holding_an_eval_query_and_the_preflight_ref
     from embedlab import Study
     from embedlab.data.audit import ContaminationError
     from embedlab.evaluate.beir import load_task
-    from embedlab.sweep.run import _check_contamination
+    from embedlab.sweep.gate import check_contamination as _check_contamination
 
     task = load_task(task_dir)
     rows = user_rows()
@@ -227,7 +227,8 @@ def test_given_negatives_reach_the_phase3_batch_and_the_margin_drops_a_close_one
     from embedlab.data.pair_stream import group_hash, pair_table_path, tokenize_pair_window
     from embedlab.evaluate.encode import encode_texts
     from embedlab.train.checkpoint import load_encoder
-    from embedlab.train.contrastive import given_negative_counts, given_negatives_for_phase3, trial_pair_schedule
+    from embedlab.train.contrastive import trial_pair_schedule
+    from embedlab.train.phase3_negatives import given_negative_counts, given_negatives_for_phase3
 
     frozen = synthetic.tokenizer(tmp_path / "tokenizer")
     parent = synthetic.write_parent(tmp_path / "parent", frozen)
@@ -347,8 +348,9 @@ def test_phase3_mines_negatives_for_user_pairs_beside_built_in_ones(prepared, tm
 
     from embedlab.data.pair_stream import pair_table_path
     from embedlab.data.mining import MinedSet
-    from embedlab.sweep.run import mines_negatives
-    from embedlab.train.contrastive import mine_for_phase3, trial_pair_schedule
+    from embedlab.sweep.cluster import mines_negatives
+    from embedlab.train.contrastive import trial_pair_schedule
+    from embedlab.train.phase3_negatives import mine_for_phase3
 
     parent = synthetic.write_parent(tmp_path / "parent", synthetic.tokenizer(tmp_path / "tokenizer"))
     data = dataclasses.replace(synthetic.DATA, pair_files=(PairFiles(
@@ -567,7 +569,8 @@ def test_mining_from_a_parent_on_object_storage_equals_mining_from_its_local_cop
     from embedlab import store
     from embedlab.data.mining import MinedSet
     from embedlab.data.pair_stream import pair_table_path
-    from embedlab.train.contrastive import mine_for_phase3, trial_pair_schedule
+    from embedlab.train.contrastive import trial_pair_schedule
+    from embedlab.train.phase3_negatives import mine_for_phase3
 
     monkeypatch.setenv("EMBEDLAB_CACHE", str(tmp_path / "node-cache"))
     parent = synthetic.write_parent(tmp_path / "parent", synthetic.tokenizer(tmp_path / "tokenizer"))

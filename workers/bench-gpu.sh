@@ -35,7 +35,7 @@ print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, available {torch.c
 if not torch.cuda.is_available():
     raise SystemExit("error: bench-gpu.sh needs CUDA (torch.cuda.is_available() is False)")
 print(f"device {torch.cuda.get_device_name(0)}", flush=True)
-import embedlab.bench_mfu, embedlab.cli, embedlab.cuda_checks, embedlab.train.phase1  # noqa: E401,F401
+import embedlab.bench.mfu, embedlab.cli, embedlab.bench.cuda_checks, embedlab.train.phase1  # noqa: E401,F401
 PY
 
 bench() {

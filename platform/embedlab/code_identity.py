@@ -14,10 +14,13 @@ import functools
 import hashlib
 from pathlib import Path
 
+VERSION = "0.1.0"  # the package's version: `embedlab.__version__`, as pyproject.toml states it
+PACKAGE_DIR = Path(__file__).parent  # the imported `embedlab` package
+
 
 @dataclasses.dataclass(frozen=True)
 class CodeIdentity:
-    version: str  # embedlab.__version__
+    version: str  # VERSION
     code_hash: str  # hex sha256, `code_hash` of the package directory
 
     def to_dict(self) -> dict[str, str]:
@@ -41,6 +44,4 @@ def code_hash(package_dir: Path) -> str:
 @functools.cache
 def current() -> CodeIdentity:
     """The identity of the embedlab this process imported (computed once)."""
-    import embedlab
-
-    return CodeIdentity(version=embedlab.__version__, code_hash=code_hash(Path(embedlab.__file__).parent))
+    return CodeIdentity(version=VERSION, code_hash=code_hash(PACKAGE_DIR))

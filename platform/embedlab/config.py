@@ -10,15 +10,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import typing
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from embedlab.data.external import HFDataset, LocalFiles
+from embedlab.data.pair_builder_names import BUILDER_NAMES
 from embedlab.data.pair_source_config import BEIRPairs, HFPairs, PairFiles
+from embedlab.data.source_config import HFDataset, LocalFiles
 from embedlab.errors import UserError
-from embedlab.evaluate.hub_tasks import HubTask
+from embedlab.evaluate.hub_task_config import HubTask
+from embedlab.evaluate.panel_names import PanelError, check_task_names
 
 
 class ConfigError(UserError, ValueError):
@@ -217,13 +218,11 @@ class DataConfig:
         )
         external = [s.name for s in (*self.local_files, *self.hf_datasets)]
         _check(len(set(external)) == len(external), "data.local_files", f"external source names repeat: {external}")
-        from embedlab.data.pairs import PAIR_BUILDERS  # here: data.pairs imports the corpus, which imports this
-
         users = self.pair_source_names
         _check(len(set(users)) == len(users), "data.pair_files", f"pair source names repeat: {list(users)}")
-        clashes = sorted(set(users) & (set(external) | set(PAIR_BUILDERS)))
+        clashes = sorted(set(users) & (set(external) | set(BUILDER_NAMES)))
         _check(not clashes, "data.pair_files", f"pair source names {clashes} are also document source or built-in "
-               f"pair builder names ({', '.join(PAIR_BUILDERS)}); a share must name one thing")
+               f"pair builder names ({', '.join(BUILDER_NAMES)}); a share must name one thing")
         if self.sources and self.mixture.shares:
             outside = sorted(set(self.mixture.share_map) - set(self.sources) - set(external))
             _check(not outside, "data.mixture.shares", f"names sources that are not built: {outside}")
@@ -243,19 +242,6 @@ class DataConfig:
 
 
 PAIR_SOURCE_FIELDS = ("pair_files", "hf_pairs", "beir_pairs")
-
-
-def check_pair_shares(names: Iterable[str], data: DataConfig) -> None:
-    """Every name (of `contrastive.pairs`) is a built-in pair builder or one of `data`'s pair sources.
-
-    Checked where a pairs table is frozen (`pair_stream.pair_table_path`), which the sweep does
-    for every arm before any trial starts."""
-    from embedlab.data.pairs import PAIR_BUILDERS
-
-    valid = [*PAIR_BUILDERS, *data.pair_source_names]
-    unknown = [name for name in names if name not in valid]
-    _check(not unknown, "contrastive.pairs", f"unknown pair builder or pair source {unknown}; valid: {valid} "
-           "(the built-in builders, then the names of data.pair_files, hf_pairs and beir_pairs)")
 
 
 SCHEDULE_KINDS = ("linear", "cosine", "wsd", "constant")
@@ -458,7 +444,8 @@ class ContrastiveConfig:
     The loss is the multi-positive InfoNCE at `temperature` (a temperature: logits are
     divided by it), optionally learnable and optionally symmetric; candidates are gathered
     across workers when `gather_across_workers`. `gradcache_chunk` > 0 turns on GradCache
-    with that many pairs per chunk. `mlm_weight` > 0 makes the phase joint:
+    with that many pairs per chunk (the same gradient, with or without a joint MLM term).
+    `mlm_weight` > 0 makes the phase joint:
     mlm_weight * L_MLM + (1 - mlm_weight) * L_contrastive, with MLM on separately corrupted
     copies of the same texts. `hard_negatives` > 0 (phase 3) adds that many mined negatives
     per query, searched among the `mining_top_k` nearest training documents, dropping any
@@ -505,8 +492,6 @@ class ContrastiveConfig:
         _check(self.pair_length >= 8, "contrastive.pair_length", "must be >= 8")
         _check(self.temperature > 0, "contrastive.temperature", "must be positive")
         _check(self.gradcache_chunk >= 0, "contrastive.gradcache_chunk", "must be >= 0")
-        _check(not (self.gradcache_chunk and self.mlm_weight), "contrastive.gradcache_chunk",
-               "GradCache covers the contrastive term only; use it with mlm_weight 0")
         _check(0.0 <= self.mlm_weight < 1.0, "contrastive.mlm_weight", "must be in [0, 1)")
         _check(self.hard_negatives >= 0, "contrastive.hard_negatives", "must be >= 0")
         _check(self.mining_top_k >= max(self.hard_negatives, 1), "contrastive.mining_top_k",
@@ -563,8 +548,6 @@ class EvalConfig:
         _check(isinstance(self.hub_tasks, tuple) and all(isinstance(t, HubTask) for t in self.hub_tasks),
                "eval.hub_tasks", "must be a tuple of HubTask")
         if self.panel:
-            from embedlab.evaluate.panel import PanelError, check_task_names  # here: panel imports the study
-
             try:
                 check_task_names(self.task_names)
             except PanelError as error:
@@ -573,7 +556,7 @@ class EvalConfig:
     @classmethod
     def from_file(cls, path: str | Path) -> EvalConfig:
         """An EvalConfig from a TOML or JSON file of its fields (a panel's tasks and Hub tasks)."""
-        return _build(cls, read_mapping_file(path), "eval")
+        return build_config(cls, read_mapping_file(path), "eval")
 
     @property
     def panel(self) -> bool:
@@ -651,11 +634,12 @@ class TrialConfig:
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> TrialConfig:
         """Inverse of `to_dict`; unknown keys are errors that name them."""
-        return _build(cls, raw, "trial")
+        return build_config(cls, raw, "trial")
 
 
-def _build(kind: type, raw: dict[str, Any], section: str) -> Any:
-    """A config dataclass from plain JSON-like values; nested configs are built recursively."""
+def build_config(kind: type, raw: dict[str, Any], section: str) -> Any:
+    """A config dataclass `kind` from plain JSON-like values (`section` names it in errors); nested
+    configs are built recursively, and unknown or missing keys are ConfigErrors that name them."""
     if not isinstance(raw, dict):
         raise ConfigError(f"{section}: expected a mapping, got {type(raw).__name__}")
     hints = typing.get_type_hints(kind)
@@ -668,9 +652,9 @@ def _build(kind: type, raw: dict[str, Any], section: str) -> Any:
         hint = hints[key]
         item_kind = _tuple_item_dataclass(hint)
         if dataclasses.is_dataclass(hint):
-            values[key] = _build(hint, value, f"{section}.{key}")
+            values[key] = build_config(hint, value, f"{section}.{key}")
         elif item_kind is not None:
-            values[key] = tuple(_build(item_kind, v, f"{section}.{key}[{i}]") for i, v in enumerate(value))
+            values[key] = tuple(build_config(item_kind, v, f"{section}.{key}[{i}]") for i, v in enumerate(value))
         else:
             values[key] = _freeze(value)
     missing = sorted(f.name for f in dataclasses.fields(kind) if f.name not in values

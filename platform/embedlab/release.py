@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from embedlab import store
-from embedlab.tokenizer import FILE_NAME as TOKENIZER_FILE
+from embedlab.tokenizer.frozen import FILE_NAME as TOKENIZER_FILE
 from embedlab.train.checkpoint import (
     ENCODER_FILE, MANIFEST_FILE, CheckpointError, content_hash, load_encoder, local_checkpoint, staged_directory,
 )
@@ -93,6 +93,12 @@ def export_release(checkpoint_dir: str | Path, out_dir: Path) -> dict[str, Any]:
         (staging / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True))
         _write_sentence_transformers_files(staging, manifest["pooling"]["prefixes"])
     return manifest
+
+
+def export_inference(directory: str | Path, out: Path) -> dict[str, Any]:
+    """The release package of a checkpoint at any location (`train.checkpoint.local_checkpoint`):
+    `export_release` under its older name."""
+    return export_release(local_checkpoint(directory), Path(out))
 
 
 def _release_manifest(checkpoint: dict[str, Any]) -> dict[str, Any]:

@@ -26,8 +26,8 @@ from sentence_transformers.base.modules import InputModule
 from embedlab.config import POOLING_METHODS
 from embedlab.model.encoder import Encoder
 from embedlab.model.pooling import mean_pool
-from embedlab.tokenizer import FILE_NAME as TOKENIZER_FILE
-from embedlab.tokenizer import FrozenTokenizer, file_hash
+from embedlab.tokenizer.frozen import FILE_NAME as TOKENIZER_FILE
+from embedlab.tokenizer.frozen import FrozenTokenizer, file_hash
 from embedlab.train.checkpoint import (
     ENCODER_FILE,
     MANIFEST_FILE,

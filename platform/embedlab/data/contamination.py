@@ -1,9 +1,9 @@
 """The contamination audit of a prepared data directory, and the gate training passes through.
 
 `prepare_data` audits the phase-1 stages (pretraining text, tokenizer sample) against every
-task built with the data and saves each report under `audits/<task hash>.json`; `embedlab data
-audit` also covers contrastive pairs (the built-in builders' and the spec's user pair sources')
-and mined negatives, and extra BEIR tasks.
+task built with the data and saves each report under `audits/<task hash>.json`
+(`embedlab.data.saved_audits`); `embedlab data audit` also covers contrastive pairs (the
+built-in builders' and the spec's user pair sources') and mined negatives, and extra BEIR tasks.
 
 The gate refuses final-eval (test-split) items in what a trial trains on, unless the study
 declares a disclosed-overlap policy (then recorded with the run and printed with its table):
@@ -17,37 +17,24 @@ declares a disclosed-overlap policy (then recorded with the run and printed with
                   run by `run_contrastive` right after mining)
 
 A stage file's audit is saved as `audits/<task hash>-<stage>-<file hash>.json`, so it is
-computed once per task content and file content, and a changed file is audited afresh.
+computed once per task content and file content, and a changed file is audited afresh
+(`embedlab.data.saved_audits`).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from embedlab.config import DataConfig
-from embedlab.data.audit import AuditReport, ContaminationError, audit
-from embedlab.data.prepare import PreparedData
+from embedlab.data.audit import AuditReport, ContaminationError
+from embedlab.data.prepared import PreparedData
+from embedlab.data.saved_audits import audit_stages, stage_file_audit, task_audit
 from embedlab.data.stages import (
-    MINED_STAGE, NEGATIVES_FILE, PAIRS_STAGE, PHASE1_STAGES, mined_set_items, pair_table_items, training_stages,
+    MINED_STAGE, NEGATIVES_FILE, PAIRS_STAGE, PHASE1_STAGES, mined_set_items, pair_table_items, table_items,
 )
+from embedlab.data.user_pairs import user_pair_table, user_pairs_dir
 from embedlab.evaluate.beir import load_task
-
-
-def _audit_tasks(
-    prepared: PreparedData, tasks: list, stages: Sequence[str], progress: Callable[[str], None],
-    data: DataConfig | None = None,
-) -> AuditReport:
-    return audit(
-        tasks,
-        training_stages(prepared, tuple(stages), data=data, progress=progress),
-        threshold=prepared.record["config"]["near_duplicate_threshold"],
-        progress=progress,
-    )
 
 
 def run_audit(
@@ -63,62 +50,17 @@ def run_audit(
     task_dirs = sorted((prepared.directory / "tasks").glob("*")) + [Path(p) for p in extra_tasks]
     tasks = [load_task(d) for d in task_dirs]
     progress(f"audit: {len(tasks)} task(s) against stages {', '.join(stages)}")
-    return _audit_tasks(prepared, tasks, stages, progress, data)
+    user_pairs = None
+    if data is not None and data.pair_sources:
+        user_pairs = lambda: _user_pair_items(prepared, data, progress)  # noqa: E731
+    return audit_stages(prepared, tasks, stages, progress, user_pairs)
 
 
-def _write_json_atomically(path: Path, content: dict) -> None:
-    """Write `path` whole or not at all. Concurrent trials may audit the same file: each
-    stages under its own name (pid and a random suffix), and the rename is atomic, so a
-    reader sees one writer's whole report."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
-    staging.write_text(json.dumps(content, indent=2, sort_keys=True))
-    staging.rename(path)
-
-
-def _report_content(report: AuditReport) -> dict:
-    return {**report.to_dict(), "markdown": report.to_markdown()}
-
-
-def task_audit(prepared: PreparedData, task_dir: Path, progress: Callable[[str], None] = print) -> dict:
-    """The phase-1 audit of one task against this data, computed once per task content and
-    saved as `audits/<task hash>.json` (findings, counts and the markdown report)."""
-    task = load_task(task_dir)
-    path = prepared.directory / "audits" / f"{task.hash}.json"
-    if path.is_file():
-        return json.loads(path.read_text())
-    progress(f"audit: task {task.name} ({task_dir}) against stages {', '.join(PHASE1_STAGES)}")
-    content = _report_content(_audit_tasks(prepared, [task], PHASE1_STAGES, progress))
-    _write_json_atomically(path, content)
-    return content
-
-
-def _file_hash(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()[:16]
-
-
-def stage_file_audit(
-    prepared: PreparedData, task_dir: Path, stage: str, path: Path, items: Iterable[tuple[str, str]],
-    progress: Callable[[str], None] = print,
-) -> dict:
-    """One task against one stage file's `items` (a pairs table, a mined set), computed once per
-    task content and file content and saved as `audits/<task hash>-<stage>-<file hash>.json`."""
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"stage {stage}: no file {path} to audit")
-    task = load_task(task_dir)
-    saved = prepared.directory / "audits" / f"{task.hash}-{stage}-{_file_hash(path)}.json"
-    if saved.is_file():
-        return json.loads(saved.read_text())
-    progress(f"audit: task {task.name} ({task_dir}) against stage {stage} ({path})")
-    report = audit([task], {stage: items}, threshold=prepared.record["config"]["near_duplicate_threshold"],
-                   progress=progress)
-    content = _report_content(report)
-    _write_json_atomically(saved, content)
-    return content
+def _user_pair_items(prepared: PreparedData, data: DataConfig, progress: Callable[[str], None]
+                     ) -> Iterator[tuple[str, str]]:
+    """The texts of `data`'s user pairs (train split), frozen in the directory first if they are not yet."""
+    directory = user_pairs_dir(prepared, data, progress)
+    yield from table_items(user_pair_table(directory, list(data.pair_source_names)))
 
 
 def _final_eval(content: dict) -> list[dict]:

@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from embedlab.errors import UsageError
-from embedlab import __version__
+from embedlab.code_identity import VERSION
 from embedlab.config import DataConfig
 from embedlab.data import builtin
 from embedlab.data.dedup import near_duplicate_clusters
@@ -44,7 +44,7 @@ FORMAT = "embedlab-corpus/2"
 EXACT_DEDUP_VERSION = "exact/1: sha256 of NFKC, whitespace-collapsed text; first occurrence kept"
 NEAR_DEDUP_VERSION = "minhash-lsh/1: word 5-grams, 128 permutations, verified estimated Jaccard"
 BUILTIN_FILTERING = (
-    f"builtin-readers/{__version__}: docstrings >= {builtin.MIN_DOCSTRING_CHARS} characters; HTML sections "
+    f"builtin-readers/{VERSION}: docstrings >= {builtin.MIN_DOCSTRING_CHARS} characters; HTML sections "
     f">= {builtin.MIN_SECTION_CHARS} characters, pages split above {builtin.MAX_PAGE_CHARS}; empty entries skipped"
 )
 COLUMNS = ("doc_id", "source", "title", "text", "hash", "group_id", "split", "language", "domain")

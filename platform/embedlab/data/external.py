@@ -36,65 +36,11 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from embedlab.data.document import Document
-from embedlab.errors import UserError
+from embedlab.data.source_config import ExternalSource, HFDataset, LocalFiles, SourceError
 
 SUPPORTED_EXTENSIONS = (".jsonl", ".parquet", ".txt")
 MAX_SKIPPED_EXAMPLES = 5  # locators kept per skip reason, enough to find the bad rows
 _PARQUET_BATCH_ROWS = 1024
-
-
-class SourceError(UserError):
-    """An external source cannot be read; the message names the file or dataset and what is wrong."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class LocalFiles:
-    """A .jsonl, .parquet or .txt file, or a directory of them (other files are listed, not read).
-
-    The field names apply to JSON lines and Parquet rows; a missing title or id field is fine.
-    """
-
-    name: str
-    path: str
-    text_field: str = "text"
-    title_field: str | None = "title"
-    id_field: str | None = "id"
-
-    def __post_init__(self) -> None:
-        _check_fields(self.name, self.text_field)
-
-
-@dataclass(frozen=True, kw_only=True)
-class HFDataset:
-    """A dataset as `datasets.load_dataset(dataset, name=config, split=split, revision=revision)` loads it.
-
-    `dataset` is a hub repository id or a local directory of data files. `revision` is
-    required: a commit sha (or a tag) is what makes the documents the same on every run.
-    Offline, datasets may fall back to a cached copy of a hub dataset whatever its revision;
-    `external_provenance`'s `resolved_revision` says which commit was used.
-    """
-
-    name: str
-    dataset: str
-    revision: str
-    config: str | None = None
-    split: str = "train"
-    text_field: str = "text"
-    title_field: str | None = None
-    id_field: str | None = None
-    streaming: bool = False
-
-    def __post_init__(self) -> None:
-        _check_fields(self.name, self.text_field)
-        if not (self.revision or "").strip():  # None too: it is what an unset config value reads as
-            raise SourceError(
-                f"source {self.name!r}: HFDataset {self.dataset!r} needs a revision (a commit sha or tag): "
-                "without one the hub serves whatever the default branch holds today, so the corpus "
-                "could change between runs without anything saying so"
-            )
-
-
-ExternalSource = LocalFiles | HFDataset
 
 
 @dataclass
@@ -167,13 +113,6 @@ class _Record:
     text: object
     title: object = None
     id: object = None
-
-
-def _check_fields(name: str, text_field: str) -> None:
-    if not name:
-        raise SourceError("an external source needs a non-empty name: it prefixes every document id")
-    if not text_field:
-        raise SourceError(f"source {name!r}: text_field must be non-empty")
 
 
 def _documents(source: ExternalSource, records: Iterable[_Record], stats: ReadStats) -> Iterator[Document]:
@@ -266,7 +205,7 @@ def _local_records(source: LocalFiles, files: list[Path]) -> Iterator[_Record]:
         if suffix == ".txt":
             yield _Record(relative, str(file), _read_utf8(file, file.read_bytes()), file.stem)
         elif suffix == ".jsonl":
-            yield from _mapped_records(source, _jsonl_rows(file, relative), str(file))
+            yield from _mapped_records(source, jsonl_rows(file, relative), str(file))
         else:
             yield from _mapped_records(source, _parquet_rows(source, file, relative), str(file))
 
@@ -278,7 +217,9 @@ def _read_utf8(where: Path | str, data: bytes) -> str:
         raise SourceError(f"{where}: not UTF-8 (byte {error.start}: {error.reason})") from None
 
 
-def _jsonl_rows(file: Path, relative: str) -> Iterator[tuple[str, str, Mapping[str, Any]]]:
+def jsonl_rows(file: Path, relative: str) -> Iterator[tuple[str, str, Mapping[str, Any]]]:
+    """(locator "<relative>:<line>", where for errors, object) of each non-blank line of a JSON
+    lines file; SourceError naming the line for bad UTF-8, bad JSON or a line that is no object."""
     with file.open("rb") as lines:  # bytes, so a decoding error can name its line
         for number, raw in enumerate(lines, 1):
             where = f"{file} line {number}"
@@ -313,7 +254,8 @@ def _parquet_rows(source: LocalFiles, file: Path, relative: str) -> Iterator[tup
             number += 1
 
 
-def _file_entry(file: Path, relative: str) -> dict[str, Any]:
+def file_entry(file: Path, relative: str) -> dict[str, Any]:
+    """A provenance entry for one read file: its `relative` path, size and sha256."""
     with file.open("rb") as handle:
         digest = hashlib.file_digest(handle, "sha256").hexdigest()
     return {"path": relative, "bytes": file.stat().st_size, "sha256": digest}
@@ -321,7 +263,7 @@ def _file_entry(file: Path, relative: str) -> dict[str, Any]:
 
 def _local_provenance(source: LocalFiles, fields: dict[str, str | None]) -> dict[str, Any]:
     files, ignored = _local_files(source)
-    entries = [_file_entry(file, _relative(source, file)) for file in files]
+    entries = [file_entry(file, _relative(source, file)) for file in files]
     # The revision covers names as well as bytes: a renamed file changes document ids.
     combined = hashlib.sha256("".join(f"{e['path']}\0{e['sha256']}\n" for e in entries).encode())
     return {
@@ -393,7 +335,7 @@ def _hf_provenance(source: HFDataset, fields: dict[str, str | None]) -> dict[str
     for split, paths in (builder.config.data_files or {}).items():
         for path in paths:
             local = Path(path)
-            entry = _file_entry(local, str(local)) if local.is_file() else {"path": str(path)}
+            entry = file_entry(local, str(local)) if local.is_file() else {"path": str(path)}
             data_files.append({"split": str(split), **entry})
     return {
         "name": source.name,

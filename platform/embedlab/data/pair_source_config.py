@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from embedlab.data.external import SourceError
+from embedlab.data.source_config import SourceError
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -81,7 +81,7 @@ import pyarrow as pa
 from embedlab.data.corpus import SPLITS
 from embedlab.data.dedup import near_duplicate_clusters
 from embedlab.data.document import normalise_text
-from embedlab.data.external import MAX_SKIPPED_EXAMPLES, SourceError, _file_entry, _jsonl_rows
+from embedlab.data.external import MAX_SKIPPED_EXAMPLES, SourceError, file_entry, jsonl_rows
 # The configs live beside `embedlab.config`, which holds them; imported from here as before.
 from embedlab.data.pair_source_config import BEIRPairs, ColumnMapping, HFPairs, PairFiles, PairSource  # noqa: F401
 from embedlab.data.pairs import PAIR_SCHEMA, SmallestRootSets
@@ -499,7 +499,7 @@ def _relative(source: PairFiles, file: Path) -> str:
 def _open_file(file: Path, relative: str) -> _Table:
     suffix = file.suffix.lower()
     if suffix == ".jsonl":
-        rows = _jsonl_rows(file, relative)
+        rows = jsonl_rows(file, relative)
         first = next(rows, None)
         if first is None:
             return _Table(relative, str(file), None, iter(()))
@@ -597,7 +597,7 @@ def _files_provenance(source: PairFiles) -> dict[str, Any]:
     for file in files:
         relative = _relative(source, file)
         mapping = _resolve_mapping(source, _open_file(file, relative).columns, str(file))
-        entries.append({**_file_entry(file, relative), "rows": _count_rows(file),
+        entries.append({**file_entry(file, relative), "rows": _count_rows(file),
                         "convention": mapping.convention if mapping else None})
     return {
         "name": source.name,
@@ -672,7 +672,7 @@ def _hf_provenance(source: HFPairs) -> dict[str, Any]:
     for split, paths in (builder.config.data_files or {}).items():
         for path in paths:
             file = Path(path)
-            entry = _file_entry(file, str(file)) if file.is_file() else {"path": str(path)}
+            entry = file_entry(file, str(file)) if file.is_file() else {"path": str(path)}
             data_files.append({"split": str(split), **entry})
     # A local directory's content, by its files' names (relative, so the directory may move) and bytes.
     root = Path(source.dataset).resolve()
@@ -720,9 +720,9 @@ def _beir_pairs(source: BEIRPairs, stats: PairReadStats, ids: _Ids) -> Iterator[
     try:
         # The evaluator's own readers and checks; `beir.load_task` is not used because it insists
         # on a test split, which a folder of training judgements need not have.
-        corpus = beir._load_corpus(corpus_path)
-        queries = beir._load_queries(queries_path)
-        qrels = beir._load_qrels(qrels_path, queries, corpus)
+        corpus = beir.read_corpus(corpus_path)
+        queries = beir.read_queries(queries_path)
+        qrels = beir.read_qrels(qrels_path, queries, corpus)
     except beir.TaskFormatError as error:
         raise SourceError(f"source {source.name!r}: {error}") from None
     stats.conventions[source.split] = BEIR_CONVENTION
@@ -759,7 +759,7 @@ def _beir_provenance(source: BEIRPairs) -> dict[str, Any]:
         with path.open("rb") as lines:
             rows = sum(1 for line in lines if line.strip())
         rows -= path.suffix == ".tsv"  # the qrels header
-        entries.append({**_file_entry(path, path.relative_to(root).as_posix()), "rows": rows})
+        entries.append({**file_entry(path, path.relative_to(root).as_posix()), "rows": rows})
     return {
         "name": source.name,
         "kind": "beir-pairs",

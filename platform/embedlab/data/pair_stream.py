@@ -29,19 +29,20 @@ import hashlib
 import json
 import os
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from embedlab.config import BATCH_COMPOSITIONS, DataConfig, check_pair_shares
+from embedlab.config import BATCH_COMPOSITIONS, ConfigError, DataConfig
 from embedlab.data.document import normalise_text
 from embedlab.data.mixture import MixtureError, Schedule, sample_schedule
 from embedlab.data.pair_sources import USER_PAIR_SCHEMA
 from embedlab.data.pairs import PAIR_BUILDERS, PAIR_SCHEMA, Pair, build_pairs, merge_positive_groups, pairs_to_table
-from embedlab.data.prepare import PreparedData, code_revision
+from embedlab.data.prepare import code_revision
+from embedlab.data.prepared import PreparedData
 from embedlab.data.prepared_sync import node_path
 from embedlab.data.user_pairs import user_pair_table, user_pairs_dir
 from embedlab.data.stream import WorkerSplit, cached_tokenizer, schedule_windows
@@ -71,6 +72,18 @@ def recorded_pair_table(prepared: PreparedData, builders: list[str]) -> Path | N
     prepared record), or None for a run without one (`pair_table_path` builds it)."""
     recorded = prepared.record.get(PAIR_TABLES, {}).get(pair_table_name(builders))
     return None if recorded is None else prepared.directory / recorded
+
+
+def check_pair_shares(names: Iterable[str], data: DataConfig) -> None:
+    """Every name (of `contrastive.pairs`) is a built-in pair builder or one of `data`'s pair sources.
+
+    Checked where a pairs table is frozen (`pair_table_path`), which the sweep does for every
+    arm before any trial starts."""
+    valid = [*PAIR_BUILDERS, *data.pair_source_names]
+    unknown = [name for name in names if name not in valid]
+    if unknown:
+        raise ConfigError(f"contrastive.pairs: unknown pair builder or pair source {unknown}; valid: {valid} "
+                          "(the built-in builders, then the names of data.pair_files, hf_pairs and beir_pairs)")
 
 
 def pair_table_path(

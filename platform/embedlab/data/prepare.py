@@ -25,22 +25,26 @@ import shutil
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from embedlab import store
 from embedlab.config import DataConfig
 from embedlab.data import builtin
-from embedlab.data.corpus import Corpus, build_corpus, load_corpus, resolve_sources
+from embedlab.data.audit import audit
+from embedlab.data.card import card_dict, write_card
+from embedlab.data.corpus import Corpus, build_corpus, resolve_sources
 from embedlab.data.document import document_text
 from embedlab.data.external import external_provenance
 from embedlab.data.mixture import resolve_mixture
+from embedlab.data.prepared import PreparedData
+from embedlab.data.saved_audits import task_audit
 from embedlab.data.stream import PIECES_FILE, build_pieces, piece_stats
 from embedlab.evaluate.beir import write_task
 from embedlab.evaluate.builtin_tasks import BUILTIN_TASKS, build_builtin_task, decontaminate
-from embedlab.tokenizer import FrozenTokenizer, describe, load_tokenizer, save_tokenizer, train_tokenizer
+from embedlab.tokenizer.frozen import describe, save_tokenizer, train_tokenizer
 
 FORMAT = "embedlab-prepared/4"  # the human-readable part of the key; `code_revision` is the rest
 # The package's source files whose code decides the prepared bytes (corpus, tokenizer, pieces,
@@ -49,50 +53,12 @@ FORMAT = "embedlab-prepared/4"  # the human-readable part of the key; `code_revi
 # reusing a directory that older code built.
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 BUILD_SOURCES = (
-    "data/prepare.py", "data/corpus.py", "data/builtin.py", "data/document.py", "data/dedup.py",
-    "data/external.py", "data/rights.py", "data/mixture.py", "data/stream.py", "data/packing.py",
-    "data/audit.py", "data/contamination.py", "data/stages.py", "data/card.py", "tokenizer.py",
-    "evaluate/beir.py", "evaluate/builtin_tasks.py", "evaluate/retention.py",
+    "data/prepare.py", "data/prepared.py", "data/corpus.py", "data/builtin.py", "data/document.py",
+    "data/dedup.py", "data/external.py", "data/source_config.py", "data/rights.py", "data/mixture.py",
+    "data/stream.py", "data/packing.py", "data/audit.py", "data/contamination.py", "data/saved_audits.py",
+    "data/stages.py", "data/card.py", "tokenizer/frozen.py", "evaluate/beir.py", "evaluate/builtin_tasks.py",
+    "evaluate/retention.py",
 )
-
-
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("EMBEDLAB_CACHE", Path.home() / ".cache" / "embedlab"))
-
-
-@dataclass(frozen=True)
-class PreparedData:
-    """A prepared data directory and its record."""
-
-    directory: Path
-    record: dict
-
-    @property
-    def corpus(self) -> Corpus:
-        return load_corpus(self.directory / "corpus")
-
-    @property
-    def pieces_path(self) -> Path:
-        return self.directory / PIECES_FILE
-
-    @property
-    def tokenizer_sample_path(self) -> Path:
-        return self.directory / "tokenizer_sample.parquet"
-
-    @property
-    def tokenizer_path(self) -> Path:
-        return self.directory / "tokenizer.json"
-
-    @property
-    def tokenizer(self) -> FrozenTokenizer:
-        return load_tokenizer(self.tokenizer_path, expected_hash=self.record["tokenizer_hash"])
-
-    def task_dir(self, name: str) -> Path:
-        return self.directory / "tasks" / name
-
-    @property
-    def data_revision(self) -> str:
-        return self.record["data_revision"]
 
 
 def code_revision(root: Path = PACKAGE_ROOT, sources: Sequence[str] = BUILD_SOURCES) -> str:
@@ -138,7 +104,7 @@ def prepare_data(
     progress: Callable[[str], None] = print,
 ) -> PreparedData:
     """Prepare (or reuse) the data directory for `config`."""
-    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    cache_dir = Path(cache_dir) if cache_dir is not None else store.cache_dir()
     directory = cache_dir / f"prepared-{prepare_key(config)}"
     record_path = directory / "prepared.json"
     if record_path.is_file():
@@ -204,6 +170,8 @@ def _prepare_into(config: DataConfig, directory: Path, progress: Callable[[str],
     )
     progress(f"data: pieces written in {time.perf_counter() - step:.1f}s")
     tasks = _build_tasks(corpus, directory / "tasks", config, progress)
+    # Here: the retention module imports torch, which nothing else preparing data (nor a Ray
+    # Data task importing this module) needs.
     from embedlab.evaluate.retention import build_panel
 
     progress("data: building the retention panel")
@@ -239,8 +207,6 @@ def _prepare_into(config: DataConfig, directory: Path, progress: Callable[[str],
 
 def _build_tasks(corpus: Corpus, directory: Path, config: DataConfig, progress: Callable[[str], None]) -> dict:
     """Build each built-in task the corpus can make, decontaminated against all training-split text."""
-    from embedlab.data.audit import audit
-
     built: dict[str, dict] = {}
     for name in BUILTIN_TASKS:
         if name not in corpus.manifest["sources"]:
@@ -264,9 +230,6 @@ def _build_tasks(corpus: Corpus, directory: Path, config: DataConfig, progress: 
 
 def _audit_and_card(prepared: PreparedData, progress: Callable[[str], None]) -> None:
     """Audit the phase-1 stages against each built task, then write the data card."""
-    from embedlab.data.card import card_dict, write_card
-    from embedlab.data.contamination import task_audit
-
     audits = {
         task_dir.name: task_audit(prepared, task_dir, progress)
         for task_dir in sorted((prepared.directory / "tasks").glob("*"))

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from embedlab.config import ConfigError, DataConfig, _build, read_mapping_file
+from embedlab.config import ConfigError, DataConfig, build_config, read_mapping_file
+from embedlab.sweep.study import load_study
 
 
 def load_data_configs(spec: str | None) -> list[DataConfig]:
@@ -24,8 +25,6 @@ def load_data_configs(spec: str | None) -> list[DataConfig]:
     if not path.is_file():
         raise FileNotFoundError(f"data spec not found: {path}")
     if path.suffix == ".py":
-        from embedlab.sweep.study import load_study
-
         configs: list[DataConfig] = []
         for arm in load_study(path).arms.values():
             if arm.data not in configs:
@@ -35,6 +34,6 @@ def load_data_configs(spec: str | None) -> list[DataConfig]:
         raise ConfigError(f"{path}: unsupported spec type {path.suffix!r}; use .py, .toml or .json")
     raw = read_mapping_file(path)
     try:
-        return [_build(DataConfig, raw, "data")]
+        return [build_config(DataConfig, raw, "data")]
     except ConfigError as error:
         raise ConfigError(f"{path}: {error}") from None

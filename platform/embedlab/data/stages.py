@@ -21,12 +21,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from embedlab.config import DataConfig
-
 from embedlab.data.document import document_text
 from embedlab.data.mining import NEGATIVES_FILE
 from embedlab.data.pairs import PAIR_BUILDERS, build_pairs
-from embedlab.data.prepare import PreparedData
+from embedlab.data.prepared import PreparedData
 
 PAIRS_STAGE = "contrastive-pairs"
 MINED_STAGE = "mined-negatives"
@@ -49,16 +47,13 @@ def _pair_texts(pairs: Iterable[tuple[str, str, str]]) -> Iterator[tuple[str, st
         yield f"{pair_id}:positive", positive
 
 
-def _pairs(prepared: PreparedData, data: DataConfig | None, progress: Callable[[str], None]
+def _pairs(prepared: PreparedData, user_pairs: Callable[[], Iterator[tuple[str, str]]] | None
            ) -> Iterator[tuple[str, str]]:
     table = prepared.corpus.read(split="train")
     pairs = build_pairs(table, list(PAIR_BUILDERS), split="train", seed=0, max_pairs_per_builder=None)
     yield from _pair_texts((pair.pair_id, pair.query, pair.positive) for pair in pairs)
-    if data is not None and data.pair_sources:
-        from embedlab.data.user_pairs import user_pair_table, user_pairs_dir
-
-        directory = user_pairs_dir(prepared, data, progress)
-        yield from _table_items(user_pair_table(directory, list(data.pair_source_names)))
+    if user_pairs is not None:
+        yield from user_pairs()
 
 
 def pair_table_items(path: Path) -> Iterator[tuple[str, str]]:
@@ -66,11 +61,12 @@ def pair_table_items(path: Path) -> Iterator[tuple[str, str]]:
     "<row id>:positive" (a user pair has a row per positive, `pair_sources.row_ids`), then a user
     pair's given negatives ("<row id>:negative:<i>"), when the table has that column."""
     names = pq.read_schema(path).names
-    yield from _table_items(pq.read_table(path, columns=["pair_id", "query", "positive",
+    yield from table_items(pq.read_table(path, columns=["pair_id", "query", "positive",
                                                          *(["negatives"] if "negatives" in names else [])]))
 
 
-def _table_items(table: pa.Table) -> Iterator[tuple[str, str]]:
+def table_items(table: pa.Table) -> Iterator[tuple[str, str]]:
+    """The texts of a pairs table's rows (`pair_table_items`' layout, also a frozen user pair table's)."""
     ids = table["pair_id"].to_pylist()
     yield from _pair_texts(zip(ids, table["query"].to_pylist(), table["positive"].to_pylist()))
     if "negatives" in table.column_names:
@@ -94,12 +90,12 @@ def _mined(prepared: PreparedData) -> Iterator[tuple[str, str]]:
 
 
 def training_stages(
-    prepared: PreparedData, stages: tuple[str, ...] = PHASE1_STAGES, *, data: DataConfig | None = None,
-    progress: Callable[[str], None] = print,
+    prepared: PreparedData, stages: tuple[str, ...] = PHASE1_STAGES, *,
+    user_pairs: Callable[[], Iterator[tuple[str, str]]] | None = None,
 ) -> dict[str, Iterator[tuple[str, str]]]:
-    """Lazy (id, text) streams for the named stages; `data` (the spec's config, whose pair
-    sources the prepared record does not hold) adds its user pairs to the contrastive-pairs
-    stage, frozen in the directory first if they are not yet."""
+    """Lazy (id, text) streams for the named stages; `user_pairs` (the items of a spec's user
+    pair sources, which the prepared record does not hold: `contamination.run_audit` freezes
+    and reads them) is called for the contrastive-pairs stage after the built-in pairs."""
     unknown = sorted(set(stages) - set(ALL_STAGES))
     if unknown:
         raise ValueError(f"unknown stages {unknown}; valid: {list(ALL_STAGES)}")
@@ -107,7 +103,7 @@ def training_stages(
     streams = {
         "pretraining": lambda: _documents(prepared, None),
         "tokenizer-sample": lambda: _documents(prepared, sample_ids),
-        PAIRS_STAGE: lambda: _pairs(prepared, data, progress),
+        PAIRS_STAGE: lambda: _pairs(prepared, user_pairs),
         MINED_STAGE: lambda: _mined(prepared),
     }
     return {name: streams[name]() for name in stages}

@@ -41,7 +41,7 @@ from embedlab.data.document import document_texts
 from embedlab.data.mixture import Schedule
 from embedlab.data.packing import OPENER_POSITIONS, pack_flat, pack_layout
 from embedlab.data.prepared_sync import node_path
-from embedlab.tokenizer import FrozenTokenizer, load_tokenizer
+from embedlab.tokenizer.frozen import FrozenTokenizer, load_tokenizer
 
 if TYPE_CHECKING:
     import torch

@@ -42,7 +42,8 @@ from embedlab.data.corpus import SPLITS
 from embedlab.data.pair_sources import (
     PairReadStats, group_pairs, pair_source_provenance, read_pairs, split_pairs, user_pairs_to_table,
 )
-from embedlab.data.prepare import PreparedData, code_revision, refresh_card
+from embedlab.data.prepare import code_revision, refresh_card
+from embedlab.data.prepared import PreparedData
 
 FORMAT = "embedlab-user-pairs/2"  # 2: one row per (query, positive), `pair_sources.row_ids`
 DIRECTORY = "user-pairs"

@@ -36,10 +36,11 @@ import ray
 
 from embedlab import code_identity
 from embedlab.config import EvalConfig
-from embedlab.errors import UsageError
 from embedlab.data.prepared_sync import node_path
+from embedlab.errors import UsageError
 from embedlab.evaluate.beir import Task, load_task
 from embedlab.evaluate.checkpoint_eval import evaluate_checkpoint
+from embedlab.telemetry import EvaluationTelemetry
 from embedlab.train.checkpoint import read_manifest
 
 ACTOR_NAME = "embedlab-evaluator"
@@ -47,7 +48,7 @@ NAMESPACE = "embedlab"
 PROGRESS_GROUP = "progress"  # a concurrency group of one thread beside the default one
 # The evaluator's share of one GPU on a GPU cluster. It encodes in bursts between trainings,
 # so a quarter is enough to run on the device while Ray packs it with other fractional
-# requests (mining trial drivers: `embedlab.sweep.run.MINING_GPU_SHARE`) onto one device,
+# requests (mining trial drivers: `embedlab.sweep.cluster.MINING_GPU_SHARE`) onto one device,
 # leaving whole devices to the trainers' workers.
 EVALUATOR_GPU_SHARE = 0.25
 # How long `get_evaluator` waits for the actor to answer `identity()` (it first has to start),
@@ -134,8 +135,6 @@ class Evaluator:
 
     def _telemetry(self):
         if self._metrics is None:
-            from embedlab.telemetry import EvaluationTelemetry
-
             self._metrics = EvaluationTelemetry()
         return self._metrics
 
@@ -166,7 +165,7 @@ def get_evaluator(num_cpus: float = 0, num_gpus: float | None = None) -> ray.act
     one sweep's driver exiting does not take it from another (a non-detached actor dies with
     its creator). It holds no CPU reservation: it works between trainings, and on a 2-core
     box a reserved core would starve the trainers' data pipeline. `num_gpus` defaults to
-    `evaluator_gpus` of the cluster (a sweep passes its own choice: `sweep.run.gpu_shares`);
+    `evaluator_gpus` of the cluster (a sweep passes its own choice: `sweep.cluster.gpu_shares`);
     requests only count when this call creates the actor, not when it finds it.
 
     An evaluator found with another code identity is replaced when idle (one warning line);
@@ -234,6 +233,16 @@ def describe_identity(served: dict) -> str:
     if served["version"] == UNKNOWN_VERSION:
         return "an embedlab from before code identities"
     return str(code_identity.CodeIdentity(version=served["version"], code_hash=served["code_hash"]))
+
+
+def runs_this_code(served: dict) -> bool:
+    """Whether an evaluator that reported `served` (`evaluator_identity`) runs this process's code."""
+    return _runs(served, code_identity.current())
+
+
+def evaluator_stats(handle: ray.actor.ActorHandle, timeout_s: float = IDENTITY_TIMEOUT_S) -> dict:
+    """What `Evaluator.stats()` returns: tasks loaded, results cached, its GPUs."""
+    return ray.get(handle.stats.remote(), timeout=timeout_s)
 
 
 def stop_evaluator() -> dict | None:

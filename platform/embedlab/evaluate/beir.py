@@ -133,10 +133,10 @@ def load_task(path: str | Path, splits: list[str] | None = None) -> Task:
     root = Path(path)
     if not root.is_dir():
         raise TaskFormatError(f"{root}: task directory not found")
-    corpus = _load_corpus(root / CORPUS_FILE)
-    queries = _load_queries(root / QUERIES_FILE)
+    corpus = read_corpus(root / CORPUS_FILE)
+    queries = read_queries(root / QUERIES_FILE)
     qrels = {
-        split: _load_qrels(_qrels_path(root, split), queries, corpus)
+        split: read_qrels(_qrels_path(root, split), queries, corpus)
         for split in _select_splits(root, splits)
     }
     return Task(name=root.name, corpus=corpus, queries=queries, qrels=qrels)
@@ -232,7 +232,8 @@ def _record_id(path: Path, number: int, record: dict[str, object], seen: dict[st
     return record_id
 
 
-def _load_corpus(path: Path) -> dict[str, tuple[str, str]]:
+def read_corpus(path: Path) -> dict[str, tuple[str, str]]:
+    """A BEIR corpus.jsonl as {doc id: (title, text)}; TaskFormatError naming the line otherwise."""
     corpus: dict[str, tuple[str, str]] = {}
     seen: dict[str, int] = {}
     for number, record in _read_jsonl(path):
@@ -247,7 +248,8 @@ def _load_corpus(path: Path) -> dict[str, tuple[str, str]]:
     return corpus
 
 
-def _load_queries(path: Path) -> dict[str, str]:
+def read_queries(path: Path) -> dict[str, str]:
+    """A BEIR queries.jsonl as {query id: text}; TaskFormatError naming the line otherwise."""
     queries: dict[str, str] = {}
     seen: dict[str, int] = {}
     for number, record in _read_jsonl(path):
@@ -258,9 +260,11 @@ def _load_queries(path: Path) -> dict[str, str]:
     return queries
 
 
-def _load_qrels(
+def read_qrels(
     path: Path, queries: dict[str, str], corpus: dict[str, tuple[str, str]]
 ) -> Qrels:
+    """A BEIR qrels/<split>.tsv whose ids all name `queries` and `corpus`; TaskFormatError naming
+    the line otherwise."""
     lines = _read_lines(path)
     header = next(lines, (1, ""))[1]
     if header != _HEADER_LINE:

@@ -10,10 +10,13 @@ from pathlib import Path
 
 import torch
 
-from embedlab.errors import UsageError
 from embedlab.config import EvalConfig
+from embedlab.errors import UsageError
 from embedlab.evaluate.beir import Task
+from embedlab.evaluate.builtin_tasks import BUILTIN_TASKS
 from embedlab.evaluate.encode import encode_texts
+from embedlab.evaluate.hub_tasks import materialise_hub_task
+from embedlab.evaluate.retention import mlm_accuracy_function, retention_scores
 from embedlab.evaluate.retrieval import evaluate_encoder
 from embedlab.train.checkpoint import load_encoder, local_checkpoint
 from embedlab.train.flops import FlopTally
@@ -54,8 +57,6 @@ def evaluate_checkpoint(
         encode_documents=partial(encode, prefix=prefixes["passage"], label=f"{where} documents"), index=index,
     )
     if retention_dir is not None:
-        from embedlab.evaluate.retention import mlm_accuracy_function, retention_scores
-
         retention_encode = partial(encode, prefix=prefixes["passage"], label="evaluate retention panel")
         metrics.update(retention_scores(Path(retention_dir), retention_encode,
                                         mlm_accuracy_function(checkpoint_dir)))
@@ -66,8 +67,6 @@ def evaluate_checkpoint(
 
 def resolve_task(name_or_path: str, prepared_dir: Path | None = None) -> Path:
     """A BEIR directory as given, or a built-in task's directory inside prepared data."""
-    from embedlab.evaluate.builtin_tasks import BUILTIN_TASKS
-
     path = Path(name_or_path)
     if path.is_dir():
         return path
@@ -87,8 +86,6 @@ def resolve_eval_tasks(config: EvalConfig, prepared_dir: Path | None = None,
     """(name, BEIR directory) of every task `config` scores on: the main `task` first, then
     `tasks` (as `resolve_task`), then `hub_tasks`, materialised in `cache_dir` (default
     EMBEDLAB_CACHE) by `hub_tasks.materialise_hub_task`. One entry without a panel."""
-    from embedlab.evaluate.hub_tasks import materialise_hub_task
-
     directories = [resolve_task(task, prepared_dir) for task in (config.task, *config.tasks)]
     directories += [materialise_hub_task(spec, cache_dir).directory for spec in config.hub_tasks]
     return list(zip(config.task_names, directories))

@@ -20,7 +20,7 @@ import torch
 
 from embedlab.model.encoder import Encoder
 from embedlab.model.pooling import l2_normalise, mean_pool
-from embedlab.tokenizer import FrozenTokenizer
+from embedlab.tokenizer.frozen import FrozenTokenizer
 from embedlab.train.flops import FORWARD, FlopTally
 
 PROGRESS_SECONDS = 10.0  # one line per 10 s of encoding: visible on a long pass, quiet on a short one

@@ -56,10 +56,14 @@ from pathlib import Path
 
 import numpy as np
 
-from embedlab import __version__
+from embedlab.code_identity import VERSION
+from embedlab.config import DataConfig
+from embedlab.data import builtin
 from embedlab.data.audit import Finding, audit
+from embedlab.data.builtin import read_dictd
 from embedlab.data.dedup import ngram_hashes, word_hashes
 from embedlab.data.document import document_text, normalise_text
+from embedlab.data.prepare import code_revision
 from embedlab.errors import UsageError, UserError
 from embedlab.evaluate.beir import REQUIRED_SPLIT, Task, write_task
 from embedlab.store import file_sha256
@@ -204,8 +208,6 @@ def long_description(lines: list[str]) -> str:
 
 def corpus_packages() -> frozenset[str]:
     """The Debian packages behind the built-in corpus, and the one that holds Python's stdlib."""
-    from embedlab.data import builtin
-
     packages = {pkg for source in builtin.SOURCES.values() for pkg in source.packages}
     owner = _owning_package(builtin.STDLIB_DIR / "os.py")
     return frozenset(packages | ({owner} if owner else set()))
@@ -339,8 +341,6 @@ MIN_DEFINITION_CHARS = 20
 
 def read_devil(index: Path, dictionary: Path) -> Reading:
     """One item per entry: query = the term, lower-cased; document = the definition."""
-    from embedlab.data.builtin import read_dictd
-
     items = []
     for headword, entry in read_dictd(index, dictionary):
         match = _DEVIL_ENTRY.match(entry.strip())
@@ -405,8 +405,6 @@ def heldout_source(name: str) -> HeldoutSource:
 def builtin_training_text() -> TrainingText:
     """Every document of every built-in source available here, as it is trained and audited
     ("title\\ntext"), read straight from the sources: the corpus before dedup and splitting."""
-    from embedlab.data import builtin
-
     names = builtin.available_sources()
 
     def pairs() -> Iterator[tuple[str, str]]:
@@ -560,8 +558,6 @@ def build_heldout_tasks(
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Path]:
     """Build every task of `sources` into `out_dir/<name>`, with one audit pass over the training text."""
-    from embedlab.config import DataConfig
-
     say = progress or (lambda message: None)
     for source in sources:
         source.check()
@@ -614,8 +610,6 @@ def _write(source: HeldoutSource, task: Task, reading: Reading, record: dict, ou
 
 def provenance(source: HeldoutSource, task: Task, reading: Reading) -> dict:
     """What `sources.json` records: where the text came from and what built the task."""
-    from embedlab.data.prepare import code_revision
-
     versions = {package: package_version(package) for package in source.packages}
     files = reading.files
     where = ", ".join(map(str, files)) if len(files) <= 2 else f"{len(files)} files in {os.path.commonpath(files)}"
@@ -628,7 +622,7 @@ def provenance(source: HeldoutSource, task: Task, reading: Reading) -> dict:
         "packages": versions,
         "files": [{"path": str(path), "sha256": file_sha256(path), "bytes": path.stat().st_size} for path in reading.files],
         "builder": {"module": __name__, "code_revision": code_revision(sources=BUILD_SOURCES),
-                    "embedlab_version": __version__},
+                    "embedlab_version": VERSION},
         "construction": {"max_queries": source.max_queries, "min_queries": source.min_queries,
                          "query_order": f"sha256('{source.name}:' + item id), smallest first"},
         "queries": len(task.queries),

@@ -83,9 +83,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from embedlab.errors import UserError
-from embedlab.store import file_sha256
+from embedlab import store
+from embedlab.config import build_config, read_mapping_file
 from embedlab.evaluate.beir import QRELS_HEADER, REQUIRED_SPLIT, Qrels, Task, load_task, write_task
+from embedlab.evaluate.hub_task_config import HubTask, HubTaskError, check_fraction
+from embedlab.store import file_sha256
 
 HUB_TASKS_DIR = "hub-tasks"
 PROVENANCE_FILE = "provenance.json"
@@ -102,72 +104,6 @@ DEV_RULE = (
 )
 _COMMIT_SHA = re.compile(r"[0-9a-f]{40}")
 _READ_BATCH_ROWS = 10_000
-
-
-class HubTaskError(UserError, ValueError):
-    """A Hub task cannot be loaded or materialised; the message names the dataset, config and row."""
-
-
-@dataclass(frozen=True)
-class HubTask:
-    """A BEIR/MTEB-layout retrieval task on the Hugging Face Hub (or in a local directory in its layout).
-
-    `revision` is required (see the module docstring for what it means for a local
-    directory). `qrels_dataset` is None when the qrels are a config of `dataset`; a separate
-    qrels dataset is a separate repository with its own history, so it needs its own
-    `qrels_revision`. `splits` are the qrels splits to read (None: all of them; "test" is
-    required either way). `dev_fraction` (with `dev_seed`) derives a dev split from the train
-    qrels when the dataset has no dev split (`derive_dev_split`); a dataset's own dev split is
-    kept as it is.
-    """
-
-    name: str
-    dataset: str
-    revision: str
-    corpus_config: str = "corpus"
-    queries_config: str = "queries"
-    qrels_dataset: str | None = None
-    qrels_config: str = "default"
-    splits: tuple[str, ...] | None = None
-    qrels_revision: str | None = None
-    corpus_split: str | None = None
-    queries_split: str | None = None
-    dev_fraction: float | None = None
-    dev_seed: int = 0
-
-    def __post_init__(self) -> None:
-        where = f"hub task {self.name!r}"
-        if not self.name or any(c in self.name for c in "/\\\t\r\n") or self.name.startswith("."):
-            raise HubTaskError(f"{where}: the name must be a plain folder name (it names the task's folder)")
-        if not (self.dataset or "").strip():
-            raise HubTaskError(f"{where}: dataset must be a Hub dataset id or a local directory")
-        _check_revision(where, self.dataset, self.revision, "revision")
-        if self.qrels_dataset is not None and self.qrels_dataset != self.dataset:
-            _check_revision(where, self.qrels_dataset, self.qrels_revision, "qrels_revision")
-        elif self.qrels_revision is not None and self.qrels_revision != self.revision:
-            raise HubTaskError(
-                f"{where}: qrels_revision is only for a separate qrels_dataset; the qrels config of "
-                f"{self.dataset!r} is read at `revision` ({self.revision!r})"
-            )
-        if self.splits is not None:
-            splits = tuple(self.splits)  # a list from a config file is accepted, and stored hashable
-            object.__setattr__(self, "splits", splits)
-            if len(set(splits)) != len(splits) or REQUIRED_SPLIT not in splits:
-                raise HubTaskError(
-                    f"{where}: splits {list(splits)} must be distinct and include {REQUIRED_SPLIT!r} "
-                    "(every BEIR task has a test split); leave splits unset to read every qrels split"
-                )
-        if self.dev_fraction is not None:
-            _check_fraction(where, self.dev_fraction)
-        if isinstance(self.dev_seed, bool) or not isinstance(self.dev_seed, int):
-            raise HubTaskError(f"{where}: dev_seed must be an integer, got {self.dev_seed!r}")
-
-    @property
-    def qrels_source(self) -> tuple[str, str]:
-        """(dataset, requested revision) the qrels are read from."""
-        if self.qrels_dataset is None or self.qrels_dataset == self.dataset:
-            return self.dataset, self.revision
-        return self.qrels_dataset, str(self.qrels_revision)
 
 
 @dataclass(frozen=True)
@@ -229,9 +165,7 @@ def hub_task_argument(text: str, *, dev_fraction: float | None = None, dev_seed:
                                f"{HUB_PREFIX}mteb/scifact@<commit sha>")
         return HubTask(name=Path(dataset.rstrip("/")).name, dataset=dataset, revision=revision, **dev)
     if text.endswith((".toml", ".json")) and Path(text).is_file():
-        from embedlab.config import _build, read_mapping_file  # here: config imports this module
-
-        return _build(HubTask, {**read_mapping_file(text), **dev}, f"hub task {text}")
+        return build_config(HubTask, {**read_mapping_file(text), **dev}, f"hub task {text}")
     return None
 
 
@@ -306,9 +240,7 @@ def materialise_hub_task(spec: HubTask, cache_dir: str | Path | None = None) -> 
     TaskFormatError for ids that cannot be written as TSV).
     """
     if cache_dir is None:
-        from embedlab.data.prepare import default_cache_dir
-
-        cache_dir = default_cache_dir()
+        cache_dir = store.cache_dir()
     qrels_dataset, qrels_revision = spec.qrels_source
     resolved = resolve_revision(spec.dataset, spec.revision)
     resolved_qrels = resolved if qrels_dataset == spec.dataset else resolve_revision(qrels_dataset, qrels_revision)
@@ -585,7 +517,7 @@ def dev_query_ids(train_query_ids: Iterable[str], fraction: float, seed: int) ->
     Each query's place depends only on its id and the seed, so the choice does not depend on
     the order the ids come in.
     """
-    _check_fraction("dev split", fraction)
+    check_fraction("dev split", fraction)
     ids = sorted(set(train_query_ids))
     count = math.floor(fraction * len(ids) + 0.5)
     if not 1 <= count <= len(ids) - 1:
@@ -608,7 +540,7 @@ def derive_dev_split(task: Task, fraction: float, seed: int) -> tuple[Task, DevS
     dev nor train qrels. Deterministic: the same task, fraction and seed give the same split.
     """
     if DEV_SPLIT in task.qrels:
-        _check_fraction(f"task {task.name!r}", fraction)
+        check_fraction(f"task {task.name!r}", fraction)
         train = task.qrels.get(TRAIN_SPLIT, {})
         return task, DevSplit("dataset", None, None, tuple(sorted(task.qrels[DEV_SPLIT])), len(train))
     if TRAIN_SPLIT not in task.qrels:
@@ -628,20 +560,6 @@ def derive_dev_split(task: Task, fraction: float, seed: int) -> tuple[Task, DevS
 
 
 # --- helpers ---------------------------------------------------------------------------------
-
-
-def _check_revision(where: str, dataset: str, revision: str | None, field_name: str) -> None:
-    if not (revision or "").strip():  # None too: it is what an unset config value reads as
-        raise HubTaskError(
-            f"{where}: dataset {dataset!r} needs a {field_name} (a commit sha or tag on the Hub; "
-            "for a local directory, its local_dataset_revision): without one the Hub serves whatever "
-            "the default branch holds today, so the task could change between runs without anything saying so"
-        )
-
-
-def _check_fraction(where: str, fraction: float) -> None:
-    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
-        raise HubTaskError(f"{where}: dev fraction must be a number strictly between 0 and 1, got {fraction!r}")
 
 
 def _visible_files(root: Path) -> list[tuple[str, Path]]:

@@ -26,20 +26,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from embedlab.errors import UnknownKey, UserError
+from embedlab.errors import UnknownKey
 from embedlab.evaluate.beir import Task
 from embedlab.evaluate.metrics import METRIC_NAMES
-from embedlab.sweep.study import METRICS
+from embedlab.evaluate.panel_names import MEAN, PanelError, check_task_names
 
-MEAN = "mean"
+# The metrics a study may optimise on its main task (`sweep.study.Study.metric`), and the
+# per-task metrics a panel's study metric may name.
+METRICS = ("dev/ndcg@10", "dev/recall@100", "dev/mrr@10", "dev/map")
 # What `split_scorer` keeps of an evaluator's result, under `<split>/`: the sweep's columns.
 SPLIT_KEYS = (*METRIC_NAMES, "queries", "docs")
 
 Scorer = Callable[[Task], Mapping[str, Any]]
-
-
-class PanelError(UserError, ValueError):
-    """A panel cannot be scored: bad task names, or a metric some task did not report."""
 
 
 class UnknownPanelMetric(UnknownKey):
@@ -91,21 +89,6 @@ def panel_columns(scored: Iterable[tuple[str, Mapping[str, Any]]], metric: str |
     return columns
 
 
-def check_task_names(names: Iterable[str]) -> list[str]:
-    """The names as a list, after checking they can prefix panel columns unambiguously."""
-    names = list(names)
-    if not names:
-        raise PanelError("a panel needs at least one task")
-    for name in names:
-        if not name or "/" in name or name == MEAN:
-            raise PanelError(f"task name {name!r} cannot name panel columns: it must be non-empty, without '/', "
-                             f"and not {MEAN!r} (the mean's prefix)")
-    repeated = sorted({name for name in names if names.count(name) > 1})
-    if repeated:
-        raise PanelError(f"task names repeat in the panel: {', '.join(repeated)}; each task's columns need their own prefix")
-    return names
-
-
 def panel_metric_names(task_names: Iterable[str], metrics: Sequence[str] = METRICS) -> tuple[str, ...]:
     """Every valid study metric of a panel: the means first, then each task's, in task order."""
     names = check_task_names(task_names)
@@ -114,7 +97,7 @@ def panel_metric_names(task_names: Iterable[str], metrics: Sequence[str] = METRI
 
 def resolve_study_metric(name: str, task_names: Iterable[str], metrics: Sequence[str] = METRICS) -> PanelMetric:
     """`name` ("<task>/<metric>" or "mean/<metric>") as a PanelMetric; `metrics` are the
-    per-task metrics a study may optimise (default: the sweep's `METRICS`).
+    per-task metrics a study may optimise (default: `METRICS`).
 
     Raises UnknownPanelMetric (a KeyError and a UserError) listing every valid name.
     """

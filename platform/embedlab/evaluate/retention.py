@@ -34,6 +34,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
+from embedlab.config import MaskingConfig
+from embedlab.objectives.masking import mask_tokens
+from embedlab.train.checkpoint import head_ratio, head_states, load_encoder, local_checkpoint, mlm_model, read_manifest
+
 PROBE_SCHEMA = pa.schema([("doc_id", pa.string()), ("source", pa.string()), ("text", pa.string()), ("fold", pa.string())])
 PAIRS_SCHEMA = pa.schema([("a", pa.string()), ("b", pa.string()), ("grade", pa.int64())])
 PER_SOURCE = 60
@@ -212,9 +216,6 @@ class MaskedTokenAccuracy:
 
     @torch.inference_mode()
     def _score(self, texts: list[str], names: list[str]) -> dict[str, float]:
-        from embedlab.config import MaskingConfig
-        from embedlab.objectives.masking import mask_tokens
-
         tokenizer, limit = self.tokenizer, self.max_length
         rows = [[tokenizer.cls_id, *ids[: limit - 2], tokenizer.sep_id] for ids in tokenizer.encode_batch(texts)]
         width = max(len(r) for r in rows)
@@ -242,8 +243,6 @@ def nearest_head(names: list[str], ratio: float) -> str:
     single head, else the mask<percent> head trained nearest `ratio` (the first on a tie).
     The rule of `embedlab.train.checkpoint.single_head_state`, on names alone, so promotion
     can tell which of a dual-head parent's heads a child carries from the parent's scores."""
-    from embedlab.train.checkpoint import head_ratio
-
     if not names:
         raise ValueError("nearest_head: no head names")
     return "mlm" if "mlm" in names else min(names, key=lambda name: abs(head_ratio(name) - ratio))
@@ -254,8 +253,6 @@ def mlm_accuracy_function(checkpoint_dir: str | Path, max_length: int = PANEL_MA
     without a head, before any weights are loaded. Called on texts it scores the head trained
     nearest `PANEL_MASKING_RATIO`, the one a phase-2 child would continue with; `per_head`
     scores every head of a dual-head checkpoint."""
-    from embedlab.train.checkpoint import head_states, load_encoder, local_checkpoint, mlm_model, read_manifest
-
     directory = local_checkpoint(checkpoint_dir)
     heads = head_states(directory, read_manifest(directory))
     # A head stored with other tensors than an MLMHead's (dense, norm, bias) cannot be loaded.

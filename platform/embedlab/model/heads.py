@@ -2,8 +2,8 @@
 
 Each row (sequence) of a batch is routed to exactly one head by a (B,) `head_index`; the
 encoder runs once for the whole batch and every head sees only the hidden states at the
-selected positions of its own rows (shared/recipe/dual-lm-heads.md: a 5%-masked and a
-50%-masked task share the encoder but not the prediction head).
+selected positions of its own rows (the method: a 5%-masked and a 50%-masked task share
+the encoder but not the prediction head).
 """
 
 from __future__ import annotations

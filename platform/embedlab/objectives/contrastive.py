@@ -71,6 +71,17 @@ class ContrastiveLoss:
         """loss_sum / valid; with no valid anchor, the differentiable zero `loss_sum` (never nan)."""
         return self.loss_sum / self.valid if self.valid else self.loss_sum
 
+    def objective(self, count: int | None = None, scale: float = 1.0) -> torch.Tensor:
+        """What a backward of this term differentiates: scale * loss_sum / count, `count` the
+        valid anchors of the whole step (all microbatches and workers) and `scale` the term's
+        weight in the step's objective; None: scale * `mean`, this term's own count. One
+        expression for every backward path, so a plain step and GradCache
+        (`embedlab.objectives.gradcache`) given the same count and scale differentiate the
+        same float computation."""
+        if count is None:
+            return scale * self.mean
+        return scale * self.loss_sum / count
+
     @property
     def mean_candidates(self) -> float:
         """Mean |C_i| over valid anchors (nan if none)."""

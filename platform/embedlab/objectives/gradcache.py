@@ -11,8 +11,9 @@ and the two factors can be computed at different times:
 1. Embedding pass: encode every chunk under `no_grad` (no activations kept), recording the
    RNG state before each chunk.
 2. Loss pass: the loss on the embeddings, detached and made leaves that require grad;
-   backward gives dL/de for every row (the cache), and gives parameters used only by the
-   loss (a `LearnableTemperature`) their whole gradient.
+   backward of the objective (`ContrastiveLoss.objective`: scale * loss_sum / count) gives
+   dL/de for every row (the cache), and gives parameters used only by the loss (a
+   `LearnableTemperature`) their whole gradient.
 3. Re-encode pass: chunk by chunk, restore that chunk's RNG state, re-encode WITH grad and
    call `backward(gradient=cached dL/de_chunk)`; only one chunk's graph is alive at a time.
 
@@ -25,7 +26,9 @@ had been encoded once. This reproduces every draw that depends only on the RNG s
 the chunk (dropout); nondeterministic kernels can still differ in the last bits.
 
 Result: parameter `.grad` (accumulated, as by `backward()`) equals the gradient of the
-plain loss on the whole batch encoded chunk by chunk from the same RNG state. Cost: one
+plain objective (the same scale and count) on the whole batch encoded chunk by chunk from
+the same RNG state; a scale below 1 (a contrastive term weighted beside another, such as
+a joint MLM term) scales the cache and so every gradient it reaches. Cost: one
 extra forward pass per chunk. Memory: the encoder's saved activations are those of one
 chunk, whatever the batch; the embeddings (N + M, d) and the loss's (N, M) matrices still
 grow with the batch. A module with running statistics (BatchNorm) would update them in
@@ -75,16 +78,19 @@ def gradcache_step(
     loss_fn: Callable[[torch.Tensor, torch.Tensor], ContrastiveLoss],
     *,
     global_valid: int | None = None,
+    scale: float = 1.0,
     encode_candidates: Callable[[Chunk], torch.Tensor] | None = None,
 ) -> ContrastiveLoss:
-    """Accumulate d(loss_sum / global_valid)/d(theta) into `.grad` with one chunk's activations.
+    """Accumulate d(scale * loss_sum / global_valid)/d(theta) into `.grad` with one chunk's activations.
 
     encode(chunk) -> (n_chunk, d) embeddings (pooled and L2-normalised by the caller);
     `encode_candidates` encodes the candidate chunks when the two towers differ (default:
     `encode`). loss_fn(queries (N, d), candidates (M, d)) -> ContrastiveLoss, the rows in
-    chunk order. The differentiated objective is loss_sum / global_valid: pass the valid
-    anchor count of the whole step (all microbatches, all workers); None means this
-    result's own count (`ContrastiveLoss.mean`), right for one process and one microbatch.
+    chunk order. The differentiated objective is scale * loss_sum / global_valid
+    (`ContrastiveLoss.objective`, as a plain backward computes it): pass the valid anchor
+    count of the whole step (all microbatches, all workers); None means this result's own
+    count (`ContrastiveLoss.mean`), right for one process and one microbatch. `scale` is the
+    term's weight in the step's objective (1 - w beside a joint MLM term of weight w).
 
     Returns the loss pass's ContrastiveLoss with `loss_sum` detached.
     """
@@ -103,7 +109,7 @@ def gradcache_step(
 
     split = len(query_chunks)
     result = loss_fn(torch.cat(leaves[:split]), torch.cat(leaves[split:]))
-    (result.mean if global_valid is None else result.loss_sum / global_valid).backward()
+    result.objective(global_valid, scale).backward()
 
     cuda_devices = range(torch.cuda.device_count()) if torch.cuda.is_initialized() else ()
     with torch.random.fork_rng(devices=cuda_devices, device_type="cuda"):

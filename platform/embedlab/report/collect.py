@@ -16,7 +16,8 @@ import pandas as pd
 
 from embedlab import store
 from embedlab.data.prepared_sync import local_directory
-from embedlab.sweep.table import final_trials, load_table, read_study_record
+from embedlab.sweep.table import load_table, read_study_record
+from embedlab.sweep.trial_rows import final_trials
 
 METRICS_LOG = "metrics.jsonl"  # embedlab.train.metrics_log.FILE_NAME (that module imports Ray Train)
 

@@ -13,7 +13,7 @@ from string import Template
 
 import pandas as pd
 
-from embedlab import __version__
+from embedlab.code_identity import VERSION
 from embedlab.report.collect import Run
 from embedlab.report.plotting import Figure
 from embedlab.sweep import paired
@@ -42,7 +42,7 @@ def page(runs: list[Run], figures: list[Figure | tuple[str, str]], templates: Pa
     return Template(template_path.read_text()).substitute(
         title=escape(f"embedlab report: {names}"),
         css=css_path.read_text(),
-        version=escape(__version__),
+        version=escape(VERSION),
         generated=escape(time.strftime("%Y-%m-%d %H:%M:%S %z")),
         run_count=len(runs),
         run_plural="y" if len(runs) == 1 else "ies",

@@ -30,7 +30,7 @@ from embedlab.evaluate.health import covariance_spectrum, similarity_distributio
 from embedlab.model.encoder import MLMModel
 from embedlab.model.encoder import segment_attention_mask as attention_mask
 from embedlab.objectives.masking import MaskedBatch, mask_tokens
-from embedlab.tokenizer import FrozenTokenizer, load_tokenizer
+from embedlab.tokenizer.frozen import FrozenTokenizer, load_tokenizer
 from embedlab.train.checkpoint import head_ratio, head_states, load_encoder, mlm_model, read_manifest
 
 SEED = 0

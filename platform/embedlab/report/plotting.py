@@ -20,7 +20,7 @@ STYLE = {"font.size": 9, "axes.titlesize": 10, "axes.spines.top": False, "axes.s
 
 @dataclass(frozen=True)
 class Caption:
-    """The four things a figure must say (training-recipe.md, "Required figures")."""
+    """The four things every figure of the report must say, each its own field."""
 
     units: str  # units of every axis and the population the numbers come from
     observed: str  # values read from these runs

@@ -17,15 +17,25 @@ from collections.abc import Callable, Sequence
 
 from embedlab.config import TrialConfig
 from embedlab.errors import UsageError
+from embedlab.sweep.study import set_path
 
-POLL_SECONDS = 5.0  # between reads of the cluster's resources while waiting
-LINE_SECONDS = 30.0  # at most this long between two waiting lines when nothing changes
+# Fixed rules, not settings: none of them changes what a study computes.
+# Between reads of the cluster's resources while waiting, and at most this long between two
+# waiting lines when nothing changes: they pace the wait and the console, not the sweep.
+POLL_SECONDS = 5.0
+LINE_SECONDS = 30.0
+# CPUs left free for Ray Data's read tasks and the evaluation actor: a trainer that takes
+# every CPU starves its own data pipeline and hangs. The trials' own CPUs are the setting
+# (`train.num_workers`, `train.cpus_per_worker`); this is what every sweep needs beside them.
+RESERVED_CPUS = 1.0
+# What a trial reserves: the config paths Ray's resource requests are made of.
+RESOURCE_PATHS = ("train.num_workers", "train.cpus_per_worker", "train.use_gpu")
 
 
 @dataclasses.dataclass(frozen=True)
 class TrialNeed:
     """What one trial of `arm` reserves: `bundles`, one per trainer worker plus the CPUs kept
-    free for data and evaluation (`embedlab.sweep.run.RESERVED_CPUS`)."""
+    free for data and evaluation (`RESERVED_CPUS`)."""
 
     arm: str
     bundles: tuple[dict[str, float], ...]
@@ -43,14 +53,20 @@ class TrialNeed:
 
 def trial_needs(arms: dict[str, TrialConfig], search: tuple = ()) -> list[TrialNeed]:
     """Each arm's `TrialNeed`, at its searched maximum where a search varies its resources
-    (the rule `embedlab.sweep.run.max_concurrent_trials` sizes concurrency by)."""
-    from embedlab.sweep.run import RESERVED_CPUS, _at_searched_maximum
-
+    (the rule `embedlab.sweep.cluster.max_concurrent_trials` sizes concurrency by)."""
     needs = []
-    for arm, trial in _at_searched_maximum(arms, search)[0].items():
+    for arm, trial in at_searched_maximum(arms, search)[0].items():
         worker = {"CPU": float(trial.train.cpus_per_worker), **({"GPU": 1.0} if trial.train.use_gpu else {})}
         needs.append(TrialNeed(arm, (*[dict(worker)] * trial.train.num_workers, {"CPU": RESERVED_CPUS})))
     return needs
+
+
+def at_searched_maximum(arms: dict[str, TrialConfig], search: tuple) -> tuple[dict[str, TrialConfig], bool]:
+    """Each arm with every searched resource path at its most demanding value (Optuna may
+    pick any), and whether the search named any."""
+    worst = {item.path: max(item.choices) if item.choices else item.high
+             for item in search if item.path in RESOURCE_PATHS}
+    return ({arm: set_path(trial, worst) for arm, trial in arms.items()} if worst else dict(arms)), bool(worst)
 
 
 def check_options(max_concurrent: int | None, wait_s: float) -> None:

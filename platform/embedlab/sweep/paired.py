@@ -67,7 +67,8 @@ import numpy as np
 import pandas as pd
 
 from embedlab import store
-from embedlab.sweep.table import final_trials
+from embedlab.evaluate.panel_names import MEAN
+from embedlab.sweep.trial_rows import final_trials
 
 PER_QUERY_DIR = "per_query"
 BOOTSTRAP_SEED = 20_240_601
@@ -234,8 +235,6 @@ def stratified_paired_bootstrap(arms: Sequence[np.ndarray], controls: Sequence[n
 def panel_strata(per_query: PerQuery, metric: str) -> list[str] | None:
     """The per-query keys a panel mean `metric` ("mean/<m>") averages, "<task>/<m>" in panel
     order; None when `metric` is not a panel mean of `per_query`'s panel."""
-    from embedlab.evaluate.panel import MEAN
-
     prefix, _, measure = metric.partition("/")
     if prefix != MEAN or not per_query.tasks:
         return None

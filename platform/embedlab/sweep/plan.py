@@ -24,7 +24,7 @@ Trials sharing the cluster slow each other (pilots run alone), which the estimat
 
 Without pilots (`--throughput FILE`, `measured_plan`): a GPU study is planned from one GPU's
 measurement by `embedlab bench mfu --json` (phase-1 training of a preset at a length and batch,
-`embedlab.bench_mfu`), by one rule. The measured tokens/s at the bench's own setting, times the
+`embedlab.bench.mfu`), by one rule. The measured tokens/s at the bench's own setting, times the
 training FLOPs a token costs there (`embedlab.train.flops.expected_step_flops`), is the GPU's
 rate in training FLOP/s; a trial runs that on each of its workers (linear scaling: gradient
 all-reduce and all-gather cost nothing), so
@@ -58,7 +58,10 @@ from typing import Any
 
 from embedlab.errors import UsageError
 from embedlab.config import DataConfig, TrainConfig, TrialConfig, model_preset
-from embedlab.data.prepare import PreparedData
+from embedlab.data.prepared import PreparedData
+from embedlab.sweep.arm_data import prepare_arms
+from embedlab.sweep.cluster import connect, gpu_shares, study_concurrency, trial_driver_resources
+from embedlab.sweep.driver import train_trial
 from embedlab.sweep.study import Study, load_study
 from embedlab.train.flops import expected_step_flops
 
@@ -149,8 +152,6 @@ def pilot_driver(config: dict[str, Any]) -> None:
     """The Tune trial a pilot runs in: the arm's real training (phase 1, or 2-3 with mining)."""
     from ray import tune
 
-    from embedlab.sweep.run import train_trial
-
     trial = TrialConfig.from_dict(config["trial"])
     prepared = PreparedData(Path(config["prepared"]), config["record"])
     result = train_trial(trial, prepared, storage_path=Path(config["storage"]), name=config["name"],
@@ -173,7 +174,6 @@ def run_pilot(study: Study, arm: str, prepared: PreparedData, *, parent: str | N
 
     from embedlab.evaluate.actor import get_evaluator
     from embedlab.evaluate.checkpoint_eval import resolve_task
-    from embedlab.sweep.run import gpu_shares, trial_driver_resources
     from embedlab.train.metrics_log import log_location, read_metrics
 
     trial = pilot_config(study, arm, parent, reports)
@@ -459,7 +459,6 @@ def _plan_one(study: Study, parent: str | None, address: str | None, reports: in
     """One study's plan and its first arm's pilot checkpoint."""
     import ray
 
-    from embedlab.sweep.run import connect, prepare_arms, study_concurrency
     from embedlab.train.launch import CHECKPOINTS_KEPT
 
     started = time.perf_counter()

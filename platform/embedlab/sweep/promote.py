@@ -35,12 +35,16 @@ from typing import Any
 
 import pandas as pd
 
-from embedlab.data.prepared_sync import local_directory
-from embedlab.errors import UserError
 from embedlab import store
-from embedlab.sweep.table import (
-    budget_unit, check_equal_compute, compute_match_line, final_trials, load_table, read_study_record,
-)
+from embedlab.code_identity import PACKAGE_DIR
+from embedlab.config import EvalConfig, MaskingConfig, build_config
+from embedlab.data.prepared_sync import local_directory
+from embedlab.evaluate import beir
+from embedlab.errors import UserError
+from embedlab.evaluate.hub_tasks import materialise_hub_task
+from embedlab.sweep.study import load_study
+from embedlab.sweep.table import budget_unit, check_equal_compute, compute_match_line, load_table, read_study_record
+from embedlab.sweep.trial_rows import final_trials
 
 PROMOTION_FILE = "promotion.json"
 NEXT_STUDY_FILE = "next_study.py"
@@ -54,6 +58,7 @@ RETENTION_PREFIX = "retention/"
 MARGIN_TOLERANCE = 1e-9
 # The next phase's study when none is named: the recipe's order of ablations.
 NEXT_STUDY = {1: "joint_vs_contrastive.py", 2: "hard_negatives.py"}
+ABLATIONS_DIR = "ablations"
 # Manifest fields that make up the stage contract a child run inherits.
 LINEAGE_FIELDS = (
     "content_hash", "parent_hash", "parent_phase", "tokenizer_hash", "pooling", "data_revision", "objective",
@@ -111,8 +116,6 @@ def arm_masking_ratio(record: dict[str, Any], arm: str) -> float:
     """The masking ratio `arm` trained at, which chose the head it took from a dual-head parent;
     the config default for a record that holds no masking config (written before arms were
     recorded in full)."""
-    from embedlab.config import MaskingConfig
-
     return float((record["study"]["arms"].get(arm) or {}).get("masking", {}).get("ratio", MaskingConfig.ratio))
 
 
@@ -125,7 +128,7 @@ def retention_pairs(parent: dict[str, float], child_columns: set[str],
     single-head child: the child's masked-token accuracy is checked against the parent's head
     it continued, and the parent's other heads (and its nearest-15% alias) against nothing,
     as the child does not carry them."""
-    from embedlab.evaluate.retention import MLM_ACCURACY, head_metric, nearest_head
+    from embedlab.evaluate.retention import MLM_ACCURACY, head_metric, nearest_head  # here: torch, which choosing a winner from the trial table does not need
 
     heads = {key: key.removeprefix(f"{MLM_ACCURACY}/") for key in parent if key.startswith(f"{MLM_ACCURACY}/")}
     if not heads or any(column.startswith(f"{MLM_ACCURACY}/") for column in child_columns):
@@ -172,7 +175,7 @@ def promote(
     progress: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Choose, check and record the winner of a finished study; returns the promotion record."""
-    from embedlab.train.checkpoint import verify_checkpoint
+    from embedlab.train.checkpoint import verify_checkpoint  # here: torch, which choosing a winner from the trial table does not need
 
     run_dir = store.resolve(run_dir)
     record = read_study_record(run_dir)
@@ -303,8 +306,6 @@ def final_eval(run_dir: str, record: dict[str, Any], row: dict[str, Any], metric
     "<task>/test/<name>"), "mean/dev/<name>" every task of the panel and their unweighted mean
     ("mean/test/<name>", None unless every task has a number); "tasks" holds each task's entry,
     each checked against its own ``<task>/eval/task_hash``."""
-    from embedlab.config import EvalConfig, _build
-
     measure = dev_measure(metric)
     name = measure.split("/", 1)[1]
     panel_prefix = metric.split("/", 1)[0] if measure != metric else None
@@ -315,7 +316,7 @@ def final_eval(run_dir: str, record: dict[str, Any], row: dict[str, Any], metric
     if "eval" not in arm_config:
         return {**entry, "reason": f"the study record holds no eval config for arm {arm} (written before "
                                    "arms were recorded in full), so its task is unknown"}
-    config = _build(EvalConfig, arm_config["eval"], "eval")
+    config = build_config(EvalConfig, arm_config["eval"], "eval")
     if config.split == FINAL_EVAL_SPLIT:
         return {**entry, "reason": f"arm {arm} was scored on the {FINAL_EVAL_SPLIT} split itself, so no "
                                    "held-out final-eval split is left"}
@@ -337,7 +338,6 @@ def final_eval(run_dir: str, record: dict[str, Any], row: dict[str, Any], metric
             if task in recorded:
                 return recorded[task]
             if task in hubs:  # materialised again from the pinned revision (a cache hit on this machine)
-                from embedlab.evaluate.hub_tasks import materialise_hub_task
 
                 return str(materialise_hub_task(hubs[task]).directory)
             return sources[task]
@@ -360,11 +360,10 @@ def _score_final(task_label: str, locate: Callable[[], str], prepared_dir: str |
     """One task's final-eval number for `final_eval`: {"value", "task", "task_hash", "queries",
     "checkpoint_hash"}, or {"value": None, "reason"}. `locate()` gives the task as `resolve_task`
     takes it (a BEIR directory or a built-in name); its hash must still be `row[hash_column]`."""
-    from embedlab.evaluate.beir import load_task
-    from embedlab.evaluate.checkpoint_eval import evaluate_checkpoint, resolve_task
+    from embedlab.evaluate.checkpoint_eval import evaluate_checkpoint, resolve_task  # here: torch, which choosing a winner from the trial table does not need
 
     try:  # every split, so the hash is the one the trial rows recorded
-        task = load_task(resolve_task(locate(), Path(prepared_dir) if prepared_dir else None))
+        task = beir.load_task(resolve_task(locate(), Path(prepared_dir) if prepared_dir else None))
     except (FileNotFoundError, ValueError) as error:  # TaskFormatError is a ValueError: e.g. no test qrels
         return {"value": None, "reason": f"task {task_label!r}: {error}"}
     scored_on = row.get(hash_column)
@@ -380,12 +379,16 @@ def _score_final(task_label: str, locate: Callable[[], str], prepared_dir: str |
             "queries": int(scores["queries"]), "checkpoint_hash": scores["checkpoint_hash"]}
 
 
+def packaged_ablations() -> Path:
+    """The repository's `ablations/` beside `platform/`, found from the installed package (an
+    editable install is the checkout itself), so it does not depend on the working directory."""
+    return PACKAGE_DIR.resolve().parent.parent / ABLATIONS_DIR
+
+
 def _resolve_next(record: dict[str, Any], phase: int, next_study: str | Path | None) -> Path:
     if next_study is not None:
         path = Path(next_study)
     else:
-        from embedlab.sweep.tour import packaged_ablations
-
         name = NEXT_STUDY[phase]
         origin = Path(record.get("study_origin") or record["study_file"])
         # Beside the study that ran, else the installed checkout's ablations/, else the
@@ -401,8 +404,6 @@ def _resolve_next(record: dict[str, Any], phase: int, next_study: str | Path | N
 
 
 def _write_next_study(run_dir: str, next_path: Path, promotion: dict[str, Any], profile: str | None) -> str:
-    from embedlab.sweep.study import load_study
-
     child = load_study(next_path, profile)  # refuse now, not at launch, a study that does not fit
     if child.phase != promotion["phase"] + 1:
         raise PromotionError(f"{next_path}: a phase-{child.phase} study cannot follow phase {promotion['phase']}")

@@ -1,6 +1,6 @@
 """Ray versions embedlab supports, and the only private Ray symbols it touches, in one place.
 
-embedlab otherwise uses only Ray's public API. Two things `embedlab.sweep.run.connect` needs
+embedlab otherwise uses only Ray's public API. Two things `embedlab.sweep.cluster.connect` needs
 have no public API in Ray 2.60: both are settings Ray reads once, when `ray` is imported,
 from a documented environment variable, and by the time `connect()` runs `ray` has long been
 imported (measured on 2.60.0: `RAY_AUTH_MODE=token` set after `import ray` is not seen by

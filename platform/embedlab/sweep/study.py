@@ -24,10 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from embedlab.errors import UnknownKey
+from embedlab import store
 from embedlab.config import BUDGET_SCOPES, ConfigError, TrialConfig
+from embedlab.errors import UnknownKey
+from embedlab.evaluate.panel import METRICS, UnknownPanelMetric, resolve_study_metric
 
-METRICS = ("dev/ndcg@10", "dev/recall@100", "dev/mrr@10", "dev/map")
 BUDGET_UNITS = ("tokens", "pairs", "flops", "device_seconds")
 # Tuning trial k of every arm runs at seed TUNING_SEED_OFFSET + k: the same seeds for every
 # arm (equal tuning conditions), and far from the small seeds studies use (0, 1, 2).
@@ -184,8 +185,6 @@ class Study:
         names = panels.pop()
         if len(panels) > 0 or len(names) == 1:
             raise ConfigError(f"study.metric: {self.metric!r}; valid: {list(METRICS)}")
-        from embedlab.evaluate.panel import UnknownPanelMetric, resolve_study_metric
-
         try:
             resolve_study_metric(self.metric, names, METRICS)
         except UnknownPanelMetric as error:
@@ -266,7 +265,7 @@ class Study:
                         f"({step:,} pairs = {train.num_workers} workers x {train.batch_rows} rows x "
                         f"{train.microbatches} microbatches)")
             elif self.unit == "flops":
-                from embedlab.train.flops import expected_step_flops
+                from embedlab.train.flops import expected_step_flops  # here: torch, which `import embedlab` (the study API) does not need
 
                 step = expected_step_flops(config)  # the first step is never cut to the budget
                 if self.budget_flops < step:
@@ -335,6 +334,7 @@ class Study:
         than one step of its own."""
         if self.budget_scope != "lineage":
             return {}
+        # Here: torch, which `import embedlab` (the study API) does not need.
         from embedlab.train.budget import recorded_flops, split_lineage_budget
         from embedlab.train.flops import expected_step_flops
 
@@ -354,7 +354,7 @@ class Study:
         """The study with `parent` as every arm's parent checkpoint (a promoted winner);
         with `expected_hash`, a checkpoint whose content changed since promotion is refused."""
         if expected_hash is not None:
-            from embedlab.train.checkpoint import verify_checkpoint
+            from embedlab.train.checkpoint import verify_checkpoint  # here: torch, which `import embedlab` (the study API) does not need
 
             found = verify_checkpoint(parent)["content_hash"]
             if found != expected_hash:
@@ -434,8 +434,6 @@ def _import(path: Path):
 
 def study_origin(path: str | Path) -> str:
     """The study file a generated one (a promotion's next_study.py) stands for."""
-    from embedlab import store
-
     origin = getattr(_import(store.fetch(path)), "ORIGIN", None)
     return str(Path(origin).resolve()) if origin else store.resolve(path)
 
@@ -443,8 +441,6 @@ def study_origin(path: str | Path) -> str:
 def load_study(path: str | Path, profile: str | None = None) -> Study:
     """Import a study file by path and call its `study()` (with `profile` when the file takes
     one: `study(profile="demo")`); errors name the file."""
-    from embedlab import store
-
     if store.is_uri(path):  # a promoted study in a remote run directory
         if not store.is_file(path):
             raise FileNotFoundError(f"study file not found: {path}")

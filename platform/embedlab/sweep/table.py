@@ -32,8 +32,10 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from embedlab.errors import UsageError, UserError
 from embedlab import store
+from embedlab.errors import UsageError, UserError
+from embedlab.sweep import paired
+from embedlab.sweep.trial_rows import final_trials
 
 TRIALS_DIR = "trials"
 STUDY_FILE = "study.json"
@@ -124,16 +126,6 @@ def load_table(run_dir: str | Path) -> pd.DataFrame:
                        seeds=list(record["study"].get("seeds", [])), tuning=record.get("tuning"),
                        scope=record["study"].get("budget_scope", "phase"))  # absent: recorded before scopes
     return table
-
-
-def final_trials(table: pd.DataFrame) -> pd.DataFrame:
-    """The rows statistics are computed over: finished grid trials."""
-    keep = pd.Series(True, index=table.index)
-    if "status" in table:  # rows without one were written before unfinished trials were recorded
-        keep &= table["status"].fillna("finished") == "finished"
-    if "stage" in table:  # rows without one were written before tuning trials existed
-        keep &= table["stage"].fillna("final") == "final"
-    return table[keep]
 
 
 def unit_columns(table: pd.DataFrame, unit: str) -> tuple[str, ...]:
@@ -393,8 +385,6 @@ def render(run_dir: str | Path, fmt: str = "text", metrics: Sequence[str] | None
     `# ` comments (`pd.read_csv(..., comment="#")`) and adds the test as
     `<metric>:paired_<column>` columns; json holds them under "compute_match", "tuning" and
     "paired"."""
-    from embedlab.sweep import paired  # paired reads final_trials from this module
-
     if fmt not in FORMATS:
         raise UsageError(f"format {fmt!r}: choose one of {', '.join(FORMATS)}")
     record = read_study_record(run_dir)
@@ -466,8 +456,6 @@ def _seed_level_note() -> str:
 
 def _with_paired(summary: pd.DataFrame, comparison) -> pd.DataFrame:
     """The summary with the paired test's columns, `<metric>:paired_<column>`, NaN for the control."""
-    from embedlab.sweep import paired
-
     columns = [c for c in paired.COLUMNS if c != "arm"]
     prefix = f"{comparison.metric}:paired_"
     if comparison.tests is None:
@@ -480,8 +468,6 @@ def _with_paired(summary: pd.DataFrame, comparison) -> pd.DataFrame:
 
 def _paired_json(comparison) -> dict:
     """The paired test as JSON: how it was run, what "significant" means, each arm's result."""
-    from embedlab.sweep import paired
-
     return {
         "metric": comparison.metric, "control": comparison.control, "test": comparison.test,
         "interval": "percentile, at the Holm step-down level of each arm", "correction": "holm-bonferroni",

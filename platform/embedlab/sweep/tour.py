@@ -15,12 +15,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from embedlab.config import ConfigError
 from embedlab import store
-from embedlab.sweep.promote import DEFAULT_MAX_RETENTION_DROP
+from embedlab.config import ConfigError
+from embedlab.sweep.promote import DEFAULT_MAX_RETENTION_DROP, NEXT_STUDY_FILE, RetentionMarginError, promote
 from embedlab.sweep.study import Study, load_study
 
-ABLATIONS_DIR = "ablations"
 
 
 @dataclass(frozen=True)
@@ -82,20 +81,12 @@ def load_stage_studies(path: str | Path, tour: Tour) -> list[Study]:
     return studies
 
 
-def packaged_ablations() -> Path:
-    """The repository's `ablations/` beside `platform/`, found from the installed package (an
-    editable install is the checkout itself), so it does not depend on the working directory."""
-    import embedlab
-
-    return Path(embedlab.__file__).resolve().parents[2] / ABLATIONS_DIR
-
-
 def dry_run_tour(path: str | Path, profile: str | None = None) -> str:
     """What `embedlab tour` would run, stage by stage, without starting Ray or touching data:
     each stage's study plan (`embedlab.sweep.run.dry_run`, under the tour's profile) and how
     its winner is promoted. Stages after the first start from the previous stage's winner,
     which exists only once that stage has run."""
-    from embedlab.sweep.run import dry_run
+    from embedlab.sweep.run import dry_run  # here: torch and Ray, which loading a tour does not need
 
     tour = load_tour(path, profile)
     blocks = [f"tour {tour.name} ({path}), profile {tour.profile}: {len(tour.stages)} stages"
@@ -137,8 +128,7 @@ def run_tour(
 ) -> list[Path]:
     """Run every stage, promoting between them; returns the stages' run directories.
     `max_concurrent` and `wait_for_resources` go to each stage's `run_sweep`."""
-    from embedlab.sweep.promote import NEXT_STUDY_FILE
-    from embedlab.sweep.run import run_sweep
+    from embedlab.sweep.run import run_sweep  # here: torch and Ray, which loading a tour does not need
 
     tour = load_tour(path, profile)
     run_dirs: list[Path] = []
@@ -155,7 +145,7 @@ def run_tour(
                     next_study=stage_path(Path(path), following) if following else None, progress=progress)
         promotion = promote_stage(run_dir, rule)
         if following is None:
-            from embedlab.release import export_release_to
+            from embedlab.release import export_release_to  # here: torch, which loading a tour does not need
 
             release = store.join(run_dir, "release")
             export_release_to(promotion["checkpoint"], release)
@@ -172,8 +162,6 @@ def promote_stage(run_dir: str | Path, rule: dict) -> dict:
     among them). When the dev winner breaks the retention margin, say so and carry on with
     the best arm within it (the refusal's `within_margin`), so the tour shows what follows;
     with no arm within it, the refusal stands."""
-    from embedlab.sweep.promote import RetentionMarginError, promote
-
     try:
         return promote(run_dir, **rule)
     except RetentionMarginError as refusal:

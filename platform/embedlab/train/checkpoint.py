@@ -34,31 +34,20 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
 
-from embedlab import __version__, store
-from embedlab.store import file_sha256, files_sha256
+from embedlab import store
+from embedlab.code_identity import VERSION
 from embedlab.config import ModelConfig
-from embedlab.errors import UserError
 from embedlab.model.encoder import Encoder, MLMModel
-from embedlab.tokenizer import FILE_NAME as TOKENIZER_FILE
-from embedlab.tokenizer import FrozenTokenizer, load_tokenizer
-
-if TYPE_CHECKING:
-    from embedlab.train.state import TrainingState
-
-FORMAT = "embedlab-checkpoint/1"
-ENCODER_FILE = "encoder.safetensors"
-HEAD_FILE = "mlm_head.safetensors"
-MANIFEST_FILE = "manifest.json"
-
-
-class CheckpointError(UserError, ValueError):
-    """A checkpoint directory is missing, incomplete or corrupt; the message names the file."""
-
+from embedlab.store import file_sha256, files_sha256
+from embedlab.tokenizer.frozen import FILE_NAME as TOKENIZER_FILE
+from embedlab.tokenizer.frozen import FrozenTokenizer, load_tokenizer
+from embedlab.train.checkpoint_files import ENCODER_FILE, FORMAT, HEAD_FILE, MANIFEST_FILE, CheckpointError
+from embedlab.train.state import TrainingState, write_training_state
 
 Location = str | Path  # a local checkpoint directory or a URI (`embedlab.store`)
 CACHE_DIR = "checkpoints"  # under `store.cache_dir()`
@@ -73,7 +62,7 @@ def versions() -> dict[str, str]:
     import ray
 
     return {
-        "embedlab": __version__,
+        "embedlab": VERSION,
         "torch": torch.__version__,
         "ray": ray.__version__,
         "python": stdlib_platform.python_version(),
@@ -144,8 +133,6 @@ def _write_checkpoint(directory, encoder, head, tokenizer, fields, pooling, pref
         **fields,
     }
     if training_state is not None:
-        from embedlab.train.state import write_training_state  # the state module builds on this one
-
         manifest["training_state"] = write_training_state(directory, training_state)
     # Written last: a directory without a manifest is not a checkpoint.
     (directory / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True))
@@ -345,10 +332,3 @@ def _load_head(path: Path, head: torch.nn.Module) -> None:
 def _check_head(path: Path, missing: list[str], unexpected: list[str]) -> None:
     if unexpected or [k for k in missing if not _is_embedding(k)]:
         raise CheckpointError(f"{path}: unexpected keys {unexpected}, missing {missing}")
-
-
-def export_inference(directory: Location, out: Path) -> dict[str, Any]:
-    """The release package of a checkpoint: `embedlab.release.export_release` under its older name."""
-    from embedlab.release import export_release  # imported here: release builds on this module
-
-    return export_release(local_checkpoint(directory), Path(out))

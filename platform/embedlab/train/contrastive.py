@@ -12,7 +12,10 @@ own microbatch's candidates (`train/effective_candidates` says how many); GradCa
 
 Joint arm (`contrastive.mlm_weight` = w > 0): w * L_MLM + (1 - w) * L_contrastive, with
 MLM on separately corrupted copies of the same texts and contrastive on clean views; both
-component losses and the norms of their gradients are reported.
+component losses and the norms of their gradients are reported. The contrastive term, its
+weight 1 - w and its backward, plain or GradCache by one rule, are
+`embedlab.train.contrastive_step`'s; phase 3's negatives are made on the trial driver
+before the workers start (`embedlab.train.phase3_negatives`).
 
 Lineage: the child records its parent's content hash and refuses a parent whose tokenizer
 hash differs from its own data's. Optimizer state and schedule clocks reset at the phase
@@ -29,63 +32,39 @@ clock runs over the rest of the budget, and it reports `budget/inherited_flops` 
 
 from __future__ import annotations
 
-import hashlib
-import json
-import math
-import os
-import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
 import torch
 
 from embedlab.config import ModelConfig, TrialConfig
-from embedlab.data.prepared_sync import node_path, publish_subtree
+from embedlab.data.contamination import check_mined_negatives, check_training_data
+from embedlab.data.mixture import schedule_target
+from embedlab.data.pair_stream import pair_dataset, pair_schedule, pair_table_path, recorded_pair_table
+from embedlab.data.prepared_sync import node_path
+from embedlab.data.stream import worker_splits
+from embedlab.evaluate.checkpoint_eval import arm_eval_tasks
 from embedlab.model.encoder import Encoder, MLMModel
-from embedlab.model.pooling import l2_normalise, mean_pool
-from embedlab.objectives.contrastive import LearnableTemperature, multi_positive_infonce, pair_masks, pooled
+from embedlab.objectives.contrastive import LearnableTemperature
 from embedlab.objectives.gather import gather_no_grad, gather_with_grad
-from embedlab.objectives.gradcache import gradcache_step
 from embedlab.objectives.masking import mask_tokens
 from embedlab.objectives.mlm import mlm_loss_sum
-from embedlab.tokenizer import load_tokenizer
+from embedlab.tokenizer.frozen import load_tokenizer
 from embedlab.train.budget import consumption, recorded_flops, schedule_units, split_lineage_budget, step_units
-from embedlab.train.flops import FORWARD, GRADCACHE, TRAINED, FlopTally
-from embedlab.store import file_sha256
 from embedlab.train.checkpoint import HEAD_FILE, load_parent, local_checkpoint
+from embedlab.train.compiling import compile_blocks, resolve_compile
+from embedlab.train.contrastive_step import ContrastiveStep, local
+from embedlab.train.flops import FORWARD, TRAINED, FlopTally
 from embedlab.train.launch import fit
 from embedlab.train.loop import Progress, RunOptions, TrainingLoop, run_on_ray
-from embedlab.train.mlm_step import all_reduce_gradients, no_reduce
-from embedlab.train.optim import build_optimizer, set_learning_rate
+from embedlab.train.mlm_step import all_reduce_gradients, no_reduce, sum_all_reduce
 from embedlab.train.nonfinite import finite_update
-from embedlab.train.phase1 import data_seed, seed_for, sum_all_reduce
-from embedlab.train.compiling import compile_blocks, resolve_compile
+from embedlab.train.optim import build_optimizer, set_learning_rate
+from embedlab.train.phase3_negatives import given_negative_counts, given_negatives_for_phase3, mine_for_phase3, \
+    mining_compute
 from embedlab.train.precision import forward_precision, half_activations, resolve_precision
-from embedlab.train.state import seed_everything
-
-
-def embed(encoder: Encoder, ids: torch.Tensor, pad_id: int, pooling: str) -> torch.Tensor:
-    """(B, L) `[CLS] text [SEP]` rows -> (B, d) unit embeddings (zero rows stay zero).
-
-    Mean pooling averages content tokens (CLS and SEP excluded); CLS pooling takes the
-    first position's final state.
-    """
-    segments = (ids != pad_id).long()
-    hidden = encoder(ids, segments)
-    if pooling == "cls":
-        return l2_normalise(hidden[:, 0])
-    lengths = segments.sum(dim=1, keepdim=True)
-    positions = torch.arange(ids.shape[1], device=ids.device)[None, :]
-    content = (positions >= 1) & (positions < lengths - 1)
-    return l2_normalise(mean_pool(hidden, content))
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    """The one-worker gather: this worker's rows are all the candidates."""
-    return tensor
+from embedlab.train.state import data_seed, seed_everything, seed_for
 
 
 def _grad_vector(model: torch.nn.Module) -> torch.Tensor:
@@ -164,8 +143,11 @@ class ContrastiveLoop(TrainingLoop):
         seed_everything(seed_for(trial.train.seed, "python", rank))
         gathered = settings.gather_across_workers and world > 1
         self.all_reduce = sum_all_reduce(device) if world > 1 else no_reduce
-        self.gather = gather_with_grad if gathered else _local
-        self.gather_ids = gather_no_grad if gathered else _local
+        self.contrastive = ContrastiveStep(
+            settings=settings, encoder=self.encoder, temperature=self.temperature,
+            gather=gather_with_grad if gathered else local, gather_ids=gather_no_grad if gathered else local,
+            model=trial.model, pad_id=self.tokenizer.pad_id, precision=self.precision, device=device, half=self.half,
+        )
         self.host_ban = torch.tensor(self.tokenizer.special_ids)  # never masked (the joint term's copies)
         self.random_range = (len(self.tokenizer.special_ids), self.tokenizer.vocab_size)
         self.builders = loop_config["sources"]
@@ -189,10 +171,6 @@ class ContrastiveLoop(TrainingLoop):
     def done(self) -> bool:
         clock, budget = self.clock()
         return clock >= budget
-
-    def _encode(self, ids: torch.Tensor) -> torch.Tensor:
-        with forward_precision(self.precision, self.device):
-            return embed(self.encoder, ids, self.tokenizer.pad_id, self.settings.pooling)
 
     def step(self, batches: list[dict[str, torch.Tensor]]) -> None:
         """One update from `train.microbatches` microbatches: each scores its queries against
@@ -257,69 +235,16 @@ class ContrastiveLoop(TrainingLoop):
         self.count_rejection(rejected)
 
     def _contrastive_backward(self, batch: dict[str, torch.Tensor], valid: int):
-        """Backward of one microbatch's contrastive loss sum / the step's global valid count;
-        returns the term, the FLOPs this worker's passes ran and the temperature used."""
-        settings, device = self.settings, self.device
+        """Backward of one microbatch's contrastive objective (`embedlab.train.contrastive_step`),
+        counting its pairs and tokens per builder; returns the term, the FLOPs this worker's
+        passes ran and the temperature used."""
         self.builder_pairs += torch.bincount(batch["builder_index"], minlength=len(self.builders)).double()
         self.builder_tokens += torch.bincount(batch["builder_index"], weights=batch["tokens"].double(),
                                               minlength=len(self.builders))
-        host_sides = [batch["positive_ids"]]  # the stream's CPU tensors, read for FLOPs
-        groups = [batch["group"].to(device)]
-        exclude = [torch.zeros(len(batch["group"]), dtype=torch.bool, device=device)]
-        if "negative_ids" in batch:
-            rows, k, length = batch["negative_ids"].shape
-            host_sides.append(batch["negative_ids"].reshape(rows * k, length))
-            groups.append(batch["negative_group"].reshape(-1).to(device))
-            exclude.append((batch["negative_len"].reshape(-1) == 0).to(device))
-        query_groups = batch["group"].to(device)
-        candidate_groups = self.gather_ids(torch.cat(groups))
-        ineligible = self.gather_ids(torch.cat(exclude).long()).bool()
-        tau = self.temperature() if self.temperature is not None else settings.temperature
-
-        scores = FlopTally()  # the score matrices, counted at the shapes they are computed at
-
-        def contrastive_term(queries: torch.Tensor, local_candidates: torch.Tensor):
-            """This worker's queries against every worker's candidates (+ the reverse direction)."""
-            masks = pair_masks(query_groups, candidate_groups,
-                               exclude=ineligible[None, :].expand(len(queries), -1).contiguous())
-            candidates = self.gather(local_candidates)
-            scores.similarity(len(queries), len(candidates), queries.shape[1])
-            term = multi_positive_infonce(queries, candidates, masks.positive, masks.eligible, temperature=tau)
-            if settings.symmetric:
-                # Reverse direction: this worker's positives against every worker's queries,
-                # pooled with the forward term so sums and counts stay exact across workers.
-                reverse = pair_masks(query_groups, self.gather_ids(query_groups))
-                all_queries = self.gather(queries)
-                scores.similarity(len(queries), len(all_queries), queries.shape[1])
-                term = pooled([term, multi_positive_infonce(
-                    local_candidates[: len(queries)], all_queries, reverse.positive, reverse.eligible,
-                    temperature=tau,
-                )])
-            return term
-
-        sides = [side.to(device) for side in host_sides]
-        flops = self._encode_flops((batch["query_ids"], torch.cat(host_sides)), settings.gradcache_chunk)
-        if settings.gradcache_chunk:
-            term = gradcache_step(
-                self._encode, batch["query_ids"].to(device).split(settings.gradcache_chunk),
-                torch.cat(sides).split(settings.gradcache_chunk), contrastive_term, global_valid=valid,
-            )
-        else:
-            term = contrastive_term(self._encode(batch["query_ids"].to(device)), self._encode(torch.cat(sides)))
-            ((1.0 - settings.mlm_weight) * term.loss_sum / valid).backward()
-        if term.valid != self.anchors_per_query * len(query_groups):
+        term, flops, tau = self.contrastive.backward(batch, valid)
+        if term.valid != self.anchors_per_query * len(batch["group"]):
             raise RuntimeError(f"worker {self.rank}: {term.anchors - term.valid} anchors without a positive")
-        return term, flops + scores.flops, tau
-
-    def _encode_flops(self, texts: tuple[torch.Tensor, ...], chunk: int) -> float:
-        """FLOPs of encoding each (B, L) id tensor with gradients: one trained pass, or with
-        GradCache a no-grad pass and a trained one per chunk (the kernel's work is per chunk)."""
-        tally, model, pad_id = FlopTally(), self.trial.model, self.tokenizer.pad_id
-        for ids in texts:
-            for part in (ids.split(chunk) if chunk else (ids,)):
-                tally.encode(model, (part != pad_id).long(), mode=GRADCACHE if chunk else TRAINED, device=self.device,
-                             half=self.half, training=True)
-        return tally.flops
+        return term, flops, tau
 
     def _mlm_backward(self, batches: list[dict[str, torch.Tensor]]) -> tuple[float, float]:
         """The joint arm's MLM term on separately corrupted copies of every microbatch's texts:
@@ -482,169 +407,10 @@ def contrastive_worker(loop_config: dict[str, Any]) -> dict[str, Any] | None:
     return run_on_ray(ContrastiveLoop, loop_config)
 
 
-def _scheduled_rows(pairs_path: Path, schedule, offsets, columns: list[str] | None = None) -> list[dict[str, Any]]:
-    """The distinct pairs-table rows the schedule reads, in table order."""
-    import numpy as np
-    import pyarrow.parquet as pq
-
-    rows = np.unique(np.array([offsets[n] for n in schedule.sources], dtype=np.int64)[schedule.source] + schedule.item)
-    return pq.read_table(pairs_path, columns=columns).take(rows).to_pylist()
-
-
-@dataclass
-class _ParentEncoder:
-    """The parent encoder as an `encode(texts)` for mining and screening, with its FLOPs and clocks."""
-
-    encode: Any
-    manifest: dict[str, Any]
-    device: str
-    tally: FlopTally
-    cpu: float = field(default_factory=time.thread_time)
-    wall: float = field(default_factory=time.perf_counter)
-
-    def cost(self) -> dict[str, Any]:
-        return {"flops": self.tally.flops, "seconds": time.thread_time() - self.cpu,
-                "wall_seconds": time.perf_counter() - self.wall,
-                "clock": "thread-cpu of the trial driver (encoding and the Faiss search)", "device": self.device}
-
-
-def _parent_encoder(trial: TrialConfig, progress, label: str) -> _ParentEncoder:
-    from functools import partial
-
-    from embedlab.evaluate.encode import encode_texts
-    from embedlab.train.checkpoint import load_encoder
-
-    encoder, tokenizer, manifest = load_encoder(trial.parent)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    encoder.to(device)
-    tally = FlopTally()
-    encode = partial(encode_texts, encoder, tokenizer, max_length=trial.contrastive.pair_length,
-                     pooling=manifest["pooling"]["method"], progress=progress, label=label,
-                     tally=tally, device=device)
-    return _ParentEncoder(encode=encode, manifest=manifest, device=device, tally=tally)
-
-
-def _parent_hash(trial: TrialConfig) -> str:
-    from embedlab.train.checkpoint import verify_checkpoint
-
-    return verify_checkpoint(trial.parent)["content_hash"]
-
-
-def mine_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, schedule, offsets, progress=print) -> Path:
-    """Mine hard negatives for the scheduled pairs with the parent encoder (cached by version).
-
-    The candidate pool is the prepared corpus's training split; known positives, their
-    near-duplicate groups and every recipe-dev / final-eval document are never negatives.
-    A user's own pairs (their builder no built-in one) have no corpus documents: they are
-    mined with `outside_corpus` (`embedlab.data.mining.mine_hard_negatives`).
-    The encoder runs on CUDA when this process sees a GPU (on a GPU cluster the sweep gives a
-    mining trial's driver a GPU share: `embedlab.sweep.run.trial_driver_resources`).
-    """
-    from embedlab.data.mining import MiningConfig, mine_hard_negatives, mining_version, pairs_digest, \
-        write_text_atomically
-    from embedlab.data.pairs import PAIR_BUILDERS, PAIR_SCHEMA, Pair
-    from embedlab.data.pair_stream import group_positive_texts
-
-    table = _scheduled_rows(pairs_path, schedule, offsets, PAIR_SCHEMA.names)
-    pairs = [Pair(**{**row, "doc_ids": tuple(row["doc_ids"])}) for row in table]
-    outside = frozenset(p.pair_id for p in pairs if p.builder not in PAIR_BUILDERS)
-    config = MiningConfig(negatives_per_query=trial.contrastive.hard_negatives,
-                          top_k=trial.contrastive.mining_top_k, false_negative_margin=trial.contrastive.mining_margin)
-    encoder_id = _parent_hash(trial)
-    # Every positive of each row's group, rows the schedule does not read included.
-    group_positives = group_positive_texts(pairs_path)
-    version = mining_version(encoder_id=encoder_id, corpus_revision=prepared.data_revision, config=config,
-                             pair_ids=[p.pair_id for p in pairs], pairs_digest=pairs_digest(pairs, group_positives))
-    directory = prepared.directory / "mined" / version[:16]
-    node_path(directory)  # on a cluster with remote storage: another node's published set, fetched
-    if not (directory / "manifest.json").is_file():
-        parent = _parent_encoder(trial, progress, "mining: encoding")
-        mined = mine_hard_negatives(pairs, prepared.corpus.read(), parent.encode, config=config,
-                                    encoder_id=encoder_id, corpus_revision=prepared.data_revision,
-                                    progress=progress, outside_corpus=outside, group_positives=group_positives)
-        # The report and the cost first, the set last (its manifest marks it complete): a
-        # trial that finds the manifest finds them too. Each file is staged under its
-        # writer's own name, as trials needing the same set may mine it at once.
-        directory.mkdir(parents=True, exist_ok=True)
-        write_text_atomically(directory / "report.md", mined.report())
-        write_text_atomically(directory / MINING_COST_FILE, json.dumps(parent.cost(), indent=2, sort_keys=True))
-        mined.save(directory)
-        progress(f"mining: {len(pairs):,} pairs, negatives in {directory} (version {version[:16]}) on "
-                 f"{parent.device}, {parent.tally.flops:.3g} encode FLOPs")
-        publish_subtree(directory)  # every node's trials read the same set
-    return directory
-
-
-GIVEN_MANIFEST = "manifest.json"
-
-
-def given_negatives_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, schedule, offsets,
-                               progress=print) -> Path | None:
-    """The scheduled pairs' given negatives (a user source's own), screened by the false-negative
-    margin under the parent encoder (`contrastive.given_negative_margin`), in
-    `given-negatives/<version>/` (negatives.parquet in the mined sets' schema, manifest.json
-    with the counts, compute.json with the encoding cost); None when no scheduled pair has any.
-    Cached by version: the parent, the pairs table's bytes, the margin and the pairs."""
-    from embedlab.data.mining import GIVEN_FORMAT, NEGATIVES_FILE, GivenPair, screen_given_negatives, \
-        write_text_atomically
-
-    rows = _scheduled_rows(pairs_path, schedule, offsets, ["pair_id", "query", "positive", "negatives"])
-    pairs = [GivenPair(r["pair_id"], r["query"], r["positive"], tuple(r["negatives"])) for r in rows]
-    if not any(p.negatives for p in pairs):
-        return None
-    margin = trial.contrastive.given_margin
-    identity = {"format": GIVEN_FORMAT, "encoder_id": None if margin is None else _parent_hash(trial),
-                "pairs_table": file_sha256(Path(pairs_path)), "margin": margin, "pair_ids": sorted(p.pair_id for p in pairs)}
-    version = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
-    directory = prepared.directory / "given-negatives" / version[:16]
-    node_path(directory)
-    if not (directory / GIVEN_MANIFEST).is_file():
-        parent = None if margin is None else _parent_encoder(trial, progress, "given negatives: encoding")
-        table, counts = screen_given_negatives(pairs, None if parent is None else parent.encode, margin=margin)
-        directory.mkdir(parents=True, exist_ok=True)
-        staging = directory / f".{NEGATIVES_FILE}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"
-        pq.write_table(table, staging)
-        staging.rename(directory / NEGATIVES_FILE)
-        if parent is not None:
-            write_text_atomically(directory / MINING_COST_FILE, json.dumps(parent.cost(), indent=2, sort_keys=True))
-        write_text_atomically(directory / GIVEN_MANIFEST, json.dumps({**identity, "version": version,
-                                                                      "counts": counts}, indent=2, sort_keys=True))
-        progress(f"given negatives: {counts['kept']:,} of {counts['given']:,} kept for {counts['pairs_with_given']:,} "
-                 f"pairs; {counts['dropped']} (margin {margin})")
-        publish_subtree(directory)
-    return directory
-
-
-def given_negative_counts(directory: Path | None) -> dict[str, Any] | None:
-    """The counts of a screened set of given negatives (`given_negatives_for_phase3`)."""
-    return None if directory is None else json.loads((directory / GIVEN_MANIFEST).read_text())["counts"]
-
-
-MINING_COST_FILE = "compute.json"
-
-
-def mining_compute(directory: Path | None, prefix: str = "compute/mining") -> dict[str, float]:
-    """`compute/mining_*` of a trial: what mining its negatives cost (encode FLOPs, CPU and
-    wall seconds), outside the training budget and reported beside it. A set is mined once
-    per parent, pairs and settings, then
-    shared by every trial that needs the same set, so a sum over trials counts it again).
-    `prefix` "compute/given_negatives": the same for screening its given negatives."""
-    if directory is None:
-        return {}
-    path = directory / MINING_COST_FILE
-    cost = json.loads(path.read_text()) if path.is_file() else {}
-    return {f"{prefix}_flops": float(cost.get("flops", math.nan)),
-            f"{prefix}_seconds": float(cost.get("seconds", math.nan)),
-            f"{prefix}_wall_seconds": float(cost.get("wall_seconds", math.nan))}
-
-
 def trial_pair_schedule(trial: TrialConfig, pairs_path: Path):
     """The trial's pair schedule over its frozen pairs table and each builder's first row:
     sized for its budget with the stream's margin, capped at `data.mixture.max_epochs` (a
     `MixtureError` when the table cannot fill it), in the trial's batch composition."""
-    from embedlab.data.mixture import schedule_target
-    from embedlab.data.pair_stream import pair_schedule
-
     return pair_schedule(
         pairs_path, dict(trial.contrastive.pairs),
         target_pairs=schedule_target(schedule_units(trial), step_units(trial)),
@@ -663,11 +429,6 @@ def run_contrastive(trial: TrialConfig, prepared, *, storage_path: Path, name: s
     study's disclosed-overlap policy) is given. A run of a `name` that has checkpoints under
     `storage_path` resumes from the latest.
     """
-    from embedlab.data.contamination import check_mined_negatives, check_training_data
-    from embedlab.data.pair_stream import pair_dataset, pair_table_path, recorded_pair_table
-    from embedlab.data.stream import worker_splits
-    from embedlab.evaluate.checkpoint_eval import arm_eval_tasks
-
     settings = trial.contrastive
     shares = dict(settings.pairs)
     pairs_path = recorded_pair_table(prepared, list(shares)) or pair_table_path(prepared, list(shares), progress,

@@ -10,6 +10,10 @@ from typing import Any
 from embedlab.config import TrialConfig
 from embedlab.train.nonfinite import NonFiniteError
 
+# Fixed, not a setting: a run only ever reads its latest checkpoint (a restarted worker group
+# and a rerun of the same name resume from it, and the final one, the latest when the run ends,
+# is the phase's result that evaluation and a child phase use), so keeping more only stores
+# more weights and optimizer state; the one before is kept beside it as a spare.
 CHECKPOINTS_KEPT = 2  # the latest (what a restart restores, or the final one) and the one before
 
 
@@ -34,6 +38,7 @@ def fit(
     steps raises `NonFiniteError` here. Every report is logged in
     `<storage_path>/<name>/metrics.jsonl` (`embedlab.train.metrics_log`).
     """
+    # Here: Ray Train (the metrics log and session build on it), imported when a trial launches.
     from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 

@@ -29,14 +29,14 @@ import torch
 
 from embedlab.config import TrialConfig
 from embedlab.data.stream import DATA_ASSIGNMENT
-from embedlab.train.checkpoint import load_weights, read_manifest, save_checkpoint
-from embedlab.train.nonfinite import REJECTED_UPDATE_POLICY, STOPPED_KEY, NonFiniteError
-from embedlab.train.optim import optimizer_record
 from embedlab.train.budget import final_rows, trim_rows, unit_of
+from embedlab.train.checkpoint import load_weights, read_manifest, save_checkpoint
 from embedlab.train.compiling import compile_record
 from embedlab.train.device_time import DeviceClock
+from embedlab.train.nonfinite import REJECTED_UPDATE_POLICY, STOPPED_KEY, NonFiniteError
+from embedlab.train.optim import optimizer_record
 from embedlab.train.precision import PRECISION_POLICY, resolve_precision
-from embedlab.train.session import Batch, FaultDrill, Session
+from embedlab.train.session import Batch, FaultDrill, RaySession, Session
 from embedlab.train.state import (
     RESUME_POLICY,
     RNG_STREAMS,
@@ -324,8 +324,6 @@ def run_on_ray(make_loop: Callable[..., TrainingLoop], loop_config: dict[str, An
     it on the driver: Ray Train restarts a failed worker group, and a restart would only
     repeat the same rejections.
     """
-    from embedlab.train.session import RaySession
-
     session = RaySession()
     loop = make_loop(loop_config, rank=session.rank, world=session.world, device=session.device)
     try:

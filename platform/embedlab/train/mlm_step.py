@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from embedlab.model.encoder import MLMModel
@@ -29,6 +30,17 @@ AllReduce = Callable[[torch.Tensor], torch.Tensor]
 def no_reduce(tensor: torch.Tensor) -> torch.Tensor:
     """The one-process all-reduce."""
     return tensor
+
+
+def sum_all_reduce(device: torch.device):
+    """An all-reduce (sum) over the process group that accepts tensors on any device."""
+
+    def reduce(tensor: torch.Tensor) -> torch.Tensor:
+        on_device = tensor.to(device)
+        dist.all_reduce(on_device, op=dist.ReduceOp.SUM)
+        return on_device.to(tensor.device)
+
+    return reduce
 
 
 @dataclass(frozen=True)

@@ -11,18 +11,16 @@ the same all-reduced counts, so all stop at the same step.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from embedlab.config import REPLACEMENT_POLICY, TrialConfig
 from embedlab.data.mixture import Schedule, sample_schedule, schedule_target
-from embedlab.data.prepare import PreparedData
+from embedlab.data.prepared import PreparedData
 from embedlab.data.prepared_sync import node_path
 from embedlab.data.stream import packed_datasets, units_by_source
 from embedlab.model.encoder import MLMModel
@@ -30,42 +28,25 @@ from embedlab.model.heads import MultiHeadMLMModel
 from embedlab.objectives.dual_mlm import assign_ratios, head_names, mask_mixed, ratio_names, route_heads, worker_ratios
 from embedlab.objectives.masking import mask_tokens
 from embedlab.objectives.mlm import combine
-from embedlab.tokenizer import load_tokenizer
+from embedlab.tokenizer.frozen import load_tokenizer
 from embedlab.train.budget import consumption, schedule_units, step_units, unit_of
+from embedlab.train.checkpoint import CheckpointError, load_parent
+from embedlab.train.compiling import compile_blocks, resolve_compile
 from embedlab.train.flops import TRAINED, FlopTally
 from embedlab.train.launch import fit
-from embedlab.train.loop import Progress, RunOptions, TrainingLoop, run_on_ray
 from embedlab.train.length import split_rows, stage_length
-from embedlab.train.mlm_step import Microbatch, StepResult, accumulate_gradients, no_reduce, optimizer_step
+from embedlab.train.loop import Progress, RunOptions, TrainingLoop, run_on_ray
+from embedlab.train.mlm_step import (
+    Microbatch,
+    StepResult,
+    accumulate_gradients,
+    no_reduce,
+    optimizer_step,
+    sum_all_reduce,
+)
 from embedlab.train.optim import build_optimizer, set_learning_rate
-from embedlab.train.compiling import compile_blocks, resolve_compile
 from embedlab.train.precision import half_activations, resolve_precision
-from embedlab.train.state import seed_everything
-
-
-def seed_for(seed: int, stream: str, rank: int = 0) -> int:
-    """Independent RNG streams (init, masking, ...) derived from one trial seed."""
-    digest = hashlib.sha256(f"{seed}:{stream}:{rank}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") & 0x7FFF_FFFF_FFFF_FFFF
-
-
-def data_seed(trial: TrialConfig) -> int:
-    """The seed of the order documents (phase 1) or pairs (phases 2-3) are drawn in: the
-    mixture's seed with the trial seed, so seeds replicate over data order as well as
-    initialisation and masking, while every arm sees the same order at one seed (paired).
-    A phase-2 arm from one parent would otherwise train identically at every seed."""
-    return seed_for(trial.data.mixture.seed, f"data-order:{trial.train.seed}")
-
-
-def sum_all_reduce(device: torch.device):
-    """An all-reduce (sum) over the process group that accepts tensors on any device."""
-
-    def reduce(tensor: torch.Tensor) -> torch.Tensor:
-        on_device = tensor.to(device)
-        dist.all_reduce(on_device, op=dist.ReduceOp.SUM)
-        return on_device.to(tensor.device)
-
-    return reduce
+from embedlab.train.state import data_seed, seed_everything, seed_for
 
 
 @dataclass
@@ -337,8 +318,6 @@ def continue_from(model: MLMModel, parent: Path, tokenizer_hash: str, masking_ra
     """Load a phase-1 parent's encoder and MLM head (the head nearest `masking_ratio` from a
     dual-head parent) into `model`, in place; returns the parent's manifest. Refuses a parent
     whose tokenizer or architecture differs (beyond `EXTENSION_MAY_CHANGE`)."""
-    from embedlab.train.checkpoint import CheckpointError, load_parent
-
     loaded = load_parent(parent, tokenizer_hash=tokenizer_hash, need_head=True, masking_ratio=masking_ratio)
     ours, theirs = asdict(model.encoder.config), asdict(loaded.model.encoder.config)
     differing = sorted(k for k in ours if k not in EXTENSION_MAY_CHANGE and ours[k] != theirs[k])

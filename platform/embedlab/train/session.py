@@ -21,6 +21,9 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from embedlab.data.stream import WorkerSplit
+from embedlab.telemetry import TrainingTelemetry
+
 Batch = dict[str, torch.Tensor]
 
 
@@ -73,7 +76,6 @@ class RaySession:
         self.device = ray.train.torch.get_device()
         self.telemetry = None
         if self.rank == 0:  # reports are all-reduced: one publisher per run is enough
-            from embedlab.telemetry import TrainingTelemetry
 
             self.telemetry = TrainingTelemetry(context.get_experiment_name(), self.world)
 
@@ -133,8 +135,6 @@ class LocalSession:
 
     def worker_batches(self, rows: int) -> Iterator[Batch]:
         """This rank's rows only, picked by the split the Ray streams are built from."""
-        from embedlab.data.stream import WorkerSplit
-
         total = len(next(iter(self.rows.values())))
         mine = torch.as_tensor(WorkerSplit(rank=self.rank, world=self.world, batch_rows=rows).keep(0, total, total))
         for start in range(0, len(mine), rows):

@@ -35,8 +35,9 @@ import torch.distributed as dist
 from safetensors.torch import load as load_bytes
 from safetensors.torch import load_file, save, save_file
 
+from embedlab.config import TrialConfig
 from embedlab.store import file_sha256
-from embedlab.train.checkpoint import MANIFEST_FILE, CheckpointError
+from embedlab.train.checkpoint_files import MANIFEST_FILE, CheckpointError
 
 STATE_FORMAT = "embedlab-training-state/1"
 STATE_TENSORS = "training_state.safetensors"
@@ -45,7 +46,7 @@ RESUME_POLICY = (
     "exact within phase: a run resumed from any checkpoint of the same trial config and worker "
     "count gives bitwise the losses and weights of an uninterrupted run"
 )
-# Separate streams, each derived from the trial seed by `embedlab.train.phase1.seed_for`
+# Separate streams, each derived from the trial seed by `seed_for`
 # (a hash of seed, stream name and rank), so a change that draws more from one stream (say,
 # a higher masking ratio) leaves every other stream's draws as they were.
 RNG_STREAMS = {
@@ -98,6 +99,20 @@ def config_hash(trial_json: str) -> str:
     return hashlib.sha256(trial_json.encode()).hexdigest()
 
 
+def seed_for(seed: int, stream: str, rank: int = 0) -> int:
+    """Independent RNG streams (init, masking, ...) derived from one trial seed."""
+    digest = hashlib.sha256(f"{seed}:{stream}:{rank}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") & 0x7FFF_FFFF_FFFF_FFFF
+
+
+def data_seed(trial: TrialConfig) -> int:
+    """The seed of the order documents (phase 1) or pairs (phases 2-3) are drawn in: the
+    mixture's seed with the trial seed, so seeds replicate over data order as well as
+    initialisation and masking, while every arm sees the same order at one seed (paired).
+    A phase-2 arm from one parent would otherwise train identically at every seed."""
+    return seed_for(trial.data.mixture.seed, f"data-order:{trial.train.seed}")
+
+
 def seed_everything(seed: int) -> None:
     """Python's and numpy's global generators, so even a library draw is reproducible."""
     random.seed(seed)
@@ -140,12 +155,14 @@ def gather_rank_states(state: RankState, world: int, device: torch.device) -> li
     """Every worker's state on every worker (a collective: all ranks call it)."""
     if world == 1:
         return [state]
-    payloads = _all_gather_bytes(save(state.tensors), device)
-    records = _all_gather_bytes(json.dumps(state.record).encode(), device)
+    payloads = all_gather_bytes(save(state.tensors), device)
+    records = all_gather_bytes(json.dumps(state.record).encode(), device)
     return [RankState(load_bytes(p), json.loads(r)) for p, r in zip(payloads, records)]
 
 
-def _all_gather_bytes(payload: bytes, device: torch.device) -> list[bytes]:
+def all_gather_bytes(payload: bytes, device: torch.device) -> list[bytes]:
+    """Every rank's `payload`, in rank order (a collective: all ranks call it); payloads may
+    differ in length, so sizes are gathered first and each buffer padded to the longest."""
     world = dist.get_world_size()
     size = torch.tensor([len(payload)], dtype=torch.int64, device=device)
     sizes = [torch.zeros_like(size) for _ in range(world)]

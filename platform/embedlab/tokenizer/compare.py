@@ -36,7 +36,8 @@ from pathlib import Path
 import numpy as np
 from tokenizers import decoders, pre_tokenizers
 
-from embedlab.tokenizer import (
+from embedlab.data.document import document_texts
+from embedlab.tokenizer.frozen import (
     TOKENIZER_KINDS,
     FrozenTokenizer,
     check_kind,
@@ -242,7 +243,6 @@ def compare_corpus_tokenizers(prepared, *, eval_documents_per_source: int = 500,
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from embedlab.data.document import document_texts
 
     config = prepared.record["config"]
     corpus = prepared.corpus

@@ -34,11 +34,15 @@ from collections.abc import Callable
 
 import torch
 
-from embedlab.errors import UsageError
-from embedlab.bench_measure import Comparison, median
+from embedlab.bench.measure import Comparison, median
 from embedlab.config import DataConfig, TrialConfig, model_preset
 from embedlab.data.mixture import Schedule
-from embedlab.data.prepare import PreparedData
+from embedlab.data.prepared import PreparedData
+from embedlab.data.stream import packed_dataset, worker_rows
+from embedlab.errors import UsageError
+from embedlab.train.loop import run
+from embedlab.train.phase1 import Phase1Loop, phase1_loop_config, trial_schedule, trial_streams
+from embedlab.train.session import PREFETCH_BATCHES, DatasetSession
 
 SPLIT_WORKERS = (1, 2, 4)  # worker counts the split stream is read at
 
@@ -67,8 +71,6 @@ def worker_streams(trial: TrialConfig, prepared: PreparedData, drawn: tuple[Sche
                    workers: int) -> list:
     """The trial's stream as `workers` Train workers read it: one Dataset each (one worker: the
     whole stream)."""
-    from embedlab.train.phase1 import trial_streams
-
     schedule, offsets = drawn
     trial = dataclasses.replace(trial, train=dataclasses.replace(trial.train, num_workers=workers))
     return trial_streams(trial, prepared, schedule, offsets)
@@ -78,10 +80,6 @@ def one_pass(trial: TrialConfig, prepared: PreparedData, drawn: tuple[Schedule, 
              prefetch_batches: int) -> dict:
     """Train `trial` once from scratch on its stream (`drawn`: `trial_schedule`'s schedule and
     offsets) as one worker; the loop's figures."""
-    from embedlab.train.loop import run
-    from embedlab.train.phase1 import Phase1Loop, phase1_loop_config
-    from embedlab.train.session import DatasetSession
-
     schedule, _ = drawn
     session = DatasetSession(worker_streams(trial, prepared, drawn, 1)[0], prefetch_batches)
     loop = Phase1Loop(phase1_loop_config(trial, prepared, schedule), rank=0, world=1, device=torch.device("cpu"))
@@ -102,8 +100,6 @@ def stream_pass(trial: TrialConfig, prepared: PreparedData, drawn: tuple[Schedul
     """The same stream, read the way the loop reads it (`DatasetSession`), with no training
     step: how fast it can deliver. Counted as the loop counts: every batch's non-padding
     tokens over the time from the first batch's arrival."""
-    from embedlab.train.session import DatasetSession
-
     return read_share(DatasetSession(worker_streams(trial, prepared, drawn, 1)[0]), trial.train.batch_rows)
 
 
@@ -124,9 +120,6 @@ def read_share(session, rows: int, keep: Callable[[dict], dict] = lambda batch: 
 def _read_worker(dataset, rows: int, rank: int, world: int, whole: bool) -> dict:
     """Ray task body: one worker's read, of its own Dataset (`rows` rows a batch), or of the
     whole stream in global batches keeping its `worker_rows`."""
-    from embedlab.data.stream import worker_rows
-    from embedlab.train.session import DatasetSession
-
     if whole:
         return read_share(DatasetSession(dataset), world * rows, lambda batch: worker_rows(batch, rank, world))
     return read_share(DatasetSession(dataset), rows)
@@ -137,8 +130,6 @@ def workers_pass(trial: TrialConfig, prepared: PreparedData, drawn: tuple[Schedu
     """`workers` readers at once, each a Ray task as a Train worker is its own process: each
     worker's own Dataset, or (`whole`) the whole stream each; every worker's figures."""
     import ray
-
-    from embedlab.data.stream import packed_dataset
 
     if whole:
         schedule, offsets = drawn
@@ -158,9 +149,6 @@ def bench_prefetch(prepared: PreparedData, data: DataConfig, bench: PrefetchBenc
     """Prefetching (`PREFETCH_BATCHES`) against none, the stream's own rate, and its rate per
     worker split against whole at `SPLIT_WORKERS` workers: {"comparisons", "passes",
     "streamed", "tokens", "per_worker", ...}. `data`: the prepared data's config."""
-    from embedlab.train.phase1 import trial_schedule
-    from embedlab.train.session import PREFETCH_BATCHES
-
     trial = bench_trial(bench, data)
     drawn = trial_schedule(trial, prepared)  # read and drawn once; every pass streams it anew
     sides = {"embedlab": PREFETCH_BATCHES, "reference": 0}

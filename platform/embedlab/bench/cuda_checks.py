@@ -10,7 +10,7 @@ on the GPU, each against an oracle the suite already trusts:
 - **device vs CPU**: the same model and batch in fp32 (TF32 off) on the GPU and on the CPU,
   loss and gradients: every index, scatter and mask op of the encoder and MLM head on CUDA;
 - **collectives**: the trainer's all-reduce (`sum_all_reduce`, float64 counts and the flat
-  gradient buffer) and byte all-gather (`_all_gather_bytes`, resume) on a one-process group
+  gradient buffer) and byte all-gather (`all_gather_bytes`, resume) on a one-process group
   of the device's backend (NCCL on CUDA): initialisation, dtypes and device placement, not
   cross-GPU traffic, which needs two GPUs;
 - **compiled step**: three optimizer steps (fused AdamW) with the blocks compiled as training
@@ -32,8 +32,27 @@ import tempfile
 from collections.abc import Callable, Iterator
 
 import torch
+import torch.distributed as dist
 
+from embedlab.bench.synthetic import synthetic_batch, synthetic_rows
 from embedlab.config import ModelConfig, TrainConfig
+from embedlab.model.encoder import (
+    MLMModel,
+    bucketed_varlen_attention,
+    flash_varlen_attention,
+    reference_varlen_attention,
+    segment_layout,
+)
+from embedlab.train.compiling import compile_blocks
+from embedlab.train.mlm_step import (
+    Microbatch,
+    accumulate_gradients,
+    all_reduce_gradients,
+    optimizer_step,
+    sum_all_reduce,
+)
+from embedlab.train.optim import build_optimizer
+from embedlab.train.state import all_gather_bytes
 
 Kernel = Callable[..., torch.Tensor]
 
@@ -66,17 +85,12 @@ def _model_config() -> ModelConfig:
 def _microbatch(config: ModelConfig, rows: int, length: int, seed: int, device: torch.device):
     """Packed rows of corpus-like document lengths, 15% masked (`synthetic_batch`), on
     `device`; the same seed gives the same batch on any device."""
-    from embedlab.bench_mfu import synthetic_batch
-    from embedlab.train.mlm_step import Microbatch
-
     segments, masked = synthetic_batch(rows, length, config.vocab_size, seed, torch.Generator().manual_seed(seed))
     return Microbatch(masked=masked.to(device), segment_ids=segments.to(device))
 
 
 def _loss_and_gradients(model, microbatch, precision: str) -> tuple[float, torch.Tensor]:
     """The training step's loss sum and flat gradient (`accumulate_gradients`), from zero."""
-    from embedlab.train.mlm_step import accumulate_gradients
-
     model.zero_grad(set_to_none=True)
     result = accumulate_gradients(model, [microbatch], precision=precision)
     flat = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
@@ -100,8 +114,6 @@ def _no_tf32() -> Iterator[None]:
 
 def default_kernel(device: torch.device) -> Kernel:
     """The variable-length kernel the encoder runs on `device`."""
-    from embedlab.model.encoder import bucketed_varlen_attention, flash_varlen_attention
-
     return flash_varlen_attention if device.type == "cuda" else bucketed_varlen_attention
 
 
@@ -109,9 +121,6 @@ def check_varlen_kernel(device: torch.device, kernel: Kernel | None = None, dtyp
                         tolerance: float = 2e-2) -> Check:
     """The variable-length kernel against the per-sequence fp32 oracle, forward and gradients,
     on four packed rows of 256 tokens (corpus-like segment lengths), 4 heads of width 64."""
-    from embedlab.bench_mfu import synthetic_rows
-    from embedlab.model.encoder import reference_varlen_attention, segment_layout
-
     kernel = kernel or default_kernel(device)
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     _, segments = synthetic_rows(4, 256, 1000, seed=0)
@@ -138,8 +147,6 @@ def check_varlen_kernel(device: torch.device, kernel: Kernel | None = None, dtyp
 
 def check_encoder_paths(device: torch.device, precision: str = "bf16", tolerance: float = 2e-2) -> Check:
     """Variable-length attention against the dense mask in the whole model, same weights."""
-    from embedlab.model.encoder import MLMModel
-
     config = _model_config()
     microbatch = _microbatch(config, rows=4, length=256, seed=1, device=device)
     results = []
@@ -155,8 +162,6 @@ def check_encoder_paths(device: torch.device, precision: str = "bf16", tolerance
 
 def check_device_vs_cpu(device: torch.device, tolerance: float = 1e-4) -> Check:
     """The model on `device` against the same model on the CPU, fp32, dense attention."""
-    from embedlab.model.encoder import MLMModel
-
     config = dataclasses.replace(_model_config(), attention="dense")
     torch.manual_seed(0)
     cpu_model = MLMModel(config).train()
@@ -173,11 +178,6 @@ def check_device_vs_cpu(device: torch.device, tolerance: float = 1e-4) -> Check:
 
 
 def _train_steps(device: torch.device, compiled: bool, steps: int = 3) -> list[float]:
-    from embedlab.model.encoder import MLMModel
-    from embedlab.train.compiling import compile_blocks
-    from embedlab.train.mlm_step import accumulate_gradients, optimizer_step
-    from embedlab.train.optim import build_optimizer
-
     config = _model_config()
     torch.manual_seed(0)
     model = MLMModel(config).to(device).train()
@@ -203,13 +203,6 @@ def check_compiled_step(device: torch.device, tolerance: float = 1e-3) -> Check:
 def check_collectives(device: torch.device) -> Check:
     """The trainer's all-reduce and byte all-gather on a one-process group of the device's
     backend: the results must equal the one-process values exactly."""
-    import torch.distributed as dist
-
-    from embedlab.model.encoder import MLMModel
-    from embedlab.train.mlm_step import accumulate_gradients, all_reduce_gradients
-    from embedlab.train.phase1 import sum_all_reduce
-    from embedlab.train.state import _all_gather_bytes
-
     backend = "nccl" if device.type == "cuda" else "gloo"
     if dist.is_initialized():
         raise RuntimeError("a process group is already initialised in this process")
@@ -232,13 +225,13 @@ def check_collectives(device: torch.device) -> Check:
         measured = {
             "gradients": max(float((a - b).abs().max()) for a, b in zip(reduced, local)),
             "float64 counts": float((sum_all_reduce(device)(counts.clone()) - counts).abs().max()),
-            "bytes gathered wrong": float(_all_gather_bytes(payload, device) != [payload]),
+            "bytes gathered wrong": float(all_gather_bytes(payload, device) != [payload]),
         }
     finally:
         dist.destroy_process_group()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
-    return _judged("collectives", f"sum_all_reduce and _all_gather_bytes on {backend} (1 process) "
+    return _judged("collectives", f"sum_all_reduce and all_gather_bytes on {backend} (1 process) "
                                   "vs the one-process values", 0.0, measured)
 
 

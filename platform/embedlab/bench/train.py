@@ -60,14 +60,14 @@ from dataclasses import dataclass
 
 import torch
 
-from embedlab.errors import UsageError
-from embedlab.bench_measure import Comparison, interleaved_rates, median, peak_since, start_peak_window
+from embedlab.bench.measure import Comparison, interleaved_rates, median, peak_since, start_peak_window
 from embedlab.config import MaskingConfig, ModelConfig, TrainConfig, model_preset
 from embedlab.data.document import document_texts
-from embedlab.data.packing import pack_pieces
+from embedlab.data.packing import chunk_document, pack_pieces
+from embedlab.errors import UsageError
 from embedlab.model.encoder import MLMModel, SelfAttention, count_parameters
-from embedlab.train.compiling import compile_blocks
 from embedlab.objectives.masking import mask_tokens
+from embedlab.train.compiling import compile_blocks
 from embedlab.train.mlm_step import Microbatch, accumulate_gradients, optimizer_step
 from embedlab.train.optim import build_optimizer
 
@@ -484,7 +484,7 @@ def compare_peak_memory(sequences: list[list[int]], ids: TokenIds, bench: TrainB
     for side in ("embedlab", "reference"):
         request = {"side": side, "sequences": sequences, "ids": dataclasses.asdict(ids),
                    "bench": dataclasses.asdict(bench)}
-        done = subprocess.run([sys.executable, "-c", "from embedlab.bench_train import peak_memory_child; "
+        done = subprocess.run([sys.executable, "-c", "from embedlab.bench.train import peak_memory_child; "
                                "peak_memory_child()"], input=json.dumps(request), capture_output=True, text=True)
         if done.returncode:
             raise RuntimeError(f"peak-memory process for {side} failed:\n{done.stderr[-2000:]}")
@@ -554,8 +554,6 @@ def tokens_per_second_by_length(prepared, lengths: tuple[int, ...] = (128, 512, 
     is SDPA with the block-diagonal mask (its cost grows with L^2 per row whatever the
     documents); "varlen" computes attention per segment (on CPU sequences batched by length
     bucket, on CUDA the flash kernel)."""
-    from embedlab.data.packing import chunk_document
-
     torch.set_num_threads(threads)
     ids = TokenIds.of(prepared.tokenizer)
     documents, total = [], 0

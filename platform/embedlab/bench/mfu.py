@@ -15,12 +15,12 @@ padding and the kernel's attention area included.
 
 The step is the real one (`accumulate_gradients` under the bf16 policy, `optimizer_step`,
 fused AdamW from `build_optimizer`); the encoder runs the variable-length flash path ("auto"
-under bf16 autocast; the kernel is first checked against its oracle, `embedlab.cuda_checks`,
+under bf16 autocast; the kernel is first checked against its oracle, `embedlab.bench.cuda_checks`,
 and the dense mask timed instead if it fails) and, unless `--no-compile`, its blocks are
 compiled around the attention kernel as training compiles them (`train.compile`,
 `embedlab.train.compiling`). Rows are packed from synthetic documents
-(random ids, lengths drawn from a log-normal fitted to the built-in corpus: median 34, mean
-75 tokens, cut into pieces of at most L) so the command needs no prepared data on the GPU
+(`embedlab.bench.synthetic`: random ids, lengths drawn from a log-normal fitted to the built-in
+corpus, cut into pieces of at most L) so the command needs no prepared data on the GPU
 machine. Masked batches are prepared and moved to the device before the clock starts (the
 loader prefetches ahead of the step); timing brackets `steps` steps with `torch.cuda.synchronize()`.
 """
@@ -35,10 +35,15 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from embedlab.config import MaskingConfig, ModelConfig, TrainConfig, model_preset
-from embedlab.data.packing import pack_pieces
+from embedlab.bench import cuda_checks
+from embedlab.bench.synthetic import synthetic_batch
+from embedlab.config import ModelConfig, TrainConfig, model_preset
 from embedlab.errors import UsageError
-from embedlab.objectives.masking import MaskedBatch
+from embedlab.model.encoder import MLMModel, parameter_counts, segment_layout, varlen_rule
+from embedlab.train.compiling import compile_blocks
+from embedlab.train.flops import TRAINED, FlopTally
+from embedlab.train.mlm_step import Microbatch, accumulate_gradients, optimizer_step
+from embedlab.train.optim import build_optimizer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,8 +113,6 @@ def body_parameters(config: ModelConfig) -> int:
     """Encoder parameters without the embedding table (a lookup costs no matmul FLOPs): the
     MFU convention's model size, norms included, unlike the training counter's linears
     (`embedlab.train.flops`), which count what the kernels execute, recomputation included."""
-    from embedlab.model.encoder import parameter_counts
-
     return parameter_counts(config)["encoder"] - config.vocab_size * config.width
 
 
@@ -120,37 +123,8 @@ def model_flops(config: ModelConfig, tokens: int, selected: int, segment_lengths
     return 6.0 * body_parameters(config) * tokens + 6.0 * (d * d + d * config.vocab_size) * selected + attention
 
 
-def synthetic_rows(rows: int, length: int, vocab: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rows, L) packed ids and segment ids from documents of corpus-like lengths."""
-    rng = np.random.default_rng(seed)
-    pieces, positions = [], 0
-    while positions < rows * length:
-        tokens = int(np.clip(rng.lognormal(mean=np.log(34), sigma=1.27), 2, 20 * length))
-        document = rng.integers(5, vocab, size=tokens).tolist() + [3]  # SEP = 3
-        for start in range(0, len(document), length):
-            pieces.append(document[start : start + length])
-            positions += len(pieces[-1])
-    packed = pack_pieces(pieces, sequence_length=length, pad_id=0)
-    ids = torch.from_numpy(packed.input_ids[:rows]).long()
-    return ids, torch.from_numpy(packed.segment_ids[:rows]).long()
-
-
-def synthetic_batch(rows: int, length: int, vocab: int, seed: int,
-                    generator: torch.Generator) -> tuple[torch.Tensor, MaskedBatch]:
-    """`synthetic_rows` masked as phase 1 masks (15%, 80/10/10, ids from 5 up; MASK = 4):
-    (B, T) segment ids and the masked batch, on the CPU."""
-    from embedlab.objectives.masking import mask_tokens
-
-    ids, segments = synthetic_rows(rows, length, vocab, seed)
-    masked = mask_tokens(ids, (segments > 0) & (ids >= 5), MaskingConfig(), mask_id=4,
-                         random_token_range=(5, vocab), generator=generator)
-    return segments, masked
-
-
 def segment_lengths(segment_ids: torch.Tensor) -> np.ndarray:
     """Lengths of every non-padding segment of (B, T) rows."""
-    from embedlab.model.encoder import segment_layout
-
     cu = segment_layout(segment_ids).cu_seqlens.numpy()
     return np.diff(cu)
 
@@ -158,12 +132,6 @@ def segment_lengths(segment_ids: torch.Tensor) -> np.ndarray:
 def measure_mfu(bench: MfuBench, device: torch.device, peak_flops: float | None = None,
                 config: ModelConfig | None = None, progress: Callable[[str], None] = print) -> dict:
     """Tokens/s, model TFLOP/s, MFU and peak memory of `steps` timed phase-1 steps."""
-    from embedlab.model.encoder import MLMModel
-    from embedlab.train.compiling import compile_blocks
-    from embedlab.train.flops import TRAINED, FlopTally
-    from embedlab.train.mlm_step import Microbatch, accumulate_gradients, optimizer_step
-    from embedlab.train.optim import build_optimizer
-
     config = config or bench_model(bench)
     torch.manual_seed(bench.seed)
     model = MLMModel(config).to(device).train()
@@ -274,8 +242,6 @@ def kernel_profile(work: Callable[[], object], device: torch.device, top: int = 
 
 def attention_path(config: ModelConfig, device: torch.device, precision: str, length: int) -> str:
     """Which attention kernel the timed steps ran (`embedlab.model.encoder.varlen_rule`)."""
-    from embedlab.model.encoder import varlen_rule
-
     cuda = device.type == "cuda"
     varlen = varlen_rule(config.attention, cuda=cuda, half=precision == "bf16", length=length, training=True,
                          dropout=config.dropout)
@@ -328,15 +294,13 @@ def before_after(bench: MfuBench, device: torch.device, measured: dict, config: 
 
 def flash_preflight(bench: MfuBench, device: torch.device,
                     progress: Callable[[str], None] = print) -> tuple[ModelConfig, dict | None]:
-    """The bench's model config, and the flash kernel's check (`embedlab.cuda_checks`) when the
+    """The bench's model config, and the flash kernel's check (`embedlab.bench.cuda_checks`) when the
     timed steps would run it: a kernel that fails its check (or is missing from this torch)
     leaves the bench on the dense mask, recorded, rather than losing the whole run."""
-    from embedlab.cuda_checks import run_checks
-
     config = bench_model(bench)
     if attention_path(config, device, bench.precision, bench.sequence_length) != "varlen flash":
         return config, None
-    (check,) = run_checks(device, ("flash varlen",), progress=progress)
+    (check,) = cuda_checks.run_checks(device, ("flash varlen",), progress=progress)
     if not check.ok:
         config = dataclasses.replace(config, attention="dense")
         progress("bench mfu: the flash kernel failed its check; timing the dense attention mask instead")
@@ -365,7 +329,7 @@ def resolve_peak(name: str, peak_tflops: float | None = None) -> tuple[float, di
     if peak_tflops:
         return peak_tflops * 1e12, {**record, "tflops": float(peak_tflops), "from": "--peak-tflops"}
     if entry is None:
-        raise UsageError(f"no dense bf16 peak is known for {name!r} (embedlab.bench_mfu.PEAKS matches exact device "
+        raise UsageError(f"no dense bf16 peak is known for {name!r} (embedlab.bench.mfu.PEAKS matches exact device "
                          f"names: {', '.join(sorted(PEAKS))}); MFU needs --peak-tflops N, the device's dense bf16 "
                          "tensor-core peak in TFLOP/s (not the sparsity figure)")
     return entry.dense_tflops * 1e12, {**record, "tflops": entry.dense_tflops, "from": "table"}

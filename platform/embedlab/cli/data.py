@@ -1,0 +1,77 @@
+"""`embedlab data build|audit` and `embedlab tokenizer compare`: prepare the training data, audit
+it for contamination, compare tokenizer candidates on it.
+
+Each command prepares (or reuses) the data of every config its spec names (`embedlab.data.spec`)
+and calls the library on it. `embedlab.cli.build_parser` registers them with `add_parsers`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from embedlab.cli.common import add_spec, stderr
+from embedlab.data.spec import load_data_configs
+
+
+def cmd_data_build(args: argparse.Namespace) -> int:
+    # here: torch (sweep.run) and tokenizers (data.prepare)
+    from embedlab.data.prepare import prepare_data
+    from embedlab.sweep.cluster import connect
+
+    connect(args.address, stderr)
+    for config in load_data_configs(args.spec):
+        prepared = prepare_data(config, progress=stderr)
+        print(f"prepared data: {prepared.directory}")
+        print(f"data card:     {prepared.directory / 'data_card.md'}")
+    return 0
+
+
+def cmd_data_audit(args: argparse.Namespace) -> int:
+    # here: torch (sweep.run) and tokenizers (the data modules)
+    from embedlab.data.contamination import run_audit
+    from embedlab.data.prepare import prepare_data
+    from embedlab.data.stages import ALL_STAGES
+    from embedlab.sweep.cluster import connect
+
+    connect(args.address, stderr)
+    for config in load_data_configs(args.spec):
+        prepared = prepare_data(config, progress=stderr)
+        report = run_audit(prepared, stages=ALL_STAGES, extra_tasks=args.task, progress=stderr, data=config)
+        print(json.dumps(report.to_dict(), sort_keys=True) if args.json else report.to_markdown())
+    return 0
+
+
+def cmd_tokenizer_compare(args: argparse.Namespace) -> int:
+    # here: torch (sweep.run) and tokenizers (data.prepare, tokenizer.compare)
+    from embedlab.data.prepare import prepare_data
+    from embedlab.sweep.cluster import connect
+    from embedlab.tokenizer.compare import compare_corpus_tokenizers, format_comparison
+
+    connect(args.address, stderr)
+    for config in load_data_configs(args.spec):
+        prepared = prepare_data(config, progress=stderr)
+        rows = compare_corpus_tokenizers(prepared, progress=stderr)
+        print(json.dumps(rows, sort_keys=True) if args.json else format_comparison(rows))
+    return 0
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    """Register `embedlab data build|audit` and `embedlab tokenizer compare` on the main parser's subcommands."""
+    data = sub.add_parser("data", help="build and audit training data")
+    data_sub = data.add_subparsers(dest="data_command", required=True)
+    build = data_sub.add_parser("build", help="corpus, dedup, group-aware splits, tokenizer, pieces and a data card")
+    add_spec(build)
+    build.set_defaults(func=cmd_data_build)
+    audit = data_sub.add_parser("audit", help="check evaluation items against every training stage")
+    add_spec(audit)
+    audit.add_argument("--task", action="append", default=[], help="an extra BEIR task directory (repeatable)")
+    audit.add_argument("--json", action="store_true")
+    audit.set_defaults(func=cmd_data_audit)
+
+    tokenizer = sub.add_parser("tokenizer", help="tokenizer candidates")
+    tokenizer_sub = tokenizer.add_subparsers(dest="tokenizer_command", required=True)
+    compare = tokenizer_sub.add_parser("compare", help="BPE, unigram and byte-level trained on the training split")
+    add_spec(compare)
+    compare.add_argument("--json", action="store_true")
+    compare.set_defaults(func=cmd_tokenizer_compare)

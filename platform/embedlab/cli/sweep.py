@@ -1,0 +1,221 @@
+"""`embedlab demo|sweep|plan|tour|table|promote|report`: run studies and read their results.
+
+Each command parses its arguments and calls `embedlab.sweep` (and `embedlab.report`);
+`embedlab.cli.build_parser` registers them with `add_parsers`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from embedlab import store
+from embedlab.cli.common import progress, stderr
+from embedlab.errors import UsageError
+from embedlab.sweep.capacity import check_options
+from embedlab.sweep.promote import DEFAULT_MAX_RETENTION_DROP, packaged_ablations, promote
+from embedlab.sweep.table import load_table, read_study_record, render
+from embedlab.sweep.tour import dry_run_tour, run_tour
+from embedlab.sweep.trial_rows import final_trials
+
+DEMO_TOUR = "recipe.py"  # in the repository's ablations/
+DEMO_PROFILE = "demo"
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from embedlab.sweep.run import dry_run, run_sweep  # here: it loads torch
+
+    if args.dry_run:
+        print(dry_run(args.study, profile=args.profile, parent=args.parent))
+        return 0
+    run_dir = run_sweep(args.study, storage=args.storage, address=args.address, parent=args.parent,
+                        profile=args.profile, resume=args.resume, max_concurrent=args.max_concurrent,
+                        wait_for_resources=args.wait_for_resources, progress=progress)
+    return _show_run(run_dir)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from embedlab.sweep.plan import format_plan, plan_study  # here: it loads torch
+
+    plan = plan_study(args.study, profile=args.profile, parent=args.parent, address=args.address,
+                      reports=args.pilot_reports, throughput=args.throughput, progress=stderr)
+    print(json.dumps(plan, sort_keys=True) if args.json else format_plan(plan))
+    return 0
+
+
+def _show_run(run_dir: Path) -> int:
+    """Print a finished run's table; 1 when trials are missing."""
+    print()
+    print(render(run_dir, "text"))
+    parent = read_study_record(run_dir).get("parent_scores")
+    if parent:
+        keys = [k for k in parent if k.startswith(("dev/ndcg@10", "dev/recall@100", "retention/"))
+                and isinstance(parent[k], (int, float))]
+        print("parent (same evaluator): " + ", ".join(f"{k} {parent[k]:.4f}" for k in sorted(keys)))
+    print(f"\nrun directory: {run_dir}")
+    print(f"trial table:   embedlab table {run_dir}   (or embedlab.load_table(...) in Python)")
+    finished = final_trials(load_table(run_dir))
+    expected = _expected_trials(run_dir)
+    if len(finished) < expected:
+        print(f"error: {expected - len(finished)} of {expected} trials did not finish; "
+              f"continue with: embedlab sweep STUDY --resume {run_dir}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _expected_trials(run_dir: Path) -> int:
+    study = read_study_record(run_dir)["study"]
+    return len(study["arms"]) * len(study["seeds"])
+
+
+def find_demo_tour(ablations: str | Path | None = None) -> Path:
+    """The demo's tour file: `ablations/recipe.py` in the directory given (--ablations), else in
+    the installed checkout's `ablations/` (beside `platform/`, wherever the command runs from),
+    else in the working directory's. UsageError naming where it looked when none has it."""
+    places = [Path(ablations)] if ablations is not None else [packaged_ablations(), Path.cwd() / "ablations"]
+    found = next((place / DEMO_TOUR for place in places if (place / DEMO_TOUR).is_file()), None)
+    if found is None:
+        raise UsageError(f"the demo's study files ({DEMO_TOUR} and the studies it names) are not in "
+                         f"{' or '.join(str(p) for p in dict.fromkeys(places))}; point at the repository's "
+                         "ablations/ directory with `embedlab demo --ablations DIR`")
+    return found
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    args.tour, args.profile = str(find_demo_tour(args.ablations)), DEMO_PROFILE
+    return cmd_tour(args)
+
+
+def cmd_tour(args: argparse.Namespace) -> int:
+    if args.dry_run:
+        print(dry_run_tour(args.tour, args.profile))
+        return 0
+    failed = []
+    run_dirs = run_tour(args.tour, profile=args.profile, storage=args.storage, address=args.address,
+                        max_concurrent=args.max_concurrent, wait_for_resources=args.wait_for_resources,
+                        show=lambda run_dir: failed.append(_show_run(run_dir)), progress=progress)
+    print("\ntour finished; run directories:")
+    for run_dir in run_dirs:
+        print(f"  {run_dir}")
+    return max(failed, default=0)
+
+
+def cmd_table(args: argparse.Namespace) -> int:
+    if args.json:  # every column of every trial, as records
+        print(load_table(args.run_dir).to_json(orient="records"))
+    else:
+        print(render(args.run_dir, args.format))
+    return 0
+
+
+def cmd_promote(args: argparse.Namespace) -> int:
+    check_options(args.max_concurrent, args.wait_for_resources)  # before promoting, not after
+    margin = DEFAULT_MAX_RETENTION_DROP if args.max_retention_drop is None else args.max_retention_drop
+    promotion = promote(args.run_dir, metric=args.metric, max_retention_drop=margin,
+                        arm=args.arm, next_study=args.next, progress=progress)
+    if args.run and "next_study" in promotion:
+        from embedlab.sweep.run import run_sweep  # here: it loads torch
+
+        child = run_sweep(promotion["next_study"], storage=store.parent(store.resolve(args.run_dir)),
+                          address=args.address, max_concurrent=args.max_concurrent,
+                          wait_for_resources=args.wait_for_resources, progress=progress)
+        return _show_run(child)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from embedlab.report import write_report  # here: it loads matplotlib and torch
+
+    if args.out is None and store.local_path(args.run_dirs[-1]) is None:
+        raise UsageError(f"{args.run_dirs[-1]} is on object storage: name a local file with --out")
+    out = args.out or Path(args.run_dirs[-1]) / "report.html"
+    print(write_report(args.run_dirs, out, progress=stderr))
+    return 0
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    """Register demo, sweep, plan, tour, table, promote and report on the main parser's subcommands."""
+
+    def add_run_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--storage", default="runs", help="where run directories go (default ./runs)")
+        p.add_argument("--address", default=None, help="an existing Ray cluster (default: start a local one)")
+        p.add_argument("--max-concurrent", type=int, default=None, metavar="N",
+                       help="trials Tune runs at once (default: as many as the cluster's resources hold when "
+                            "the sweep starts)")
+        p.add_argument("--wait-for-resources", type=float, default=0.0, metavar="SECONDS",
+                       help="on an autoscaling cluster (--address), wait up to SECONDS for nodes that hold one "
+                            "trial of every arm, asking the autoscaler for them (default 0: refuse at once)")
+
+    demo = sub.add_parser("demo", help="the three-phase tour on the demo profile, on a local Ray cluster")
+    demo.add_argument("--ablations", default=None, metavar="DIR",
+                      help="the repository's ablations/ directory (default: the installed checkout's)")
+    add_run_options(demo)
+    demo.set_defaults(func=cmd_demo, dry_run=False)
+
+    def add_profile(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--profile", default=None,
+                       help="sizes to run at: demo (2-core CPU, minutes), cpu (2-core CPU, an hour, a usable model) "
+                            "or full (GPU cluster; the study files' default)")
+
+    sweep = sub.add_parser("sweep", help="run a study file with Ray Tune")
+    sweep.add_argument("study", help="a study file, e.g. ablations/masking_ratio.py")
+    sweep.add_argument("--parent", default=None, help="phases 2-3: the checkpoint every arm starts from")
+    add_profile(sweep)
+    sweep.add_argument("--dry-run", action="store_true",
+                       help="validate the study and print its arms, seeds, budget and trials; start nothing")
+    sweep.add_argument("--resume", default=None, metavar="RUN_DIR",
+                       help="continue an interrupted run of the same study: finished trials are kept")
+    add_run_options(sweep)
+    sweep.set_defaults(func=cmd_sweep)
+
+    plan = sub.add_parser("plan", help="pilot every arm on the cluster; estimate time, memory and storage")
+    plan.add_argument("study", help="a study file, e.g. ablations/masking_ratio.py")
+    add_profile(plan)
+    plan.add_argument("--parent", default=None, help="the parent checkpoint of a phase-2 or phase-3 study")
+    plan.add_argument("--pilot-reports", type=int, default=6,
+                      help="report intervals (train.report_every_steps) each arm's pilot trains (default 6)")
+    plan.add_argument("--address", default=None, help="a Ray cluster to plan on (default: a local one)")
+    plan.add_argument("--throughput", default=None, metavar="FILE",
+                      help="no pilots: estimate a GPU study from one GPU's `embedlab bench mfu --json` output "
+                           "(training FLOP/s x workers a trial); starts nothing")
+    plan.add_argument("--json", action="store_true")
+    plan.set_defaults(func=cmd_plan)
+
+    tour = sub.add_parser("tour", help="run a tour file: consecutive phases with promotion between them")
+    tour.add_argument("tour", help="a tour file, e.g. ablations/recipe.py")
+    add_profile(tour)
+    tour.add_argument("--dry-run", action="store_true",
+                      help="print each stage's study plan and how winners are promoted; start nothing")
+    add_run_options(tour)
+    tour.set_defaults(func=cmd_tour)
+
+    table = sub.add_parser("table", help="per-arm mean ± 95%% CI, paired differences from the control, trials")
+    table.add_argument("run_dir")
+    table.add_argument("--format", default="text", choices=["text", "csv", "markdown", "json"])
+    table.add_argument("--json", action="store_true", help="every column of every trial as JSON records")
+    table.set_defaults(func=cmd_table)
+
+    # `promote` here is the parser; cmd_promote calls the function of that name
+    promote = sub.add_parser("promote", help="pick a study's winner on recipe-dev and write the next phase's study")
+    promote.add_argument("run_dir")
+    promote.add_argument("--metric", default=None, help="a dev/ metric (default: the study's)")
+    promote.add_argument("--max-retention-drop", type=float, default=None,
+                         help="refuse a winner whose retention panel, as its mean over seeds, falls more than "
+                              "this below its parent's: absolute, in metric points (0.10 is 0.10 below, not 10%%; "
+                              "default 0.05)")
+    promote.add_argument("--arm", default=None, help="promote this arm instead of the dev winner (margin still applies)")
+    promote.add_argument("--next", default=None, help="the next phase's study file (default: the recipe's next)")
+    promote.add_argument("--run", action="store_true", help="launch the next phase's study after promoting")
+    promote.add_argument("--address", default=None, help="with --run: an existing Ray cluster")
+    promote.add_argument("--max-concurrent", type=int, default=None, metavar="N",
+                         help="with --run: trials Tune runs at once (as for embedlab sweep)")
+    promote.add_argument("--wait-for-resources", type=float, default=0.0, metavar="SECONDS",
+                         help="with --run: wait up to SECONDS for the autoscaler's nodes (as for embedlab sweep)")
+    promote.set_defaults(func=cmd_promote)
+
+    report = sub.add_parser("report", help="the study report: one self-contained HTML page for one or more runs")
+    report.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="a study's run directory, or a tour's, in order")
+    report.add_argument("--out", type=Path, default=None, help="HTML file (default: LAST_RUN_DIR/report.html)")
+    report.set_defaults(func=cmd_report)

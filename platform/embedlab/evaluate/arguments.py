@@ -1,0 +1,56 @@
+"""The encoder and the task as `embedlab evaluate` names them, turned into what the evaluator takes.
+
+An encoder is a checkpoint directory or `baseline:NAME` (`embedlab.evaluate.baselines`). A
+task is a Hub task (`hub:DATASET@REVISION` or a HubTask .toml/.json, `hub_tasks.hub_task_argument`),
+a BEIR directory, or a built-in task's name, built from the data the checkpoint trained on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from embedlab.config import DataConfig, TrialConfig
+from embedlab.data.prepare import prepare_data
+from embedlab.evaluate.baselines import evaluate_baseline
+from embedlab.evaluate.beir import Task, load_task
+from embedlab.evaluate.builtin_tasks import BUILTIN_TASKS
+from embedlab.evaluate.checkpoint_eval import evaluate_checkpoint, resolve_task
+from embedlab.evaluate.hub_tasks import derive_dev_split, hub_task_argument, load_hub_task
+from embedlab.train.checkpoint import verify_checkpoint
+
+BASELINE_PREFIX = "baseline:"
+
+
+def baseline_name(encoder: str) -> str | None:
+    """NAME of an encoder given as `baseline:NAME`; None for a checkpoint."""
+    return encoder.removeprefix(BASELINE_PREFIX) if encoder.startswith(BASELINE_PREFIX) else None
+
+
+def load_task_argument(task: str, encoder: str, *, dev_fraction: float | None = None, dev_seed: int = 0,
+                       progress: Callable[[str], None] = print) -> Task:
+    """The task `task` names, to score `encoder` on. `dev_fraction` moves that share of its train
+    queries to a derived dev split (`hub_tasks.derive_dev_split`; a task with a dev split keeps it).
+    `progress` takes the lines of preparing a built-in task's data."""
+    spec = hub_task_argument(task, dev_fraction=dev_fraction, dev_seed=dev_seed)
+    if spec is not None:  # materialised (with its derived dev split, if any) in the cache, once
+        return load_hub_task(spec)
+    prepared_dir = None
+    if task in BUILTIN_TASKS and not Path(task).is_dir():
+        # The built-in task comes from the same corpus split the checkpoint trained on
+        # (baselines: the default data config, the one `make demo` trains on).
+        data = DataConfig() if baseline_name(encoder) else TrialConfig.from_dict(
+            verify_checkpoint(encoder)["config"]).data
+        prepared_dir = prepare_data(data, progress=progress).directory
+    loaded = load_task(resolve_task(task, prepared_dir))
+    if dev_fraction is not None:  # the same rule as a Hub task's, in memory
+        loaded, _ = derive_dev_split(loaded, dev_fraction, dev_seed)
+    return loaded
+
+
+def score_encoder(encoder: str, task: Task, split: str, *, index: str = "flat") -> dict:
+    """The metrics of a checkpoint (searched with the Faiss `index`) or of `baseline:NAME` on `split`."""
+    baseline = baseline_name(encoder)
+    if baseline is not None:
+        return evaluate_baseline(baseline, task, split)
+    return evaluate_checkpoint(encoder, task, split, index=index)

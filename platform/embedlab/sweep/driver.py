@@ -1,0 +1,144 @@
+"""One trial of a sweep, as the Tune function it runs in: train the arm at its seed (and
+tuned values), score the checkpoint through the shared evaluation actor, and write the
+trial's row, whatever its end."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from embedlab import store
+from embedlab.config import TrialConfig
+from embedlab.data.prepared import PreparedData
+from embedlab.data.prepared_sync import local_directory
+from embedlab.evaluate.checkpoint_eval import arm_eval_tasks
+from embedlab.sweep.progress import EVAL_PROGRESS, evaluate_with_progress
+from embedlab.sweep.rundir import error_text, finished_rows, write_per_query, write_row
+from embedlab.sweep.scores import score_trial
+from embedlab.sweep.study import Study, set_path
+from embedlab.train.checkpoint import read_manifest
+from embedlab.train.contrastive import run_contrastive
+from embedlab.train.nonfinite import NonFiniteError
+from embedlab.train.phase1 import run_phase1
+
+
+def train_trial(trial: TrialConfig, prepared: PreparedData, *, storage_path: str | Path, name: str,
+                callbacks: list | None = None, overlap_policy: str | None = None):
+    """Fit the trial's phase on Ray Train (phase 1, or phases 2-3 with phase 3's mining first).
+    Phases 2-3 pass their pairs and mined negatives through the contamination gate first,
+    under the study's disclosed-overlap policy `overlap_policy`."""
+    if trial.phase == 1:
+        return run_phase1(trial, prepared, storage_path=storage_path, name=name, callbacks=callbacks)
+    return run_contrastive(trial, prepared, storage_path=storage_path, name=name, callbacks=callbacks,
+                           overlap_policy=overlap_policy)
+
+
+def trial_driver(config: dict[str, Any], *, context: dict[str, Any]) -> None:
+    """One Tune trial: train, evaluate through the actor, write the trial's row.
+
+    `config` holds the arm, the seed, the stage ("tune": an Optuna trial; "final": a grid
+    trial) and any tuned values as dotted config paths. Every trial leaves a row: "finished",
+    "nonfinite" (training stopped by non-finite steps), or "failed" with the error's text,
+    written before the error goes on to Tune (which retries the trial once, `experiment.TRIAL_RETRIES`;
+    the retry's row replaces it)."""
+    from ray import tune  # here: Ray, which a dry run does not need
+
+    study = Study.from_dict(context["study"])
+    run_dir = context["run_dir"]
+    identity = trial_identity(study, config, tune.get_context().get_trial_id())
+    try:
+        final = _run_trial(study, identity, trial_params(config), context)
+    except Exception as error:
+        write_row(run_dir, {**identity, "status": "failed", "error": error_text(f"{type(error).__name__}: {error}")})
+        raise
+    tune.report(final)  # outside the try: the row is written, whatever Tune does with this
+
+
+def trial_params(config: dict[str, Any]) -> dict[str, Any]:
+    """A Tune trial config's tuned values as dotted config paths (Optuna's, or a grid entry's)."""
+    config = config.get("trial", config)  # a grid entry: the whole trial as one value
+    return {**{k: v for k, v in config.items() if "." in k}, **config.get("params", {})}
+
+
+def trial_identity(study: Study, config: dict[str, Any], trial_id: str) -> dict[str, Any]:
+    """The columns every row of a trial has, whatever its end, from its Tune config."""
+    entry = config.get("trial", config)
+    return {
+        "study": study.name, "trial_id": trial_id, "stage": entry.get("stage", "final"), "arm": entry["arm"],
+        "seed": entry["seed"], "factor": study.factor, "factor_value": study.factor_value(entry["arm"]),
+        **{f"param/{k}": v for k, v in trial_params(config).items()},
+    }
+
+
+def _run_trial(study: Study, identity: dict[str, Any], params: dict[str, Any], context: dict[str, Any]) -> dict:
+    """Train and score one trial and write its row (and per-query file); returns the trial's
+    final Tune result. `trial_driver` records whatever this raises."""
+    # here: Ray (the actor's module imports it too), which a dry run does not need
+    from ray import tune
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    from embedlab.evaluate.actor import get_evaluator
+
+    arm, seed, stage, trial_id = identity["arm"], identity["seed"], identity["stage"], identity["trial_id"]
+    run_dir = context["run_dir"]
+    trial = set_path(study.trial_config(arm, seed, context.get("parent")), params)
+    # This node's copy (fetched and verified when the run's storage is remote).
+    prepared = PreparedData(local_directory(context["prepared"][arm]), context["prepared"][arm])
+    identity = {
+        **identity,
+        "config_hash": hashlib.sha256(trial.to_json().encode()).hexdigest(),
+        "phase": trial.phase, "parent": trial.parent,
+        "parent_hash": read_manifest(trial.parent)["content_hash"] if trial.parent else None,
+    }
+    try:
+        result = train_trial(
+            trial, prepared, storage_path=store.join(run_dir, "train"), name=f"{stage}-{arm}-seed{seed}-{trial_id}",
+            callbacks=[TuneReportCallback()], overlap_policy=study.disclosed_overlap,
+        )
+    except NonFiniteError as error:
+        # Deterministic: retrying would stop the same way. The table shows why it has no metrics.
+        write_row(run_dir, {**identity, "status": "nonfinite", "error": str(error)})
+        return {study.metric: float("nan")}
+    if result.error is not None:
+        raise result.error
+    # A path on the run's storage, or a URI on object storage: every reader fetches and verifies it.
+    checkpoint_dir = store.location_of(result.checkpoint.filesystem, result.checkpoint.path, like=run_dir)
+
+    def evaluate(task_dir: str, retention_dir: str | None) -> dict:
+        # The trial's own output does not reach the console (log_to_driver=False): its evaluation
+        # progress travels as Tune results, which the driver's TrialProgress callback prints.
+        return evaluate_with_progress(
+            get_evaluator(), (checkpoint_dir, task_dir, trial.eval.split, trial.eval.index, retention_dir),
+            request=trial_id, max_length=trial.eval.max_length,
+            report=lambda line: tune.report({EVAL_PROGRESS: line}))
+
+    scored = score_trial(evaluate, arm_eval_tasks(trial.eval, context["prepared"][arm]), trial.eval.split,
+                         str(prepared.directory / "retention"))
+    train = result.metrics
+    intended = prepared.record["mixture"]["shares"] if trial.phase == 1 else dict(trial.contrastive.pairs)
+    row = {
+        **identity,
+        **{k: train[k] for k in train if k.startswith(("budget/", "compute/"))},
+        **{k: train[k] for k in train if k.startswith("data/observed")},
+        **{f"data/intended_share/{k}": v for k, v in intended.items()},
+        **{k: train[k] for k in train if k.startswith("train/loss")},
+        **{k: train[k] for k in ("train/mlm_loss", "train/contrastive_loss") if k in train},
+        "train/steps": train["train/step"],
+        "train/skipped_steps": train["train/skipped_steps"],
+        **scored.columns,
+        "checkpoint": checkpoint_dir,
+        "checkpoint_hash": scored.main["checkpoint_hash"],
+        "data_revision": prepared.data_revision,
+        "status": "finished",
+    }
+    if stage == "final" and any(r.get("status") == "finished" and r.get("stage", "final") == "final"
+                                and (r["arm"], r["seed"]) == (arm, seed) and r["trial_id"] != trial_id
+                                for r in finished_rows(run_dir)):
+        # A trial of an interrupted pass finished after its driver died: one row per (arm, seed).
+        row["status"] = "duplicate"
+        row["trial_id"] = f"{trial_id}-duplicate"
+    # The per-query file first: a row on disk means its trial's per-query values are there too.
+    write_per_query(run_dir, row, scored, trial.eval.split)
+    write_row(run_dir, row)
+    return {k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}

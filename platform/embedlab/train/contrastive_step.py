@@ -1,0 +1,142 @@
+"""One microbatch's contrastive term and its backward, on one worker of phase 2 or 3.
+
+The term: this worker's queries scored against the candidates of every worker (their
+positives and, in phase 3, hard negatives; `gather_with_grad`), and with
+`contrastive.symmetric` the reverse direction too (this worker's positives against every
+worker's queries), pooled as sums and counts (`embedlab.objectives.contrastive.pooled`).
+
+The backward differentiates `ContrastiveLoss.objective(valid, weight)`, i.e.
+weight * loss_sum / valid, with `valid` the step's global count of valid anchors and
+`weight` = `contrastive_weight` (1 - `contrastive.mlm_weight`: the joint arm's
+w * L_MLM + (1 - w) * L_contrastive). One rule on both paths: the plain one encodes the
+microbatch with gradients and backpropagates that objective; GradCache
+(`contrastive.gradcache_chunk`, `embedlab.objectives.gradcache`) is given the same count
+and weight, so it accumulates the plain path's gradient with one chunk's activations,
+with or without a joint MLM term.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from embedlab.config import ContrastiveConfig, ModelConfig
+from embedlab.model.encoder import Encoder
+from embedlab.model.pooling import l2_normalise, mean_pool
+from embedlab.objectives.contrastive import ContrastiveLoss, LearnableTemperature, multi_positive_infonce, \
+    pair_masks, pooled
+from embedlab.objectives.gradcache import gradcache_step
+from embedlab.train.flops import GRADCACHE, TRAINED, FlopTally
+from embedlab.train.precision import forward_precision
+
+
+def embed(encoder: Encoder, ids: torch.Tensor, pad_id: int, pooling: str) -> torch.Tensor:
+    """(B, L) `[CLS] text [SEP]` rows -> (B, d) unit embeddings (zero rows stay zero).
+
+    Mean pooling averages content tokens (CLS and SEP excluded); CLS pooling takes the
+    first position's final state.
+    """
+    segments = (ids != pad_id).long()
+    hidden = encoder(ids, segments)
+    if pooling == "cls":
+        return l2_normalise(hidden[:, 0])
+    lengths = segments.sum(dim=1, keepdim=True)
+    positions = torch.arange(ids.shape[1], device=ids.device)[None, :]
+    content = (positions >= 1) & (positions < lengths - 1)
+    return l2_normalise(mean_pool(hidden, content))
+
+
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    """The one-worker gather: this worker's rows are all the candidates."""
+    return tensor
+
+
+def contrastive_weight(settings: ContrastiveConfig) -> float:
+    """The contrastive term's weight in a step's objective: 1 - `mlm_weight` (1.0 without a
+    joint MLM term)."""
+    return 1.0 - settings.mlm_weight
+
+
+@dataclass(frozen=True)
+class ContrastiveStep:
+    """How one worker computes a microbatch's contrastive term and accumulates its gradient
+    (module docstring)."""
+
+    settings: ContrastiveConfig
+    encoder: Encoder
+    temperature: LearnableTemperature | None  # None: the fixed `settings.temperature`
+    gather: Callable[[torch.Tensor], torch.Tensor]  # every worker's rows, with gradients (or `local`)
+    gather_ids: Callable[[torch.Tensor], torch.Tensor]  # every worker's rows, without (or `local`)
+    model: ModelConfig  # for the FLOPs of the encoding passes
+    pad_id: int
+    precision: str
+    device: torch.device
+    half: bool  # half-precision attention inputs (`embedlab.train.precision.half_activations`)
+
+    def encode(self, ids: torch.Tensor) -> torch.Tensor:
+        with forward_precision(self.precision, self.device):
+            return embed(self.encoder, ids, self.pad_id, self.settings.pooling)
+
+    def backward(self, batch: dict[str, torch.Tensor], valid: int):
+        """Backward of one microbatch's objective (its loss sum weighted and divided by the
+        step's global valid count `valid`); returns the term, the FLOPs this worker's passes
+        ran and the temperature used."""
+        settings, device = self.settings, self.device
+        host_sides = [batch["positive_ids"]]  # the stream's CPU tensors, read for FLOPs
+        groups = [batch["group"].to(device)]
+        exclude = [torch.zeros(len(batch["group"]), dtype=torch.bool, device=device)]
+        if "negative_ids" in batch:
+            rows, k, length = batch["negative_ids"].shape
+            host_sides.append(batch["negative_ids"].reshape(rows * k, length))
+            groups.append(batch["negative_group"].reshape(-1).to(device))
+            exclude.append((batch["negative_len"].reshape(-1) == 0).to(device))
+        query_groups = batch["group"].to(device)
+        candidate_groups = self.gather_ids(torch.cat(groups))
+        ineligible = self.gather_ids(torch.cat(exclude).long()).bool()
+        tau = self.temperature() if self.temperature is not None else settings.temperature
+
+        scores = FlopTally()  # the score matrices, counted at the shapes they are computed at
+
+        def contrastive_term(queries: torch.Tensor, local_candidates: torch.Tensor) -> ContrastiveLoss:
+            """This worker's queries against every worker's candidates (+ the reverse direction)."""
+            masks = pair_masks(query_groups, candidate_groups,
+                               exclude=ineligible[None, :].expand(len(queries), -1).contiguous())
+            candidates = self.gather(local_candidates)
+            scores.similarity(len(queries), len(candidates), queries.shape[1])
+            term = multi_positive_infonce(queries, candidates, masks.positive, masks.eligible, temperature=tau)
+            if settings.symmetric:
+                # Reverse direction: this worker's positives against every worker's queries,
+                # pooled with the forward term so sums and counts stay exact across workers.
+                reverse = pair_masks(query_groups, self.gather_ids(query_groups))
+                all_queries = self.gather(queries)
+                scores.similarity(len(queries), len(all_queries), queries.shape[1])
+                term = pooled([term, multi_positive_infonce(
+                    local_candidates[: len(queries)], all_queries, reverse.positive, reverse.eligible,
+                    temperature=tau,
+                )])
+            return term
+
+        sides = [side.to(device) for side in host_sides]
+        flops = self.encode_flops((batch["query_ids"], torch.cat(host_sides)))
+        weight, chunk = contrastive_weight(settings), settings.gradcache_chunk
+        if chunk:
+            term = gradcache_step(
+                self.encode, batch["query_ids"].to(device).split(chunk), torch.cat(sides).split(chunk),
+                contrastive_term, global_valid=valid, scale=weight,
+            )
+        else:
+            term = contrastive_term(self.encode(batch["query_ids"].to(device)), self.encode(torch.cat(sides)))
+            term.objective(valid, weight).backward()
+        return term, flops + scores.flops, tau
+
+    def encode_flops(self, texts: tuple[torch.Tensor, ...]) -> float:
+        """FLOPs of encoding each (B, L) id tensor with gradients: one trained pass, or with
+        GradCache a no-grad pass and a trained one per chunk (the kernel's work is per chunk)."""
+        tally, chunk = FlopTally(), self.settings.gradcache_chunk
+        for ids in texts:
+            for part in (ids.split(chunk) if chunk else (ids,)):
+                tally.encode(self.model, (part != self.pad_id).long(), mode=GRADCACHE if chunk else TRAINED,
+                             device=self.device, half=self.half, training=True)
+        return tally.flops
