@@ -90,7 +90,7 @@ def mine_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, schedule, of
     A user's own pairs (their builder no built-in one) have no corpus documents: they are
     mined with `outside_corpus` (`embedlab.data.mining.mine_hard_negatives`).
     The encoder runs on CUDA when this process sees a GPU (on a GPU cluster the sweep gives a
-    mining trial's driver a GPU share: `embedlab.sweep.run.trial_driver_resources`).
+    mining trial's driver a GPU share: `embedlab.sweep.cluster.trial_driver_resources`).
     """
     table = _scheduled_rows(pairs_path, schedule, offsets, PAIR_SCHEMA.names)
     pairs = [Pair(**{**row, "doc_ids": tuple(row["doc_ids"])}) for row in table]
