@@ -16,6 +16,10 @@ SCANNED = ("platform", "tests", "ablations", "workers", "dashboards", "docs")
 # Markdown files embedlab writes at run time, named in the code that writes or reads them.
 RUNTIME_DOCUMENTS = frozenset({"data_card.md", "report.md"})
 REFERENCE = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)*[\w-]+\.md)\b")
+# A source file named by its path (`sweep/run.py`, `ablations/recipe.py`), from the repository
+# root or the package; a path under a placeholder such as RUN_DIR/ is a run's file, not ours.
+SOURCE_PATH = re.compile(r"(?<![\w/.$-])((?:[a-z_][\w.-]*/)+[\w-]+\.(?:py|sh))\b")
+PACKAGE_ROOTS = (REPO, REPO / "platform", REPO / "platform" / "embedlab", REPO / "tests")
 
 
 def _sources() -> list[Path]:
@@ -37,3 +41,15 @@ def test_every_markdown_file_a_source_names_exists_in_the_repository():
             if not found and reference not in RUNTIME_DOCUMENTS:
                 missing.append(f"{path.relative_to(REPO)}: {reference}")
     assert not missing, "documents named but not in the repository:\n" + "\n".join(sorted(set(missing)))
+
+
+def test_every_source_path_a_comment_names_exists():
+    """A path to a .py or .sh file named in the sources, docs or README exists, from the
+    repository root or the package (`sweep/run.py` is `platform/embedlab/sweep/run.py`)."""
+    missing = []
+    for path in _sources():
+        for match in SOURCE_PATH.finditer(path.read_text(errors="replace")):
+            reference = match.group(1)
+            if not any((root / reference).exists() for root in PACKAGE_ROOTS):
+                missing.append(f"{path.relative_to(REPO)}: {reference}")
+    assert not missing, "source paths named but not in the repository:\n" + "\n".join(sorted(set(missing)))
