@@ -312,7 +312,7 @@ def test_preflight_audit_finds_a_planted_query_of_the_second_task(tmp_path, pane
     of the second task quoted in a training document is found (and refused without a disclosed
     policy), though the main task is clean."""
     from embedlab.data.audit import ContaminationError
-    from embedlab.sweep.gate import check_contamination as _check_contamination
+    from embedlab.sweep.gate import check_contamination
 
     query_id = next(q for q in sorted(data_task.qrels["test"]) if len(data_task.queries[q].split()) >= 8)
     background = [(f"os:{name}", name, body) for name, _, body in docstring_records(__import__("os"))][:20]
@@ -321,12 +321,12 @@ def test_preflight_audit_finds_a_planted_query_of_the_second_task(tmp_path, pane
     leaky = prepared_by_hand(tmp_path / "leaky", [*background, planted])
     lines: list[str] = []
 
-    assert _check_contamination(panel_study("mean/dev/ndcg@10", panel_dirs), {"mask-15": clean, "mask-30": clean},
+    assert check_contamination(panel_study("mean/dev/ndcg@10", panel_dirs), {"mask-15": clean, "mask-30": clean},
                                 lines.append) == []
     with pytest.raises(ContaminationError, match=f"data-formats query {query_id} ~ pretraining leak:1"):
-        _check_contamination(panel_study("mean/dev/ndcg@10", panel_dirs), {"mask-15": leaky, "mask-30": leaky},
+        check_contamination(panel_study("mean/dev/ndcg@10", panel_dirs), {"mask-15": leaky, "mask-30": leaky},
                              lines.append)
-    findings = _check_contamination(panel_study("mean/dev/ndcg@10", panel_dirs, disclosed_overlap="quoted once"),
+    findings = check_contamination(panel_study("mean/dev/ndcg@10", panel_dirs, disclosed_overlap="quoted once"),
                                     {"mask-15": leaky, "mask-30": leaky}, lines.append)
     assert {(f["task"], f["item_id"], f["stage"], f["stage_item_id"], f["match"]) for f in findings} == {
         ("data-formats", query_id, "pretraining", "leak:1", "contained"),
@@ -335,7 +335,7 @@ def test_preflight_audit_finds_a_planted_query_of_the_second_task(tmp_path, pane
     alone = panel_study("dev/ndcg@10", panel_dirs)  # the main task alone: nothing of it leaked
     alone = dataclasses.replace(alone, arms={arm: dataclasses.replace(config, eval=EvalConfig(task=panel_dirs[0][1]))
                                              for arm, config in alone.arms.items()})
-    assert _check_contamination(alone, {"mask-15": leaky, "mask-30": leaky}, lines.append) == []
+    assert check_contamination(alone, {"mask-15": leaky, "mask-30": leaky}, lines.append) == []
 
 
 # ---------------------------------------------------------------------------------------------

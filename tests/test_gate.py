@@ -58,11 +58,11 @@ def test_sweep_gate_refuses_final_eval_items_planted_in_the_pairs(data):
     refuses the same frozen table once a test query and a quoted test document are planted in
     it, naming the pairs stage, and with a disclosed-overlap policy returns exactly those two."""
     from embedlab.data.pair_stream import pair_table_path
-    from embedlab.sweep.gate import check_contamination as _check_contamination
+    from embedlab.sweep.gate import check_contamination
 
     records = {arm: {**data.record, "directory": str(data.directory)} for arm in ("cold", "warm")}
     lines: list[str] = []
-    assert _check_contamination(phase2_study(), records, lines.append) == []
+    assert check_contamination(phase2_study(), records, lines.append) == []
     assert lines[-1] == "audit: no final-eval item found in the training data"
 
     query_id, query, doc_id, body = final_eval_items(data)
@@ -77,9 +77,9 @@ def test_sweep_gate_refuses_final_eval_items_planted_in_the_pairs(data):
     pq.write_table(planted, path)
 
     with pytest.raises(ContaminationError, match="stages contrastive-pairs") as refused:
-        _check_contamination(phase2_study(), records, lines.append)
+        check_contamination(phase2_study(), records, lines.append)
     assert "training refused" in str(refused.value)
-    findings = _check_contamination(phase2_study("disclosed: two planted pairs"), records, lines.append)
+    findings = check_contamination(phase2_study("disclosed: two planted pairs"), records, lines.append)
     assert {(f["item_id"], f["stage"], f["stage_item_id"], f["match"]) for f in findings} == {
         (query_id, "contrastive-pairs", f"{pair_ids[3]}:query", "exact"),
         (doc_id, "contrastive-pairs", f"{pair_ids[7]}:positive", "contained"),
@@ -176,11 +176,11 @@ def test_sweep_refuses_a_pair_budget_past_the_repetition_cap_before_any_trial(da
     and the builder; the same study within the cap passes."""
     from embedlab.data.pair_stream import pair_table_path
     from embedlab.errors import UsageError
-    from embedlab.sweep.gate import check_pair_schedules as _check_pair_schedules
+    from embedlab.sweep.gate import check_pair_schedules
 
     records = {arm: {**data.record, "directory": str(data.directory)} for arm in ("cold", "warm")}
     held = pq.read_table(pair_table_path(data, list(BUILDERS), **QUIET), columns=["builder"]).num_rows
-    _check_pair_schedules(phase2_study(), records, "/checkpoints/parent")  # 64 pairs: within the cap
+    check_pair_schedules(phase2_study(), records, "/checkpoints/parent")  # 64 pairs: within the cap
     over = dataclasses.replace(phase2_study(), budget_pairs=held * 4 + 1)
     with pytest.raises(UsageError, match=r"study gate, arm cold: .*'title-body' holds .*repetition cap"):
-        _check_pair_schedules(over, records, "/checkpoints/parent")
+        check_pair_schedules(over, records, "/checkpoints/parent")

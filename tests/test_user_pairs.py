@@ -139,7 +139,7 @@ def test_a_mixture_naming_a_user_source_schedules_its_train_rows_by_share(prepar
     from embedlab.data.user_pairs import RECORD_FILE, user_pairs_dir
     from embedlab.errors import UsageError
     from embedlab.train.contrastive import trial_pair_schedule
-    from embedlab.sweep.gate import check_pair_schedules as _check_pair_schedules
+    from embedlab.sweep.gate import check_pair_schedules
     from embedlab import Study
 
     rows = user_rows()
@@ -174,10 +174,10 @@ def test_a_mixture_naming_a_user_source_schedules_its_train_rows_by_share(prepar
     study = Study(name="mine", factor="contrastive.temperature", seeds=(0,), budget_tokens=1, budget_pairs=40,
                   arms={"a": trial, "b": dataclasses.replace(trial, contrastive=dataclasses.replace(
                       trial.contrastive, temperature=0.1))})
-    _check_pair_schedules(study, records, str(tmp_path / "parent"))
+    check_pair_schedules(study, records, str(tmp_path / "parent"))
     over = dataclasses.replace(study, budget_pairs=12 * len(train_ids))  # 0.75 of it is past 8 epochs of mine
     with pytest.raises(UsageError, match=r"study mine, arm a: .*'mine'"):
-        _check_pair_schedules(over, records, str(tmp_path / "parent"))
+        check_pair_schedules(over, records, str(tmp_path / "parent"))
 
 
 def test_the_audit_finds_a_user_pair_holding_an_eval_query_and_the_preflight_refuses(prepared, task_dir, tmp_path):
@@ -187,7 +187,7 @@ def test_the_audit_finds_a_user_pair_holding_an_eval_query_and_the_preflight_ref
     from embedlab import Study
     from embedlab.data.audit import ContaminationError
     from embedlab.evaluate.beir import load_task
-    from embedlab.sweep.gate import check_contamination as _check_contamination
+    from embedlab.sweep.gate import check_contamination
 
     task = load_task(task_dir)
     rows = user_rows()
@@ -203,12 +203,12 @@ def test_the_audit_finds_a_user_pair_holding_an_eval_query_and_the_preflight_ref
     records = {arm: {**prepared.record, "directory": str(prepared.directory)} for arm in study.arms}
     clean = dataclasses.replace(study, arms={arm: dataclasses.replace(c, contrastive=dataclasses.replace(
         c.contrastive, pairs=(("title-body", 1.0),))) for arm, c in study.arms.items()})
-    assert _check_contamination(clean, records, QUIET["progress"]) == []
+    assert check_contamination(clean, records, QUIET["progress"]) == []
 
     with pytest.raises(ContaminationError, match="stages contrastive-pairs") as refused:
-        _check_contamination(study, records, QUIET["progress"])
+        check_contamination(study, records, QUIET["progress"])
     assert "3 final-eval finding(s)" in str(refused.value) and "training refused" in str(refused.value)
-    findings = _check_contamination(dataclasses.replace(study, disclosed_overlap="disclosed: three planted"),
+    findings = check_contamination(dataclasses.replace(study, disclosed_overlap="disclosed: three planted"),
                                     records, QUIET["progress"])
     assert sorted((f["item_kind"], f["item_id"], f["stage_item_id"], f["match"]) for f in findings) == [
         ("document", "d1", "mine:u2:positive", "contained"),
