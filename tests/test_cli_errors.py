@@ -3,13 +3,15 @@ ConnectionError) is one `error:` line and exit code 2; anything else keeps its t
 The demo finds its study files from the installed package, wherever it runs from."""
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from embedlab.cli import main
-from embedlab.cli.sweep import find_demo_tour
 from embedlab.errors import UserError
+from embedlab.sweep.tour import find_demo_tour
 
 REPOSITORY = Path(__file__).parent.parent
 
@@ -77,3 +79,25 @@ def test_promote_run_takes_the_sweeps_fleet_options_and_checks_them_before_promo
     assert "--wait-for-resources -1: give seconds to wait" in capsys.readouterr().err
     assert main(["promote", str(run_dir), "--run", "--max-concurrent", "2"]) == 2  # checked, then promotion runs
     assert "not an embedlab run directory" in capsys.readouterr().err
+
+
+# What `embedlab --help` and argument parsing must not load: each costs seconds, or most of a
+# second, and none is needed before a command runs.
+HEAVY_LIBRARIES = ("torch", "ray", "pandas", "scipy", "faiss", "datasets", "matplotlib", "transformers")
+
+
+def test_parsing_the_command_line_loads_no_heavy_library():
+    """Building the parser and parsing every group's command, in a fresh interpreter, imports
+    none of HEAVY_LIBRARIES: the subcommand modules import the library inside their commands."""
+    argvs = [["sweep", "s.py"], ["table", "r"], ["tour", "t.py"], ["promote", "r"], ["heldout", "score"],
+             ["evaluate", "--encoder", "c", "--task", "t"], ["data", "build"], ["bench", "train"],
+             ["model", "params", "tiny"], ["export", "c", "o"], ["evaluator", "status"]]
+    script = (
+        "import sys\n"
+        "from embedlab.cli import build_parser\n"
+        f"for argv in {argvs!r}:\n"
+        "    build_parser().parse_args(argv)\n"
+        f"print([m for m in {HEAVY_LIBRARIES!r} if m in sys.modules])\n"
+    )
+    loaded = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]"

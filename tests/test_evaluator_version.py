@@ -3,6 +3,7 @@ one naming the command that stops it, and the code hash follows the source bytes
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import time
@@ -102,3 +103,59 @@ def test_the_code_hash_follows_the_source_bytes(tmp_path):
     assert code_hash(copy) == original
     module.rename(copy / "evaluate" / "actor_renamed.py")
     assert code_hash(copy) != original
+
+
+def test_a_cached_handle_to_an_evaluator_killed_elsewhere_is_looked_up_again(no_evaluator):
+    """An evaluator killed behind this process's back (another process's `evaluator stop`, here
+    `ray.kill` on the handle, which leaves the cache alone) is not served from the cache: the
+    next `get_evaluator` starts a new one that answers."""
+    import ray
+
+    from embedlab.evaluate.actor import find_evaluator, get_evaluator
+
+    first = get_evaluator()
+    assert ray.get(first.identity.remote(), timeout=120)["code_hash"] == current().code_hash
+    ray.kill(first)
+    deadline = time.monotonic() + 60
+    while find_evaluator() is not None:
+        assert time.monotonic() < deadline, "the killed evaluator's name was never freed"
+        time.sleep(0.1)
+    second = get_evaluator()
+    assert second != first
+    assert ray.get(second.identity.remote(), timeout=120) == {**current().to_dict(), "in_flight": False}
+
+
+def test_a_process_of_other_code_than_its_sweep_refuses(tmp_path):
+    """`check_same_code` passes this process's own identity and refuses another, naming both; a
+    trial checks it before any work (its context holds nothing else here, so any other step
+    would fail differently)."""
+    from embedlab.code_identity import CodeChangedError, check_same_code
+    from embedlab.sweep.driver import run_trial
+
+    check_same_code(current().to_dict())
+    with pytest.raises(CodeChangedError) as refused:
+        check_same_code(STALE)
+    assert str(current()) in str(refused.value) and "embedlab 0.0.0-stale (code 000000000000)" in str(refused.value)
+    identity = {"arm": "a", "seed": 0, "stage": "final", "trial_id": "t"}
+    with pytest.raises(CodeChangedError):
+        run_trial(None, identity, {}, {"code": STALE})
+
+
+def test_resuming_a_run_of_other_code_is_refused_before_any_work(tmp_path):
+    """A run directory whose study record names other code than this process's is not resumed:
+    its finished trials and the new ones would share one table."""
+    from conftest import tiny_trial, write_study
+
+    from embedlab.sweep.run import run_sweep
+    from embedlab.sweep.study import load_study
+    from embedlab.sweep.table import STUDY_FILE
+
+    study_file = write_study(tmp_path / "study.py", tiny_trial(num_workers=1))
+    study = load_study(study_file)
+    run_dir = tmp_path / "runs" / "tiny-old"
+    run_dir.mkdir(parents=True)
+    (run_dir / STUDY_FILE).write_text(json.dumps(
+        {"study": study.to_dict(), "study_hash": study.hash, "parent": None, "code": STALE}))
+    with pytest.raises(UsageError, match="one table never mixes trials of two codes") as refused:
+        run_sweep(study_file, resume=run_dir, progress=lambda line: None)
+    assert "embedlab 0.0.0-stale (code 000000000000)" in str(refused.value) and str(current()) in str(refused.value)

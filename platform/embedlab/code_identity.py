@@ -41,7 +41,25 @@ def code_hash(package_dir: Path) -> str:
     return digest.hexdigest()
 
 
+class CodeChangedError(RuntimeError):
+    """This process imported other embedlab code than the sweep it serves was started with."""
+
+
 @functools.cache
 def current() -> CodeIdentity:
     """The identity of the embedlab this process imported (computed once)."""
     return CodeIdentity(version=VERSION, code_hash=code_hash(PACKAGE_DIR))
+
+
+def check_same_code(expected: dict[str, str]) -> None:
+    """Refuse to go on when this process's code is not `expected` (`CodeIdentity.to_dict()` of
+    the process that started the work). Ray starts each trial's process afresh, and it imports
+    the source on disk at that moment: an edit to the checkout during a sweep would otherwise
+    train later trials on other code than earlier ones, in one table, with nothing recorded."""
+    running = current()
+    if (running.version, running.code_hash) != (expected["version"], expected["code_hash"]):
+        started = CodeIdentity(version=expected["version"], code_hash=expected["code_hash"])
+        raise CodeChangedError(
+            f"this trial imported {running}, but its sweep started with {started}: the embedlab source "
+            f"changed on disk during the sweep. Restore the source it started with, or start the sweep again: "
+            f"one table never mixes trials of two codes")

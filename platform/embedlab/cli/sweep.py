@@ -15,12 +15,10 @@ from embedlab import store
 from embedlab.cli.common import progress, stderr
 from embedlab.errors import UsageError
 from embedlab.sweep.capacity import check_options
-from embedlab.sweep.promote import DEFAULT_MAX_RETENTION_DROP, packaged_ablations, promote
-from embedlab.sweep.table import load_table, read_study_record, render
-from embedlab.sweep.tour import dry_run_tour, run_tour
-from embedlab.sweep.trial_rows import final_trials
 
-DEMO_TOUR = "recipe.py"  # in the repository's ablations/
+# The library is imported inside each command, not here: tables, promotion and tours load
+# pandas and scipy, sweeps torch and Ray, and `embedlab --help` or a mistyped argument needs
+# none of them (`tests/test_cli_errors.py` holds the parser to that).
 DEMO_PROFILE = "demo"
 
 
@@ -47,48 +45,32 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def _show_run(run_dir: Path) -> int:
     """Print a finished run's table; 1 when trials are missing."""
+    from embedlab.sweep.summary import summarize_run  # here: pandas and scipy
+
+    summary = summarize_run(run_dir)
     print()
-    print(render(run_dir, "text"))
-    parent = read_study_record(run_dir).get("parent_scores")
-    if parent:
-        keys = [k for k in parent if k.startswith(("dev/ndcg@10", "dev/recall@100", "retention/"))
-                and isinstance(parent[k], (int, float))]
-        print("parent (same evaluator): " + ", ".join(f"{k} {parent[k]:.4f}" for k in sorted(keys)))
+    print(summary.table)
+    if summary.parent_line:
+        print(summary.parent_line)
     print(f"\nrun directory: {run_dir}")
     print(f"trial table:   embedlab table {run_dir}   (or embedlab.load_table(...) in Python)")
-    finished = final_trials(load_table(run_dir))
-    expected = _expected_trials(run_dir)
-    if len(finished) < expected:
-        print(f"error: {expected - len(finished)} of {expected} trials did not finish; "
+    if summary.missing:
+        print(f"error: {summary.missing} of {summary.expected} trials did not finish; "
               f"continue with: embedlab sweep STUDY --resume {run_dir}", file=sys.stderr)
         return 1
     return 0
 
 
-def _expected_trials(run_dir: Path) -> int:
-    study = read_study_record(run_dir)["study"]
-    return len(study["arms"]) * len(study["seeds"])
-
-
-def find_demo_tour(ablations: str | Path | None = None) -> Path:
-    """The demo's tour file: `ablations/recipe.py` in the directory given (--ablations), else in
-    the installed checkout's `ablations/` (beside `platform/`, wherever the command runs from),
-    else in the working directory's. UsageError naming where it looked when none has it."""
-    places = [Path(ablations)] if ablations is not None else [packaged_ablations(), Path.cwd() / "ablations"]
-    found = next((place / DEMO_TOUR for place in places if (place / DEMO_TOUR).is_file()), None)
-    if found is None:
-        raise UsageError(f"the demo's study files ({DEMO_TOUR} and the studies it names) are not in "
-                         f"{' or '.join(str(p) for p in dict.fromkeys(places))}; point at the repository's "
-                         "ablations/ directory with `embedlab demo --ablations DIR`")
-    return found
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
+    from embedlab.sweep.tour import find_demo_tour  # here: pandas and scipy
+
     args.tour, args.profile = str(find_demo_tour(args.ablations)), DEMO_PROFILE
     return cmd_tour(args)
 
 
 def cmd_tour(args: argparse.Namespace) -> int:
+    from embedlab.sweep.tour import dry_run_tour, run_tour  # here: pandas and scipy
+
     if args.dry_run:
         print(dry_run_tour(args.tour, args.profile))
         return 0
@@ -103,6 +85,8 @@ def cmd_tour(args: argparse.Namespace) -> int:
 
 
 def cmd_table(args: argparse.Namespace) -> int:
+    from embedlab.sweep.table import load_table, render  # here: pandas and scipy
+
     if args.json:  # every column of every trial, as records
         print(load_table(args.run_dir).to_json(orient="records"))
     else:
@@ -111,6 +95,8 @@ def cmd_table(args: argparse.Namespace) -> int:
 
 
 def cmd_promote(args: argparse.Namespace) -> int:
+    from embedlab.sweep.promote import DEFAULT_MAX_RETENTION_DROP, promote  # here: pandas and scipy
+
     check_options(args.max_concurrent, args.wait_for_resources)  # before promoting, not after
     margin = DEFAULT_MAX_RETENTION_DROP if args.max_retention_drop is None else args.max_retention_drop
     promotion = promote(args.run_dir, metric=args.metric, max_retention_drop=margin,

@@ -169,9 +169,14 @@ def get_evaluator(num_cpus: float = 0, num_gpus: float | None = None) -> ray.act
     requests only count when this call creates the actor, not when it finds it.
 
     An evaluator found with another code identity is replaced when idle (one warning line);
-    when busy, `UsageError` names both versions and `embedlab evaluator stop`.
+    when busy, `UsageError` names both versions and `embedlab evaluator stop`. A cached handle
+    is used only while it is still the cluster's named evaluator.
     """
     key = ray.get_runtime_context().get_job_id()
+    if key in _handles and find_evaluator() != _handles[key]:
+        # Killed elsewhere (`embedlab evaluator stop`, another sweep replacing it) or replaced
+        # since: the cached handle would fail every call, so the evaluator is looked up again.
+        del _handles[key]
     if key not in _handles:
         gpus = evaluator_gpus(ray.cluster_resources()) if num_gpus is None else num_gpus
         handle = start_evaluator(num_cpus, gpus)

@@ -8,7 +8,7 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from embedlab import store
+from embedlab import code_identity, store
 from embedlab.config import TrialConfig
 from embedlab.data.prepared import PreparedData
 from embedlab.data.prepared_sync import local_directory
@@ -48,7 +48,7 @@ def trial_driver(config: dict[str, Any], *, context: dict[str, Any]) -> None:
     run_dir = context["run_dir"]
     identity = trial_identity(study, config, tune.get_context().get_trial_id())
     try:
-        final = _run_trial(study, identity, trial_params(config), context)
+        final = run_trial(study, identity, trial_params(config), context)
     except Exception as error:
         write_row(run_dir, {**identity, "status": "failed", "error": error_text(f"{type(error).__name__}: {error}")})
         raise
@@ -71,7 +71,7 @@ def trial_identity(study: Study, config: dict[str, Any], trial_id: str) -> dict[
     }
 
 
-def _run_trial(study: Study, identity: dict[str, Any], params: dict[str, Any], context: dict[str, Any]) -> dict:
+def run_trial(study: Study, identity: dict[str, Any], params: dict[str, Any], context: dict[str, Any]) -> dict:
     """Train and score one trial and write its row (and per-query file); returns the trial's
     final Tune result. `trial_driver` records whatever this raises."""
     # here: Ray (the actor's module imports it too), which a dry run does not need
@@ -80,6 +80,9 @@ def _run_trial(study: Study, identity: dict[str, Any], params: dict[str, Any], c
 
     from embedlab.evaluate.actor import get_evaluator
 
+    # Before any work: this process imported the source on disk when Ray started it, which
+    # may no longer be the code the sweep began with (an edit during the run).
+    code_identity.check_same_code(context["code"])
     arm, seed, stage, trial_id = identity["arm"], identity["seed"], identity["stage"], identity["trial_id"]
     run_dir = context["run_dir"]
     trial = set_path(study.trial_config(arm, seed, context.get("parent")), params)

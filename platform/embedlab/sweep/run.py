@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from embedlab import store
+from embedlab import code_identity, store
 from embedlab.config import TrialConfig
 from embedlab.data.prepared_sync import STORAGE_ENV
 from embedlab.errors import UsageError
@@ -115,6 +115,12 @@ def run_sweep(
                 f"{study_path} as loaded now (hash {study.hash[:12]}): the study file or --profile changed; "
                 "resume refused so the two are never mixed"
             )
+        started = record.get("code")  # absent in runs from before code identities were recorded
+        if started is not None and started != code_identity.current().to_dict():
+            raise UsageError(
+                f"{run_dir} was run by {code_identity.CodeIdentity(**started)}, this is {code_identity.current()}: "
+                "the embedlab source changed since; resume refused so one table never mixes trials of two codes "
+                "(start the study again, or resume with the code it started with)")
         parent = record["parent"] if parent is None else parent
     if parent is None and study.needs_parent:
         parent = study.parent  # a promoted study names its parent itself
@@ -169,6 +175,7 @@ def run_sweep(
             "study_source": store.read_text(study_path),
             "study_origin": str(study_origin(study_path)),
             "versions": versions(),
+            "code": code_identity.current().to_dict(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "final_eval_overlap": overlap,
             "parent": parent,
@@ -193,7 +200,9 @@ def run_sweep(
         record["parent_scores"] = {k: v for k, v in scored.columns.items() if not k.startswith("compute/")}
         write_json(store.join(run_dir, STUDY_FILE), record)
         progress(f"parent {store.name(parent)}: {study.metric} {record['parent_scores'][study.metric]:.4f}")
-    context = {"study": study.to_dict(), "prepared": prepared, "run_dir": run_dir, "parent": parent}
+    # "code": every trial checks that it imported the code this driver runs (`driver.run_trial`).
+    context = {"study": study.to_dict(), "prepared": prepared, "run_dir": run_dir, "parent": parent,
+               "code": code_identity.current().to_dict()}
     driver = tune.with_resources(tune.with_parameters(trial_driver, context=context), _driver_resources(study, shares))
     rows = finished_rows(run_dir)
     kept = [r for r in rows if _kept_on_resume(r)]

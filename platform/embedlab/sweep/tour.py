@@ -17,9 +17,12 @@ from pathlib import Path
 
 from embedlab import store
 from embedlab.config import ConfigError
-from embedlab.sweep.promote import DEFAULT_MAX_RETENTION_DROP, NEXT_STUDY_FILE, RetentionMarginError, promote
+from embedlab.errors import UsageError
+from embedlab.sweep.promote import (DEFAULT_MAX_RETENTION_DROP, NEXT_STUDY_FILE, RetentionMarginError,
+                                    packaged_ablations, promote)
 from embedlab.sweep.study import Study, load_study
 
+DEMO_TOUR = "recipe.py"  # `make demo`'s tour file, in the repository's ablations/
 
 
 @dataclass(frozen=True)
@@ -169,3 +172,16 @@ def promote_stage(run_dir: str | Path, rule: dict) -> dict:
         if refusal.within_margin is None:
             raise
         return promote(run_dir, **{**rule, "arm": refusal.within_margin})
+
+
+def find_demo_tour(ablations: str | Path | None = None) -> Path:
+    """The demo's tour file: `ablations/recipe.py` in the directory given (--ablations), else in
+    the installed checkout's `ablations/` (beside `platform/`, wherever the command runs from),
+    else in the working directory's. UsageError naming where it looked when none has it."""
+    places = [Path(ablations)] if ablations is not None else [packaged_ablations(), Path.cwd() / "ablations"]
+    found = next((place / DEMO_TOUR for place in places if (place / DEMO_TOUR).is_file()), None)
+    if found is None:
+        raise UsageError(f"the demo's study files ({DEMO_TOUR} and the studies it names) are not in "
+                         f"{' or '.join(str(p) for p in dict.fromkeys(places))}; point at the repository's "
+                         "ablations/ directory with `embedlab demo --ablations DIR`")
+    return found
