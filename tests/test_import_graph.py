@@ -332,3 +332,43 @@ def test_the_graph_sees_deferred_and_submodule_imports(tmp_path, monkeypatch):
 def test_every_module_imports(module):
     """Each module imports without error."""
     importlib.import_module(module)
+
+
+def _why_comment(lines: list[str], first: int, last: int) -> bool:
+    """Whether an import spanning source lines first..last (1-based) carries a comment: on its
+    own lines, or in the run of comments, blank lines and other imports right above it."""
+    if any("#" in line for line in lines[first - 1:last]):
+        return True
+    row = first - 2
+    while row >= 0:
+        text = lines[row].strip()
+        if text.startswith("#"):
+            return True
+        if text and not text.startswith(("import ", "from ")) and not text.endswith((",", ")")):
+            return False
+        row -= 1
+    return False
+
+
+def test_a_function_level_import_says_why_and_defers_something():
+    """A function-level import of an embedlab module hides a dependency, so it needs a reason:
+    a comment naming the heavy library it keeps off the import path (torch, Ray, pandas, ...).
+    And it must defer something: a module the file already imports at module level is loaded
+    by then, and importing it again inside a function only hides the edge."""
+    imports, _ = collect()
+    files = module_files()
+    at_module_level = {(i.importer, i.imported) for i in imports if not i.deferred and not i.type_checking}
+    silent, redundant = [], []
+    for edge in imports:
+        if not edge.deferred or edge.type_checking:
+            continue
+        path = files[edge.importer]
+        tree_lines = path.read_text().splitlines()
+        node = next(n for n in ast.walk(ast.parse(path.read_text()))
+                    if isinstance(n, (ast.Import, ast.ImportFrom)) and n.lineno == edge.line)
+        if not _why_comment(tree_lines, node.lineno, node.end_lineno):
+            silent.append(f"{edge.importer}:{edge.line} imports {edge.imported}")
+        if (edge.importer, edge.imported) in at_module_level:
+            redundant.append(f"{edge.importer}:{edge.line} imports {edge.imported} again")
+    assert not silent, "function-level imports without a comment saying why:\n" + "\n".join(silent)
+    assert not redundant, "function-level imports of modules already imported at module level:\n" + "\n".join(redundant)

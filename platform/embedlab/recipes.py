@@ -19,8 +19,9 @@ from dataclasses import dataclass
 
 from embedlab.config import (MODEL_PRESETS, ConfigError, ContrastiveConfig, DataConfig, MaskingConfig, MixtureConfig,
                              TrainConfig, TrialConfig)
+from embedlab.data.builtin import available_sources
 from embedlab.data.external import HFDataset
-from embedlab.data.mixture import PHASE1_FAMILIES, PHASE1_PILOT, MixtureError
+from embedlab.data.mixture import PHASE1_FAMILIES, PHASE1_PILOT, MixtureError, pilot_mixture
 from embedlab.data.pair_source_config import HFPairs
 
 # The recipe's pilot pair mixtures mapped onto the built-in pair builders.
@@ -175,11 +176,7 @@ def phase1_shares(p: Profile, families: dict[str, float] = PHASE1_PILOT) -> dict
     sources: the built-in ones available here (`data.mixture.pilot_mixture`), or the profile's
     own documents by `document_families`, by the same rule (a family's share split evenly over
     its sources; a family without sources redistributed over the rest by their shares)."""
-    from embedlab.data.mixture import pilot_mixture
-
     if not p.document_families:
-        from embedlab.data.builtin import available_sources
-
         return pilot_mixture(available_sources(), families).shares
     present = dict(p.document_families)
     if set(present) != set(PHASE1_FAMILIES) or set(families) != set(PHASE1_FAMILIES):
@@ -269,6 +266,7 @@ def budget_for(p: Profile, phase: int, control: TrialConfig | None = None) -> di
         data = {"budget_tokens": p.phase1_tokens, "budget_pairs": p.phase2_pairs if phase == 2 else p.phase3_pairs}
     if control is None:
         return data
+    # here: torch (both modules import it), which loading a study file does not need
     from embedlab.train.budget import step_units
     from embedlab.train.flops import expected_step_flops
 

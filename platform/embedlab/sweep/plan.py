@@ -56,14 +56,19 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from embedlab.errors import UsageError
 from embedlab.config import DataConfig, TrainConfig, TrialConfig, model_preset
 from embedlab.data.prepared import PreparedData
+from embedlab.errors import UsageError
+from embedlab.evaluate.checkpoint_eval import resolve_task
+from embedlab.recipes import PROFILES
 from embedlab.sweep.arm_data import prepare_arms
 from embedlab.sweep.cluster import connect, gpu_shares, study_concurrency, trial_driver_resources
 from embedlab.sweep.driver import train_trial
 from embedlab.sweep.study import Study, load_study
+from embedlab.sweep.tour import load_tour, stage_path
+from embedlab.train.budget import step_units
 from embedlab.train.flops import expected_step_flops
+from embedlab.train.launch import CHECKPOINTS_KEPT
 
 PILOT_REPORTS = 6  # report intervals a pilot trains: the first, 4 steady ones, one after a checkpoint
 
@@ -172,8 +177,8 @@ def run_pilot(study: Study, arm: str, prepared: PreparedData, *, parent: str | N
     import ray
     from ray import tune
 
+    # here: Ray (both modules import it), which a plan from a throughput file does not need
     from embedlab.evaluate.actor import get_evaluator
-    from embedlab.evaluate.checkpoint_eval import resolve_task
     from embedlab.train.metrics_log import log_location, read_metrics
 
     trial = pilot_config(study, arm, parent, reports)
@@ -317,8 +322,6 @@ class Measurement:
     @property
     def flops_per_s(self) -> float:
         """The GPU's rate in training FLOP/s: tokens/s x the FLOPs a token costs at the bench's setting."""
-        from embedlab.train.budget import step_units
-
         reference = self.reference()
         return self.tokens_per_s * expected_step_flops(reference) / step_units(reference)
 
@@ -326,8 +329,6 @@ class Measurement:
 def measured_arm(study: Study, arm: str, measurement: Measurement) -> dict[str, Any]:
     """One trial of the arm from the GPU measurement (module docstring: trial seconds = its
     training FLOPs / (rate x workers))."""
-    from embedlab.train.budget import step_units
-
     config = study.trial_config(arm, study.seeds[0], "PARENT" if study.needs_parent else None)
     step_flops, units = expected_step_flops(config), step_units(config)
     workers = config.train.num_workers
@@ -403,8 +404,6 @@ def plan_study(study_path: str | Path, *, profile: str | None = None, parent: st
     before anything starts."""
     import torch
 
-    from embedlab.sweep.tour import load_tour, stage_path
-
     if reports < 4:
         raise UsageError(f"--pilot-reports {reports}: at least 4 are needed to time steady intervals "
                          "around a checkpoint")
@@ -449,8 +448,6 @@ def plan_study(study_path: str | Path, *, profile: str | None = None, parent: st
 
 
 def _cpu_profiles() -> list[str]:
-    from embedlab.recipes import PROFILES
-
     return [name for name, p in PROFILES.items() if not p.use_gpu]
 
 
@@ -458,8 +455,6 @@ def _plan_one(study: Study, parent: str | None, address: str | None, reports: in
               progress: Callable[[str], None]) -> tuple[dict[str, Any], Path]:
     """One study's plan and its first arm's pilot checkpoint."""
     import ray
-
-    from embedlab.train.launch import CHECKPOINTS_KEPT
 
     started = time.perf_counter()
     connect(address, progress)
