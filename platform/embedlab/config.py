@@ -335,6 +335,71 @@ BUDGET_SCOPES = ("phase", "lineage")
 
 
 @dataclass(frozen=True, kw_only=True)
+class Budget:
+    """The compute a trial trains to; a study holds one and stamps it on every arm.
+
+    `tokens` counts consumed non-padding input tokens summed over all workers (phase 1);
+    `pairs` consumed positive pairs (phases 2 and 3). `flops` > 0 makes the budget measured
+    training FLOPs instead, `device_seconds` > 0 device time summed over the workers; a
+    trial trains to one of them, and stops at the first step that reaches it (`unit`).
+    The data figures stay with a FLOPs or device-time budget: they size the data schedule.
+
+    `scope` (BUDGET_SCOPES): "phase" counts this trial's own training FLOPs against `flops`;
+    "lineage" (phases 2-3, a FLOPs budget) makes `flops` the total over the lineage, so a
+    trial that starts from its parent's weights is charged the parent's measured training
+    FLOPs and trains the rest, and one that starts from a random initialisation trains all
+    of it (`embedlab.train.budget.split_lineage_budget`).
+    """
+
+    tokens: int
+    pairs: int
+    flops: float = 0.0
+    device_seconds: float = 0.0
+    scope: str = "phase"
+
+    def __post_init__(self) -> None:
+        _check_positive(self, "train.budget", "tokens", "pairs")
+        _check(self.flops >= 0, "train.budget.flops", "must be >= 0 (0: budget in tokens or pairs)")
+        _check(self.device_seconds >= 0, "train.budget.device_seconds",
+               "must be >= 0 (0: budget in tokens, pairs or FLOPs)")
+        _check(not (self.flops > 0 and self.device_seconds > 0), "train.budget.device_seconds",
+               "a trial trains to one budget: set flops or device_seconds, not both")
+        _check(self.scope in BUDGET_SCOPES, "train.budget.scope", f"{self.scope!r}; valid: {list(BUDGET_SCOPES)}")
+        _check(self.scope == "phase" or self.flops > 0, "train.budget.scope",
+               "'lineage' adds a parent's training FLOPs to a child's, so it needs a train.budget.flops budget")
+
+    def unit(self, phase: int) -> str:
+        """What a trial of `phase` trains to: measured FLOPs or device seconds when set, else
+        its phase's data (tokens in phase 1, pairs in phases 2-3)."""
+        _check(phase in (1, 2, 3), "phase", "must be 1, 2 or 3")
+        if self.flops > 0:
+            return "flops"
+        if self.device_seconds > 0:
+            return "device_seconds"
+        return "tokens" if phase == 1 else "pairs"
+
+    def amount(self, phase: int) -> float:
+        """The budget in its unit for a trial of `phase`."""
+        return getattr(self, self.unit(phase))
+
+    def data(self, phase: int) -> int:
+        """The phase's data figure: tokens in phase 1, pairs in phases 2-3."""
+        return self.tokens if phase == 1 else self.pairs
+
+    def declared(self, phase: int) -> dict[str, float]:
+        """The amount in each unit the budget declares for a trial of `phase`: tokens (phase
+        1's data, and the record's figure in phases 2-3), pairs in phases 2-3 only (a phase-1
+        trial reads none), FLOPs and device seconds when set."""
+        amounts = {"tokens": self.tokens, "pairs": self.pairs if phase > 1 else 0,
+                   "flops": self.flops, "device_seconds": self.device_seconds}
+        return {unit: amount for unit, amount in amounts.items() if amount > 0}
+
+
+# TrainConfig's budget when none is given: a demo-sized phase 1, 2,000 pairs in phases 2-3.
+DEFAULT_BUDGET = Budget(tokens=100_000, pairs=2_000)
+
+
+@dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """Phase-1 optimisation and the compute budget.
 
