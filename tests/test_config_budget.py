@@ -1,13 +1,43 @@
-"""The compute budget as one typed object, `config.Budget`: it validates its own values and
-derives its unit."""
+"""The compute budget is one typed object, `config.Budget`: it validates its own values, derives
+its unit, is stamped by a study on every arm, and run directories written with the older flat
+`budget_*` keys still load to the same configs and tables."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import pytest
 
-from embedlab.config import DEFAULT_BUDGET, Budget, ConfigError
+from embedlab import Budget, Study, recipes
+from embedlab.config import DEFAULT_BUDGET, ConfigError, TrainConfig, TrialConfig, nest_flat_budget
+from embedlab.sweep.study import load_study
+from embedlab.sweep.table import STUDY_BUDGETS, budget_scope, budget_unit, declared_budget
+
+ABLATIONS = Path(__file__).resolve().parent.parent / "ablations"
+
+
+def flat_train(train: dict) -> dict:
+    """A TrainConfig mapping as run directories held it before Budget: flat budget_* keys."""
+    budget = train.pop("budget")
+    return {**train, **{f"budget_{name}": value for name, value in budget.items()}}
+
+
+def flat_study(record: dict) -> dict:
+    """A study record as written before Budget: flat budget_* keys and the resolved unit, a
+    phase-1 study declaring no pairs (0), its arms' configs flat too."""
+    study = dict(record)
+    budget = study.pop("budget")
+    phase = next(iter(study["arms"].values()))["phase"]
+    unit = Budget(**budget).unit(phase)
+    study["arms"] = {arm: {**config, "train": flat_train(dict(config["train"]))} for arm, config in study["arms"].items()}
+    return {**study, **{f"budget_{name}": value for name, value in budget.items()}, "budget_unit": unit,
+            **({"budget_pairs": 0} if phase == 1 else {})}
+
+
+def two_arms(base: TrialConfig) -> dict[str, TrialConfig]:
+    return {"a": base, "b": dataclasses.replace(base, masking=dataclasses.replace(base.masking, ratio=0.3))}
 
 
 @pytest.mark.parametrize("fields, message", [
@@ -25,11 +55,14 @@ def test_a_budget_refuses_bad_values_naming_the_field(fields, message):
         dataclasses.replace(DEFAULT_BUDGET, **fields)
 
 
-def test_a_budget_needs_its_data_figures():
-    """Tokens and pairs have no default: whoever declares a budget states both."""
+def test_a_budget_needs_its_data_figures_and_train_needs_a_budget():
+    """Tokens and pairs have no default: a study states both; TrainConfig's default is
+    DEFAULT_BUDGET, and a TrainConfig given anything but a Budget is refused by name."""
     with pytest.raises(TypeError, match="pairs"):
         Budget(tokens=10_000)
-    assert DEFAULT_BUDGET == Budget(tokens=100_000, pairs=2_000)
+    assert TrainConfig().budget == DEFAULT_BUDGET == Budget(tokens=100_000, pairs=2_000)
+    with pytest.raises(ConfigError, match="train.budget: must be a Budget, got dict"):
+        TrainConfig(budget={"tokens": 1, "pairs": 1})
 
 
 @pytest.mark.parametrize("fields, phase, unit, amount", [
@@ -50,3 +83,77 @@ def test_the_unit_is_flops_then_device_seconds_then_the_phase_data(fields, phase
     assert set(declared) - {"tokens", "pairs"} == ({unit} if unit not in ("tokens", "pairs") else set())
     with pytest.raises(ConfigError, match="phase: must be 1, 2 or 3"):
         budget.unit(4)
+
+
+def test_a_study_stamps_its_one_budget_on_every_arm():
+    """Arms declared with budgets of their own all train to the study's: no arm can differ."""
+    base = recipes.phase1_baseline("demo")
+    arms = two_arms(base)
+    arms["b"] = dataclasses.replace(arms["b"], train=dataclasses.replace(
+        arms["b"].train, budget=Budget(tokens=7, pairs=3, device_seconds=5.0)))
+    budget = dataclasses.replace(DEFAULT_BUDGET, tokens=50_000, flops=1e13)
+    study = Study(name="x", factor="masking.ratio", arms=arms, seeds=(0, 1), budget=budget)
+    trials = [study.trial_config(arm, seed) for arm in study.arms for seed in study.seeds]
+    assert {trial.train.budget for trial in trials} == {budget}
+    assert study.unit == "flops" and study.budget_text == "1e+13 measured training FLOPs"
+    # The phase-2 study: pairs and a lineage scope reach every arm the same way.
+    phase2 = recipes.phase2_baseline("demo")
+    lineage = Budget(tokens=1, pairs=600, flops=1e14, scope="lineage")
+    study = Study(name="y", factor="masking.ratio", arms=two_arms(phase2), seeds=(0,), budget=lineage)
+    assert {study.trial_config(arm, 0, "/parent").train.budget for arm in study.arms} == {lineage}
+    with pytest.raises(ConfigError, match="study.budget.pairs: 1 is less than one step of arm 'a'"):
+        Study(name="y", factor="masking.ratio", arms=two_arms(phase2), seeds=(0,), budget=Budget(tokens=1, pairs=1))
+
+
+def test_an_old_flat_keyed_config_loads_to_the_same_config():
+    """A resolved config written with flat budget_* keys builds the same TrialConfig as the
+    nested one; both layouts at once are refused; other mappings pass through unchanged."""
+    budget = Budget(tokens=12_345, pairs=678, flops=2.5e12, scope="lineage")
+    trial = dataclasses.replace(recipes.phase2_baseline("demo"), parent="/parent")
+    trial = dataclasses.replace(trial, train=dataclasses.replace(trial.train, budget=budget))
+    nested = trial.to_dict()
+    assert nested["train"]["budget"] == dataclasses.asdict(budget)
+    old = json.loads(json.dumps(nested))
+    old["train"] = flat_train(old["train"])
+    assert "budget" not in old["train"] and old["train"]["budget_flops"] == 2.5e12
+    assert TrialConfig.from_dict(old) == TrialConfig.from_dict(nested) == trial
+    both = {**old["train"], "budget": nested["train"]["budget"]}
+    with pytest.raises(ConfigError, match="trial.train: has both a budget mapping and the older flat keys"):
+        TrialConfig.from_dict({**old, "train": both})
+    assert nest_flat_budget(nested["train"], "train") is nested["train"]
+
+
+@pytest.mark.parametrize("study_file, phase", [("masking_ratio.py", 1), ("length_extension.py", 1),
+                                               ("joint_vs_contrastive.py", 2), ("mlm_init.py", 2)])
+def test_an_old_flat_keyed_study_record_loads_and_tables_read_it_alike(study_file, phase):
+    """A study recorded with the flat keys (phase 1 declaring no pairs, its arms then training
+    to their own) is the same Study as its nested record, and tables read the same unit,
+    declared budgets and scope from either."""
+    study = load_study(ABLATIONS / study_file, "demo")
+    assert study.phase == phase
+    new = json.loads(json.dumps(study.to_dict()))
+    old = flat_study(new)
+    assert Study.from_dict(old) == Study.from_dict(new) == study
+    for record in ({"study": new}, {"study": old}):
+        assert budget_unit(record) == study.unit and budget_scope(record) == study.budget.scope
+    assert {u: declared_budget({"study": new}, u) for u in STUDY_BUDGETS} == \
+        {u: declared_budget({"study": old}, u) for u in STUDY_BUDGETS}
+    assert declared_budget({"study": new}, "pairs") == (None if phase == 1 else float(study.budget.pairs))
+    # A unit recorded apart from the amounts is no longer expressible: refused, not guessed.
+    wrong = {**old, "budget_unit": "device_seconds"}
+    with pytest.raises(ConfigError, match="study.budget_unit: recorded 'device_seconds'"):
+        Study.from_dict(wrong)
+
+
+def test_a_study_file_passing_the_old_flat_budget_keys_is_told_the_new_form(tmp_path):
+    """A study file written before Budget (`budget_tokens=...`) is refused with the form to use."""
+    path = tmp_path / "old_study.py"
+    path.write_text(
+        "from dataclasses import replace\n"
+        "from embedlab import Study, recipes\n\n"
+        "def study():\n"
+        "    base = recipes.phase1_baseline('demo')\n"
+        "    return Study(name='old', factor='masking.ratio', seeds=(0,), budget_tokens=10_000,\n"
+        "                 arms={'a': base, 'b': replace(base, masking=replace(base.masking, ratio=0.3))})\n")
+    with pytest.raises(ConfigError, match=r"budget_tokens.*the budget is one object: budget=Budget\(tokens="):
+        load_study(path)

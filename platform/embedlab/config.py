@@ -397,15 +397,32 @@ class Budget:
 
 # TrainConfig's budget when none is given: a demo-sized phase 1, 2,000 pairs in phases 2-3.
 DEFAULT_BUDGET = Budget(tokens=100_000, pairs=2_000)
+# The flat keys configs and study records held before the budget was one object, and the
+# Budget field each is now: run directories written then still load (`nest_flat_budget`).
+FLAT_BUDGET_KEYS = {"budget_tokens": "tokens", "budget_pairs": "pairs", "budget_flops": "flops",
+                    "budget_device_seconds": "device_seconds", "budget_scope": "scope"}
+
+
+def nest_flat_budget(raw: dict[str, Any], section: str) -> dict[str, Any]:
+    """`raw` (a TrainConfig's or a study's mapping) with the flat budget keys of older run
+    directories (`FLAT_BUDGET_KEYS`) moved into one `budget` mapping; `raw` itself when it
+    has none. Both layouts at once is a ConfigError: which one holds would be a guess."""
+    flat = [key for key in FLAT_BUDGET_KEYS if key in raw]
+    if not flat:
+        return raw
+    if "budget" in raw:
+        raise ConfigError(f"{section}: has both a budget mapping and the older flat keys {flat}; keep one")
+    rest = {key: value for key, value in raw.items() if key not in FLAT_BUDGET_KEYS}
+    return {**rest, "budget": {FLAT_BUDGET_KEYS[key]: raw[key] for key in flat}}
 
 
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """Phase-1 optimisation and the compute budget.
 
-    `budget_tokens` counts consumed non-padding input tokens summed over all workers;
-    training stops at the first step that reaches it. `batch_rows` is rows per worker per
-    microbatch; a step is `microbatches` of them on every worker.
+    `budget` (`Budget`) is what the trial trains to; training stops at the first step that
+    reaches it. `batch_rows` is rows per worker per microbatch; a step is `microbatches` of
+    them on every worker.
 
     Reliability (`embedlab.train.state`, `embedlab.train.nonfinite`): every
     `checkpoint_every_steps` steps (0: only the final checkpoint) a checkpoint holds the
@@ -428,19 +445,9 @@ class TrainConfig:
     cuts each packed row into `data.sequence_length / length` rows (the step's tokens stay the
     same), so a stage switch changes what a step attends over, not the data order or budget.
     Empty: the whole phase at `data.sequence_length`.
-
-    `budget_scope` (BUDGET_SCOPES): "phase" counts this trial's own training FLOPs against
-    `budget_flops`; "lineage" (phases 2-3, a FLOPs budget) makes `budget_flops` the total over
-    the lineage, so a trial that starts from its parent's weights is charged the parent's
-    measured training FLOPs and trains the rest, and one that starts from a random
-    initialisation trains all of it (`embedlab.train.budget.split_lineage_budget`).
     """
 
-    budget_tokens: int = 100_000
-    budget_pairs: int = 2_000  # phases 2 and 3 stop at this many consumed positive pairs
-    budget_flops: float = 0.0  # > 0: stop at this many measured training FLOPs instead
-    budget_device_seconds: float = 0.0  # > 0: stop at this much device time (all workers) instead
-    budget_scope: str = "phase"
+    budget: Budget = DEFAULT_BUDGET
     batch_rows: int = 16
     microbatches: int = 1
     learning_rate: float = 1e-3  # the peak; the schedule scales it
@@ -463,7 +470,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _check_positive(
-            self, "train", "budget_tokens", "budget_pairs", "batch_rows", "microbatches", "learning_rate",
+            self, "train", "batch_rows", "microbatches", "learning_rate",
             "max_grad_norm", "num_workers", "cpus_per_worker", "report_every_steps", "torch_threads",
         )
         _check(self.weight_decay >= 0, "train.weight_decay", "must be >= 0")
@@ -476,15 +483,7 @@ class TrainConfig:
             lengths = [length for _, length in self.length_schedule]
             _check(lengths == sorted(lengths) and all(length >= 8 for length in lengths), "train.length_schedule",
                    f"lengths must be >= 8 and non-decreasing, got {lengths}")
-        _check(self.budget_flops >= 0, "train.budget_flops", "must be >= 0 (0: budget in tokens or pairs)")
-        _check(self.budget_device_seconds >= 0, "train.budget_device_seconds",
-               "must be >= 0 (0: budget in tokens, pairs or FLOPs)")
-        _check(not (self.budget_flops > 0 and self.budget_device_seconds > 0), "train.budget_device_seconds",
-               "a trial trains to one budget: set budget_flops or budget_device_seconds, not both")
-        _check(self.budget_scope in BUDGET_SCOPES, "train.budget_scope",
-               f"{self.budget_scope!r}; valid: {list(BUDGET_SCOPES)}")
-        _check(self.budget_scope == "phase" or self.budget_flops > 0, "train.budget_scope",
-               "'lineage' adds a parent's training FLOPs to a child's, so it needs a train.budget_flops budget")
+        _check(isinstance(self.budget, Budget), "train.budget", f"must be a Budget, got {type(self.budget).__name__}")
         _check(self.checkpoint_every_steps >= 0, "train.checkpoint_every_steps",
                "must be >= 0 (0: only the final checkpoint)")
         _check(self.max_failures >= 0, "train.max_failures", "must be >= 0 (0: no restart)")
@@ -666,7 +665,7 @@ class TrialConfig:
                "start from a parent")
         _check(not (self.extension and self.masking.head_per_ratio), "extension",
                "continues the parent's single MLM head; one head per ratio is a phase-1 arm from scratch")
-        _check(self.phase > 1 or self.train.budget_scope == "phase", "train.budget_scope",
+        _check(self.phase > 1 or self.train.budget.scope == "phase", "train.budget.scope",
                "'lineage' charges a parent's training to a phase-2 or phase-3 child; phase 1 counts its own")
         _check(self.phase == 1 or not self.train.length_schedule, "train.length_schedule",
                "belongs to phase 1 (pair lengths are contrastive.pair_length)")
@@ -707,6 +706,8 @@ def build_config(kind: type, raw: dict[str, Any], section: str) -> Any:
     configs are built recursively, and unknown or missing keys are ConfigErrors that name them."""
     if not isinstance(raw, dict):
         raise ConfigError(f"{section}: expected a mapping, got {type(raw).__name__}")
+    if kind is TrainConfig:  # written before the budget was one object: flat budget_* keys
+        raw = nest_flat_budget(raw, section)
     hints = typing.get_type_hints(kind)
     names = {f.name for f in dataclasses.fields(kind)}
     unknown = set(raw) - names
