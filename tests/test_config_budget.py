@@ -157,3 +157,36 @@ def test_a_study_file_passing_the_old_flat_budget_keys_is_told_the_new_form(tmp_
         "                 arms={'a': base, 'b': replace(base, masking=replace(base.masking, ratio=0.3))})\n")
     with pytest.raises(ConfigError, match=r"budget_tokens.*the budget is one object: budget=Budget\(tokens="):
         load_study(path)
+
+
+# Study records as the code before Budget wrote them to a run directory's study.json: the length
+# extension (phase 1, 0 pairs declared, a token budget) and the MLM-initialisation study (phase 2,
+# a lineage-scoped FLOPs budget), both at the demo profile.
+FLAT_RECORDS = Path(__file__).resolve().parent / "fixtures" / "flat_budget_studies.json"
+
+
+def flat_figures(raw: dict) -> dict:
+    """The flat budget_* values of a mapping, by Budget field."""
+    return {name: raw[f"budget_{name}"] for name in ("tokens", "pairs", "flops", "device_seconds", "scope")}
+
+
+@pytest.mark.parametrize("name", ["phase1", "lineage"])
+def test_a_study_record_written_before_budget_loads_and_reads_as_it_did(name):
+    """The study's Budget holds the recorded figures (a phase-1 study's 0 pairs become its arms'
+    own, which its trials trained to), every arm keeps its own recorded figures, the unit is the
+    recorded one, and tables read the same unit, declared budgets and scope from the old record
+    as from the new one it loads to."""
+    old = json.loads(FLAT_RECORDS.read_text())[name]
+    study = Study.from_dict(old)
+    arm_pairs = {config["train"]["budget_pairs"] for config in old["arms"].values()}
+    figures = {**flat_figures(old), "pairs": old["budget_pairs"] or arm_pairs.pop()}
+    assert study.budget == Budget(**figures) and study.unit == old["budget_unit"]
+    for arm, config in old["arms"].items():
+        assert study.arms[arm].train.budget == Budget(**flat_figures(config["train"]))
+    new = json.loads(json.dumps(study.to_dict()))
+    assert "budget_tokens" not in new and Study.from_dict(new) == study
+    for record in ({"study": old}, {"study": new}):
+        assert budget_unit(record) == old["budget_unit"] and budget_scope(record) == old["budget_scope"]
+        # As tables read the flat keys: a figure > 0 is declared, 0 is not.
+        assert {unit: declared_budget(record, unit) for unit in STUDY_BUDGETS} == {
+            unit: float(old[f"budget_{unit}"]) if old[f"budget_{unit}"] > 0 else None for unit in STUDY_BUDGETS}
