@@ -27,7 +27,7 @@ def study(profile: str = recipes.DEFAULT_PROFILE) -> Study:
             "one-source": replace(base, contrastive=replace(base.contrastive, batch_composition="one-source")),
         },
         seeds=p.seeds,
-        **recipes.budget_for(p, phase=2, control=control),
+        budget=recipes.budget_for(p, phase=2, control=control),
         metric="dev/ndcg@10",
         profile=p.name,
         disclosed_overlap=p.disclosed_overlap,  # what the audit finds in this profile's pairs, if anything

@@ -30,7 +30,7 @@ def study(profile: str = recipes.DEFAULT_PROFILE) -> Study:
         factor="masking",
         arms={name: config for name, config in arms.items() if p.all_arms or name in TOUR},
         seeds=p.seeds,
-        **recipes.budget_for(p, phase=1, control=single),
+        budget=recipes.budget_for(p, phase=1, control=single),
         metric="dev/ndcg@10",
         profile=p.name,
         description="Do ratio-specific LM heads recover both regimes that a shared head mixes?",

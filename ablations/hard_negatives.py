@@ -28,7 +28,7 @@ def study(profile: str = recipes.DEFAULT_PROFILE) -> Study:
             "mined-2": replace(base, contrastive=replace(base.contrastive, hard_negatives=2)),
         },
         seeds=p.seeds,
-        **recipes.budget_for(p, phase=3, control=control),
+        budget=recipes.budget_for(p, phase=3, control=control),
         metric="dev/ndcg@10",
         profile=p.name,
         disclosed_overlap=p.disclosed_overlap,  # what the audit finds in this profile's pairs, if anything

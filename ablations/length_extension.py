@@ -33,6 +33,7 @@ def study(profile: str = recipes.DEFAULT_PROFILE) -> Study:
         # The same tokens per step as the parent's rows: a quarter of the rows, each 4x longer.
         train=replace(base.train, batch_rows=max(1, base.train.batch_rows * short // long)),
     )
+    phase1 = recipes.budget_for(p, phase=1)
     return Study(
         name="length-extension",
         factor="train.length_schedule",
@@ -42,7 +43,7 @@ def study(profile: str = recipes.DEFAULT_PROFILE) -> Study:
         },
         seeds=p.seeds,
         # An eighth of phase 1's budget, as the recipe's extension is a short final stage.
-        budget_tokens=recipes.budget_for(p, phase=1)["budget_tokens"] // 8,
+        budget=replace(phase1, tokens=phase1.tokens // 8),
         metric="dev/ndcg@10",
         profile=p.name,
         description="Does a short stage at 4x the length help retrieval over continuing at the parent's length?",

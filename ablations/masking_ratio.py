@@ -24,7 +24,7 @@ def study(profile: str = recipes.DEFAULT_PROFILE) -> Study:
         factor="masking.ratio",
         arms=arms,
         seeds=p.seeds,
-        **recipes.budget_for(p, phase=1, control=next(iter(arms.values()))),
+        budget=recipes.budget_for(p, phase=1, control=next(iter(arms.values()))),
         # A higher ratio changes the gradient's scale; each arm gets its own tuned rate.
         search=(Search("train.learning_rate", low=3e-4, high=3e-3, log=True),) if p.all_arms else (),
         search_trials=4 if p.all_arms else 0,

@@ -29,7 +29,7 @@ def study(profile: str = recipes.DEFAULT_PROFILE) -> Study:
         factor="data.mixture.shares",
         arms={"pilot": control, "more-technical": with_shares(changed)},
         seeds=p.seeds,
-        **recipes.budget_for(p, phase=1, control=control),
+        budget=recipes.budget_for(p, phase=1, control=control),
         metric="dev/ndcg@10",
         profile=p.name,
         description="Does extra technical text improve the target domain without damaging general probes?",

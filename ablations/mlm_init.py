@@ -25,7 +25,7 @@ def study(profile: str = recipes.DEFAULT_PROFILE) -> Study:
     p = recipes.profile(profile)
     base = recipes.phase2_baseline(profile)
     control = base  # contrastive.init = "parent"
-    phase1 = recipes.budget_for(p, phase=1, control=recipes.phase1_baseline(profile))["budget_flops"]
+    phase1 = recipes.budget_for(p, phase=1, control=recipes.phase1_baseline(profile)).flops
     phase2 = recipes.budget_for(p, phase=2, control=control)
     return Study(
         name="mlm-init",
@@ -35,9 +35,8 @@ def study(profile: str = recipes.DEFAULT_PROFILE) -> Study:
             "random-init": replace(base, contrastive=replace(base.contrastive, init="random")),
         },
         seeds=p.seeds,
-        **{**phase2, "budget_pairs": round(PHASE2_SHARE * phase2["budget_pairs"]),
-           "budget_flops": phase1 + PHASE2_SHARE * phase2["budget_flops"]},
-        budget_scope="lineage",
+        budget=replace(phase2, pairs=round(PHASE2_SHARE * phase2.pairs), flops=phase1 + PHASE2_SHARE * phase2.flops,
+                       scope="lineage"),
         metric="dev/ndcg@10",
         profile=p.name,
         disclosed_overlap=p.disclosed_overlap,  # what the audit finds in this profile's pairs, if anything

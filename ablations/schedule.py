@@ -25,7 +25,7 @@ def study(profile: str = recipes.DEFAULT_PROFILE) -> Study:
         factor="train.schedule.kind",
         arms=arms,
         seeds=p.seeds,
-        **recipes.budget_for(p, phase=1, control=next(iter(arms.values()))),
+        budget=recipes.budget_for(p, phase=1, control=next(iter(arms.values()))),
         # Each schedule has its own best peak and warmup; comparing them at one shared value
         # would measure the value, not the schedule.
         search=(

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from embedlab.config import DataConfig, MaskingConfig, MixtureConfig, TrainConfig, TrialConfig, model_preset
+from embedlab.config import (DEFAULT_BUDGET, Budget, DataConfig, MaskingConfig, MixtureConfig, TrainConfig, TrialConfig,
+                             model_preset)
 from embedlab.data.external import LocalFiles
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -24,6 +25,11 @@ TEST_DATA = DataConfig(
 )
 
 
+def tiny_budget(**fields) -> Budget:
+    """The tiny trial's budget, a few thousand tokens (and the default pairs), with `fields` replaced."""
+    return dataclasses.replace(DEFAULT_BUDGET, **{"tokens": 6_000, **fields})
+
+
 def tiny_trial(**train) -> TrialConfig:
     """A 2-layer width-64 model on the test data, trained for a few thousand tokens."""
     return TrialConfig(
@@ -31,15 +37,15 @@ def tiny_trial(**train) -> TrialConfig:
         masking=MaskingConfig(ratio=0.15),
         data=TEST_DATA,
         train=dataclasses.replace(
-            TrainConfig(budget_tokens=6_000, batch_rows=8, report_every_steps=5), **train
+            TrainConfig(budget=tiny_budget(), batch_rows=8, report_every_steps=5), **train
         ),
     )
 
 
 STUDY_TEMPLATE = """
 from dataclasses import replace
-from embedlab import Search, Study
-from embedlab.config import TrialConfig
+from embedlab import Budget, Search, Study
+from embedlab.config import DEFAULT_BUDGET, TrialConfig
 
 def study(profile=None):
     base = TrialConfig.from_dict({config!r})
@@ -50,7 +56,8 @@ def study(profile=None):
 
 
 def write_study(path: Path, config: TrialConfig, *, name: str = "tiny", arms: tuple[str, str] = ("mask-15", "mask-30"),
-                change: str = "masking.ratio=0.3", seeds: tuple[int, ...] = (0,), extra: str = "budget_tokens=4_000") -> str:
+                change: str = "masking.ratio=0.3", seeds: tuple[int, ...] = (0,),
+                extra: str = "budget=replace(DEFAULT_BUDGET, tokens=4_000)") -> str:
     """A two-arm study file over `config`: the second arm sets `change` ("section.field=value")."""
     section, assignment = change.split(".", 1)
     field, value = assignment.split("=", 1)

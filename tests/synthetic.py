@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from embedlab.config import (
-    ContrastiveConfig, DataConfig, MaskingConfig, ModelConfig, ScheduleConfig, TrainConfig, TrialConfig,
+    DEFAULT_BUDGET, ContrastiveConfig, DataConfig, MaskingConfig, ModelConfig, ScheduleConfig, TrainConfig, TrialConfig,
 )
 from embedlab.train.loop import RunOptions, TrainingLoop, run
 from embedlab.train.session import LocalSession
@@ -39,9 +39,10 @@ def phase1_trial(workers: int = 1, *, dual_heads: bool = False, **train: Any) ->
     microbatches = 1 if dual_heads else 2
     masking = MaskingConfig(strategy="whole-word", mixed_ratios=((0.15, 3), (0.5, 1)), head_per_ratio=True) \
         if dual_heads else MaskingConfig(ratio=0.15)
-    defaults = dict(budget_tokens=STEPS * workers * ROWS * microbatches * CONTENT, batch_rows=ROWS,
-                    microbatches=microbatches, report_every_steps=1, checkpoint_every_steps=3, num_workers=workers,
-                    learning_rate=3e-3, schedule=ScheduleConfig(warmup_fraction=0.25))
+    budget = dataclasses.replace(DEFAULT_BUDGET, tokens=STEPS * workers * ROWS * microbatches * CONTENT)
+    defaults = dict(budget=budget, batch_rows=ROWS, microbatches=microbatches, report_every_steps=1,
+                    checkpoint_every_steps=3, num_workers=workers, learning_rate=3e-3,
+                    schedule=ScheduleConfig(warmup_fraction=0.25))
     return TrialConfig(model=MODEL, masking=masking, data=DATA, train=TrainConfig(**{**defaults, **train}))
 
 
@@ -50,7 +51,8 @@ def contrastive_trial(parent: Path, workers: int = 1, *, gradcache: bool = False
     settings = ContrastiveConfig(pairs=(("a", 0.5), ("b", 0.5)), pair_length=16, symmetric=True)
     settings = dataclasses.replace(settings, gradcache_chunk=2) if gradcache else dataclasses.replace(
         settings, mlm_weight=0.3, learnable_temperature=True)
-    defaults = dict(budget_pairs=STEPS * workers * ROWS, batch_rows=ROWS, report_every_steps=1,
+    budget = dataclasses.replace(DEFAULT_BUDGET, pairs=STEPS * workers * ROWS)
+    defaults = dict(budget=budget, batch_rows=ROWS, report_every_steps=1,
                     checkpoint_every_steps=3, num_workers=workers, learning_rate=3e-3, schedule=ScheduleConfig(warmup_fraction=0.25))
     return TrialConfig(model=MODEL, data=DATA, phase=2, parent=str(parent), contrastive=settings,
                        train=TrainConfig(**{**defaults, **train}))

@@ -50,7 +50,8 @@ def _study(tmp_path: Path, budget: int = 10_000, extra: str = "", text: str | No
     if text is not None:
         path.write_text(text)
         return str(path)
-    return write_study(path, tiny_trial(num_workers=1), name="bad", extra=f"budget_tokens={budget}{extra}")
+    return write_study(path, tiny_trial(num_workers=1), name="bad",
+                       extra=f"budget=replace(DEFAULT_BUDGET, tokens={budget}){extra}")
 
 
 def _refused(capsys, argv: list[str], *fragments: str) -> str:
@@ -106,7 +107,7 @@ def test_missing_or_empty_source(tmp_path, storage, capsys, ray_session, kind):
 
 def test_budget_too_small_for_one_step(tmp_path, storage, capsys):
     path = _study(tmp_path, budget=100)
-    _refused(capsys, ["sweep", path, "--dry-run"], "study.budget_tokens", "less than one step", "512 tokens")
+    _refused(capsys, ["sweep", path, "--dry-run"], "study.budget.tokens", "less than one step", "512 tokens")
     assert storage.intact()
 
 

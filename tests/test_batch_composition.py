@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from embedlab import recipes
-from embedlab.config import ContrastiveConfig, TrainConfig, TrialConfig
+from embedlab.config import DEFAULT_BUDGET, ContrastiveConfig, TrainConfig, TrialConfig
 from embedlab.data.mixture import MixtureError, sample_schedule
 from embedlab.data.pair_stream import ONE_SOURCE_SCHEDULE, group_hash, pair_schedule, tokenize_pair_window
 from embedlab.data.stream import schedule_windows, worker_rows
@@ -134,8 +134,8 @@ def test_recorded_consumption_and_a_cut_last_step(frozen, parent, pairs_path, tm
     trial = TrialConfig(
         model=synthetic.MODEL, data=synthetic.DATA, phase=2, parent=str(parent),
         contrastive=ContrastiveConfig(pairs=tuple(SHARES.items()), pair_length=16, batch_composition="one-source"),
-        train=TrainConfig(budget_pairs=59, num_workers=1, batch_rows=4, microbatches=2, report_every_steps=1,
-                          learning_rate=1e-3),
+        train=TrainConfig(budget=dataclasses.replace(DEFAULT_BUDGET, pairs=59), num_workers=1, batch_rows=4,
+                          microbatches=2, report_every_steps=1, learning_rate=1e-3),
     )
     step_pairs = step_units(trial)
     schedule, _ = one_source(pairs_path, step_pairs, schedule_target(schedule_units(trial), step_pairs))
@@ -192,9 +192,9 @@ def test_the_study_validates_and_its_arms_differ_only_in_composition(profile):
     study = load_study(STUDY, profile)
     assert study.phase == 2 and study.needs_parent and study.metric == "dev/ndcg@10"
     assert study.factor == "contrastive.batch_composition" and list(study.arms) == ["mixed", "one-source"]
-    assert study.budget_unit == "flops" and study.budget_flops > 0 and study.seeds == recipes.profile(profile).seeds
+    assert study.unit == "flops" and study.budget.flops > 0 and study.seeds == recipes.profile(profile).seeds
     mixed, one = (_flat(study.trial_config(arm, study.seeds[0], "/checkpoints/parent").to_dict())
                   for arm in study.arms)
     assert {k for k in mixed if mixed[k] != one[k]} == {"contrastive.batch_composition"}
     assert (mixed["contrastive.batch_composition"], one["contrastive.batch_composition"]) == ("mixed", "one-source")
-    assert mixed["train.budget_flops"] == study.budget_flops
+    assert mixed["train.budget.flops"] == study.budget.flops

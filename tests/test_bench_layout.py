@@ -87,7 +87,7 @@ def test_layout_trial_changes_only_the_layout_and_the_budget():
     base = TrialConfig(phase=2, parent="/parent")
     trial = layout_trial(base, DEMO, 2048)
     train = trial.train
-    assert (train.num_workers, train.cpus_per_worker, train.torch_threads, train.batch_rows, train.budget_pairs,
+    assert (train.num_workers, train.cpus_per_worker, train.torch_threads, train.batch_rows, train.budget.pairs,
             train.report_every_steps) == (2, 0.5, 1, 16, 2048, 10)
     assert step_units(trial) == 32 and step_units(layout_trial(base, CPU, 2048)) == 64
     assert dataclasses.replace(trial, train=base.train) == base

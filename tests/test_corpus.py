@@ -87,9 +87,9 @@ def test_stream_is_deterministic_and_honours_shares(prepared, ray_session):
     from embedlab.train.phase1 import trial_schedule
     from embedlab.data.stream import packed_dataset
 
-    from conftest import tiny_trial
+    from conftest import tiny_budget, tiny_trial
 
-    trial = tiny_trial(budget_tokens=200_000)
+    trial = tiny_trial(budget=tiny_budget(tokens=200_000))
 
     def rows():
         schedule, offsets = trial_schedule(trial, prepared)

@@ -202,10 +202,11 @@ def test_training_refuses_final_eval_items_unless_disclosed(tmp_path, ray_sessio
     study = tmp_path / "leaky_study.py"
     study.write_text(
         "from dataclasses import replace\n"
-        "from embedlab import Study\nfrom embedlab.config import TrialConfig\n"
+        "from embedlab import Study\nfrom embedlab.config import DEFAULT_BUDGET, TrialConfig\n"
         f"base = TrialConfig.from_dict({base.to_dict()!r})\n"
         "def study():\n"
-        "    return Study(name='leaky', factor='masking.ratio', seeds=(0,), budget_tokens=10_000,\n"
+        "    return Study(name='leaky', factor='masking.ratio', seeds=(0,),\n"
+        "                 budget=replace(DEFAULT_BUDGET, tokens=10_000),\n"
         "                 arms={'a': base, 'b': replace(base, masking=replace(base.masking, ratio=0.3))})\n"
     )
     assert main(["sweep", str(study), "--storage", str(tmp_path / "runs")]) == 2

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from embedlab.config import ConfigError, EvalConfig, TrialConfig, build_config
+from embedlab.config import DEFAULT_BUDGET, ConfigError, EvalConfig, TrialConfig, build_config
 from embedlab.evaluate.beir import Task, write_task
 from embedlab.evaluate.hub_tasks import HubTask, derive_dev_split, local_dataset_revision
 
@@ -163,7 +163,7 @@ def panel_study(metric: str, panel_dirs, **fields):
     base = dataclasses.replace(tiny_trial(), eval=EvalConfig(task=panel_dirs[0][1], tasks=(panel_dirs[1][1],)))
     wide = dataclasses.replace(base, masking=dataclasses.replace(base.masking, ratio=0.3))
     return Study(name="panel", factor="masking.ratio", arms={"mask-15": base, "mask-30": wide}, seeds=(0, 1),
-                 budget_tokens=6_000, metric=metric, **fields)
+                 budget=dataclasses.replace(DEFAULT_BUDGET, tokens=6_000), metric=metric, **fields)
 
 
 def test_study_metric_names_a_task_of_the_panel_or_the_mean(panel_dirs):

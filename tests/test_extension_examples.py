@@ -46,7 +46,7 @@ def study(profile: str = recipes.DEFAULT_PROFILE) -> Study:
         factor="train.schedule.warmup_fraction",
         arms=arms,
         seeds=p.seeds,
-        **recipes.budget_for(p, phase=1, control=arms["warmup-2"]),
+        budget=recipes.budget_for(p, phase=1, control=arms["warmup-2"]),
         metric="dev/ndcg@10",
         profile=p.name,
         description="Does a long warmup pay for itself at equal compute?",
@@ -65,7 +65,7 @@ def test_a_new_ablation_is_a_study_file_derived_from_a_base_recipe(tmp_path):
     assert study.factor_value("warmup-2") == 0.02 and study.factor_value("warmup-20") == 0.2
     trials = {arm: study.trial_config(arm, study.seeds[0]) for arm in study.arms}
     for trial in trials.values():
-        assert trial.train.budget_flops == study.budget_flops > 0 and trial.train.seed == study.seeds[0]
+        assert trial.train.budget == study.budget and study.budget.flops > 0 and trial.train.seed == study.seeds[0]
     # Apart from the factor, the two trials are the same experiment.
     schedule = trials["warmup-20"].train.schedule
     assert replace(trials["warmup-20"], train=replace(

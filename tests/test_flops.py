@@ -166,7 +166,8 @@ def test_flops_budget_lands_within_one_percent(frozen, tmp_path):
     rows = synthetic.mlm_rows(frozen, 160)
     step = reference_step_flops(base, frozen, rows, tmp_path / "step")[0]
     budget = 29.6 * step
-    trial = dataclasses.replace(base, train=dataclasses.replace(base.train, budget_flops=budget))
+    trial = dataclasses.replace(base, train=dataclasses.replace(
+        base.train, budget=dataclasses.replace(base.train.budget, flops=budget)))
     last = run_to_budget(trial, frozen, rows, tmp_path / "run")
     assert abs(last["budget/flops"] / budget - 1) <= TOLERANCE
     assert last["train/step"] == 30  # 29 whole steps and a cut one
@@ -181,7 +182,8 @@ def test_joint_arm_at_equal_flops_consumes_fewer_pairs(frozen, parent, tmp_path)
     budget = 24.3 * reference_step_flops(plain, frozen, rows, tmp_path / "step")[0]
     spent = {}
     for name, trial in (("plain", plain), ("joint", joint)):
-        trial = dataclasses.replace(trial, train=dataclasses.replace(trial.train, budget_flops=budget))
+        trial = dataclasses.replace(trial, train=dataclasses.replace(
+            trial.train, budget=dataclasses.replace(trial.train.budget, flops=budget)))
         spent[name] = run_to_budget(trial, frozen, rows, tmp_path / name)
         assert abs(spent[name]["budget/flops"] / budget - 1) <= TOLERANCE
     assert spent["joint"]["budget/pairs"] < spent["plain"]["budget/pairs"]
@@ -237,7 +239,8 @@ def test_expected_step_flops_predicts_a_dense_contrastive_step(frozen, parent, t
 
 def test_token_budget_lands_on_the_token(frozen, tmp_path):
     """A token-budgeted run's last step keeps exactly the tokens the budget has left."""
-    trial = synthetic.phase1_trial(microbatches=1, budget_tokens=round(7.4 * synthetic.ROWS * synthetic.CONTENT))
+    tokens = round(7.4 * synthetic.ROWS * synthetic.CONTENT)
+    trial = synthetic.phase1_trial(microbatches=1, budget=dataclasses.replace(synthetic.DEFAULT_BUDGET, tokens=tokens))
     last = run_to_budget(trial, frozen, synthetic.mlm_rows(frozen, 40), tmp_path / "run")
-    assert last["budget/tokens"] == trial.train.budget_tokens
+    assert last["budget/tokens"] == trial.train.budget.tokens
     assert last["train/step"] == 8

@@ -17,7 +17,7 @@ from embedlab.data.audit import ContaminationError
 from embedlab.data.prepared import PreparedData
 from embedlab.evaluate.beir import load_task
 
-from conftest import tiny_trial
+from conftest import tiny_budget, tiny_trial
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -45,12 +45,12 @@ def final_eval_items(data: PreparedData) -> tuple[str, str, str, str]:
 
 
 def phase2_study(disclosed_overlap: str | None = None):
-    from embedlab import Study
+    from embedlab import Budget, Study
 
     base = dataclasses.replace(tiny_trial(), phase=2, contrastive=ContrastiveConfig(pairs=((BUILDERS[0], 1.0),)))
     warm = dataclasses.replace(base, contrastive=dataclasses.replace(base.contrastive, temperature=0.1))
     return Study(name="gate", factor="contrastive.temperature", arms={"cold": base, "warm": warm}, seeds=(0,),
-                 budget_tokens=10_000, budget_pairs=64, disclosed_overlap=disclosed_overlap)
+                 budget=Budget(tokens=10_000, pairs=64), disclosed_overlap=disclosed_overlap)
 
 
 def test_sweep_gate_refuses_final_eval_items_planted_in_the_pairs(data):
@@ -101,7 +101,7 @@ def test_phase3_refuses_a_final_eval_document_planted_in_its_mined_negatives(dat
     from embedlab.train.phase3_negatives import mine_for_phase3
     from embedlab.train.state import data_seed
 
-    base = tiny_trial(budget_pairs=32)
+    base = tiny_trial(budget=tiny_budget(pairs=32))
     parent = tmp_path / "parent"
     model = MLMModel(base.model)
     save_checkpoint(parent, model.encoder, head=model.mlm_head, tokenizer=data.tokenizer, fields={"phase": 2})
@@ -181,6 +181,7 @@ def test_sweep_refuses_a_pair_budget_past_the_repetition_cap_before_any_trial(da
     records = {arm: {**data.record, "directory": str(data.directory)} for arm in ("cold", "warm")}
     held = pq.read_table(pair_table_path(data, list(BUILDERS), **QUIET), columns=["builder"]).num_rows
     check_pair_schedules(phase2_study(), records, "/checkpoints/parent")  # 64 pairs: within the cap
-    over = dataclasses.replace(phase2_study(), budget_pairs=held * 4 + 1)
+    study = phase2_study()
+    over = dataclasses.replace(study, budget=dataclasses.replace(study.budget, pairs=held * 4 + 1))
     with pytest.raises(UsageError, match=r"study gate, arm cold: .*'title-body' holds .*repetition cap"):
         check_pair_schedules(over, records, "/checkpoints/parent")

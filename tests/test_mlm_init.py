@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 import synthetic
 from embedlab import Study, recipes
-from embedlab.config import ConfigError, TrainConfig, TrialConfig
+from embedlab.config import DEFAULT_BUDGET, Budget, ConfigError, TrainConfig, TrialConfig
 from embedlab.sweep.study import flatten, load_study
 from embedlab.sweep.table import UnequalComputeError, check_equal_compute, compute_match_line, load_table, render
 from embedlab.train.budget import recorded_flops, split_lineage_budget
@@ -43,8 +43,8 @@ def child(parent: Path, *, init: str, seed: int = 0, joint: bool = False, total:
     trial = dataclasses.replace(trial, contrastive=dataclasses.replace(
         trial.contrastive, init=init, mlm_weight=0.3 if joint else 0.0))
     if total:
-        trial = dataclasses.replace(trial, train=dataclasses.replace(trial.train, budget_flops=total,
-                                                                     budget_scope="lineage"))
+        budget = dataclasses.replace(trial.train.budget, flops=total, scope="lineage")
+        trial = dataclasses.replace(trial, train=dataclasses.replace(trial.train, budget=budget))
     return trial
 
 
@@ -90,8 +90,8 @@ def test_the_study_charges_phase_1_flops_to_the_initialised_arm_only(tmp_path, f
     # The study's own split, as `embedlab sweep` prints and records it before any trial starts.
     study = load_study(STUDY_FILE, "demo")
     split = study.lineage_budgets({"parent_hash": None, "budget": {"budget/flops": 1e11}})
-    assert split["from-mlm"] == {"inherited_flops": 1e11, "phase_flops": study.budget_flops - 1e11}
-    assert split["random-init"] == {"inherited_flops": 0.0, "phase_flops": study.budget_flops}
+    assert split["from-mlm"] == {"inherited_flops": 1e11, "phase_flops": study.budget.flops - 1e11}
+    assert split["random-init"] == {"inherited_flops": 0.0, "phase_flops": study.budget.flops}
 
 
 def test_a_random_init_loop_starts_from_fresh_weights_drawn_from_the_seed(tmp_path, frozen):
@@ -150,7 +150,7 @@ def test_a_from_parent_loop_starts_from_the_parents_weights(tmp_path, frozen, st
         assert all(torch.equal(head[k], v) for k, v in parent_head.items())
         assert loop.initialisation_record()["encoder"] == "parent"
     unscoped = child(parent, init="parent")
-    assert synthetic.make_loop(unscoped, frozen).clock() == (0.0, unscoped.train.budget_pairs)
+    assert synthetic.make_loop(unscoped, frozen).clock() == (0.0, unscoped.train.budget.pairs)
 
 
 def test_unknown_or_too_large_parent_flops_are_refused(tmp_path, frozen, step):
@@ -178,16 +178,21 @@ def test_unknown_or_too_large_parent_flops_are_refused(tmp_path, frozen, step):
     with pytest.raises(ConfigError, match="records none"):
         study.lineage_budgets({"parent_hash": None, "budget": {}})
     with pytest.raises(ConfigError, match="less than one step"):
-        study.lineage_budgets({"parent_hash": None, "budget": {"budget/flops": study.budget_flops * (1 - 1e-9)}})
+        study.lineage_budgets({"parent_hash": None, "budget": {"budget/flops": study.budget.flops * (1 - 1e-9)}})
     # The scope itself: FLOPs budgets of phases 2-3 only.
-    with pytest.raises(ConfigError, match="train.budget_scope"):
-        TrainConfig(budget_scope="lineage")
-    with pytest.raises(ConfigError, match="train.budget_scope"):
-        TrainConfig(budget_scope="everything", budget_flops=1.0)
-    with pytest.raises(ConfigError, match="train.budget_scope"):
-        TrialConfig(train=TrainConfig(budget_scope="lineage", budget_flops=1.0))
-    with pytest.raises(ConfigError, match="study.budget_scope"):
-        dataclasses.replace(study, budget_unit="pairs", budget_flops=0.0)
+    with pytest.raises(ConfigError, match="train.budget.scope"):
+        dataclasses.replace(DEFAULT_BUDGET, scope="lineage")
+    with pytest.raises(ConfigError, match="train.budget.scope"):
+        Budget(tokens=1, pairs=1, scope="everything", flops=1.0)
+    lineage = Budget(tokens=100_000, pairs=2_000, scope="lineage", flops=1.0)
+    with pytest.raises(ConfigError, match="train.budget.scope"):
+        TrialConfig(train=TrainConfig(budget=lineage))
+    with pytest.raises(ConfigError, match="train.budget.scope"):  # the study's Budget: a FLOPs one
+        dataclasses.replace(study, budget=dataclasses.replace(study.budget, flops=0.0))
+    phase1 = recipes.phase1_baseline("demo")
+    arms = {"a": phase1, "b": dataclasses.replace(phase1, masking=dataclasses.replace(phase1.masking, ratio=0.3))}
+    with pytest.raises(ConfigError, match="study.budget.scope: 'lineage' .* phase-2 or phase-3"):
+        Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget=dataclasses.replace(lineage, flops=1e15))
 
 
 def load_module(path: Path):
@@ -206,20 +211,20 @@ def test_the_study_validates_and_its_arms_differ_only_in_the_factor(profile):
     the lineage scope."""
     study = load_study(STUDY_FILE, profile)
     assert study.profile == profile and study.phase == 2 and study.factor == "contrastive.init"
-    assert list(study.arms) == ["from-mlm", "random-init"] and study.budget_scope == "lineage"
+    assert list(study.arms) == ["from-mlm", "random-init"] and study.budget.scope == "lineage"
     control, random = (flatten(c.to_dict()) for c in study.arms.values())
     assert {k for k in control if control[k] != random[k]} == {"contrastive.init"}
     assert (control["contrastive.init"], random["contrastive.init"]) == ("parent", "random")
     p = recipes.profile(profile)
-    phase1 = recipes.budget_for(p, phase=1, control=recipes.phase1_baseline(profile))["budget_flops"]
+    phase1 = recipes.budget_for(p, phase=1, control=recipes.phase1_baseline(profile)).flops
     phase2 = recipes.budget_for(p, phase=2, control=recipes.phase2_baseline(profile))
     share = load_module(STUDY_FILE).PHASE2_SHARE
-    assert study.budget_flops == phase1 + share * phase2["budget_flops"]
-    assert study.budget_pairs == round(share * phase2["budget_pairs"])
+    assert study.budget.flops == phase1 + share * phase2.flops
+    assert study.budget.pairs == round(share * phase2.pairs)
     assert Study.from_dict(study.to_dict()) == study
     for arm in study.arms:
         train = study.trial_config(arm, study.seeds[0], "/checkpoints/parent").train
-        assert (train.budget_flops, train.budget_scope) == (study.budget_flops, "lineage")
+        assert train.budget == study.budget and train.budget.scope == "lineage"
 
 
 def lineage_run(root: Path, totals: dict[str, float], inherited: float = 4e11) -> Path:
@@ -244,7 +249,7 @@ def lineage_run(root: Path, totals: dict[str, float], inherited: float = 4e11) -
 def test_tables_match_the_arms_on_total_flops_within_one_percent(tmp_path):
     """The 1% compute-match check applies to budget/total_flops, not this phase's FLOPs (which
     differ by the parent's); tables show both, and the random arm's masked-token accuracy is absent."""
-    total = load_study(STUDY_FILE, "demo").budget_flops
+    total = load_study(STUDY_FILE, "demo").budget.flops
     run_dir = lineage_run(tmp_path / "equal", {"from-mlm": total * 1.002, "random-init": total * 0.999})
     table = load_table(run_dir)
     assert table.attrs["scope"] == "lineage"

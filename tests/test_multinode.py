@@ -37,14 +37,14 @@ WORKER_CPUS = 2  # the head advertises none: every CPU task and trainer runs on 
 STUDY = """
 from dataclasses import replace
 from embedlab import Study
-from embedlab.config import TrialConfig
+from embedlab.config import DEFAULT_BUDGET, TrialConfig
 
 def study():
     base = TrialConfig.from_dict({config!r})
     return Study(
         name="fleet", factor="masking.ratio",
         arms={{"mask-15": base, "mask-30": replace(base, masking=replace(base.masking, ratio=0.3))}},
-        seeds=(0,), budget_tokens={budget},
+        seeds=(0,), budget=replace(DEFAULT_BUDGET, tokens={budget}),
     )
 """
 

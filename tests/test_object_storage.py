@@ -120,7 +120,7 @@ def test_a_study_on_s3_from_sweep_to_release(ray_session, prepared, s3_server, t
     monkeypatch.chdir(tmp_path)  # the default storage (runs/) would land here
     storage = store.join(s3_server.bucket("sweeps"), "runs")
     study_file = write_study(tmp_path / "tiny_s3.py", tiny_trial(num_workers=1), name="tiny-s3", extra=(
-        "budget_tokens=4_000, search=(Search('train.learning_rate', low=1e-4, high=1e-2, log=True),), search_trials=1"))
+        "budget=replace(DEFAULT_BUDGET, tokens=4_000), search=(Search('train.learning_rate', low=1e-4, high=1e-2, log=True),), search_trials=1"))
     assert main(["sweep", study_file, "--storage", storage]) == 0
     (run_dir,) = _run_dirs(storage, "tiny-s3")
     table = load_table(run_dir)
@@ -137,7 +137,7 @@ def test_a_study_on_s3_from_sweep_to_release(ray_session, prepared, s3_server, t
         tiny_trial(num_workers=1), phase=2,
         contrastive=ContrastiveConfig(pairs=(("title-body", 0.5), ("same-source-spans", 0.5)), pair_length=48))
     next_file = write_study(tmp_path / "tiny_pool.py", base, name="tiny-s3-pool", arms=("mean", "cls"),
-                            change="contrastive.pooling='cls'", extra="budget_tokens=4_000, budget_pairs=32")
+                            change="contrastive.pooling='cls'", extra="budget=Budget(tokens=4_000, pairs=32)")
     assert main(["promote", run_dir, "--next", next_file, "--run"]) == 0
     promotion = json.loads(store.read_text(store.join(run_dir, "promotion.json")))
     assert promotion["checkpoint"].startswith("s3://") and promotion["final_eval"]["split"] == "test"

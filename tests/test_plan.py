@@ -26,7 +26,8 @@ def test_steady_intervals_leave_out_the_first_interval_and_the_one_after_a_check
 
 
 def _study(tmp_path: Path, **train):
-    path = write_study(tmp_path / "study.py", tiny_trial(**train), seeds=(0, 1), extra="budget_tokens=50_000")
+    path = write_study(tmp_path / "study.py", tiny_trial(**train), seeds=(0, 1),
+                       extra="budget=replace(DEFAULT_BUDGET, tokens=50_000)")
     return load_study(path)
 
 
@@ -37,7 +38,7 @@ def test_pilot_config_is_the_arm_for_a_few_of_its_report_intervals(tmp_path):
     config = pilot_config(study, "mask-30", None, 6)
     arm = study.trial_config("mask-30", 0, None)
     step_tokens = arm.train.num_workers * arm.train.batch_rows * arm.data.sequence_length
-    assert config.train.budget_tokens == 6 * arm.train.report_every_steps * step_tokens
+    assert config.train.budget.tokens == 6 * arm.train.report_every_steps * step_tokens
     assert config.train.report_every_steps == arm.train.report_every_steps
     assert config.train.checkpoint_every_steps == 3 * arm.train.report_every_steps
     assert dataclasses.replace(config, train=arm.train) == arm
@@ -124,7 +125,7 @@ def test_a_plan_from_a_gpu_measurement_is_budget_tokens_over_measured_tokens_per
     from embedlab.train.flops import expected_step_flops
 
     path = write_study(tmp_path / "study.py", recipes.phase1_baseline("gpu-300m"), seeds=(0, 1),
-                       extra="budget_tokens=1_000_000_000")
+                       extra="budget=replace(DEFAULT_BUDGET, tokens=1_000_000_000)")
     assert main(["plan", path, "--throughput", _bench_json(tmp_path), "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     arms = plan["arms"]

@@ -30,9 +30,9 @@ def test_every_study_file_loads_at_the_gpu_profile_at_the_recipes_size(path, cap
     states its rights; the sweep's dry run says so and exits 0."""
     study = load_study(path, "gpu-300m")
     extension = any(config.extension for config in study.arms.values())
-    assert study.budget_tokens == (1_000_000_000 // 8 if extension else 1_000_000_000) and study.budget_tokens >= 1e8
-    assert extension or study.budget_tokens >= 1e9
-    assert study.phase == 1 or study.budget_pairs >= 1e6
+    assert study.budget.tokens == (1_000_000_000 // 8 if extension else 1_000_000_000) and study.budget.tokens >= 1e8
+    assert extension or study.budget.tokens >= 1e9
+    assert study.phase == 1 or study.budget.pairs >= 1e6
     for arm in study.arms:
         config = study.trial_config(arm, study.seeds[0], "/checkpoints/parent" if study.needs_parent else None)
         assert (config.model.preset, config.train.num_workers, config.train.use_gpu, config.train.precision) == (

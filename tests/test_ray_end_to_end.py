@@ -11,7 +11,7 @@ from embedlab import load_table
 from embedlab.cli import main
 from embedlab.train.checkpoint import load_encoder, verify_checkpoint
 
-from conftest import tiny_trial, write_study
+from conftest import tiny_budget, tiny_trial, write_study
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -57,7 +57,7 @@ def test_two_worker_trainer_reaches_budget_and_checkpoints(trained, prepared):
     metrics = result.metrics
     rows_per_step = 2 * trial.train.batch_rows
     tokens_per_step_max = rows_per_step * trial.data.sequence_length
-    assert trial.train.budget_tokens <= metrics["budget/tokens"] < trial.train.budget_tokens + tokens_per_step_max
+    assert trial.train.budget.tokens <= metrics["budget/tokens"] < trial.train.budget.tokens + tokens_per_step_max
     assert 0 < metrics["train/loss"] < 10
     # Per-source loss over both workers: every source reported, selected counts summing to
     # the window's (their weighted mean is the window's loss).
@@ -200,7 +200,7 @@ def test_optuna_sweep_promotion_and_child_phase(ray_session, prepared, tmp_path,
     from embedlab.sweep.table import check_equal_compute
 
     study_file = write_study(tmp_path / "tiny_study.py", tiny_trial(num_workers=1), name="tiny-masking", extra=(
-        "budget_tokens=4_000, search=(Search('train.learning_rate', low=1e-4, high=1e-2, log=True),), search_trials=1"))
+        "budget=replace(DEFAULT_BUDGET, tokens=4_000), search=(Search('train.learning_rate', low=1e-4, high=1e-2, log=True),), search_trials=1"))
     assert main(["sweep", str(study_file), "--dry-run"]) == 0
     plan = capsys.readouterr().out
     assert "trials: 4 (2 arms x (1 tuning + 1 seeds))" in plan and "tuning seeds: 10000 (never a study seed" in plan
@@ -247,7 +247,7 @@ def test_optuna_sweep_promotion_and_child_phase(ray_session, prepared, tmp_path,
         contrastive=ContrastiveConfig(pairs=(("title-body", 0.5), ("same-source-spans", 0.5)), pair_length=48),
     )
     next_file = write_study(tmp_path / "tiny_pooling.py", base, name="tiny-pooling", arms=("mean", "cls"),
-                            change="contrastive.pooling='cls'", extra="budget_tokens=4_000, budget_pairs=32")
+                            change="contrastive.pooling='cls'", extra="budget=Budget(tokens=4_000, pairs=32)")
     assert main(["promote", str(run_dir), "--next", str(next_file), "--run"]) == 0, capsys.readouterr().err
     promotion = json.loads((run_dir / "promotion.json").read_text())
     winner = final.loc[final["dev/ndcg@10"].idxmax()]
@@ -271,7 +271,7 @@ def phase2(trained, prepared, tmp_path_factory):
 
     _, parent = trained
     trial = dataclasses.replace(
-        tiny_trial(num_workers=2, budget_pairs=64), phase=2, parent=parent.checkpoint.path,
+        tiny_trial(num_workers=2, budget=tiny_budget(pairs=64)), phase=2, parent=parent.checkpoint.path,
         contrastive=ContrastiveConfig(pairs=(("title-body", 0.6), ("same-source-spans", 0.4)),
                                       pair_length=48, mlm_weight=0.3, symmetric=True),
     )
@@ -398,7 +398,7 @@ def test_dual_heads_whole_word_phase1(ray_session, prepared, tmp_path):
 
 USER_PAIRS_STUDY = """
 from dataclasses import replace
-from embedlab import Study
+from embedlab import Budget, Study
 from embedlab.config import TrialConfig
 from embedlab.data.pair_sources import PairFiles
 
@@ -406,8 +406,8 @@ def study(profile=None):
     base = TrialConfig.from_dict({config!r})
     data = replace(base.data, pair_files=(PairFiles(name="my-pairs", path={pairs!r}, rights="Debian package descriptions, each under its package's licence"),))
     arm = replace(base, data=data, parent=None)
-    return Study(name="user-pairs", factor="contrastive.given_negative_margin", seeds=(0,), budget_tokens=1,
-                 budget_pairs=64, arms={{"margin": arm, "no-margin": replace(arm, contrastive=replace(
+    return Study(name="user-pairs", factor="contrastive.given_negative_margin", seeds=(0,),
+                 budget=Budget(tokens=1, pairs=64), arms={{"margin": arm, "no-margin": replace(arm, contrastive=replace(
                      arm.contrastive, given_negative_margin="off"))}})
 """
 
@@ -506,7 +506,7 @@ def test_panel_sweep_scores_every_task_and_promotes_on_the_mean(ray_session, pre
     base = tiny_trial(num_workers=1)
     trial = dataclasses.replace(base, eval=dataclasses.replace(base.eval, tasks=(str(task_dir),), hub_tasks=(hub,)))
     study_file = write_study(tmp_path / "panel_study.py", trial, name="tiny-panel",
-                             extra='budget_tokens=4_000, metric="mean/dev/ndcg@10"')
+                             extra='budget=replace(DEFAULT_BUDGET, tokens=4_000), metric="mean/dev/ndcg@10"')
     runs = tmp_path / "runs"
     assert main(["sweep", str(study_file), "--storage", str(runs)]) == 0
     run_dir = next(runs.iterdir())

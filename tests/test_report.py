@@ -19,7 +19,7 @@ import torch
 from PIL import Image  # installed with matplotlib
 
 from conftest import tiny_trial
-from embedlab.config import ContrastiveConfig, MaskingConfig
+from embedlab.config import DEFAULT_BUDGET, Budget, ContrastiveConfig, MaskingConfig
 from embedlab.evaluate.beir import load_task
 from embedlab.evaluate.checkpoint_eval import evaluate_checkpoint, resolve_task
 from embedlab.model.encoder import MLMModel
@@ -125,7 +125,7 @@ def _write_run(root: Path, study: Study, prepared, *, parent: str | None = None)
                 checkpoint = _checkpoint(run_dir / "train" / name / "checkpoint_0", config, prepared.tokenizer,
                                          100 * study.phase + 10 * index + seed, phase=study.phase, head=head)
                 tokens = 5_000 + 700 * index
-                train = {"budget/tokens": tokens, "budget/pairs": study.budget_pairs, "budget/flops": 6.0 * 1e5 * tokens,
+                train = {"budget/tokens": tokens, "budget/pairs": study.budget.pairs, "budget/flops": 6.0 * 1e5 * tokens,
                          "compute/wall_seconds": 3.0 + index + 0.5 * seed, "train/loss": 6.9 - 0.1 * seed}
             scores = evaluate_checkpoint(Path(checkpoint), task, "dev", retention_dir=retention)
             row = {"study": study.name, "trial_id": trial_id, "arm": arm, "seed": seed, "stage": "final",
@@ -169,7 +169,7 @@ def _tour(root: Path, prepared) -> list[Path]:
     base = tiny_trial()
     dual = dataclasses.replace(base, masking=MaskingConfig(mixed_ratios=((0.05, 4), (0.5, 1)), head_per_ratio=True))
     phase1 = Study(name="dual-heads", factor="masking", arms={"single-15": base, "dual-heads": dual}, seeds=SEEDS,
-                   budget_tokens=6_000, description="Do dual MLM heads help?")
+                   budget=dataclasses.replace(DEFAULT_BUDGET, tokens=6_000), description="Do dual MLM heads help?")
     first = _write_run(root, phase1, prepared)
     rows = [json.loads(p.read_text()) for p in (first / "trials").glob("*.json")]
     winner = max(rows, key=lambda r: r["dev/ndcg@10"])
@@ -177,8 +177,8 @@ def _tour(root: Path, prepared) -> list[Path]:
     contrastive = dataclasses.replace(base, phase=2, parent=winner["checkpoint"],
                                       contrastive=ContrastiveConfig(pairs=PAIR_FAMILIES))
     joint = dataclasses.replace(contrastive, contrastive=dataclasses.replace(contrastive.contrastive, mlm_weight=0.3))
-    phase2 = Study(name="joint-vs-contrastive", factor="contrastive.mlm_weight", seeds=SEEDS, budget_tokens=6_000,
-                   budget_pairs=64, arms={"contrastive-only": contrastive, "joint-mlm-30": joint})
+    phase2 = Study(name="joint-vs-contrastive", factor="contrastive.mlm_weight", seeds=SEEDS,
+                   budget=Budget(tokens=6_000, pairs=64), arms={"contrastive-only": contrastive, "joint-mlm-30": joint})
     return [first, _write_run(root, phase2, prepared, parent=winner["checkpoint"])]
 
 

@@ -190,11 +190,11 @@ def test_contrastive_resume_on_ray_by_run_name(ray_session, prepared, tmp_path):
     from embedlab.train.loop import RunOptions
     from embedlab.train.metrics_log import read_metrics
 
-    from conftest import tiny_trial
+    from conftest import tiny_budget, tiny_trial
 
     parent = _tiny_parent(tmp_path / "parent", prepared)
     trial = dataclasses.replace(
-        tiny_trial(num_workers=2, budget_pairs=80, report_every_steps=1, checkpoint_every_steps=3),
+        tiny_trial(num_workers=2, budget=tiny_budget(pairs=80), report_every_steps=1, checkpoint_every_steps=3),
         phase=2, parent=str(parent),
         contrastive=ContrastiveConfig(pairs=(("title-body", 0.6), ("same-source-spans", 0.4)), pair_length=48,
                                       mlm_weight=0.3, symmetric=True, learnable_temperature=True),

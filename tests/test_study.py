@@ -6,9 +6,10 @@ from pathlib import Path
 import pytest
 
 from embedlab import Study, recipes
-from embedlab.config import ConfigError, TrialConfig
+from embedlab.config import DEFAULT_BUDGET, ConfigError, TrialConfig
 from embedlab.sweep.study import load_study
 
+BUDGET = replace(DEFAULT_BUDGET, tokens=10_000)  # a phase-1 study's: 10,000 tokens (it reads no pairs)
 ABLATIONS = sorted((Path(__file__).parent.parent / "ablations").glob("*.py"))
 
 
@@ -27,8 +28,7 @@ def test_every_ablation_file_loads_and_validates(path, profile):
     parent = "/checkpoints/parent" if study.needs_parent else None
     for arm in study.arms:
         config = study.trial_config(arm, study.seeds[0], parent)
-        assert config.train.budget_tokens == study.budget_tokens
-        assert config.parent == parent and (config.phase == 1 or config.train.budget_pairs == study.budget_pairs)
+        assert config.train.budget == study.budget and config.parent == parent
         assert TrialConfig.from_dict(config.to_dict()) == config
     # The demo profile keeps a subset of the full study's arms.
     assert set(study.arms) <= set(load_study(path, "full").arms)
@@ -75,16 +75,16 @@ def test_cpu_profile_studies_budget_in_measured_flops(path):
 
     study = load_study(path, "cpu")
     p = recipes.profile("cpu")
-    assert study.unit == "flops" and study.budget_flops > 0
+    assert study.unit == "flops" and study.budget.flops > 0
     parent = "/checkpoints/parent" if study.needs_parent else None
     for arm in study.arms:
         trial = study.trial_config(arm, study.seeds[0], parent)
-        assert trial.train.budget_flops == study.budget_flops
+        assert trial.train.budget.flops == study.budget.flops
         assert (trial.train.num_workers, trial.train.torch_threads) == (p.num_workers, p.torch_threads)
     control = study.trial_config(next(iter(study.arms)), study.seeds[0], parent)
     units = p.phase1_tokens if study.phase == 1 else (p.phase2_pairs if study.phase == 2 else p.phase3_pairs)
     per_step = expected_step_flops(control)
-    if study.budget_flops != pytest.approx(units / step_units(control) * per_step, rel=1e-12):
+    if study.budget.flops != pytest.approx(units / step_units(control) * per_step, rel=1e-12):
         # A study whose budget is a sum of phases' budgets (the MLM-initialisation study) is
         # checked in its own test file.
         assert path.name == "mlm_init.py"
@@ -149,7 +149,7 @@ def test_search_and_budget_unit_rules():
 
     base = recipes.phase1_baseline()
     arms = {"a": base, "b": replace(base, masking=replace(base.masking, ratio=0.3))}
-    ok = Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget_tokens=10_000,
+    ok = Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget=BUDGET,
                search=(Search("train.learning_rate", low=1e-4, high=1e-2, log=True),), search_trials=2)
     assert ok.trials == 2 * (2 + 1)
     for search, match in [
@@ -161,17 +161,16 @@ def test_search_and_budget_unit_rules():
         (Search("train.precision", choices=("fp32", "fp13")), "train.precision"),  # not only the first choice
     ]:
         with pytest.raises(ConfigError, match=match):
-            Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget_tokens=10_000, search=(search,),
+            Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget=BUDGET, search=(search,),
                   search_trials=1)
     with pytest.raises(ConfigError, match="search_trials"):
-        Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget_tokens=10_000, search_trials=3)
-    with pytest.raises(ConfigError, match="budget_flops"):
-        Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget_tokens=10_000, budget_unit="flops")
-    flops = Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget_tokens=10_000, budget_unit="flops",
-                  budget_flops=1e12)
-    assert flops.trial_config("a", 0).train.budget_flops == 1e12 and flops.unit == "flops"
-    with pytest.raises(ConfigError, match="phase 1 trains on tokens"):
-        Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget_tokens=10_000, budget_unit="pairs")
+        Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget=BUDGET, search_trials=3)
+    flops = Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget=replace(BUDGET, flops=1e12))
+    assert flops.trial_config("a", 0).train.budget.flops == 1e12 and flops.unit == "flops"
+    # The unit follows from the Budget: a phase-1 study without a FLOPs or time budget trains on tokens.
+    assert Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget=BUDGET).unit == "tokens"
+    with pytest.raises(ConfigError, match="study.budget: must be a Budget"):
+        Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget={"tokens": 10_000, "pairs": 2_000})
 
 
 def test_tuning_seeds_never_overlap_the_study_seeds():
@@ -183,7 +182,7 @@ def test_tuning_seeds_never_overlap_the_study_seeds():
     base = recipes.phase1_baseline()
     arms = {"a": base, "b": replace(base, masking=replace(base.masking, ratio=0.3))}
     search = dict(search=(Search("train.learning_rate", low=1e-4, high=1e-2, log=True),), search_trials=4)
-    study = Study(name="x", factor="masking.ratio", arms=arms, seeds=(0, 1, 2), budget_tokens=10_000, **search)
+    study = Study(name="x", factor="masking.ratio", arms=arms, seeds=(0, 1, 2), budget=BUDGET, **search)
     assert study.tuning_seeds == (10_000, 10_001, 10_002, 10_003) and TUNING_SEED_OFFSET == 10_000
     assert not set(study.tuning_seeds) & set(study.seeds)
     assert Study.from_dict(study.to_dict()).tuning_seeds == study.tuning_seeds
@@ -193,44 +192,36 @@ def test_tuning_seeds_never_overlap_the_study_seeds():
             assert not set(shipped.tuning_seeds) & set(shipped.seeds) and len(shipped.tuning_seeds) == (
                 shipped.search_trials if shipped.search else 0)
     with pytest.raises(ConfigError, match=r"study.seeds: \[10002\] are tuning seeds"):
-        Study(name="x", factor="masking.ratio", arms=arms, seeds=(0, 10_002), budget_tokens=10_000, **search)
+        Study(name="x", factor="masking.ratio", arms=arms, seeds=(0, 10_002), budget=BUDGET, **search)
     # Just past the range, and any seed without a search, are fine.
-    assert Study(name="x", factor="masking.ratio", arms=arms, seeds=(10_004,), budget_tokens=10_000, **search)
-    assert Study(name="x", factor="masking.ratio", arms=arms, seeds=(10_000,), budget_tokens=10_000).tuning_seeds == ()
+    assert Study(name="x", factor="masking.ratio", arms=arms, seeds=(10_004,), budget=BUDGET, **search)
+    assert Study(name="x", factor="masking.ratio", arms=arms, seeds=(10_000,), budget=BUDGET).tuning_seeds == ()
 
 
 def test_device_seconds_budget_unit():
-    """A device-seconds study sets budget_device_seconds exactly when that is its unit, passes it
-    to every trial, round-trips through JSON (and its hash), and says its budget in words;
-    FLOPs budgets are measured, and say so."""
+    """A device-seconds study trains to its Budget's device seconds, passes them to every trial,
+    round-trips through JSON (and its hash), and says its budget in words; a budget of both
+    FLOPs and device seconds is refused; FLOPs budgets are measured, and say so."""
     base = recipes.phase1_baseline()
     arms = {"a": base, "b": replace(base, masking=replace(base.masking, ratio=0.3))}
-    timed = Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget_tokens=10_000,
-                  budget_unit="device_seconds", budget_device_seconds=90.0)
+    timed = Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget=replace(BUDGET, device_seconds=90.0))
     assert timed.unit == "device_seconds" and timed.budget_text == "90 device seconds"
-    assert timed.trial_config("a", 0).train.budget_device_seconds == 90.0
-    assert Study.from_dict(timed.to_dict()) == timed and timed.to_dict()["budget_device_seconds"] == 90.0
-    assert timed.hash != replace(timed, budget_device_seconds=60.0).hash
-    with pytest.raises(ConfigError, match="study.budget_device_seconds"):
-        Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget_tokens=10_000,
-              budget_unit="device_seconds")
-    with pytest.raises(ConfigError, match="study.budget_device_seconds"):
-        Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget_tokens=10_000, budget_unit="tokens",
-              budget_device_seconds=5.0)
-    # A budget given without naming its unit is in that budget's unit, FLOPs first.
-    assert Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget_tokens=10_000,
-                 budget_device_seconds=5.0).unit == "device_seconds"
-    assert Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget_tokens=10_000,
-                 budget_flops=1e12).unit == "flops"
+    assert timed.trial_config("a", 0).train.budget.device_seconds == 90.0
+    assert Study.from_dict(timed.to_dict()) == timed and timed.to_dict()["budget"]["device_seconds"] == 90.0
+    assert timed.hash != replace(timed, budget=replace(timed.budget, device_seconds=60.0)).hash
+    with pytest.raises(ConfigError, match="train.budget.device_seconds: a trial trains to one budget"):
+        replace(BUDGET, device_seconds=5.0, flops=1e12)
+    # A FLOPs budget is the unit whenever it is set.
+    assert Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,),
+                 budget=replace(BUDGET, flops=1e12)).unit == "flops"
     from embedlab import Search
 
-    with pytest.raises(ConfigError, match="train.budget_device_seconds"):
-        Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget_tokens=10_000,
-              search=(Search("train.budget_device_seconds", low=1.0, high=2.0),), search_trials=1)
-    flops = Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget_tokens=10_000, budget_unit="flops",
-                  budget_flops=1e12)
+    with pytest.raises(ConfigError, match="train.budget.device_seconds"):
+        Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget=BUDGET,
+              search=(Search("train.budget.device_seconds", low=1.0, high=2.0),), search_trials=1)
+    flops = Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget=replace(BUDGET, flops=1e12))
     assert flops.budget_text == "1e+12 measured training FLOPs"
-    assert flops.trial_config("a", 0).train.budget_device_seconds == 0.0
+    assert flops.trial_config("a", 0).train.budget.device_seconds == 0.0
 
 
 def test_phase2_study_without_parent_is_refused():
@@ -251,7 +242,7 @@ def test_arm_differing_outside_the_factor_is_refused():
     base = recipes.phase1_baseline()
     other = replace(base, masking=replace(base.masking, ratio=0.3), train=replace(base.train, learning_rate=5e-4))
     with pytest.raises(ConfigError, match="train.learning_rate"):
-        Study(name="x", factor="masking.ratio", arms={"a": base, "b": other}, seeds=(0,), budget_tokens=10_000)
+        Study(name="x", factor="masking.ratio", arms={"a": base, "b": other}, seeds=(0,), budget=BUDGET)
 
 
 def test_study_errors_name_the_field():
@@ -259,11 +250,11 @@ def test_study_errors_name_the_field():
     base = recipes.phase1_baseline()
     arms = {"a": base, "b": replace(base, masking=replace(base.masking, ratio=0.3))}
     with pytest.raises(ConfigError, match="study.seeds"):
-        Study(name="x", factor="masking.ratio", arms=arms, seeds=(), budget_tokens=10_000)
+        Study(name="x", factor="masking.ratio", arms=arms, seeds=(), budget=BUDGET)
     with pytest.raises(ConfigError, match="study.metric"):
-        Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget_tokens=10_000, metric="loss")
+        Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget=BUDGET, metric="loss")
     with pytest.raises(ConfigError, match="study.factor"):
-        Study(name="x", factor="masking.nope", arms=arms, seeds=(0,), budget_tokens=10_000)
+        Study(name="x", factor="masking.nope", arms=arms, seeds=(0,), budget=BUDGET)
 
 
 def test_study_file_without_study_function(tmp_path):
@@ -333,7 +324,7 @@ def test_dry_run_lists_each_arms_workers_when_they_differ(tmp_path, capsys):
         "    arms = {'one': replace(base, train=replace(base.train, num_workers=1)),\n"
         "            'two': replace(base, train=replace(base.train, num_workers=2))}\n"
         "    return Study(name='workers', factor='train.num_workers', arms=arms, seeds=p.seeds,\n"
-        "                 **recipes.budget_for(p, phase=1), metric='dev/ndcg@10', profile=p.name)\n"
+        "                 budget=recipes.budget_for(p, phase=1), metric='dev/ndcg@10', profile=p.name)\n"
     )
     assert main(["sweep", str(path), "--dry-run", "--profile", "demo"]) == 0
     out = capsys.readouterr().out
@@ -348,10 +339,9 @@ def test_a_flops_budget_below_one_step_is_refused():
     from embedlab.train.flops import expected_step_flops
 
     step = expected_step_flops(arms["b"])
-    with pytest.raises(ConfigError, match="study.budget_flops: .* less than one step of arm 'b'"):
-        Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget_tokens=10_000,
-              budget_flops=0.99 * step)
-    Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget_tokens=10_000, budget_flops=step)
+    with pytest.raises(ConfigError, match="study.budget.flops: .* less than one step of arm 'b'"):
+        Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget=replace(BUDGET, flops=0.99 * step))
+    Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget=replace(BUDGET, flops=step))
 
 
 def test_a_data_setting_cannot_be_tuned():
@@ -361,5 +351,5 @@ def test_a_data_setting_cannot_be_tuned():
     base = recipes.phase1_baseline("demo")
     arms = {"a": base, "b": replace(base, masking=replace(base.masking, ratio=0.3))}
     with pytest.raises(ConfigError, match="'data.sequence_length' is a data setting"):
-        Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget_tokens=10_000,
+        Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget=BUDGET,
               search=(Search("data.sequence_length", choices=(64, 128)),), search_trials=2)

@@ -23,7 +23,7 @@ from conftest import tiny_trial, write_study
 @pytest.mark.timeout(420)
 def test_killed_driver_resumes_without_loss_or_duplicates(ray_session, prepared, tmp_path, cache_dir, capsys):
     study_file = write_study(tmp_path / "resumable.py", tiny_trial(num_workers=1), name="resumable",
-                             extra="budget_tokens=3_000")
+                             extra="budget=replace(DEFAULT_BUDGET, tokens=3_000)")
     storage = tmp_path / "runs"
     env = {**os.environ, "EMBEDLAB_CACHE": str(cache_dir)}
     driver = subprocess.Popen(

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from embedlab.config import (
-    ConfigError, GroupSettings, OptimizerConfig, ScheduleConfig, TrainConfig, TrialConfig, model_preset,
+    DEFAULT_BUDGET, ConfigError, GroupSettings, OptimizerConfig, ScheduleConfig, TrainConfig, TrialConfig, model_preset,
 )
 from embedlab.model.encoder import MLMModel
 from embedlab.model.heads import MultiHeadMLMModel
@@ -112,7 +112,7 @@ def test_resumed_schedule_continues_from_the_consumed_budget(kind, frozen, tmp_p
     first, _ = train(trial, frozen, tmp_path / "split", stop_after_step=3)
     second, _ = train(trial, frozen, tmp_path / "split")
     assert deterministic(first + second) == deterministic(full)
-    budget = trial.train.budget_tokens
+    budget = trial.train.budget.tokens
     for report in first + second:
         consumed = report["budget/tokens"] - budget // synthetic.STEPS  # before this step
         assert report["train/lr"] == pytest.approx(3e-3 * lr_multiplier(consumed, budget, schedule), rel=1e-12)
@@ -125,7 +125,7 @@ def test_length_schedule_switches_at_the_declared_budget(frozen, tmp_path):
     switch ends bitwise as the uninterrupted one."""
     trial = synthetic.phase1_trial(1, length_schedule=((0.5, 16), (0.5, 32)))
     full, loop = train(trial, frozen, tmp_path / "full")
-    step_tokens = trial.train.budget_tokens // synthetic.STEPS
+    step_tokens = trial.train.budget.tokens // synthetic.STEPS
     assert [r["train/sequence_length"] for r in full] == [16] * 4 + [32] * 4
     assert loop.progress.length_switches == [{"step": 4, "tokens": 4 * step_tokens, "length": 32}]
     first, _ = train(trial, frozen, tmp_path / "split", stop_after_step=3)
@@ -154,8 +154,8 @@ def test_contrastive_accumulation_equals_the_pooled_loss(frozen, parent, tmp_pat
 
     trial = TrialConfig(model=MODEL, data=synthetic.DATA, phase=2, parent=str(parent),
                         contrastive=ContrastiveConfig(pairs=(("a", 0.5), ("b", 0.5)), pair_length=16),
-                        train=TrainConfig(budget_pairs=64, batch_rows=4, microbatches=2, report_every_steps=1,
-                                          checkpoint_every_steps=3, learning_rate=3e-3))
+                        train=TrainConfig(budget=dataclasses.replace(DEFAULT_BUDGET, pairs=64), batch_rows=4, microbatches=2,
+                                          report_every_steps=1, checkpoint_every_steps=3, learning_rate=3e-3))
     rows = synthetic.pair_rows(frozen, 8, seed=3)
     parts = [{k: torch.as_tensor(v[i * 4:(i + 1) * 4]) for k, v in rows.items()} for i in range(2)]
     loop = make_loop(trial, frozen)

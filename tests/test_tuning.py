@@ -103,7 +103,7 @@ def test_a_sweep_whose_tuning_trial_diverges_lists_it_and_tunes_on(ray_session, 
 
     study_file = write_study(
         tmp_path / "diverging.py", tiny_trial(num_workers=1, max_rejected_steps=1), name="diverging",
-        extra=f"budget_tokens=4_000, search=(Search('train.learning_rate', choices={choices!r}),), search_trials=2")
+        extra=f"budget=replace(DEFAULT_BUDGET, tokens=4_000), search=(Search('train.learning_rate', choices={choices!r}),), search_trials=2")
     assert main(["sweep", study_file, "--storage", str(tmp_path / "runs")]) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
     run_dir = next((tmp_path / "runs").iterdir())

@@ -26,7 +26,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from embedlab.config import ConfigError, ContrastiveConfig, DataConfig, MixtureConfig, TrialConfig
+from embedlab.config import (DEFAULT_BUDGET, Budget, ConfigError, ContrastiveConfig, DataConfig, MixtureConfig,
+                             TrialConfig)
 from embedlab.data.document import content_hash
 from embedlab.data.pair_sources import PairFiles
 from embedlab.data.prepared import PreparedData
@@ -81,6 +82,11 @@ def task_dir(tmp_path) -> Path:
     queries = {f"q{i}": summary_and_body(f)[0] for i, f in enumerate(TASK_FUNCTIONS)}
     qrels = {"test": [(f"q{i}", f"d{i}", 1) for i in range(3)], "dev": [(f"q{i}", f"d{i}", 1) for i in range(3, 6)]}
     return write_beir(tmp_path / "task", docs, queries, qrels)
+
+
+def pairs_budget(pairs: int) -> Budget:
+    """The default budget at `pairs` positive pairs (these trials are phases 2-3)."""
+    return dataclasses.replace(DEFAULT_BUDGET, pairs=pairs)
 
 
 def user_data(path: Path, **data) -> DataConfig:
@@ -146,7 +152,7 @@ def test_a_mixture_naming_a_user_source_schedules_its_train_rows_by_share(prepar
     rows[0]["negatives"] = [rows[0]["positive"].upper(), *rows[0]["negatives"]]  # dropped and counted
     file = write_jsonl(tmp_path / "pairs.jsonl", rows)
     data = user_data(file, split_seed=1, dev_fraction=0.2, test_fraction=0.2, mixture=MixtureConfig(max_epochs=8))
-    trial = TrialConfig(data=data, phase=2, train=dataclasses.replace(TrialConfig().train, budget_pairs=40,
+    trial = TrialConfig(data=data, phase=2, train=dataclasses.replace(TrialConfig().train, budget=pairs_budget(40),
                                                                       batch_rows=4, num_workers=1),
                         contrastive=ContrastiveConfig(pairs=(("title-body", 0.25), ("mine", 0.75))))
     path = pair_table_path(prepared, ["title-body", "mine"], data=data, **QUIET)
@@ -171,11 +177,12 @@ def test_a_mixture_naming_a_user_source_schedules_its_train_rows_by_share(prepar
     assert {builders[r] for r, n in zip(picked, names) if n == "mine"} == {"mine"}
 
     records = {arm: {**prepared.record, "directory": str(prepared.directory)} for arm in ("a", "b")}
-    study = Study(name="mine", factor="contrastive.temperature", seeds=(0,), budget_tokens=1, budget_pairs=40,
+    study = Study(name="mine", factor="contrastive.temperature", seeds=(0,), budget=Budget(tokens=1, pairs=40),
                   arms={"a": trial, "b": dataclasses.replace(trial, contrastive=dataclasses.replace(
                       trial.contrastive, temperature=0.1))})
     check_pair_schedules(study, records, str(tmp_path / "parent"))
-    over = dataclasses.replace(study, budget_pairs=12 * len(train_ids))  # 0.75 of it is past 8 epochs of mine
+    # 0.75 of it is past 8 epochs of mine
+    over = dataclasses.replace(study, budget=dataclasses.replace(study.budget, pairs=12 * len(train_ids)))
     with pytest.raises(UsageError, match=r"study mine, arm a: .*'mine'"):
         check_pair_schedules(over, records, str(tmp_path / "parent"))
 
@@ -197,7 +204,7 @@ def test_the_audit_finds_a_user_pair_holding_an_eval_query_and_the_preflight_ref
     data = user_data(write_jsonl(tmp_path / "pairs.jsonl", rows), dev_fraction=0.01, test_fraction=0.01)
     base = TrialConfig(data=data, phase=2, contrastive=ContrastiveConfig(pairs=(("mine", 1.0),)))
     base = dataclasses.replace(base, eval=dataclasses.replace(base.eval, task=str(task_dir)))
-    study = Study(name="leak", factor="contrastive.temperature", seeds=(0,), budget_tokens=1, budget_pairs=32,
+    study = Study(name="leak", factor="contrastive.temperature", seeds=(0,), budget=Budget(tokens=1, pairs=32),
                   arms={"a": base, "b": dataclasses.replace(base, contrastive=dataclasses.replace(
                       base.contrastive, temperature=0.1))})
     records = {arm: {**prepared.record, "directory": str(prepared.directory)} for arm in study.arms}
@@ -253,7 +260,7 @@ def test_given_negatives_reach_the_phase3_batch_and_the_margin_drops_a_close_one
         name="mine", path=str(write_jsonl(tmp_path / "pairs.jsonl", rows)), rights=RIGHTS),),
         dev_fraction=0.01, test_fraction=0.01, mixture=MixtureConfig(max_epochs=8))
     trial = TrialConfig(model=synthetic.MODEL, data=data, phase=3, parent=str(parent),
-                        train=dataclasses.replace(TrialConfig().train, budget_pairs=2, batch_rows=1, num_workers=1),
+                        train=dataclasses.replace(TrialConfig().train, budget=pairs_budget(2), batch_rows=1, num_workers=1),
                         contrastive=ContrastiveConfig(pairs=(("mine", 1.0),), pair_length=16, hard_negatives=2,
                                                       mine_negatives=False, given_negative_margin=margin))
     pairs_path = pair_table_path(prepared, ["mine"], data=data, **QUIET)
@@ -357,7 +364,7 @@ def test_phase3_mines_negatives_for_user_pairs_beside_built_in_ones(prepared, tm
         name="mine", path=str(write_jsonl(tmp_path / "pairs.jsonl", user_rows())), rights=RIGHTS),),
         mixture=MixtureConfig(max_epochs=8))
     trial = TrialConfig(model=synthetic.MODEL, data=data, phase=3, parent=str(parent),
-                        train=dataclasses.replace(TrialConfig().train, budget_pairs=8, batch_rows=2, num_workers=1),
+                        train=dataclasses.replace(TrialConfig().train, budget=pairs_budget(8), batch_rows=2, num_workers=1),
                         contrastive=ContrastiveConfig(pairs=(("mine", 0.5), ("title-body", 0.5)), pair_length=16,
                                                       hard_negatives=2, mining_top_k=5, mining_margin=0.0))
     assert mines_negatives(trial) and not mines_negatives(dataclasses.replace(
@@ -405,7 +412,7 @@ def test_every_positive_of_a_multi_positive_beir_query_is_a_row_of_its_group_and
     assert record["rows"] == {"folder": {"train": 4, "dev": 0, "test": 0}}
 
     trial = TrialConfig(data=data, phase=2, contrastive=ContrastiveConfig(pairs=(("folder", 1.0),)),
-                        train=dataclasses.replace(TrialConfig().train, budget_pairs=8, batch_rows=2, num_workers=1))
+                        train=dataclasses.replace(TrialConfig().train, budget=pairs_budget(8), batch_rows=2, num_workers=1))
     schedule, offsets = trial_pair_schedule(trial, path)
     read = collections.Counter((offsets["folder"] + schedule.item).tolist())
     assert sorted(read) == [0, 1, 2, 3] and max(read.values()) - min(read.values()) <= 1
@@ -580,7 +587,7 @@ def test_mining_from_a_parent_on_object_storage_equals_mining_from_its_local_cop
     mined = {}
     for where, location in (("s3", remote), ("local", str(parent))):
         trial = TrialConfig(model=synthetic.MODEL, data=data, phase=3, parent=location,
-                            train=dataclasses.replace(TrialConfig().train, budget_pairs=8, batch_rows=2, num_workers=1),
+                            train=dataclasses.replace(TrialConfig().train, budget=pairs_budget(8), batch_rows=2, num_workers=1),
                             contrastive=ContrastiveConfig(pairs=(("title-body", 1.0),), pair_length=16,
                                                           hard_negatives=2, mining_top_k=5, mining_margin=0.0))
         path = pair_table_path(prepared, ["title-body"], data=data, **QUIET)

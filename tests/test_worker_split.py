@@ -225,9 +225,9 @@ def test_ray_worker_datasets_are_the_whole_streams_worker_rows(ray_session, prep
     from embedlab.train.phase1 import trial_schedule, trial_streams
     from embedlab.train.session import DatasetSession
 
-    from conftest import tiny_trial
+    from conftest import tiny_budget, tiny_trial
 
-    trial = tiny_trial(num_workers=3, batch_rows=4, budget_tokens=20_000)
+    trial = tiny_trial(num_workers=3, batch_rows=4, budget=tiny_budget(tokens=20_000))
     schedule, offsets = trial_schedule(trial, prepared)
     whole = packed_dataset(prepared.pieces_path, schedule, offsets, sequence_length=trial.data.sequence_length,
                            pad_id=prepared.tokenizer.pad_id, cls_id=prepared.tokenizer.cls_id)

@@ -4,7 +4,7 @@ step, 64 (the profile) vs 128 vs 256, at equal pairs, from the tour's phase-1 wi
 Run:  embedlab sweep ablations/probes/phase2_batch.py --profile cpu --parent PHASE1_WINNER
 """
 from dataclasses import replace
-from embedlab import Study, recipes
+from embedlab import Budget, Study, recipes
 
 def study(profile: str = "cpu") -> Study:
     base = recipes.phase2_baseline(profile)
@@ -12,4 +12,4 @@ def study(profile: str = "cpu") -> Study:
     return Study(
         name="phase2-probe-batch", factor="train.batch_rows",
         arms={"batch-64": base, "batch-128": rows(128), "batch-256": rows(256)},
-        seeds=(1,), budget_tokens=3_000_000, budget_pairs=100_000, metric="dev/ndcg@10", profile="cpu")
+        seeds=(1,), budget=Budget(tokens=3_000_000, pairs=100_000), metric="dev/ndcg@10", profile="cpu")

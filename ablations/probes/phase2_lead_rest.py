@@ -6,7 +6,7 @@ at equal pairs, from the tour's phase-1 winner.
 Run:  embedlab sweep ablations/probes/phase2_lead_rest.py --profile cpu --parent PHASE1_WINNER
 """
 from dataclasses import replace
-from embedlab import Study, recipes
+from embedlab import Budget, Study, recipes
 
 LEAD_REST = (("same-source-spans", 0.3), ("title-body", 0.3), ("term-definition", 0.2), ("lead-rest", 0.2))
 
@@ -22,4 +22,4 @@ def study(profile: str = "cpu") -> Study:
         # One final-eval document (email.parser.BytesParser.__init__) is a near-duplicate of a
         # lead-rest positive (Parser.__init__'s body); this probe reads recipe-dev only.
         disclosed_overlap="probe only: one final-eval document near a lead-rest positive; no test score is computed",
-        seeds=(1,), budget_tokens=3_000_000, budget_pairs=100_000, metric="dev/ndcg@10", profile="cpu")
+        seeds=(1,), budget=Budget(tokens=3_000_000, pairs=100_000), metric="dev/ndcg@10", profile="cpu")

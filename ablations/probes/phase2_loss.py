@@ -6,7 +6,7 @@ tour's phase-1 winner.
 Run:  embedlab sweep ablations/probes/phase2_loss.py --profile cpu --parent PHASE1_WINNER
 """
 from dataclasses import replace
-from embedlab import Study, recipes
+from embedlab import Budget, Study, recipes
 
 def study(profile: str = "cpu") -> Study:
     base = recipes.phase2_baseline(profile)
@@ -14,4 +14,4 @@ def study(profile: str = "cpu") -> Study:
         name="phase2-probe-loss", factor="contrastive",
         arms={"symmetric": replace(base, contrastive=replace(base.contrastive, symmetric=True)),
               "temperature-003": replace(base, contrastive=replace(base.contrastive, temperature=0.03))},
-        seeds=(1,), budget_tokens=3_000_000, budget_pairs=100_000, metric="dev/ndcg@10", profile="cpu")
+        seeds=(1,), budget=Budget(tokens=3_000_000, pairs=100_000), metric="dev/ndcg@10", profile="cpu")

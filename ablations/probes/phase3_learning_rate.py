@@ -4,7 +4,7 @@ learning rate, 2e-4 (the profile) vs 5e-4, at equal pairs, from the tour's phase
 Run:  embedlab sweep ablations/probes/phase3_learning_rate.py --profile cpu --parent PHASE2_WINNER
 """
 from dataclasses import replace
-from embedlab import Study, recipes
+from embedlab import Budget, Study, recipes
 
 def study(profile: str = "cpu") -> Study:
     base = recipes.phase3_baseline(profile)
@@ -13,4 +13,4 @@ def study(profile: str = "cpu") -> Study:
     return Study(
         name="phase3-probe", factor="train.learning_rate",
         arms={"lr-2e-4": control, "lr-5e-4": lr(5e-4)},
-        seeds=(0,), budget_tokens=3_000_000, budget_pairs=50_000, metric="dev/ndcg@10", profile="cpu")
+        seeds=(0,), budget=Budget(tokens=3_000_000, pairs=50_000), metric="dev/ndcg@10", profile="cpu")

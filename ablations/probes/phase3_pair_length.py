@@ -5,7 +5,7 @@ costs about twice the FLOPs a pair), from the tour's phase-2 winner.
 Run:  embedlab sweep ablations/probes/phase3_pair_length.py --profile cpu --parent PHASE2_WINNER
 """
 from dataclasses import replace
-from embedlab import Study, recipes
+from embedlab import Budget, Study, recipes
 
 def study(profile: str = "cpu") -> Study:
     base = recipes.phase3_baseline(profile)
@@ -14,4 +14,4 @@ def study(profile: str = "cpu") -> Study:
     return Study(
         name="phase3-probe-len", factor="contrastive.pair_length",
         arms={"len-64": control, "len-128": replace(control, contrastive=replace(control.contrastive, pair_length=128))},
-        seeds=(0,), budget_tokens=3_000_000, budget_pairs=50_000, metric="dev/ndcg@10", profile="cpu")
+        seeds=(0,), budget=Budget(tokens=3_000_000, pairs=50_000), metric="dev/ndcg@10", profile="cpu")

@@ -1,8 +1,9 @@
 """embedlab: train text-embedding encoders and run controlled ablations on Ray."""
 
 from embedlab.code_identity import VERSION as __version__
+from embedlab.config import Budget
 
-__all__ = ["Search", "Study", "load_table", "__version__"]
+__all__ = ["Budget", "Search", "Study", "load_table", "__version__"]
 
 # The public API is imported on first use (PEP 562), not with the package: importing any
 # embedlab module imports this file first, and `Study` and `load_table` bring the sweep

@@ -335,12 +335,94 @@ BUDGET_SCOPES = ("phase", "lineage")
 
 
 @dataclass(frozen=True, kw_only=True)
+class Budget:
+    """The compute a trial trains to; a study holds one and stamps it on every arm.
+
+    `tokens` counts consumed non-padding input tokens summed over all workers (phase 1);
+    `pairs` consumed positive pairs (phases 2 and 3). `flops` > 0 makes the budget measured
+    training FLOPs instead, `device_seconds` > 0 device time summed over the workers; a
+    trial trains to one of them, and stops at the first step that reaches it (`unit`).
+    The data figures stay with a FLOPs or device-time budget: they size the data schedule.
+
+    `scope` (BUDGET_SCOPES): "phase" counts this trial's own training FLOPs against `flops`;
+    "lineage" (phases 2-3, a FLOPs budget) makes `flops` the total over the lineage, so a
+    trial that starts from its parent's weights is charged the parent's measured training
+    FLOPs and trains the rest, and one that starts from a random initialisation trains all
+    of it (`embedlab.train.budget.split_lineage_budget`).
+    """
+
+    tokens: int
+    pairs: int
+    flops: float = 0.0
+    device_seconds: float = 0.0
+    scope: str = "phase"
+
+    def __post_init__(self) -> None:
+        _check_positive(self, "train.budget", "tokens", "pairs")
+        _check(self.flops >= 0, "train.budget.flops", "must be >= 0 (0: budget in tokens or pairs)")
+        _check(self.device_seconds >= 0, "train.budget.device_seconds",
+               "must be >= 0 (0: budget in tokens, pairs or FLOPs)")
+        _check(not (self.flops > 0 and self.device_seconds > 0), "train.budget.device_seconds",
+               "a trial trains to one budget: set flops or device_seconds, not both")
+        _check(self.scope in BUDGET_SCOPES, "train.budget.scope", f"{self.scope!r}; valid: {list(BUDGET_SCOPES)}")
+        _check(self.scope == "phase" or self.flops > 0, "train.budget.scope",
+               "'lineage' adds a parent's training FLOPs to a child's, so it needs a train.budget.flops budget")
+
+    def unit(self, phase: int) -> str:
+        """What a trial of `phase` trains to: measured FLOPs or device seconds when set, else
+        its phase's data (tokens in phase 1, pairs in phases 2-3)."""
+        _check(phase in (1, 2, 3), "phase", "must be 1, 2 or 3")
+        if self.flops > 0:
+            return "flops"
+        if self.device_seconds > 0:
+            return "device_seconds"
+        return "tokens" if phase == 1 else "pairs"
+
+    def amount(self, phase: int) -> float:
+        """The budget in its unit for a trial of `phase`."""
+        return getattr(self, self.unit(phase))
+
+    def data(self, phase: int) -> int:
+        """The phase's data figure: tokens in phase 1, pairs in phases 2-3."""
+        return self.tokens if phase == 1 else self.pairs
+
+    def declared(self, phase: int) -> dict[str, float]:
+        """The amount in each unit the budget declares for a trial of `phase`: tokens (phase
+        1's data, and the record's figure in phases 2-3), pairs in phases 2-3 only (a phase-1
+        trial reads none), FLOPs and device seconds when set."""
+        amounts = {"tokens": self.tokens, "pairs": self.pairs if phase > 1 else 0,
+                   "flops": self.flops, "device_seconds": self.device_seconds}
+        return {unit: amount for unit, amount in amounts.items() if amount > 0}
+
+
+# TrainConfig's budget when none is given: a demo-sized phase 1, 2,000 pairs in phases 2-3.
+DEFAULT_BUDGET = Budget(tokens=100_000, pairs=2_000)
+# The flat keys configs and study records held before the budget was one object, and the
+# Budget field each is now: run directories written then still load (`nest_flat_budget`).
+FLAT_BUDGET_KEYS = {"budget_tokens": "tokens", "budget_pairs": "pairs", "budget_flops": "flops",
+                    "budget_device_seconds": "device_seconds", "budget_scope": "scope"}
+
+
+def nest_flat_budget(raw: dict[str, Any], section: str) -> dict[str, Any]:
+    """`raw` (a TrainConfig's or a study's mapping) with the flat budget keys of older run
+    directories (`FLAT_BUDGET_KEYS`) moved into one `budget` mapping; `raw` itself when it
+    has none. Both layouts at once is a ConfigError: which one holds would be a guess."""
+    flat = [key for key in FLAT_BUDGET_KEYS if key in raw]
+    if not flat:
+        return raw
+    if "budget" in raw:
+        raise ConfigError(f"{section}: has both a budget mapping and the older flat keys {flat}; keep one")
+    rest = {key: value for key, value in raw.items() if key not in FLAT_BUDGET_KEYS}
+    return {**rest, "budget": {FLAT_BUDGET_KEYS[key]: raw[key] for key in flat}}
+
+
+@dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """Phase-1 optimisation and the compute budget.
 
-    `budget_tokens` counts consumed non-padding input tokens summed over all workers;
-    training stops at the first step that reaches it. `batch_rows` is rows per worker per
-    microbatch; a step is `microbatches` of them on every worker.
+    `budget` (`Budget`) is what the trial trains to; training stops at the first step that
+    reaches it. `batch_rows` is rows per worker per microbatch; a step is `microbatches` of
+    them on every worker.
 
     Reliability (`embedlab.train.state`, `embedlab.train.nonfinite`): every
     `checkpoint_every_steps` steps (0: only the final checkpoint) a checkpoint holds the
@@ -363,19 +445,9 @@ class TrainConfig:
     cuts each packed row into `data.sequence_length / length` rows (the step's tokens stay the
     same), so a stage switch changes what a step attends over, not the data order or budget.
     Empty: the whole phase at `data.sequence_length`.
-
-    `budget_scope` (BUDGET_SCOPES): "phase" counts this trial's own training FLOPs against
-    `budget_flops`; "lineage" (phases 2-3, a FLOPs budget) makes `budget_flops` the total over
-    the lineage, so a trial that starts from its parent's weights is charged the parent's
-    measured training FLOPs and trains the rest, and one that starts from a random
-    initialisation trains all of it (`embedlab.train.budget.split_lineage_budget`).
     """
 
-    budget_tokens: int = 100_000
-    budget_pairs: int = 2_000  # phases 2 and 3 stop at this many consumed positive pairs
-    budget_flops: float = 0.0  # > 0: stop at this many measured training FLOPs instead
-    budget_device_seconds: float = 0.0  # > 0: stop at this much device time (all workers) instead
-    budget_scope: str = "phase"
+    budget: Budget = DEFAULT_BUDGET
     batch_rows: int = 16
     microbatches: int = 1
     learning_rate: float = 1e-3  # the peak; the schedule scales it
@@ -398,7 +470,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _check_positive(
-            self, "train", "budget_tokens", "budget_pairs", "batch_rows", "microbatches", "learning_rate",
+            self, "train", "batch_rows", "microbatches", "learning_rate",
             "max_grad_norm", "num_workers", "cpus_per_worker", "report_every_steps", "torch_threads",
         )
         _check(self.weight_decay >= 0, "train.weight_decay", "must be >= 0")
@@ -411,15 +483,7 @@ class TrainConfig:
             lengths = [length for _, length in self.length_schedule]
             _check(lengths == sorted(lengths) and all(length >= 8 for length in lengths), "train.length_schedule",
                    f"lengths must be >= 8 and non-decreasing, got {lengths}")
-        _check(self.budget_flops >= 0, "train.budget_flops", "must be >= 0 (0: budget in tokens or pairs)")
-        _check(self.budget_device_seconds >= 0, "train.budget_device_seconds",
-               "must be >= 0 (0: budget in tokens, pairs or FLOPs)")
-        _check(not (self.budget_flops > 0 and self.budget_device_seconds > 0), "train.budget_device_seconds",
-               "a trial trains to one budget: set budget_flops or budget_device_seconds, not both")
-        _check(self.budget_scope in BUDGET_SCOPES, "train.budget_scope",
-               f"{self.budget_scope!r}; valid: {list(BUDGET_SCOPES)}")
-        _check(self.budget_scope == "phase" or self.budget_flops > 0, "train.budget_scope",
-               "'lineage' adds a parent's training FLOPs to a child's, so it needs a train.budget_flops budget")
+        _check(isinstance(self.budget, Budget), "train.budget", f"must be a Budget, got {type(self.budget).__name__}")
         _check(self.checkpoint_every_steps >= 0, "train.checkpoint_every_steps",
                "must be >= 0 (0: only the final checkpoint)")
         _check(self.max_failures >= 0, "train.max_failures", "must be >= 0 (0: no restart)")
@@ -601,7 +665,7 @@ class TrialConfig:
                "start from a parent")
         _check(not (self.extension and self.masking.head_per_ratio), "extension",
                "continues the parent's single MLM head; one head per ratio is a phase-1 arm from scratch")
-        _check(self.phase > 1 or self.train.budget_scope == "phase", "train.budget_scope",
+        _check(self.phase > 1 or self.train.budget.scope == "phase", "train.budget.scope",
                "'lineage' charges a parent's training to a phase-2 or phase-3 child; phase 1 counts its own")
         _check(self.phase == 1 or not self.train.length_schedule, "train.length_schedule",
                "belongs to phase 1 (pair lengths are contrastive.pair_length)")
@@ -642,6 +706,8 @@ def build_config(kind: type, raw: dict[str, Any], section: str) -> Any:
     configs are built recursively, and unknown or missing keys are ConfigErrors that name them."""
     if not isinstance(raw, dict):
         raise ConfigError(f"{section}: expected a mapping, got {type(raw).__name__}")
+    if kind is TrainConfig:  # written before the budget was one object: flat budget_* keys
+        raw = nest_flat_budget(raw, section)
     hints = typing.get_type_hints(kind)
     names = {f.name for f in dataclasses.fields(kind)}
     unknown = set(raw) - names

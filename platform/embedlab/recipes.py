@@ -17,8 +17,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from embedlab.config import (MODEL_PRESETS, ConfigError, ContrastiveConfig, DataConfig, MaskingConfig, MixtureConfig,
-                             TrainConfig, TrialConfig)
+from embedlab.config import (DEFAULT_BUDGET, MODEL_PRESETS, Budget, ConfigError, ContrastiveConfig, DataConfig,
+                             MaskingConfig, MixtureConfig, TrainConfig, TrialConfig)
 from embedlab.data.builtin import available_sources
 from embedlab.data.external import HFDataset
 from embedlab.data.mixture import PHASE1_FAMILIES, PHASE1_PILOT, MixtureError, pilot_mixture
@@ -248,8 +248,8 @@ def phase3_baseline(profile_name: str = "demo") -> TrialConfig:
     )
 
 
-def budget_for(p: Profile, phase: int, control: TrialConfig | None = None) -> dict[str, int | float | str]:
-    """The profile's study budget for a phase, as Study keyword arguments.
+def budget_for(p: Profile, phase: int, control: TrialConfig | None = None) -> Budget:
+    """The profile's study budget for a phase.
 
     With `control` (the arm the others are compared to, as the study builds it), the budget is
     measured training FLOPs: what the control's steps cost over the profile's tokens (phase 1)
@@ -259,17 +259,16 @@ def budget_for(p: Profile, phase: int, control: TrialConfig | None = None) -> di
     equal data. The data figures stay, as the length of the data schedule and for the record.
     Without `control`, the budget is the profile's data unit (tables then say the arms are
     data-matched, and by how much their FLOPs differ)."""
-    if phase == 1:
-        data: dict[str, int | float | str] = {"budget_tokens": p.phase1_tokens}
-    else:
-        # Phases 2-3 train on pairs; budget_tokens stays the phase-1 figure for the record.
-        data = {"budget_tokens": p.phase1_tokens, "budget_pairs": p.phase2_pairs if phase == 2 else p.phase3_pairs}
+    # Phases 2-3 train on pairs; tokens stay the phase-1 figure for the record. Phase 1 reads
+    # no pairs: its Budget keeps the default figure every phase-1 arm carried before studies
+    # stamped a whole Budget, so its trials' configs are unchanged.
+    pairs = {1: DEFAULT_BUDGET.pairs, 2: p.phase2_pairs, 3: p.phase3_pairs}[phase]
+    data = Budget(tokens=p.phase1_tokens, pairs=pairs)
     if control is None:
         return data
     # here: torch (both modules import it), which loading a study file does not need
     from embedlab.train.budget import step_units
     from embedlab.train.flops import expected_step_flops
 
-    units = p.phase1_tokens if phase == 1 else data["budget_pairs"]
-    return {**data, "budget_unit": "flops",
-            "budget_flops": float(units / step_units(control) * expected_step_flops(control))}
+    units = data.data(phase)
+    return dataclasses.replace(data, flops=float(units / step_units(control) * expected_step_flops(control)))

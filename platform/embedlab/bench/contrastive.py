@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 import torch
 
 from embedlab.bench.measure import Comparison, interleaved_rates, median, peak_since, start_peak_window
-from embedlab.config import ContrastiveConfig, DataConfig, TrainConfig, TrialConfig, model_preset
+from embedlab.config import DEFAULT_BUDGET, ContrastiveConfig, DataConfig, TrainConfig, TrialConfig, model_preset
 from embedlab.data.pair_stream import pair_table_path, tokenize_pair_window
 from embedlab.data.prepared import PreparedData
 from embedlab.errors import UsageError
@@ -78,7 +78,7 @@ def contrastive_loop(prepared, parent: Path, bench: ContrastiveBench, gradcache_
         model=preset, phase=2, parent=str(parent), contrastive=settings,
         data=DataConfig(tokenizer_vocab_size=min(prepared.tokenizer.vocab_size, preset.vocab_size)),
         train=TrainConfig(batch_rows=bench.batch_pairs, num_workers=1, torch_threads=bench.threads,
-                          budget_pairs=10**9),
+                          budget=dataclasses.replace(DEFAULT_BUDGET, pairs=10**9)),
     )
     builders = [name for name, _ in settings.pairs]
     config = {"trial": trial.to_dict(), "tokenizer_path": str(prepared.tokenizer_path),

@@ -268,7 +268,8 @@ def format_layout(result: dict[str, Any]) -> str:
 def layout_trial(base, layout: Layout, pairs: int):
     """`base` (a phase-2 TrialConfig) on `layout`, trained to `pairs`, reporting as sweeps do."""
     train = dataclasses.replace(base.train, num_workers=layout.num_workers, cpus_per_worker=layout.cpus_per_worker,
-                                torch_threads=layout.torch_threads, batch_rows=layout.batch_pairs, budget_pairs=pairs,
+                                torch_threads=layout.torch_threads, batch_rows=layout.batch_pairs,
+                                budget=dataclasses.replace(base.train.budget, pairs=pairs),
                                 report_every_steps=REPORT_EVERY_STEPS)
     return dataclasses.replace(base, train=train)
 

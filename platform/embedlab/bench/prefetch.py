@@ -64,7 +64,8 @@ def bench_trial(bench: PrefetchBench, data: DataConfig) -> TrialConfig:
     the bench's preset and budget, never checkpointing mid-run."""
     trial = TrialConfig(model=model_preset(bench.preset), data=data)
     return dataclasses.replace(trial, train=dataclasses.replace(
-        trial.train, budget_tokens=bench.budget_tokens, checkpoint_every_steps=0))
+        trial.train, budget=dataclasses.replace(trial.train.budget, tokens=bench.budget_tokens),
+        checkpoint_every_steps=0))
 
 
 def worker_streams(trial: TrialConfig, prepared: PreparedData, drawn: tuple[Schedule, dict[str, int]],

@@ -119,19 +119,19 @@ def pilot_config(study: Study, arm: str, parent: str | None, reports: int) -> Tr
     steps = pilot_steps(config, reports)
     rows = train.num_workers * train.batch_rows * train.microbatches
     capacity = rows * config.data.sequence_length  # tokens a step can hold; packing fills most
-    budget: dict[str, Any] = {}
+    budget: dict[str, Any] = {}  # the Budget fields the pilot changes
     if study.unit == "flops":
-        budget["budget_flops"] = steps * expected_step_flops(config)
-        budget["budget_pairs"] = max(train.budget_pairs, steps * rows * 4)
-        budget["budget_tokens"] = max(train.budget_tokens, steps * capacity * 2)
+        budget["flops"] = steps * expected_step_flops(config)
+        budget["pairs"] = max(train.budget.pairs, steps * rows * 4)
+        budget["tokens"] = max(train.budget.tokens, steps * capacity * 2)
     elif config.phase == 1:
-        budget["budget_tokens"] = steps * capacity
+        budget["tokens"] = steps * capacity
     else:
-        budget["budget_pairs"] = steps * rows
+        budget["pairs"] = steps * rows
     if study.unit == "device_seconds":  # the pilot runs its steps by data and times them
-        budget["budget_device_seconds"] = 0.0
+        budget["device_seconds"] = 0.0
     every = train.report_every_steps * (reports // 2)
-    train = replace(train, **budget, checkpoint_every_steps=every)
+    train = replace(train, budget=replace(train.budget, **budget), checkpoint_every_steps=every)
     return replace(config, train=train)
 
 
@@ -232,8 +232,7 @@ def run_pilot(study: Study, arm: str, prepared: PreparedData, *, parent: str | N
 
 def estimate_arm(study: Study, pilot: Pilot, trials: int) -> ArmEstimate:
     """One trial of the arm at the study's budget, from its pilot (module docstring)."""
-    budget = {"tokens": study.budget_tokens, "pairs": study.budget_pairs, "flops": study.budget_flops,
-              "device_seconds": study.budget_device_seconds}[study.unit]
+    budget = study.budget.amount(study.phase)
     steps = math.ceil(budget / pilot.units_per_step)
     config = study.trial_config(pilot.arm, study.seeds[0], "parent" if study.needs_parent else None)
     every = config.train.checkpoint_every_steps
@@ -334,11 +333,11 @@ def measured_arm(study: Study, arm: str, measurement: Measurement) -> dict[str, 
     workers = config.train.num_workers
     rate = measurement.flops_per_s * workers
     if study.unit == "device_seconds":  # device time summed over workers
-        seconds = study.budget_device_seconds / workers
+        seconds = study.budget.device_seconds / workers
         flops = seconds * rate
     else:
-        flops = study.budget_flops if study.unit == "flops" else (
-            (study.budget_tokens if study.unit == "tokens" else study.budget_pairs) / units * step_flops)
+        amount = study.budget.amount(study.phase)
+        flops = amount if study.unit == "flops" else amount / units * step_flops
         seconds = flops / rate
     return {"trials": (study.search_trials if study.search else 0) + len(study.seeds), "workers": workers,
             "model": config.model.preset, "layers": config.model.layers, "width": config.model.width,
@@ -370,7 +369,7 @@ def measured_plan(study: Study, measurement: Measurement, *, gpu_here: bool) -> 
     if any(c.contrastive.hard_negatives and c.contrastive.mine_negatives for c in configs.values()):
         notes.append("mining hard negatives (a no-grad pass of the parent over the training documents, once per "
                      "parent) is outside the training budget and not counted")
-    if study.budget_scope == "lineage":
+    if study.budget.scope == "lineage":
         notes.append("lineage budget: an arm that starts from the parent's weights trains the total less the "
                      "parent's recorded FLOPs, so its time here is an upper bound")
     data = first.data
@@ -378,9 +377,9 @@ def measured_plan(study: Study, measurement: Measurement, *, gpu_here: bool) -> 
     return {
         "study": study.name, "phase": study.phase, "profile": study.profile, "estimate": "measured",
         "budget_unit": study.unit,
-        "budget": {"tokens": study.budget_tokens, "pairs": study.budget_pairs, "flops": study.budget_flops,
-                   "device_seconds": study.budget_device_seconds}[study.unit],
-        "budget_tokens": study.budget_tokens, "budget_pairs": study.budget_pairs,
+        "budget": study.budget.amount(study.phase),
+        # The plan's keys as before the budget was one object: a phase-1 study declares no pairs.
+        "budget_tokens": study.budget.tokens, "budget_pairs": study.budget.declared(study.phase).get("pairs", 0),
         "trials": sum(a["trials"] for a in arms.values()), "concurrent_trials": 1,
         "measurement": {**asdict(measurement), "flops_per_s": measurement.flops_per_s},
         "rule": "trial seconds = training FLOPs / (measured tokens/s x training FLOPs a token at the bench's "

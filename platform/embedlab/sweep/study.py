@@ -25,19 +25,17 @@ from pathlib import Path
 from typing import Any
 
 from embedlab import store
-from embedlab.config import BUDGET_SCOPES, ConfigError, TrialConfig
+from embedlab.config import FLAT_BUDGET_KEYS, Budget, ConfigError, TrialConfig, nest_flat_budget
 from embedlab.errors import UnknownKey
 from embedlab.evaluate.panel import METRICS, UnknownPanelMetric, resolve_study_metric
 
-BUDGET_UNITS = ("tokens", "pairs", "flops", "device_seconds")
 # Tuning trial k of every arm runs at seed TUNING_SEED_OFFSET + k: the same seeds for every
 # arm (equal tuning conditions), and far from the small seeds studies use (0, 1, 2).
 TUNING_SEED_OFFSET = 10_000
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 # Config paths a search may not touch: the factor is what the study compares, and the
 # budget and seed belong to the study, so tuning them would break equal compute.
-_BUDGET_PATHS = ("train.budget_tokens", "train.budget_pairs", "train.budget_flops", "train.budget_device_seconds",
-                 "train.budget_scope")
+_BUDGET_PATHS = tuple(f"train.budget.{f.name}" for f in dataclasses.fields(Budget))
 _UNSEARCHABLE = (*_BUDGET_PATHS, "train.seed", "parent", "phase")
 
 
@@ -91,9 +89,10 @@ def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 class Study:
     """Arms x seeds at one measured budget, ranked by `metric` on recipe-dev.
 
-    `budget_unit` is what every trial trains to: measured training `flops` (`budget_flops`;
+    `budget` (`Budget`) is what every trial trains to, stamped on every arm's config by
+    `trial_config`; its unit (`Budget.unit`) is measured training `flops` (`budget.flops`;
     the unit whenever it is set, and what every shipped study declares through
-    `recipes.budget_for`), `device_seconds` (`budget_device_seconds`: device time summed over
+    `recipes.budget_for`), `device_seconds` (`budget.device_seconds`: device time summed over
     a trial's workers), or a data unit: consumed non-padding `tokens` (phase 1 without a FLOPs
     budget) or positive `pairs` (phases 2-3 without one), whose tables then say the arms are
     data-matched and by how much their FLOPs differ. `search` names nuisance
@@ -101,23 +100,18 @@ class Study:
     effort) at `tuning_seeds`; each arm's `seeds` then run with that arm's best values.
     `profile` records the sizes the file was built at.
 
-    `budget_scope` "lineage" (phases 2-3, a FLOPs budget; `train.budget_scope`) makes
-    `budget_flops` the total over each arm's lineage: an arm that starts from the parent's
-    weights is charged the parent's measured training FLOPs and trains the rest, one that
-    starts from a random initialisation trains it all (`lineage_budgets`); tables then match
-    the arms on `budget/total_flops`. "phase" counts each trial's own training only.
+    `budget.scope` "lineage" (phases 2-3, a FLOPs budget) makes `budget.flops` the total over
+    each arm's lineage: an arm that starts from the parent's weights is charged the parent's
+    measured training FLOPs and trains the rest, one that starts from a random initialisation
+    trains it all (`lineage_budgets`); tables then match the arms on `budget/total_flops`.
+    "phase" counts each trial's own training only.
     """
 
     name: str
     factor: str
     arms: dict[str, TrialConfig]
     seeds: tuple[int, ...]
-    budget_tokens: int
-    budget_pairs: int = 0  # phases 2-3: consumed positive pairs per trial (required there)
-    budget_unit: str = ""  # "" = tokens in phase 1, pairs in phases 2-3
-    budget_flops: float = 0.0
-    budget_device_seconds: float = 0.0
-    budget_scope: str = "phase"
+    budget: Budget
     metric: str = "dev/ndcg@10"
     description: str = ""
     search: tuple[Search, ...] = ()
@@ -140,32 +134,18 @@ class Study:
                 raise ConfigError(f"study.arms[{arm!r}]: must be a TrialConfig, got {type(config).__name__}")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ConfigError(f"study.seeds: must be non-empty and distinct, got {self.seeds}")
-        if self.budget_tokens <= 0:
-            raise ConfigError("study.budget_tokens: must be positive")
-        if any(c.phase > 1 for c in self.arms.values()) and self.budget_pairs <= 0:
-            raise ConfigError("study.budget_pairs: phase 2 and 3 arms train to a budget of positive pairs; set it")
+        if not isinstance(self.budget, Budget):
+            raise ConfigError(f"study.budget: must be a Budget, got {type(self.budget).__name__}")
         if len({c.phase for c in self.arms.values()}) != 1:
             raise ConfigError("study.arms: all arms must train the same phase")
         if self.disclosed_overlap is not None and not self.disclosed_overlap.strip():
             raise ConfigError("study.disclosed_overlap: must say what the policy is, or be None")
         self._check_metric()
-        if self.budget_unit not in ("", *BUDGET_UNITS):
-            raise ConfigError(f"study.budget_unit: {self.budget_unit!r}; valid: {list(BUDGET_UNITS)}")
-        # Resolved once, so a study and its JSON round trip compare equal.
-        # Measured FLOPs whenever a FLOPs budget is given; a data unit only without one.
-        object.__setattr__(self, "budget_unit", self.budget_unit or (
-            "flops" if self.budget_flops > 0 else "device_seconds" if self.budget_device_seconds > 0
-            else "tokens" if self.phase == 1 else "pairs"))
-        if self.unit == "pairs" and self.phase == 1:
-            raise ConfigError("study.budget_unit: phase 1 trains on tokens, not pairs")
-        if (self.unit == "flops") != (self.budget_flops > 0):
-            raise ConfigError("study.budget_flops: set it exactly when budget_unit is 'flops'")
-        if (self.unit == "device_seconds") != (self.budget_device_seconds > 0):
-            raise ConfigError("study.budget_device_seconds: set it exactly when budget_unit is 'device_seconds'")
-        if self.budget_scope not in BUDGET_SCOPES:
-            raise ConfigError(f"study.budget_scope: {self.budget_scope!r}; valid: {list(BUDGET_SCOPES)}")
-        if self.budget_scope == "lineage" and (self.unit != "flops" or self.phase == 1):
-            raise ConfigError("study.budget_scope: 'lineage' adds a parent's training FLOPs to its children's, so "
+        # The Budget checked its own values (a FLOPs budget for 'lineage' among them); the
+        # phase is the study's. Its unit is derived from it (`Budget.unit`), so phase 1 never
+        # trains on pairs and a FLOPs or device-time amount is set exactly when it is the unit.
+        if self.budget.scope == "lineage" and self.phase == 1:
+            raise ConfigError("study.budget.scope: 'lineage' adds a parent's training FLOPs to its children's, so "
                               "it needs a phase-2 or phase-3 study with a FLOPs budget")
         self._check_controlled()
         self._check_search()
@@ -248,44 +228,47 @@ class Study:
     def _check_budget(self) -> None:
         """A budget below one optimizer step would stop every arm after a single step,
         overshooting it by up to 100%: refuse it, naming the step size."""
+        budget = self.budget
         for arm, config in self.arms.items():
             train = config.train
             if self.unit == "tokens":
                 step = train.num_workers * train.batch_rows * train.microbatches * config.data.sequence_length
-                if self.budget_tokens < step:
+                if budget.tokens < step:
                     raise ConfigError(
-                        f"study.budget_tokens: {self.budget_tokens:,} is less than one step of arm {arm!r} "
+                        f"study.budget.tokens: {budget.tokens:,} is less than one step of arm {arm!r} "
                         f"(up to {step:,} tokens = {train.num_workers} workers x {train.batch_rows} rows x "
                         f"{train.microbatches} microbatches x {config.data.sequence_length} tokens)")
             elif self.unit == "pairs":
                 step = train.num_workers * train.batch_rows * train.microbatches
-                if self.budget_pairs < step:
+                if budget.pairs < step:
                     raise ConfigError(
-                        f"study.budget_pairs: {self.budget_pairs:,} is less than one step of arm {arm!r} "
+                        f"study.budget.pairs: {budget.pairs:,} is less than one step of arm {arm!r} "
                         f"({step:,} pairs = {train.num_workers} workers x {train.batch_rows} rows x "
                         f"{train.microbatches} microbatches)")
             elif self.unit == "flops":
                 from embedlab.train.flops import expected_step_flops  # here: torch, which `import embedlab` (the study API) does not need
 
                 step = expected_step_flops(config)  # the first step is never cut to the budget
-                if self.budget_flops < step:
+                if budget.flops < step:
                     raise ConfigError(
-                        f"study.budget_flops: {self.budget_flops:.3g} is less than one step of arm {arm!r} "
+                        f"study.budget.flops: {budget.flops:.3g} is less than one step of arm {arm!r} "
                         f"(about {step:.3g} training FLOPs, `expected_step_flops`)")
 
     @property
     def unit(self) -> str:
-        return self.budget_unit
+        """What every trial trains to (`Budget.unit` at the study's phase)."""
+        return self.budget.unit(self.phase)
 
     @property
     def budget_text(self) -> str:
         """Each trial's budget in words, in the study's unit."""
-        return {"tokens": f"{self.budget_tokens:,} non-padding tokens",
-                "pairs": f"{self.budget_pairs:,} positive pairs",
-                "flops": f"{self.budget_flops:.3g} measured training FLOPs" + (
+        budget = self.budget
+        return {"tokens": f"{budget.tokens:,} non-padding tokens",
+                "pairs": f"{budget.pairs:,} positive pairs",
+                "flops": f"{budget.flops:.3g} measured training FLOPs" + (
                     ", the parent's training counted for arms that start from its weights"
-                    if self.budget_scope == "lineage" else ""),
-                "device_seconds": f"{self.budget_device_seconds:,g} device seconds"}[self.unit]
+                    if budget.scope == "lineage" else ""),
+                "device_seconds": f"{budget.device_seconds:,g} device seconds"}[self.unit]
 
     @property
     def tuning_seeds(self) -> tuple[int, ...]:
@@ -315,11 +298,8 @@ class Study:
         if arm not in self.arms:
             raise UnknownKey(f"study {self.name}: no arm {arm!r}; arms: {list(self.arms)}")
         config = self.arms[arm]
-        train = dataclasses.replace(config.train, budget_tokens=self.budget_tokens, seed=seed,
-                                    budget_flops=self.budget_flops, budget_device_seconds=self.budget_device_seconds,
-                                    budget_scope=self.budget_scope)
-        if self.budget_pairs:
-            train = dataclasses.replace(train, budget_pairs=self.budget_pairs)
+        # The study's one Budget on every arm: no arm can train to a budget of its own.
+        train = dataclasses.replace(config.train, budget=self.budget, seed=seed)
         config = dataclasses.replace(config, train=train, parent=parent or config.parent)
         if (config.phase > 1 or config.extension) and config.parent is None:
             stage = "a phase-1 extension" if config.extension else f"phase {config.phase}"
@@ -332,7 +312,7 @@ class Study:
         {"inherited_flops", "phase_flops"} (`embedlab.train.budget.split_lineage_budget`); empty
         in scope "phase". ConfigError when the parent's FLOPs are unknown, or leave an arm less
         than one step of its own."""
-        if self.budget_scope != "lineage":
+        if self.budget.scope != "lineage":
             return {}
         # Here: torch, which `import embedlab` (the study API) does not need.
         from embedlab.train.budget import recorded_flops, split_lineage_budget
@@ -341,11 +321,11 @@ class Study:
         parent_flops = recorded_flops(parent_manifest)
         budgets = {}
         for arm, config in self.arms.items():
-            inherited, phase = split_lineage_budget(self.budget_flops, parent_flops,
+            inherited, phase = split_lineage_budget(self.budget.flops, parent_flops,
                                                     inherits_weights=config.contrastive.init == "parent")
             step = expected_step_flops(config)
             if phase < step:
-                raise ConfigError(f"study.budget_flops: arm {arm!r} has {phase:.3g} FLOPs left after the parent's "
+                raise ConfigError(f"study.budget.flops: arm {arm!r} has {phase:.3g} FLOPs left after the parent's "
                                   f"{inherited:.3g}, less than one step (about {step:.3g})")
             budgets[arm] = {"inherited_flops": inherited, "phase_flops": phase}
         return budgets
@@ -385,12 +365,7 @@ class Study:
             "factor": self.factor,
             "arms": {arm: config.to_dict() for arm, config in self.arms.items()},
             "seeds": list(self.seeds),
-            "budget_tokens": self.budget_tokens,
-            "budget_pairs": self.budget_pairs,
-            "budget_unit": self.unit,
-            "budget_flops": self.budget_flops,
-            "budget_device_seconds": self.budget_device_seconds,
-            "budget_scope": self.budget_scope,
+            "budget": dataclasses.asdict(self.budget),
             "metric": self.metric,
             "description": self.description,
             "disclosed_overlap": self.disclosed_overlap,
@@ -405,17 +380,15 @@ class Study:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> Study:
+        """Inverse of `to_dict`; also reads a study recorded with the older flat budget keys
+        (`_recorded_budget`)."""
+        arms = {arm: TrialConfig.from_dict(config) for arm, config in raw["arms"].items()}
         return cls(
             name=raw["name"],
             factor=raw["factor"],
-            arms={arm: TrialConfig.from_dict(config) for arm, config in raw["arms"].items()},
+            arms=arms,
             seeds=tuple(raw["seeds"]),
-            budget_tokens=raw["budget_tokens"],
-            budget_pairs=raw.get("budget_pairs", 0),
-            budget_unit=raw.get("budget_unit", ""),
-            budget_flops=raw.get("budget_flops", 0.0),
-            budget_device_seconds=raw.get("budget_device_seconds", 0.0),
-            budget_scope=raw.get("budget_scope", "phase"),
+            budget=_recorded_budget(raw, arms),
             metric=raw["metric"],
             description=raw.get("description", ""),
             disclosed_overlap=raw.get("disclosed_overlap"),
@@ -423,6 +396,23 @@ class Study:
             search_trials=raw.get("search_trials", 0),
             profile=raw.get("profile", ""),
         )
+
+
+def _recorded_budget(raw: dict[str, Any], arms: dict[str, TrialConfig]) -> Budget:
+    """The Budget of a recorded study. One recorded with the older flat keys (`budget_tokens`
+    ...) gets the same trials it had then: where it declared no pairs (0, phase 1) its arms
+    trained to their own figure, which is theirs still; its resolved `budget_unit` must be the
+    one the Budget derives, as a unit chosen apart from the amounts is no longer expressible."""
+    budget = dict(nest_flat_budget(raw, "study")["budget"])
+    if not budget.get("pairs"):
+        budget["pairs"] = next(iter(arms.values())).train.budget.pairs
+    budget = Budget(**budget)
+    phase = next(iter(arms.values())).phase
+    recorded = raw.get("budget_unit") or budget.unit(phase)
+    if recorded != budget.unit(phase):
+        raise ConfigError(f"study.budget_unit: recorded {recorded!r}, but its budget trains to "
+                          f"{budget.unit(phase)!r} (the unit follows from the amounts set)")
+    return budget
 
 
 def _import(path: Path):
@@ -469,7 +459,10 @@ def load_study(path: str | Path, profile: str | None = None) -> Study:
     except TypeError as error:
         # Usually an unknown keyword: Study(...) or a config's replace(...) with a misspelt key.
         fields = sorted(f.name for f in dataclasses.fields(Study))
-        raise ConfigError(f"{path}: {error}; Study fields are {fields}") from None
+        # Study files written before the budget was one object pass budget_tokens= and the like.
+        moved = ("; the budget is one object: budget=Budget(tokens=..., pairs=..., flops=...)"
+                 if any(key in str(error) for key in FLAT_BUDGET_KEYS) else "")
+        raise ConfigError(f"{path}: {error}; Study fields are {fields}{moved}") from None
     if not isinstance(study, Study):
         raise ConfigError(f"{path}: study() returned {type(study).__name__}, expected embedlab.Study")
     return study

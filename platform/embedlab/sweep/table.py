@@ -13,7 +13,7 @@ shown beside them when the trials wrote per-query values. No comparison is compu
 every trial consumed the same compute in the study's budget unit, within 1% of each other
 and of the study's declared budget; one line says what the arms are matched in
 (`compute_match_line`) and, for studies that tuned hyperparameters, one line says how
-(`tuning_line`). A lineage-scoped study (`Study.budget_scope`) is matched on each trial's
+(`tuning_line`). A lineage-scoped study (`Budget.scope`) is matched on each trial's
 total, `budget/total_flops`: the parent's training FLOPs it inherited with its weights
 (`budget/inherited_flops`, 0 for a random initialisation) plus its own (`budget/flops`).
 
@@ -33,6 +33,7 @@ import pandas as pd
 from scipy import stats
 
 from embedlab import store
+from embedlab.config import Budget, nest_flat_budget
 from embedlab.errors import UsageError, UserError
 from embedlab.sweep import paired
 from embedlab.sweep.trial_rows import final_trials
@@ -51,10 +52,9 @@ UNIT_COLUMNS = {
     "flops": ("budget/flops", "budget/flops_estimate"),
     "device_seconds": ("compute/device_seconds",),
 }
-# The study's per-trial budget in each unit (budget_flops and budget_device_seconds only in
-# studies that declare them; 0 or absent: not declared).
-STUDY_BUDGETS = {"tokens": "budget_tokens", "pairs": "budget_pairs", "flops": "budget_flops",
-                 "device_seconds": "budget_device_seconds"}
+# The units a study's per-trial budget can declare (`declared_budget`; FLOPs and device
+# seconds only in studies that set them, pairs only in phases 2-3).
+STUDY_BUDGETS = ("tokens", "pairs", "flops", "device_seconds")
 # Where a lineage-scoped FLOPs budget is consumed: inherited + this phase's FLOPs.
 LINEAGE_COLUMNS = ("budget/total_flops",)
 DATA_UNITS = ("tokens", "pairs")  # budgets of data: arms may still differ in FLOPs per unit
@@ -80,15 +80,26 @@ def read_study_record(run_dir: str | Path) -> dict:
     return json.loads(store.read_text(location))
 
 
+def _phase(study: dict) -> int:
+    """The phase a study record's arms train (configs without a phase predate phases 2-3)."""
+    return max((arm.get("phase") or 1 for arm in study["arms"].values()), default=1)
+
+
+def _budget(study: dict) -> Budget | None:
+    """The Budget a study record holds, None for one recorded with the older flat keys."""
+    return Budget(**study["budget"]) if isinstance(study.get("budget"), dict) else None
+
+
 def budget_unit(record: dict) -> str:
     """The unit the study's arms are held equal in: tokens, pairs, flops or device_seconds."""
     study = record["study"]
-    if "budget_unit" in study:
+    budget = _budget(study)
+    if budget is not None:  # one Budget: its unit follows from its amounts
+        unit = budget.unit(_phase(study))
+    elif "budget_unit" in study:  # the flat keys, with the unit the study resolved
         unit = study["budget_unit"]
-    else:  # recorded before budget_unit existed: the unit the phase trained to (configs without
-        # a phase predate phases 2-3)
-        phase = max((arm.get("phase") or 1 for arm in study["arms"].values()), default=1)
-        unit = "pairs" if study.get("budget_pairs", 0) > 0 and phase > 1 else "tokens"
+    else:  # recorded before budget_unit existed: the unit the phase trained to
+        unit = "pairs" if study.get("budget_pairs", 0) > 0 and _phase(study) > 1 else "tokens"
     if unit not in UNIT_COLUMNS:
         raise UsageError(f"study.budget_unit: {unit!r} is not one of {', '.join(UNIT_COLUMNS)}")
     return unit
@@ -97,8 +108,19 @@ def budget_unit(record: dict) -> str:
 def declared_budget(record: dict, unit: str) -> float | None:
     """The study's per-trial budget in `unit` (`STUDY_BUDGETS`), or None when the record
     declares none (0 or absent: older records, or a unit the study does not train to)."""
-    value = record["study"].get(STUDY_BUDGETS[unit])
+    study = record["study"]
+    budget = _budget(study)
+    if budget is not None:
+        value = budget.declared(_phase(study)).get(unit)
+    else:  # the flat budget_* keys of older records
+        value = nest_flat_budget(study, "study").get("budget", {}).get(unit)
     return float(value) if isinstance(value, (int, float)) and value > 0 else None
+
+
+def budget_scope(record: dict) -> str:
+    """What the study's FLOPs budget counts (`Budget.scope`): "phase" or "lineage"."""
+    budget = nest_flat_budget(record["study"], "study").get("budget", {})
+    return budget.get("scope", "phase")  # absent: recorded before scopes
 
 
 def load_table(run_dir: str | Path) -> pd.DataFrame:
@@ -124,7 +146,7 @@ def load_table(run_dir: str | Path) -> pd.DataFrame:
                        arm_order=arms, unit=unit, budget=declared_budget(record, unit),
                        budgets={u: declared_budget(record, u) for u in STUDY_BUDGETS},
                        seeds=list(record["study"].get("seeds", [])), tuning=record.get("tuning"),
-                       scope=record["study"].get("budget_scope", "phase"))  # absent: recorded before scopes
+                       scope=budget_scope(record))
     return table
 
 
@@ -492,7 +514,7 @@ def _header(record: dict, unit: str) -> str:
     study = record["study"]
     arms = list(record.get("arm_order", study["arms"]))
     control = f"; differences vs control {arms[0]}, paired by seed" if arms else ""
-    lineage = " (a lineage total: the parent's training included)" if study.get("budget_scope") == "lineage" else ""
+    lineage = " (a lineage total: the parent's training included)" if budget_scope(record) == "lineage" else ""
     return (f"study {study['name']} (factor {study['factor']}): {len(arms)} arms x {len(study['seeds'])} "
             f"seeds at an equal budget of {_budget_text(declared_budget(record, unit), unit)} per trial{lineage}\n"
             f"{_seed_level_note()}{control}")

@@ -1,15 +1,15 @@
 """The compute budget a trial trains to, in its declared unit.
 
 A trial stops at the first step whose consumption reaches the budget: non-padding tokens
-(phase 1), positive pairs (phases 2-3), measured training FLOPs (`train.budget_flops`,
-counted by `embedlab.train.flops`) or device seconds (`train.budget_device_seconds`). The
+(phase 1), positive pairs (phases 2-3), measured training FLOPs (`train.budget.flops`,
+counted by `embedlab.train.flops`) or device seconds (`train.budget.device_seconds`). The
 learning-rate schedule runs on the same clock, so two arms with equal budgets see the same
 schedule whatever their step sizes. The last step is cut to the share of its rows the budget
 has left, sized by the step before it (`final_rows`), so a trial overshoots its budget by
 about a row per worker and microbatch, more only when that step cost less than this one;
 the first step is never cut, which is why a study refuses a budget below one step.
 
-A lineage-scoped FLOPs budget (`train.budget_scope` "lineage") is the total over a model's
+A lineage-scoped FLOPs budget (`train.budget.scope` "lineage") is the total over a model's
 lineage: a child that starts from its parent's weights is charged the parent's measured
 training FLOPs (`recorded_flops`) and trains the rest of the budget in its own phase, one
 that starts from a random initialisation trains all of it (`split_lineage_budget`).
@@ -26,25 +26,15 @@ from embedlab.train.flops import expected_step_flops
 
 
 def unit_of(train: TrainConfig, phase: int) -> str:
-    """The unit `train` is budgeted in."""
-    if train.budget_flops > 0:
-        return "flops"
-    if train.budget_device_seconds > 0:
-        return "device_seconds"
-    return "tokens" if phase == 1 else "pairs"
+    """The unit `train` is budgeted in (`Budget.unit`)."""
+    return train.budget.unit(phase)
 
 
 def consumption(train: TrainConfig, phase: int, *, tokens: float, pairs: float, flops: float,
                 device_seconds: float = 0.0) -> tuple[float, float]:
     """(consumed, budget) in the trial's budget unit."""
-    unit = unit_of(train, phase)
-    if unit == "flops":
-        return flops, train.budget_flops
-    if unit == "device_seconds":
-        return device_seconds, train.budget_device_seconds
-    if unit == "tokens":
-        return tokens, train.budget_tokens
-    return pairs, train.budget_pairs
+    consumed = {"tokens": tokens, "pairs": pairs, "flops": flops, "device_seconds": device_seconds}
+    return consumed[unit_of(train, phase)], train.budget.amount(phase)
 
 
 def schedule_units(trial: TrialConfig) -> int:
@@ -53,11 +43,10 @@ def schedule_units(trial: TrialConfig) -> int:
     the units at which its steps, predicted without attention (a lower bound of their cost,
     `expected_step_flops`), reach it. A device-time budget has no such bound: its schedule is
     the data budget's, and the trial says so if the stream ends first."""
-    train = trial.train
-    data = train.budget_tokens if trial.phase == 1 else train.budget_pairs
-    if train.budget_flops <= 0:
-        return data
-    return max(1, math.ceil(train.budget_flops / expected_step_flops(trial, attention=False) * step_units(trial)))
+    budget = trial.train.budget
+    if budget.flops <= 0:
+        return budget.data(trial.phase)
+    return max(1, math.ceil(budget.flops / expected_step_flops(trial, attention=False) * step_units(trial)))
 
 
 def step_units(trial: TrialConfig) -> int:
@@ -108,11 +97,11 @@ def split_lineage_budget(total_flops: float, parent_flops: float | None, *,
     if not inherits_weights:
         return 0.0, total_flops
     if parent_flops is None:
-        raise ConfigError("train.budget_scope: 'lineage' charges the parent's training FLOPs, but the parent "
+        raise ConfigError("train.budget.scope: 'lineage' charges the parent's training FLOPs, but the parent "
                           "checkpoint records none (its manifest's budget/flops, or budget/total_flops for a "
                           "continued checkpoint)")
     if parent_flops >= total_flops:
-        raise ConfigError(f"train.budget_flops: the total {total_flops:.4g} is not above the parent's "
+        raise ConfigError(f"train.budget.flops: the total {total_flops:.4g} is not above the parent's "
                           f"{parent_flops:.4g} training FLOPs, so an arm that starts from its weights has "
                           "nothing left to train")
     return parent_flops, total_flops - parent_flops

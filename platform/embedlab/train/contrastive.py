@@ -24,7 +24,7 @@ resumes exactly from its own checkpoints (`embedlab.train.loop`). With `contrast
 "random" the encoder starts from a fresh initialisation of the parent's architecture, drawn
 from the trial seed, and the parent supplies only the tokenizer (an MLM head only for the
 joint term, fresh too; without one masked-token retention is not measured). Under a
-lineage-scoped budget (`train.budget_scope`) a child that starts from the parent's weights
+lineage-scoped budget (`train.budget.scope`) a child that starts from the parent's weights
 is charged the parent's training FLOPs (`embedlab.train.budget.split_lineage_budget`): its
 clock runs over the rest of the budget, and it reports `budget/inherited_flops` and
 `budget/total_flops` (inherited + `budget/flops`) beside its own.
@@ -117,8 +117,8 @@ class ContrastiveLoop(TrainingLoop):
             self.parent.model.config, head=self.joint, seed=trial.train.seed)
         self.model = model.to(device)  # MLMModel with a head, else an Encoder
         self.charged_flops = 0.0  # the parent's training FLOPs a lineage-scoped budget charges
-        if trial.train.budget_scope == "lineage":
-            self.charged_flops, _ = split_lineage_budget(trial.train.budget_flops, recorded_flops(self.parent.manifest),
+        if trial.train.budget.scope == "lineage":
+            self.charged_flops, _ = split_lineage_budget(trial.train.budget.flops, recorded_flops(self.parent.manifest),
                                                          inherits_weights=self.from_parent)
         self.encoder = self.model.encoder if isinstance(self.model, MLMModel) else self.model
         if isinstance(self.model, MLMModel) and not self.joint:
@@ -312,7 +312,7 @@ class ContrastiveLoop(TrainingLoop):
             "budget/flops": progress.flops,
             **({"budget/inherited_flops": self.charged_flops,
                 "budget/total_flops": self.charged_flops + progress.flops}
-               if self.trial.train.budget_scope == "lineage" else {}),
+               if self.trial.train.budget.scope == "lineage" else {}),
             **self.loop_config.get("mining_compute", {}),
         }
         self.window, self.window_mlm = [], []
@@ -322,8 +322,8 @@ class ContrastiveLoop(TrainingLoop):
         clock, budget = self.clock()
         return RuntimeError(
             f"worker {self.rank}: the pair stream ended after {self.progress.pairs:,} pairs, {clock / budget:.1%} "
-            "of the budget" + (" (a device-time budget: raise budget_pairs, the pair schedule's length)"
-                               if self.trial.train.budget_device_seconds else "")
+            "of the budget" + (" (a device-time budget: raise train.budget.pairs, the pair schedule's length)"
+                               if self.trial.train.budget.device_seconds else "")
         )
 
     def weights(self) -> tuple[torch.nn.Module, torch.nn.Module | None]:
