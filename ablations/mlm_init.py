@@ -2,10 +2,11 @@
 architecture, at equal total measured training FLOPs: does phase 1 pay for itself?
 
 The budget is lineage-scoped: the total is the profile's phase-1 FLOPs budget plus 40% of its
-phase-2 one (PHASE2_SHARE: the random-init arm reads phase 1's share in extra pairs, and at the
-full phase-2 budget the built-in corpus's title-body pairs would pass the repetition cap of
-4 epochs at the cpu profile), and the from-mlm arm is charged the parent's recorded phase-1 training FLOPs, so it trains
-the rest in phase 2 while the random-init arm spends the whole total on phase 2. Tables match
+phase-2 one (PHASE2_SHARE: the random-init arm reads phase 1's share in extra pairs, and the
+share keeps them within the built-in corpus's repetition cap, data.mixture.max_epochs, which
+the full phase-2 budget passed when the cpu profile's phase 2 was 100,000 pairs), and the
+from-mlm arm is charged the parent's recorded phase-1 training FLOPs, so it trains the rest
+in phase 2 while the random-init arm spends the whole total on phase 2. Tables match
 the arms on budget/total_flops (inherited + phase-2) and show both parts. The parent supplies
 only the tokenizer to the random-init arm; tokenizer training is not counted in either arm
 (both share it). The random-init arm carries no MLM head, so its masked-token retention is
