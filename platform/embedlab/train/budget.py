@@ -25,16 +25,11 @@ from embedlab.config import ConfigError, TrainConfig, TrialConfig
 from embedlab.train.flops import expected_step_flops
 
 
-def unit_of(train: TrainConfig, phase: int) -> str:
-    """The unit `train` is budgeted in (`Budget.unit`)."""
-    return train.budget.unit(phase)
-
-
 def consumption(train: TrainConfig, phase: int, *, tokens: float, pairs: float, flops: float,
                 device_seconds: float = 0.0) -> tuple[float, float]:
     """(consumed, budget) in the trial's budget unit."""
     consumed = {"tokens": tokens, "pairs": pairs, "flops": flops, "device_seconds": device_seconds}
-    return consumed[unit_of(train, phase)], train.budget.amount(phase)
+    return consumed[train.budget.unit(phase)], train.budget.amount(phase)
 
 
 def schedule_units(trial: TrialConfig) -> int:

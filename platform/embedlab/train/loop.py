@@ -29,7 +29,7 @@ import torch
 
 from embedlab.config import TrialConfig
 from embedlab.data.stream import DATA_ASSIGNMENT
-from embedlab.train.budget import final_rows, trim_rows, unit_of
+from embedlab.train.budget import final_rows, trim_rows
 from embedlab.train.checkpoint import load_weights, read_manifest, save_checkpoint
 from embedlab.train.compiling import compile_record
 from embedlab.train.device_time import DeviceClock
@@ -247,7 +247,7 @@ def run(loop: TrainingLoop, session: Session, options: RunOptions = RunOptions()
         return  # resumed from a checkpoint that already ends this run
     loop.start_clock()
     loop.device_clock = DeviceClock(loop.device, loop.trial.train.torch_threads)
-    per_step_time = unit_of(loop.trial.train, loop.trial.phase) == "device_seconds"
+    per_step_time = loop.trial.train.budget.unit(loop.trial.phase) == "device_seconds"
     batches = session.worker_batches(loop.trial.train.batch_rows)
     for _ in range(loop.progress.batches):  # this worker's share of each consumed global batch
         if next(batches, None) is None:

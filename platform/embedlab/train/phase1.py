@@ -29,7 +29,7 @@ from embedlab.objectives.dual_mlm import assign_ratios, head_names, mask_mixed, 
 from embedlab.objectives.masking import mask_tokens
 from embedlab.objectives.mlm import combine
 from embedlab.tokenizer.frozen import load_tokenizer
-from embedlab.train.budget import consumption, schedule_units, step_units, unit_of
+from embedlab.train.budget import consumption, schedule_units, step_units
 from embedlab.train.checkpoint import CheckpointError, load_parent
 from embedlab.train.compiling import compile_blocks, resolve_compile
 from embedlab.train.flops import TRAINED, FlopTally
@@ -152,7 +152,7 @@ class Phase1Loop(TrainingLoop):
         trial lands on its budget within a token per worker; other units cut whole rows
         (`TrainingLoop.fit_to_budget`), as every row position costs FLOPs."""
         last = self.progress.last_step_cost
-        if unit_of(self.trial.train, 1) != "tokens" or last <= 0 or remaining >= last:
+        if self.trial.train.budget.unit(1) != "tokens" or last <= 0 or remaining >= last:
             return super().fit_to_budget(batches, remaining)
         target, out = math.ceil(max(remaining, 0.0) / self.world), []
         for batch in batches:
