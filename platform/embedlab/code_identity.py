@@ -51,15 +51,21 @@ def current() -> CodeIdentity:
     return CodeIdentity(version=VERSION, code_hash=code_hash(PACKAGE_DIR))
 
 
+def is_current(identity: dict[str, str]) -> bool:
+    """Whether `identity` (`CodeIdentity.to_dict()`, or an evaluator's report with more keys)
+    names this process's code: the same version and source hash."""
+    running = current()
+    return (identity["version"], identity["code_hash"]) == (running.version, running.code_hash)
+
+
 def check_same_code(expected: dict[str, str]) -> None:
     """Refuse to go on when this process's code is not `expected` (`CodeIdentity.to_dict()` of
     the process that started the work). Ray starts each trial's process afresh, and it imports
     the source on disk at that moment: an edit to the checkout during a sweep would otherwise
     train later trials on other code than earlier ones, in one table, with nothing recorded."""
-    running = current()
-    if (running.version, running.code_hash) != (expected["version"], expected["code_hash"]):
+    if not is_current(expected):
         started = CodeIdentity(version=expected["version"], code_hash=expected["code_hash"])
         raise CodeChangedError(
-            f"this trial imported {running}, but its sweep started with {started}: the embedlab source "
+            f"this trial imported {current()}, but its sweep started with {started}: the embedlab source "
             f"changed on disk during the sweep. Restore the source it started with, or start the sweep again: "
             f"one table never mixes trials of two codes")

@@ -181,7 +181,7 @@ def get_evaluator(num_cpus: float = 0, num_gpus: float | None = None) -> ray.act
         gpus = evaluator_gpus(ray.cluster_resources()) if num_gpus is None else num_gpus
         handle = start_evaluator(num_cpus, gpus)
         served, running = evaluator_identity(handle), code_identity.current()
-        if not _runs(served, running):
+        if not code_identity.is_current(served):
             if served["in_flight"]:
                 raise UsageError(
                     f"the cluster's evaluator runs {describe_identity(served)} and is evaluating for another "
@@ -190,7 +190,7 @@ def get_evaluator(num_cpus: float = 0, num_gpus: float | None = None) -> ray.act
                     f"{ray.get_runtime_context().gcs_address}")
             _kill(handle)
             handle = start_evaluator(num_cpus, gpus)
-            if not _runs(evaluator_identity(handle), running):  # another sweep's started in between
+            if not code_identity.is_current(evaluator_identity(handle)):  # another sweep's started in between
                 raise UsageError(f"another sweep started an evaluator of other code while this one replaced "
                                  f"{describe_identity(served)}; run again once it has finished")
             logger.warning("evaluator: replaced %s with %s", describe_identity(served), running)
@@ -242,7 +242,7 @@ def describe_identity(served: dict) -> str:
 
 def runs_this_code(served: dict) -> bool:
     """Whether an evaluator that reported `served` (`evaluator_identity`) runs this process's code."""
-    return _runs(served, code_identity.current())
+    return code_identity.is_current(served)
 
 
 def evaluator_stats(handle: ray.actor.ActorHandle, timeout_s: float = IDENTITY_TIMEOUT_S) -> dict:
@@ -264,10 +264,6 @@ def stop_evaluator() -> dict | None:
         served = {}
     _kill(handle)
     return served
-
-
-def _runs(served: dict, running: code_identity.CodeIdentity) -> bool:
-    return (served["version"], served["code_hash"]) == (running.version, running.code_hash)
 
 
 def _kill(handle: ray.actor.ActorHandle) -> None:

@@ -116,7 +116,7 @@ def run_sweep(
                 "resume refused so the two are never mixed"
             )
         started = record.get("code")  # absent in runs from before code identities were recorded
-        if started is not None and started != code_identity.current().to_dict():
+        if started is not None and not code_identity.is_current(started):
             raise UsageError(
                 f"{run_dir} was run by {code_identity.CodeIdentity(**started)}, this is {code_identity.current()}: "
                 "the embedlab source changed since; resume refused so one table never mixes trials of two codes "
