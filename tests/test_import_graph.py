@@ -37,6 +37,21 @@ CONFIG_TYPES = frozenset({
 })
 
 
+# The package root's own modules: what every layer uses, and the public API. Everything else
+# lives in the folder of its layer (docs/architecture.md). A new root module is a decision that
+# belongs here, with its reason, not an accident of where a file was created.
+ROOT_MODULES = {
+    "__init__": "the public API (Study, Search, load_table, Budget, __version__), loaded on first use",
+    "config": "every typed config and default; every layer reads it",
+    "errors": "the user-error type every layer raises",
+    "store": "local paths and object-store URIs, used from data preparation to releases",
+    "code_identity": "which code is running, recorded by data, checkpoints, sweeps and reports",
+    "telemetry": "live metrics for the Ray dashboard, from training and evaluation",
+    "recipes": "the base recipes study files derive from: the public API of study files",
+    "st_module": "the stable path every release's modules.json names for EmbedlabTransformer",
+}
+
+
 @dataclass(frozen=True)
 class Import:
     """One import of an embedlab module by another, as written in the importer's source."""
@@ -289,6 +304,22 @@ def test_no_private_names_across_modules():
     """No module imports or reads a single-underscore name of another embedlab module."""
     _, private_uses = collect()
     assert not private_uses, "private names used across modules:\n" + "\n".join(private_uses)
+
+
+def test_the_package_root_holds_only_shared_modules_and_the_public_api():
+    """A module at the package root is one of ROOT_MODULES; any other belongs in its layer's folder."""
+    root = {path.stem for path in (SOURCE_ROOT / PACKAGE).glob("*.py")}
+    assert root == set(ROOT_MODULES), (
+        f"not in ROOT_MODULES: {sorted(root - set(ROOT_MODULES))}; listed but gone: {sorted(set(ROOT_MODULES) - root)}")
+
+
+def test_the_stable_release_path_is_the_class_itself():
+    """`embedlab.st_module`, the path releases record, only re-exports the class from release/."""
+    from embedlab import st_module
+    from embedlab.release import st_module as home
+
+    assert st_module.EmbedlabTransformer is home.EmbedlabTransformer
+    assert st_module.__all__ == ["EmbedlabTransformer"]
 
 
 def test_config_depends_only_on_its_own_types():

@@ -103,7 +103,7 @@ def test_actor_serves_two_concurrent_trials_loading_the_task_once(trained, prepa
     import ray
 
     from embedlab.evaluate.actor import get_evaluator
-    from embedlab.release import export_inference
+    from embedlab.release.export import export_inference
 
     _, result = trained
     export_inference(Path(result.checkpoint.path), tmp_path / "exported")  # a second checkpoint hash
@@ -466,7 +466,7 @@ def test_phase3_on_user_pairs_ends_in_a_table_and_a_release(phase2, prepared, tm
     assert promotion["final_eval"]["split"] == "test" and promotion["final_eval"]["queries"] == 30
     release = tmp_path / "release"
     assert main(["export", promotion["checkpoint"], str(release)]) == 0
-    from embedlab.release import MANIFEST_FILE
+    from embedlab.release.export import MANIFEST_FILE
 
     manifest = json.loads((release / MANIFEST_FILE).read_text())
     assert manifest["exported_from"] == verify_checkpoint(Path(promotion["checkpoint"]))["content_hash"]

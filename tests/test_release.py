@@ -13,7 +13,7 @@ import torch
 from embedlab.config import ContrastiveConfig, DataConfig, EvalConfig, ModelConfig, TrialConfig
 from embedlab.evaluate.encode import encode_texts
 from embedlab.model.encoder import Encoder, MLMModel
-from embedlab.release import ZERO_VECTOR_RULE, export_release
+from embedlab.release.export import ZERO_VECTOR_RULE, export_release
 from embedlab.tokenizer.frozen import save_tokenizer, train_tokenizer
 from embedlab.train.checkpoint import CheckpointError, load_encoder, save_checkpoint
 

@@ -82,7 +82,7 @@ def test_two_gloo_workers_resume_bitwise_exact(frozen, parent, tmp_path):
 def test_checkpoint_holds_training_state_and_stays_a_checkpoint(frozen, tmp_path):
     """A training checkpoint records its state files, hashes and policies, and still loads and
     exports as the evaluation and release readers expect."""
-    from embedlab.release import export_release
+    from embedlab.release.export import export_release
 
     reports, _ = train(synthetic.phase1_trial(), frozen, tmp_path / "run")
     final = sorted((tmp_path / "run").glob("checkpoint_*"))[-1]

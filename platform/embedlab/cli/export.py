@@ -1,4 +1,4 @@
-"""`embedlab export CKPT_DIR OUT_DIR`: a checkpoint's inference package, by `embedlab.release`.
+"""`embedlab export CKPT_DIR OUT_DIR`: a checkpoint's inference package, by `embedlab.release.export`.
 
 `embedlab.cli.build_parser` registers it with `add_parsers`.
 """
@@ -9,7 +9,7 @@ import argparse
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from embedlab.release import export_release_to  # here: it loads torch
+    from embedlab.release.export import export_release_to  # here: it loads torch
 
     manifest = export_release_to(args.checkpoint, args.out)
     print(f"exported {args.out}: encoder {manifest['content_hash'][:16]} (from {manifest['exported_from'][:16]}), "

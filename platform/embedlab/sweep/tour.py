@@ -148,7 +148,7 @@ def run_tour(
                     next_study=stage_path(Path(path), following) if following else None, progress=progress)
         promotion = promote_stage(run_dir, rule)
         if following is None:
-            from embedlab.release import export_release_to  # here: torch, which loading a tour does not need
+            from embedlab.release.export import export_release_to  # here: torch, which loading a tour does not need
 
             release = store.join(run_dir, "release")
             export_release_to(promotion["checkpoint"], release)

@@ -8,7 +8,7 @@
     1_Normalize/config.json            sentence-transformers' own L2 normalisation
 
 The contract in `manifest["pooling"]` is what `evaluate.encode.encode_texts` does when the
-evaluator scores a checkpoint, and `embedlab.st_module` does the same inside
+evaluator scores a checkpoint, and `EmbedlabTransformer` (`st_module.py`) does the same inside
 sentence-transformers:
 
     from sentence_transformers import SentenceTransformer
@@ -36,6 +36,7 @@ from embedlab.train.checkpoint import (
 )
 
 # A string, not an import: exporting needs no sentence-transformers; the tests load the package.
+# The stable path (`embedlab/st_module.py`), not the class's home, so releases load across versions.
 MODULE_CLASS = "embedlab.st_module.EmbedlabTransformer"
 NORMALIZE_CLASS = "sentence_transformers.base.modules.normalize.Normalize"
 NORMALIZE_DIR = "1_Normalize"
