@@ -74,7 +74,7 @@ def key_paths(value: Any, prefix: str = "") -> set[str]:
         paths = set()
         for index, item in enumerate(value):
             label = item.get("name", index) if isinstance(item, dict) else index
-            paths |= key_paths(item, f"{prefix}[{label}]")
+            paths |= {f"{prefix}[{label}]"} | key_paths(item, f"{prefix}[{label}]")
         return paths
     return set()
 
