@@ -180,6 +180,8 @@ def test_resave_round_trips(release, offline, tmp_path):
     model.save(str(tmp_path / "resaved"))
     resaved = json.loads((tmp_path / "resaved" / "manifest.json").read_text())
     assert resaved["content_hash"] == manifest["content_hash"] and resaved["parent_hash"] == PARENT_HASH
+    modules = json.loads((tmp_path / "resaved" / "modules.json").read_text())
+    assert modules[0]["type"] == "embedlab.st_module.EmbedlabTransformer"  # the stable path, as exported
     np.testing.assert_allclose(load_st(tmp_path / "resaved").encode(TEXTS, prompt_name="query"),
                                model.encode(TEXTS, prompt_name="query"), atol=1e-6)
 

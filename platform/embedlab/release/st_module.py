@@ -45,6 +45,11 @@ class EmbedlabTransformer(InputModule):
     `max_seq_length` may be changed after loading (and is saved with the package).
     """
 
+    # The stable path (embedlab/st_module.py), which SentenceTransformer.save writes to
+    # modules.json from `type(module).__module__`: a resaved release names the class as an
+    # exported one does and loads with every embedlab version that has it.
+    __module__ = "embedlab.st_module"
+
     def __init__(self, encoder: Encoder, tokenizer: FrozenTokenizer, manifest: dict[str, Any]) -> None:
         super().__init__()
         contract = manifest["pooling"]
