@@ -15,6 +15,7 @@ import pytest
 
 from embedlab import load_table
 from embedlab.cli import main
+from embedlab.sweep.run import resume_line
 
 from conftest import tiny_trial, write_study
 
@@ -26,15 +27,24 @@ def test_killed_driver_resumes_without_loss_or_duplicates(ray_session, prepared,
                              extra="budget=replace(DEFAULT_BUDGET, tokens=3_000)")
     storage = tmp_path / "runs"
     env = {**os.environ, "EMBEDLAB_CACHE": str(cache_dir)}
-    driver = subprocess.Popen(
-        [sys.executable, "-m", "embedlab.cli", "sweep", str(study_file), "--storage", str(storage)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )
+    # The driver's output goes to a file, so a driver that ends early says why in the failure.
+    log = tmp_path / "driver.log"
+    # One trial at a time: when the first trial's record appears the second has just started.
+    # Side by side, on an idle machine, the second could finish in the moment before Ray's
+    # processes follow their killed driver, and write a second record.
+    with open(log, "wb") as out:
+        driver = subprocess.Popen(
+            [sys.executable, "-m", "embedlab.cli", "sweep", str(study_file), "--storage", str(storage),
+             "--max-concurrent", "1"],
+            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )
     try:
         # A sweep that never finishes a trial is a hang: the test's timeout ends it, and this
         # `finally` still kills the driver (pytest-timeout's signal method raises in this thread).
         while not list(storage.glob("*/trials/*.json")):
-            assert driver.poll() is None, "the sweep ended before its first trial finished"
+            assert driver.poll() is None, (
+                f"the sweep ended (exit {driver.returncode}) before its first trial finished; its output ends:\n"
+                + log.read_text(errors="replace")[-3000:])
             time.sleep(0.5)
     finally:
         # SIGKILL the driver and everything it started (its local Ray cluster): nothing gets
@@ -77,3 +87,18 @@ def test_resume_refuses_a_run_directory_of_another_study(tmp_path, capsys):
     assert "holds study 'other'" in capsys.readouterr().err
     assert json.loads((run_dir / "study.json").read_text()) == record
     assert (run_dir / "trials" / "t1.json").read_text() == "{}"
+
+
+def test_the_resume_line_counts_a_failed_trial_as_rerun_only_when_it_is_not_done():
+    """A failed grid row is run again unless its (arm, seed) also has a finished row (a crash
+    that later finished): then it is neither counted as run again nor run."""
+    finished = {"arm": "a", "seed": 0, "stage": "final", "status": "finished"}
+    failed_a = {**finished, "status": "failed"}
+    failed_b = {**failed_a, "arm": "b"}
+    tuning = {**failed_a, "arm": "b", "stage": "tune"}  # kept: it spent its arm's tuning budget
+    assert resume_line([finished, failed_b], 2) == (
+        "resume: 1 finished trial(s) kept, 1 to run (1 failed grid trial(s) among them run again)")
+    assert resume_line([finished, failed_a], 2) == "resume: 1 finished trial(s) kept, 1 to run"
+    assert resume_line([finished, tuning, failed_b], 3) == (
+        "resume: 2 finished trial(s) kept, 1 to run (1 failed grid trial(s) among them run again)")
+    assert resume_line([], 4) == "resume: 0 finished trial(s) kept, 4 to run"

@@ -207,9 +207,7 @@ def run_sweep(
     rows = finished_rows(run_dir)
     kept = [r for r in rows if _kept_on_resume(r)]
     if resume is not None:
-        rerun = len(rows) - len(kept)
-        progress(f"resume: {len(kept)} finished trial(s) kept, {study.trials - len(kept)} to run"
-                 + (f" ({rerun} failed grid trial(s) among them run again)" if rerun else ""))
+        progress(resume_line(rows, study.trials))
     best: dict[str, dict[str, Any]] = {arm: {} for arm in study.arms}
     if study.search:
         best = tune_arms(study, driver, run_dir, record, rows, concurrency, progress)
@@ -221,6 +219,18 @@ def run_sweep(
         progress(f"tune: {len(todo)} trials, at most {concurrency} at a time")
         fit(driver, {"trial": tune.grid_search(todo)}, run_dir, "grid", concurrency, progress, study=study)
     return run_dir
+
+
+def resume_line(rows: list[dict[str, Any]], trials: int) -> str:
+    """What `--resume` keeps and runs, given the run directory's trial rows and the study's
+    trial count. A failed grid row is counted as run again only if its (arm, seed) has no
+    finished row: a trial that crashed and then finished (Tune's retry, or an orphaned worker
+    that finished after its driver was killed) is done, and its failed row stays as a record."""
+    kept = [r for r in rows if _kept_on_resume(r)]
+    done = {(r["arm"], r["seed"]) for r in kept if r.get("stage", "final") == "final"}
+    rerun = {(r["arm"], r["seed"]) for r in rows if not _kept_on_resume(r)} - done
+    return (f"resume: {len(kept)} finished trial(s) kept, {trials - len(kept)} to run"
+            + (f" ({len(rerun)} failed grid trial(s) among them run again)" if rerun else ""))
 
 
 def _kept_on_resume(row: dict[str, Any]) -> bool:
