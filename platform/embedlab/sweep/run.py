@@ -212,7 +212,7 @@ def run_sweep(
     if study.search:
         best = tune_arms(study, driver, run_dir, record, rows, concurrency, progress)
         write_json(store.join(run_dir, "search.json"), best)
-    done = {(r["arm"], r["seed"]) for r in kept if r.get("stage", "final") == "final"}
+    done = _done_grid_trials(kept)
     todo = [{"arm": arm, "seed": seed, "stage": "final", "params": best[arm]}
             for arm in study.arms for seed in study.seeds if (arm, seed) not in done]
     if todo:
@@ -227,10 +227,15 @@ def resume_line(rows: list[dict[str, Any]], trials: int) -> str:
     finished row: a trial that crashed and then finished (Tune's retry, or an orphaned worker
     that finished after its driver was killed) is done, and its failed row stays as a record."""
     kept = [r for r in rows if _kept_on_resume(r)]
-    done = {(r["arm"], r["seed"]) for r in kept if r.get("stage", "final") == "final"}
-    rerun = {(r["arm"], r["seed"]) for r in rows if not _kept_on_resume(r)} - done
+    rerun = {(r["arm"], r["seed"]) for r in rows if not _kept_on_resume(r)} - _done_grid_trials(kept)
     return (f"resume: {len(kept)} finished trial(s) kept, {trials - len(kept)} to run"
             + (f" ({len(rerun)} failed grid trial(s) among them run again)" if rerun else ""))
+
+
+def _done_grid_trials(kept: list[dict[str, Any]]) -> set[tuple[str, int]]:
+    """(arm, seed) of each final-stage trial among the rows a resumed run keeps: the grid
+    skips them, and the resume line does not count their failed rows as run again."""
+    return {(r["arm"], r["seed"]) for r in kept if r.get("stage", "final") == "final"}
 
 
 def _kept_on_resume(row: dict[str, Any]) -> bool:
