@@ -59,9 +59,25 @@ class SegmentLayout:
     cu_seqlens: torch.Tensor
     max_length: int
 
+    def to(self, device: torch.device) -> SegmentLayout:
+        """The same layout on `device`, copied without waiting on it (`to_device`)."""
+        return SegmentLayout(token_index=to_device(self.token_index, device),
+                             cu_seqlens=to_device(self.cu_seqlens, device), max_length=self.max_length)
+
+
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device`. To CUDA through pinned memory without blocking: a copy from
+    pageable memory waits for the device to finish all queued work, a synchronisation per batch."""
+    if device.type == "cuda" and tensor.device.type == "cpu":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
+
 
 def segment_layout(segment_ids: torch.Tensor) -> SegmentLayout:
-    """(B, T) segment ids -> the variable-length layout of their non-padding tokens."""
+    """(B, T) segment ids -> the variable-length layout of their non-padding tokens.
+
+    Its sizes depend on the data, so on a GPU computing it reads the device back; a step
+    computes it from the batch's host tensors and sends it with the batch (`SegmentLayout.to`)."""
     length = segment_ids.shape[1]
     flat = segment_ids.reshape(-1)
     token_index = (flat > 0).nonzero().squeeze(1)
@@ -214,11 +230,13 @@ class SelfAttention(nn.Module):
             # padding positions get zeros (nothing downstream reads them).
             packed = [t.transpose(1, 2).reshape(batch * length, self.heads, self.head_width)[layout.token_index]
                       for t in (q, k, v)]
-            if q.is_cuda:
-                result = flash_varlen_attention(*packed, layout.cu_seqlens, layout.max_length)
-            else:
+            # The bucketed kernel on the CPU; flash anywhere else: CUDA, or the meta device, whose
+            # tensors hold no data, which tests run the step on to prove it never reads one back.
+            if q.device.type == "cpu":
                 result = bucketed_varlen_attention(*packed, layout.cu_seqlens, layout.max_length,
                                                    dropout_p=self.dropout if self.training else 0.0)
+            else:
+                result = flash_varlen_attention(*packed, layout.cu_seqlens, layout.max_length)
             attended = result.new_zeros(batch * length, self.heads, self.head_width)
             attended[layout.token_index] = result
             attended = attended.view(batch, length, self.heads, self.head_width)
@@ -275,11 +293,16 @@ class Encoder(nn.Module):
         self.final_norm = nn.LayerNorm(config.width, eps=config.layer_norm_eps)
         self.apply(_init_weights)
 
-    def forward(self, input_ids: torch.Tensor, segment_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, segment_ids: torch.Tensor,
+                layout: SegmentLayout | None = None) -> torch.Tensor:
+        """`layout`: `segment_layout(segment_ids)` computed on the host, used when attention
+        takes the variable-length path (else computed here, a read-back on a GPU)."""
         positions = segment_positions(segment_ids)
         x = self.embed_dropout(self.embed(input_ids))
         varlen = use_varlen(self.config, x, self.training)
-        layout = segment_layout(segment_ids) if varlen else None
+        if varlen and layout is None:
+            layout = segment_layout(segment_ids)
+        layout = layout if varlen else None
         mask = None if varlen else segment_attention_mask(segment_ids)
         for block in self.blocks:
             x = block(x, positions, mask, layout)
@@ -315,15 +338,31 @@ class MLMModel(nn.Module):
         self.mlm_head = MLMHead(config, self.encoder.embed)
 
     def forward(
-        self, input_ids: torch.Tensor, segment_ids: torch.Tensor, selected: torch.Tensor
+        self, input_ids: torch.Tensor, segment_ids: torch.Tensor, selected: torch.Tensor,
+        layout: SegmentLayout | None = None,
     ) -> torch.Tensor:
-        """Logits only at selected positions: (B, T) inputs and (B, T) bool -> (N_selected, V).
+        """Logits only at selected positions: (B, T) inputs and the selected positions
+        (`selected_states`) -> (N_selected, V), in row-major order.
 
         Projecting only the selected positions to the vocabulary skips ~85% of the largest
         matmul at 15% masking.
         """
-        hidden = self.encoder(input_ids, segment_ids)
-        return self.mlm_head(hidden[selected])
+        hidden = self.encoder(input_ids, segment_ids, layout)
+        return self.mlm_head(selected_states(hidden, selected))
+
+
+def selected_positions(selected: torch.Tensor) -> torch.Tensor:
+    """(B, T) bool -> (N,) long flat row-major indices of its True entries."""
+    return selected.reshape(-1).nonzero().squeeze(1)
+
+
+def selected_states(hidden: torch.Tensor, selected: torch.Tensor) -> torch.Tensor:
+    """(B, T, d) states at the selected positions -> (N, d), row-major. `selected` is a (B, T)
+    bool mask, or its (N,) flat indices (`selected_positions`), which a training step computes
+    on the host: gathering by a mask on a GPU reads its count back before the head can run."""
+    if selected.dtype == torch.bool:
+        return hidden[selected]
+    return hidden.flatten(0, 1).index_select(0, selected)
 
 
 def _init_weights(module: nn.Module) -> None:

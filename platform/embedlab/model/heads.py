@@ -8,13 +8,13 @@ the encoder but not the prediction head).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import nn
 
 from embedlab.config import ModelConfig
-from embedlab.model.encoder import Encoder, MLMHead
+from embedlab.model.encoder import Encoder, MLMHead, SegmentLayout, selected_positions, selected_states
 
 
 def _is_tied_decoder(key: str) -> bool:
@@ -33,6 +33,22 @@ def select_by_head(
     row-major order: the order of `values[selected]` with other heads' rows left out. Model
     logits and loss targets are both gathered here, so they line up by construction.
     """
+    return {name: values[rows] for name, rows in _head_masks(selected, head_index, head_names).items()}
+
+
+def route_positions(
+    selected: torch.Tensor, head_index: torch.Tensor, head_names: Sequence[str]
+) -> dict[str, torch.Tensor]:
+    """`select_by_head` as flat positions: {name: (N_h,) long row-major indices into the (B, T)
+    batch of the selected positions of that head's rows}, in the same order. A training step
+    routes on the host and sends the positions, so a GPU never reads a mask's count back."""
+    return {name: selected_positions(rows) for name, rows in _head_masks(selected, head_index, head_names).items()}
+
+
+def _head_masks(
+    selected: torch.Tensor, head_index: torch.Tensor, head_names: Sequence[str]
+) -> dict[str, torch.Tensor]:
+    """{name: (B, T) bool, the selected positions of that head's rows}, after checking `head_index`."""
     batch = selected.shape[0]
     if head_index.shape != (batch,) or head_index.dtype.is_floating_point:
         raise ValueError(f"head_index: expected an integer tensor of shape ({batch},), "
@@ -40,10 +56,7 @@ def select_by_head(
     # An out-of-range index would silently drop its rows from every head and from the loss.
     if bool(((head_index < 0) | (head_index >= len(head_names))).any()):
         raise ValueError(f"head_index: values must be in [0, {len(head_names)}) for heads {list(head_names)}")
-    return {
-        name: values[selected & (head_index == index)[:, None]]
-        for index, name in enumerate(head_names)
-    }
+    return {name: selected & (head_index == index)[:, None] for index, name in enumerate(head_names)}
 
 
 class MultiHeadMLMModel(nn.Module):
@@ -78,16 +91,22 @@ class MultiHeadMLMModel(nn.Module):
         self,
         input_ids: torch.Tensor,
         segment_ids: torch.Tensor,
-        selected: torch.Tensor,
-        head_index: torch.Tensor,
+        selected: torch.Tensor | Mapping[str, torch.Tensor],
+        head_index: torch.Tensor | None = None,
+        layout: SegmentLayout | None = None,
     ) -> dict[str, torch.Tensor]:
-        """(B, T) ids, (B, T) segments, (B, T) bool selected, (B,) head per row ->
-        {name: (N_h, V) logits at the selected positions of that head's rows, row-major}.
+        """(B, T) ids, (B, T) segments, and the selected positions: a (B, T) bool mask with
+        (B,) `head_index`, one head per row, or already routed on the host as {name: (N_h,)
+        flat positions} (`route_positions`) -> {name: (N_h, V) logits at the selected
+        positions of that head's rows, row-major}. `layout`: as `Encoder.forward` takes it.
 
         Every name is present; a head with no selected position gets a (0, V) tensor.
         """
-        hidden = self.encoder(input_ids, segment_ids)  # (B, T, d), one pass for all heads
-        routed = select_by_head(hidden, selected, head_index, self.head_names)
+        hidden = self.encoder(input_ids, segment_ids, layout)  # (B, T, d), one pass for all heads
+        if isinstance(selected, Mapping):
+            routed = {name: selected_states(hidden, selected[name]) for name in self.head_names}
+        else:
+            routed = select_by_head(hidden, selected, head_index, self.head_names)
         return {name: self.heads[name](routed[name]) for name in self.head_names}
 
     def encoder_state(self) -> dict[str, torch.Tensor]:
