@@ -19,12 +19,12 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def test_every_check_passes_on_the_cpu_paths(capsys):
-    """The command runs all five checks and exits 0 when all pass; JSON lists each with its
+    """The command runs all six checks and exits 0 when all pass; JSON lists each with its
     measured errors under its tolerance."""
     assert main(["model", "check-cuda", "--device", "cpu", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert [c["name"] for c in report["checks"]] == ["varlen kernel", "encoder paths", "device vs cpu",
-                                                     "collectives", "compiled step"]
+                                                     "collectives", "host reads", "compiled step"]
     for check in report["checks"]:
         assert check["ok"] and check["error"] is None and check["measured"]
         assert all(0.0 <= value <= check["tolerance"] for value in check["measured"].values())
@@ -46,6 +46,15 @@ def _attention_without_scale(q, k, v, cu_seqlens, max_length):
 def test_the_kernel_check_fails_a_wrong_kernel(kernel):
     check = check_varlen_kernel(torch.device("cpu"), kernel=kernel)
     assert not check.ok and max(check.measured.values()) > 10 * check.tolerance
+
+
+def test_the_host_read_check_fails_a_step_that_reads_the_device(monkeypatch):
+    """Microbatches sent without their attention layout make the encoder compute it on the
+    device, a read back: the check fails and names where."""
+    prepare = cuda_checks.prepare_microbatch
+    monkeypatch.setattr(cuda_checks, "prepare_microbatch", lambda *a, **k: prepare(*a, **{**k, "varlen": False}))
+    check = cuda_checks.check_host_reads(torch.device("cpu"))
+    assert not check.ok and "model/encoder.py" in check.error and "nonzero" in check.error
 
 
 def test_a_check_that_raises_is_a_failed_check(monkeypatch, capsys):

@@ -5,7 +5,7 @@ import torch
 
 from embedlab.config import MaskingConfig, ModelConfig
 from embedlab.model.encoder import Encoder, MLMModel, count_parameters
-from embedlab.model.heads import MultiHeadMLMModel, select_by_head
+from embedlab.model.heads import MultiHeadMLMModel, route_positions, select_by_head
 from embedlab.objectives import dual_mlm
 from embedlab.objectives.dual_mlm import (
     assign_ratios,
@@ -15,12 +15,12 @@ from embedlab.objectives.dual_mlm import (
     mask_mixed,
     next_ratios,
     per_head_loss_sums,
-    per_ratio_loss_sums,
     route_heads,
     worker_ratios,
 )
 from embedlab.objectives.masking import MaskedBatch
 from embedlab.objectives.mlm import mlm_loss_sum
+from embedlab.train.mlm_step import accumulate_gradients, prepare_microbatch
 
 TINY = ModelConfig(layers=2, width=32, heads=2, ffn_width=64, vocab_size=97)
 MIXED = ((0.05, 4), (0.5, 1))
@@ -174,6 +174,23 @@ def test_two_heads_add_one_untied_head_worth_of_parameters():
     assert all(head.embedding.weight is model.encoder.embed.weight for head in model.heads.values())
 
 
+def test_heads_routed_on_the_host_compute_what_the_mask_routes():
+    """Positions routed on the host (`route_positions`, what a training step sends) give every
+    head bitwise the logits, and the encoder the gradients, of the boolean mask and head index."""
+    masked, segments, _, head_index = mixed_batch(DUAL, rows=12)
+    routed = route_positions(masked.selected, head_index, head_names(DUAL))
+    results = []
+    for selected, heads in ((masked.selected, head_index), (routed, None)):
+        torch.manual_seed(0)
+        model = MultiHeadMLMModel(TINY, head_names(DUAL))
+        logits = model(masked.inputs, segments, selected, heads)
+        sum(value.sum() for value in logits.values()).backward()
+        results.append((logits, [p.grad for p in model.parameters()]))
+    (mask_logits, mask_grads), (routed_logits, routed_grads) = results
+    assert all(torch.equal(mask_logits[name], routed_logits[name]) for name in head_names(DUAL))
+    assert all(torch.equal(a, b) for a, b in zip(mask_grads, routed_grads))
+
+
 def test_loss_on_one_head_gives_no_gradient_to_the_other():
     """Backward from head A's logits leaves head B's parameters at zero gradient, and trains A and the encoder."""
     torch.manual_seed(0)
@@ -211,15 +228,18 @@ def test_encoder_state_has_no_head_and_heads_state_round_trips():
 
 
 def run_arm(config: MaskingConfig, masked, segments, ratio_index):
-    """Logits, targets, per-head and per-ratio (sum, count) of a seeded TINY model on one batch."""
+    """Logits, targets and per-head (sum, count) of a seeded TINY model on one batch, and the
+    per-ratio (sum, count) groups the training step reports for it."""
     torch.manual_seed(1)
     model = MultiHeadMLMModel(TINY, head_names(config)).eval()
     head_index = route_heads(config, ratio_index)
     with torch.no_grad():  # reporting-path checks: plain floats, no graph
         logits = model(masked.inputs, segments, masked.selected, head_index)
     targets = select_by_head(masked.targets, masked.selected, head_index, model.head_names)
-    by_ratio = per_ratio_loss_sums(logits, targets, ratio_index=ratio_index, selected=masked.selected,
-                                   head_index=head_index, mixed_ratios=MIXED)
+    step = accumulate_gradients(model, [prepare_microbatch(
+        masked, segments, device=torch.device("cpu"), head_names=model.head_names, head_index=head_index,
+        ratio_index=ratio_index, mixed_ratios=MIXED)]).result()
+    by_ratio = {key.removeprefix("ratio/"): value for key, value in step.groups.items() if key.startswith("ratio/")}
     return logits, targets, per_head_loss_sums(logits, targets), by_ratio
 
 

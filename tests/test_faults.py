@@ -18,7 +18,7 @@ from embedlab.config import MaskingConfig, TrainConfig
 from embedlab.model.encoder import MLMModel
 from embedlab.objectives.masking import mask_tokens
 from embedlab.train.loop import run
-from embedlab.train.mlm_step import Microbatch, accumulate_gradients, optimizer_step
+from embedlab.train.mlm_step import Microbatch, accumulate_gradients, optimizer_step, prepare_microbatch
 from embedlab.train.optim import build_optimizer
 from embedlab.train.nonfinite import STOPPED_KEY, NonFiniteError
 from embedlab.train.session import LocalSession
@@ -33,7 +33,7 @@ def _microbatch(seed: int) -> Microbatch:
     ids = torch.randint(5, MODEL.vocab_size, (4, 16), generator=generator)
     masked = mask_tokens(ids, torch.ones_like(ids, dtype=torch.bool), MaskingConfig(ratio=0.3), mask_id=4,
                          random_token_range=(5, MODEL.vocab_size), generator=generator)
-    return Microbatch(masked=masked, segment_ids=torch.ones_like(ids))
+    return prepare_microbatch(masked, torch.ones_like(ids), device=torch.device("cpu"))
 
 
 def _snapshot(model, optimizer) -> list[torch.Tensor]:
@@ -55,7 +55,7 @@ def test_optimizer_step_rejects_a_nonfinite_update(poison):
     if poison == "gradient":
         next(model.parameters()).grad[3, 5] = float("nan")
     else:
-        result = dataclasses.replace(result, loss_sum=float("inf"))
+        result.sums[0] = float("inf")  # the step's loss sum, still on the device
     result = optimizer_step(model, optimizer, result, 1.0)
     assert result.rejected and not result.skipped
     assert bitwise_equal(_snapshot(model, optimizer), before)

@@ -201,9 +201,9 @@ def test_bf16_policy_keeps_fp32_master_weights_state_and_reductions(frozen):
     pending = [loop._microbatch(b, position) for position, b in enumerate(batches)]
     from embedlab.train.mlm_step import accumulate_gradients
 
-    result = accumulate_gradients(loop.model, pending, precision="bf16")
+    result = accumulate_gradients(loop.model, pending, precision="bf16").result()
     assert [t.dtype for t in logits] == [torch.bfloat16, torch.bfloat16]
-    targets = [mb.masked.targets[mb.masked.selected] for mb in pending]
+    targets = [mb.heads["mlm"].targets for mb in pending]
     fp32_sum = sum(float(F.cross_entropy(t.float(), y, reduction="sum")) for t, y in zip(logits, targets))
     bf16_sum = sum(float(F.cross_entropy(t, y, reduction="sum")) for t, y in zip(logits, targets))
     assert result.loss_sum == pytest.approx(fp32_sum, rel=1e-6)
@@ -304,7 +304,7 @@ def test_masking_draws_do_not_depend_on_dropout(frozen):
         trial = dataclasses.replace(trial, model=dataclasses.replace(trial.model, dropout=dropout))
         loop = make_loop(trial, frozen)
         loop.step(batches)
-        selections.append(loop._microbatch(batches[0], 0).masked.selected)
+        selections.append(loop._microbatch(batches[0], 0).heads["mlm"].positions)
     assert torch.equal(*selections)
 
 

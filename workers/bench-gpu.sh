@@ -17,7 +17,8 @@
 #    dense mask (a CUDA fault in a kernel poisons the process, and the retry must not touch
 #    it again). Written to $OUT/bench-mfu.json when $OUT is set.
 # 2. `embedlab model check-cuda --json` with the time left: flash varlen, encoder paths,
-#    device vs CPU, compiled step, NCCL collectives. Written to $OUT/cuda-checks.json.
+#    device vs CPU, NCCL collectives, host reads (a step under sync debug mode), compiled
+#    step. Written to $OUT/cuda-checks.json.
 # Exits non-zero if the bench failed or a check did not pass; each part's JSON is printed
 # either way.
 set -uo pipefail

@@ -1,6 +1,6 @@
 """`embedlab model check-cuda`: the GPU paths checked against their CPU-tested oracles.
 
-The test suite runs on CPUs, so four things training does only on a GPU are checked here,
+The test suite runs on CPUs, so what training does only on a GPU is checked here,
 on the GPU, each against an oracle the suite already trusts:
 
 - **flash varlen**: torch's variable-length flash kernel (bf16) against
@@ -13,6 +13,9 @@ on the GPU, each against an oracle the suite already trusts:
   gradient buffer) and byte all-gather (`all_gather_bytes`, resume) on a one-process group
   of the device's backend (NCCL on CUDA): initialisation, dtypes and device placement, not
   cross-GPU traffic, which needs two GPUs;
+- **host reads**: a phase-1 step never reads the device back before its one read (the loss
+  sums and gradient norm the non-finite rule decides on), nor in its optimizer step: on CUDA
+  under `torch.cuda.set_sync_debug_mode("error")`; elsewhere on the meta device;
 - **compiled step**: three optimizer steps (fused AdamW) with the blocks compiled as training
   compiles them (`embedlab.train.compiling`) against the same steps eager, in fp32.
 
@@ -29,6 +32,7 @@ import contextlib
 import dataclasses
 import os
 import tempfile
+import traceback
 from collections.abc import Callable, Iterator
 
 import torch
@@ -43,14 +47,16 @@ from embedlab.model.encoder import (
     reference_varlen_attention,
     segment_layout,
 )
+from embedlab.model.heads import MultiHeadMLMModel
 from embedlab.train.compiling import compile_blocks
 from embedlab.train.mlm_step import (
-    Microbatch,
     accumulate_gradients,
     all_reduce_gradients,
     optimizer_step,
+    prepare_microbatch,
     sum_all_reduce,
 )
+from embedlab.train.nonfinite import finite_update
 from embedlab.train.optim import build_optimizer
 from embedlab.train.state import all_gather_bytes
 
@@ -86,13 +92,14 @@ def _microbatch(config: ModelConfig, rows: int, length: int, seed: int, device: 
     """Packed rows of corpus-like document lengths, 15% masked (`synthetic_batch`), on
     `device`; the same seed gives the same batch on any device."""
     segments, masked = synthetic_batch(rows, length, config.vocab_size, seed, torch.Generator().manual_seed(seed))
-    return Microbatch(masked=masked.to(device), segment_ids=segments.to(device))
+    # The layout goes along whichever path the model takes; the dense one ignores it.
+    return prepare_microbatch(masked, segments, device=device, varlen=True)
 
 
 def _loss_and_gradients(model, microbatch, precision: str) -> tuple[float, torch.Tensor]:
     """The training step's loss sum and flat gradient (`accumulate_gradients`), from zero."""
     model.zero_grad(set_to_none=True)
-    result = accumulate_gradients(model, [microbatch], precision=precision)
+    result = accumulate_gradients(model, [microbatch], precision=precision).result()
     flat = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
     return result.loss_sum, flat.double().cpu()
 
@@ -235,12 +242,89 @@ def check_collectives(device: torch.device) -> Check:
                                   "vs the one-process values", 0.0, measured)
 
 
+
+HOST_READ_HEADS, HOST_READ_RATIOS = ("mask15", "mask50"), ((0.15, 1.0), (0.5, 1.0))
+
+
+def _prepared_step(model, device: torch.device, precision: str, seed: int):
+    """Two microbatches prepared on the host (both heads, per-ratio and per-source groups,
+    the variable-length layout), their gradients accumulated and clipped: the step up to its
+    one read. Returns the accumulated step and the gradient norm, both unread."""
+    microbatches = []
+    for part in range(2):
+        segments, masked = synthetic_batch(4, 128, model.encoder.config.vocab_size, seed + part,
+                                           torch.Generator().manual_seed(seed + part))
+        rows = torch.arange(len(segments)) % 2  # each row's ratio, and its head
+        sources = torch.where(segments > 0, segments % 2, -1)  # two "sources": odd and even documents
+        microbatches.append(prepare_microbatch(
+            masked, segments, device=device, head_names=HOST_READ_HEADS, head_index=rows, ratio_index=rows,
+            mixed_ratios=HOST_READ_RATIOS, source_index=sources, source_names=("odd", "even"), varlen=True))
+    accumulated = accumulate_gradients(model, microbatches, precision=precision)
+    return accumulated, torch.nn.utils.clip_grad_norm_(model.parameters(), TrainConfig().max_grad_norm)
+
+
+@contextlib.contextmanager
+def _reads_raise(device: torch.device) -> Iterator[None]:
+    """On CUDA, any synchronising call raises while inside (`torch.cuda.set_sync_debug_mode`)."""
+    if device.type != "cuda":
+        yield
+        return
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def _where(error: BaseException) -> str:
+    """The innermost embedlab frame of `error`'s traceback, as path:line."""
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if "embedlab" in f.filename]
+    return f"{frames[-1].filename.rsplit('embedlab', 1)[-1].lstrip('/')}:{frames[-1].lineno}" if frames else "?"
+
+
+def check_host_reads(device: torch.device) -> Check:
+    """A phase-1 step never reads the device back before its one read: from preparing two
+    microbatches on the host (two LM heads, per-ratio and per-source groups, the variable-
+    length layout) to the clipped gradient norm, and again over the optimizer step after that
+    read. On CUDA under `torch.cuda.set_sync_debug_mode("error")` (bf16 autocast, the flash
+    kernel, fused AdamW), after one warm-up step; elsewhere on the meta device (bf16
+    weights), whose tensors hold no data, so any read raises (the optimizer is not run there)."""
+    cuda = device.type == "cuda"
+    run_on = device if cuda else torch.device("meta")
+    config = dataclasses.replace(_model_config(), attention="varlen")
+    torch.manual_seed(0)
+    model = MultiHeadMLMModel(config, HOST_READ_HEADS).to(run_on).train()
+    precision = "bf16" if cuda else "fp32"
+    if not cuda:
+        model.to(torch.bfloat16)  # the flash kernel's inputs; autocast has no meta device
+    optimizer = build_optimizer(model, TrainConfig(), run_on) if cuda else None
+    if cuda:  # lazily created handles and caches may synchronise once
+        optimizer_step(model, optimizer, _prepared_step(model, run_on, precision, seed=20)[0],
+                       TrainConfig().max_grad_norm)
+    try:
+        with _reads_raise(run_on):
+            accumulated, norm = _prepared_step(model, run_on, precision, seed=30)
+        if cuda:
+            result = accumulated.result(norm)  # the step's one read
+            with _reads_raise(run_on):
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            torch.cuda.synchronize(run_on)
+            if not finite_update(result.loss_sum, result.grad_norm):
+                raise RuntimeError(f"a non-finite step: loss sum {result.loss_sum}, norm {result.grad_norm}")
+    except (RuntimeError, NotImplementedError) as error:
+        return Check("host reads", False, "", 0.0, error=f"{type(error).__name__} at {_where(error)}: {error}")
+    where = "CUDA, synchronising calls raise" if cuda else "the meta device, reads raise"
+    return _judged("host reads", f"a phase-1 step prepared on the host, on {where}, until its one read "
+                                 "(and the optimizer step after it on CUDA)", 0.0, {"reads before the one read": 0.0})
+
 # The compile last: the slowest check, so a run short of time still has the others.
 CHECKS: dict[str, Callable[[torch.device], Check]] = {
     "flash varlen": check_varlen_kernel,
     "encoder paths": check_encoder_paths,
     "device vs cpu": check_device_vs_cpu,
     "collectives": check_collectives,
+    "host reads": check_host_reads,
     "compiled step": check_compiled_step,
 }
 

@@ -42,7 +42,7 @@ from embedlab.errors import UsageError
 from embedlab.model.encoder import MLMModel, parameter_counts, segment_layout, varlen_rule
 from embedlab.train.compiling import compile_blocks
 from embedlab.train.flops import TRAINED, FlopTally
-from embedlab.train.mlm_step import Microbatch, accumulate_gradients, optimizer_step
+from embedlab.train.mlm_step import accumulate_gradients, optimizer_step, prepare_microbatch
 from embedlab.train.optim import build_optimizer
 
 
@@ -150,7 +150,8 @@ def measure_mfu(bench: MfuBench, device: torch.device, peak_flops: float | None 
         executed = FlopTally()  # as the phase-1 loop counts its microbatches
         executed.encode(config, segments, mode=TRAINED, device=device, half=bench.precision == "bf16", training=True)
         executed.head(config, float(masked.selected.sum()))
-        batches.append((Microbatch(masked=masked.to(device), segment_ids=segments.to(device)), flops, executed.flops))
+        varlen = attention_path(config, device, bench.precision, bench.sequence_length).startswith("varlen")
+        batches.append((prepare_microbatch(masked, segments, device=device, varlen=varlen), flops, executed.flops))
 
     def run(items) -> tuple[float, int, float, float]:
         if device.type == "cuda":

@@ -65,10 +65,10 @@ from embedlab.config import MaskingConfig, ModelConfig, TrainConfig, model_prese
 from embedlab.data.document import document_texts
 from embedlab.data.packing import chunk_document, pack_pieces
 from embedlab.errors import UsageError
-from embedlab.model.encoder import MLMModel, SelfAttention, count_parameters
+from embedlab.model.encoder import MLMModel, SelfAttention, count_parameters, selected_states
 from embedlab.objectives.masking import mask_tokens
 from embedlab.train.compiling import compile_blocks
-from embedlab.train.mlm_step import Microbatch, accumulate_gradients, optimizer_step
+from embedlab.train.mlm_step import accumulate_gradients, optimizer_step, prepare_microbatch
 from embedlab.train.optim import build_optimizer
 
 TRAIN = TrainConfig()  # learning rate, weight decay, AdamW settings and clipping: the defaults
@@ -171,7 +171,7 @@ class EmbedlabTrainer:
         masked = mask_tokens(input_ids, eligible, self.masking, mask_id=self.mask_id,
                              random_token_range=self.random_range, generator=self.generator,
                              segment_ids=segment_ids)
-        result = accumulate_gradients(self.model, [Microbatch(masked=masked, segment_ids=segment_ids)])
+        result = accumulate_gradients(self.model, [prepare_microbatch(masked, segment_ids, device=torch.device("cpu"))])
         return optimizer_step(self.model, self.optimizer, result, TRAIN.max_grad_norm).tokens
 
     def epoch(self, steps: list[Rows]) -> int:
@@ -194,9 +194,9 @@ class AllPositionLogits(MLMModel):
     """Bench-local: vocabulary logits at every position, then the selected ones kept: the
     "before" of the selected-position row (what a standard MLM head computes)."""
 
-    def forward(self, input_ids, segment_ids, selected):
-        hidden = self.encoder(input_ids, segment_ids)
-        return self.mlm_head(hidden)[selected]  # (B, T, V) computed, (N_selected, V) returned
+    def forward(self, input_ids, segment_ids, selected, layout=None):
+        hidden = self.encoder(input_ids, segment_ids, layout)
+        return selected_states(self.mlm_head(hidden), selected)  # (B, T, V) computed, (N_selected, V) returned
 
 
 def build_model(config: ModelConfig, seed: int, *, all_positions: bool = False, eager: bool = False) -> MLMModel:

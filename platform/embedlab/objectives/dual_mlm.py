@@ -25,10 +25,8 @@ from collections.abc import Mapping, Sequence
 from fractions import Fraction
 
 import torch
-import torch.nn.functional as F
 
 from embedlab.config import MaskingConfig
-from embedlab.model.heads import select_by_head
 from embedlab.objectives.masking import MaskedBatch, mask_tokens
 from embedlab.objectives.mlm import combine, mlm_loss_sum
 
@@ -161,35 +159,6 @@ def combined_loss_sum(sums_by_head: Mapping[str, tuple[torch.Tensor, int]]) -> t
     contract as `mlm_loss_sum`, so the step divides by the global selected count."""
     parts = list(sums_by_head.values())
     return torch.stack([loss for loss, _ in parts]).sum(), sum(count for _, count in parts)
-
-
-@torch.no_grad()
-def per_ratio_loss_sums(
-    logits_by_head: Mapping[str, torch.Tensor],
-    targets_by_head: Mapping[str, torch.Tensor],
-    *,
-    ratio_index: torch.Tensor,
-    selected: torch.Tensor,
-    head_index: torch.Tensor,
-    mixed_ratios: Sequence[tuple[float, float]],
-) -> dict[str, tuple[float, int]]:
-    """{ratio name: (NLL sum, selected count)} over the rows masked at that ratio; for reports.
-
-    Groups every selected token by its row's ratio, whichever head predicted it: in the
-    control arm this splits the one shared head's loss by ratio; in the dual-head arm it
-    equals the per-head figures. `logits_by_head` must keep the model's head order (as
-    `forward` returns it): position k is head index k. Detached, summed in float64.
-    """
-    names = ratio_names(mixed_ratios)
-    row_ratio = ratio_index[:, None].expand(selected.shape)  # (B, T): each token's row ratio
-    ratio_by_head = select_by_head(row_ratio, selected, head_index, tuple(logits_by_head))
-    sums = torch.zeros(len(names), dtype=torch.float64, device=selected.device)
-    counts = torch.zeros(len(names), dtype=torch.long, device=selected.device)
-    for name, logits in logits_by_head.items():
-        nll = F.cross_entropy(logits.float(), targets_by_head[name], reduction="none")  # (N_h,)
-        sums.index_add_(0, ratio_by_head[name], nll.double())
-        counts += torch.bincount(ratio_by_head[name], minlength=len(names))
-    return {name: (float(s), int(c)) for name, s, c in zip(names, sums.tolist(), counts.tolist())}
 
 
 def loss_metrics(head_sums: LossSums, ratio_sums: LossSums) -> dict[str, float]:

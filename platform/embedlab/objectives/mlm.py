@@ -13,6 +13,8 @@ update and counts the skip; it never divides by zero.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 import torch.nn.functional as F
 
@@ -35,3 +37,25 @@ def combine(sums_and_counts: list[tuple[float, int]]) -> float:
     total = sum(s for s, _ in sums_and_counts)
     count = sum(c for _, c in sums_and_counts)
     return total / count if count else float("nan")
+
+
+@torch.no_grad()
+def grouped_loss_sums(
+    logits_by_head: Mapping[str, torch.Tensor],
+    targets_by_head: Mapping[str, torch.Tensor],
+    group_by_head: Mapping[str, torch.Tensor],
+    groups: int,
+) -> torch.Tensor:
+    """Selected-token NLL sums by group, over every head, for reports.
+
+    {name: (N_h, V) logits}, {name: (N_h,) clean targets}, {name: (N_h,) long group of each
+    token in [0, groups)} -> (groups,) float64 NLL sums on the logits' device: each head's
+    sums, summed in head order. Detached; no count, as counts come from host tensors, and no
+    read back to the host (a report group is a masking ratio or a data source).
+    """
+    first = next(iter(logits_by_head.values()))
+    sums = torch.zeros(groups, dtype=torch.float64, device=first.device)
+    for name, logits in logits_by_head.items():
+        nll = F.cross_entropy(logits.float(), targets_by_head[name], reduction="none")  # (N_h,)
+        sums += torch.zeros_like(sums).index_add_(0, group_by_head[name], nll.double())
+    return sums

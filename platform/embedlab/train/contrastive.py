@@ -55,10 +55,10 @@ from embedlab.train.budget import consumption, recorded_flops, schedule_units, s
 from embedlab.train.checkpoint import HEAD_FILE, load_parent, local_checkpoint
 from embedlab.train.compiling import compile_blocks, resolve_compile
 from embedlab.train.contrastive_step import ContrastiveStep, local
-from embedlab.train.flops import FORWARD, TRAINED, FlopTally
+from embedlab.train.flops import FORWARD, TRAINED, FlopTally, attention_path
 from embedlab.train.launch import fit
 from embedlab.train.loop import Progress, RunOptions, TrainingLoop, run_on_ray
-from embedlab.train.mlm_step import all_reduce_gradients, no_reduce, sum_all_reduce
+from embedlab.train.mlm_step import all_reduce_gradients, no_reduce, prepare_microbatch, sum_all_reduce
 from embedlab.train.nonfinite import finite_update
 from embedlab.train.optim import build_optimizer, set_learning_rate
 from embedlab.train.phase3_negatives import given_negative_counts, given_negatives_for_phase3, mine_for_phase3, \
@@ -73,16 +73,16 @@ def _grad_vector(model: torch.nn.Module) -> torch.Tensor:
     ])
 
 
-def _difference_norm(model: torch.nn.Module, vector: torch.Tensor) -> float:
+def _difference_norm(model: torch.nn.Module, vector: torch.Tensor) -> torch.Tensor:
     """|| gradients of `model` (flattened in `_grad_vector`'s order) - `vector` ||, without
     building the gradient vector a second time."""
-    squares, offset = vector.new_zeros((), dtype=torch.float64), 0  # one host sync, at the end
+    squares, offset = vector.new_zeros((), dtype=torch.float64), 0  # read with the step's other figures
     for p in model.parameters():
         part = vector[offset:offset + p.numel()]
         difference = -part if p.grad is None else p.grad.reshape(-1) - part
         squares += difference.double().square().sum()
         offset += p.numel()
-    return float(squares.sqrt())
+    return squares.sqrt()
 
 
 @dataclass
@@ -184,32 +184,35 @@ class ContrastiveLoop(TrainingLoop):
         # count is known before the forward pass (GradCache needs it up front).
         valid = self.anchors_per_query * int(self.all_reduce(
             torch.tensor([float(sum(len(b["group"]) for b in batches))], dtype=torch.float64)).item())
-        loss_local = 0.0
+        loss_local = torch.zeros(1, dtype=torch.float64, device=self.device)  # summed as the host summed it
         counts = torch.zeros(5, dtype=torch.float64)  # queries, pair tokens, candidates, anchors, FLOPs
         taus = []
         for batch in batches:
             term, flops, tau = self._contrastive_backward(batch, valid)
-            loss_local += float(term.loss_sum.detach())
+            loss_local += term.loss_sum.detach().double()
             counts += torch.tensor([float(len(batch["group"])), float(batch["tokens"].sum()), float(term.candidate_sum),
                                     float(term.anchors), flops], dtype=torch.float64)
             taus.append(tau)
-        mlm_mean = 0.0
-        grad_norms: dict[str, float] = {}
+        # The step's figures stay on the device until one read, with the gradient norm.
+        figures = {"loss": self.all_reduce(loss_local)}
         contrastive_grad = None
         if self.joint:
             # Each term's norm is of its global gradient (summed over workers), so the
             # contrastive part costs one more gradient all-reduce a step in joint arms.
             contrastive_grad = self.all_reduce(_grad_vector(self.parameters))
-            mlm_mean, mlm_flops = self._mlm_backward(batches)
+            figures["mlm"], global_count, mlm_flops = self._mlm_backward(batches)
             counts[4] += mlm_flops
         all_reduce_gradients(self.parameters, self.all_reduce)
         if contrastive_grad is not None:
-            grad_norms = {
-                "train/grad_norm_contrastive": float(contrastive_grad.norm()),
-                "train/grad_norm_mlm": _difference_norm(self.parameters, contrastive_grad),
-            }
-        loss_total = float(self.all_reduce(torch.tensor([loss_local], dtype=torch.float64)).item())
-        norm = float(torch.nn.utils.clip_grad_norm_(self.parameters.parameters(), train.max_grad_norm))
+            figures["train/grad_norm_contrastive"] = contrastive_grad.norm()
+            figures["train/grad_norm_mlm"] = _difference_norm(self.parameters, contrastive_grad)
+        figures["norm"] = torch.nn.utils.clip_grad_norm_(self.parameters.parameters(), train.max_grad_norm)
+        tau = taus[-1]
+        if isinstance(tau, torch.Tensor):
+            figures["tau"] = tau.detach()
+        read = dict(zip(figures, torch.cat([value.double().reshape(1) for value in figures.values()]).tolist()))
+        loss_total, norm = read["loss"], read["norm"]
+        mlm_mean = read["mlm"] / max(global_count, 1) if self.joint else 0.0
         # All three figures are global, so every worker takes the same decision.
         rejected = not finite_update(loss_total, mlm_mean, norm)
         if not rejected:
@@ -229,9 +232,8 @@ class ContrastiveLoop(TrainingLoop):
             self.window.append(loss_total / max(valid, 1))
             if self.joint:
                 self.window_mlm.append(mlm_mean)
-        tau = taus[-1]
-        self.last = {"train/grad_norm": norm, "train/temperature": float(tau) if isinstance(tau, float)
-                     else float(tau.detach()), **grad_norms}
+        self.last = {"train/grad_norm": norm, "train/temperature": read.get("tau", tau),
+                     **{key: value for key, value in read.items() if key.startswith("train/")}}
         self.count_rejection(rejected)
 
     def _contrastive_backward(self, batch: dict[str, torch.Tensor], valid: int):
@@ -246,14 +248,15 @@ class ContrastiveLoop(TrainingLoop):
             raise RuntimeError(f"worker {self.rank}: {term.anchors - term.valid} anchors without a positive")
         return term, flops, tau
 
-    def _mlm_backward(self, batches: list[dict[str, torch.Tensor]]) -> tuple[float, float]:
+    def _mlm_backward(self, batches: list[dict[str, torch.Tensor]]) -> tuple[torch.Tensor, int, float]:
         """The joint arm's MLM term on separately corrupted copies of every microbatch's texts:
         all are masked first, so the global selected count divides every backward. Returns the
-        global mean loss and the FLOPs this worker's passes ran."""
+        term's global loss sum (on the device, (1,) float64), the global selected count and the
+        FLOPs this worker's passes ran."""
         device, pad_id = self.device, self.tokenizer.pad_id
         parts, trained, forward_only = [], FlopTally(), FlopTally()
         for batch in batches:
-            # Masked and counted on the host (the stream's CPU tensors), then moved once.
+            # Masked, counted and laid out on the host (the stream's CPU tensors), then moved once.
             texts = torch.cat([batch["query_ids"], batch["positive_ids"]])
             segments = (texts != pad_id).long()
             eligible = (segments > 0) & ~torch.isin(texts, self.host_ban)
@@ -262,20 +265,22 @@ class ContrastiveLoop(TrainingLoop):
             for tally, mode in ((trained, TRAINED), (forward_only, FORWARD)):
                 tally.encode(self.trial.model, segments, mode=mode, device=device, half=self.half, training=True)
                 tally.head(self.trial.model, float(masked.selected.sum()), mode=mode)
-            parts.append((texts.to(device), segments.to(device), masked.inputs.to(device), masked.selected.to(device)))
-        local_selected = float(sum(int(selected.sum()) for *_, selected in parts))
-        global_count = int(self.all_reduce(torch.tensor([local_selected], dtype=torch.float64)).item())
-        loss_local = 0.0
-        for texts, segments, inputs, selected in parts:
+            kernel = attention_path(self.trial.model, device=device, half=self.half, length=segments.shape[1],
+                                    training=True)
+            parts.append(prepare_microbatch(masked, segments, device=device, varlen=kernel.path != "dense"))
+        global_count = int(self.all_reduce(torch.tensor([float(sum(mb.selected for mb in parts))],
+                                                        dtype=torch.float64)).item())
+        loss_local = torch.zeros(1, dtype=torch.float64, device=device)
+        for mb in parts:
+            (head,) = mb.heads.values()
             with forward_precision(self.precision, device):
-                logits = self.model(inputs, segments, selected)
-            mlm_sum, _ = mlm_loss_sum(logits, texts[selected])
+                logits = self.model(mb.inputs, mb.segment_ids, head.positions, layout=mb.layout)
+            mlm_sum, _ = mlm_loss_sum(logits, head.targets)
             if global_count:
                 (self.settings.mlm_weight * mlm_sum / global_count).backward()
-            loss_local += float(mlm_sum.detach())
-        mlm_total = float(self.all_reduce(torch.tensor([loss_local], dtype=torch.float64)).item())
+            loss_local += mlm_sum.detach().double()
         # No selected token on any worker: no MLM backward ran, only the forwards.
-        return mlm_total / max(global_count, 1), (trained if global_count else forward_only).flops
+        return self.all_reduce(loss_local), global_count, (trained if global_count else forward_only).flops
 
     def metrics(self) -> dict[str, Any]:
         progress = self.progress

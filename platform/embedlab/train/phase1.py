@@ -25,14 +25,16 @@ from embedlab.data.prepared_sync import node_path
 from embedlab.data.stream import packed_datasets, units_by_source
 from embedlab.model.encoder import MLMModel
 from embedlab.model.heads import MultiHeadMLMModel
-from embedlab.objectives.dual_mlm import assign_ratios, head_names, mask_mixed, ratio_names, route_heads, worker_ratios
+from embedlab.objectives.dual_mlm import (
+    SHARED_HEAD, assign_ratios, head_names, mask_mixed, ratio_names, route_heads, worker_ratios,
+)
 from embedlab.objectives.masking import mask_tokens
 from embedlab.objectives.mlm import combine
 from embedlab.tokenizer.frozen import load_tokenizer
 from embedlab.train.budget import consumption, schedule_units, step_units
 from embedlab.train.checkpoint import CheckpointError, load_parent
 from embedlab.train.compiling import compile_blocks, resolve_compile
-from embedlab.train.flops import TRAINED, FlopTally
+from embedlab.train.flops import TRAINED, FlopTally, attention_path
 from embedlab.train.launch import fit
 from embedlab.train.length import split_rows, stage_length
 from embedlab.train.loop import Progress, RunOptions, TrainingLoop, run_on_ray
@@ -42,6 +44,7 @@ from embedlab.train.mlm_step import (
     accumulate_gradients,
     no_reduce,
     optimizer_step,
+    prepare_microbatch,
     sum_all_reduce,
 )
 from embedlab.train.optim import build_optimizer, set_learning_rate
@@ -132,7 +135,7 @@ class Phase1Loop(TrainingLoop):
         if self.mixed:
             ratio_index = self._ratio_index(len(input_ids), position)
             masked = mask_mixed(input_ids, eligible, self.trial.masking, ratio_index, **masking_ids)
-            head_index = route_heads(self.trial.masking, ratio_index).to(self.device)
+            head_index = route_heads(self.trial.masking, ratio_index)
         else:
             masked = mask_tokens(input_ids, eligible, self.trial.masking, **masking_ids)
         # Counted from the CPU tensors, so a GPU step adds no host synchronisation for it.
@@ -140,10 +143,14 @@ class Phase1Loop(TrainingLoop):
         tally.encode(self.trial.model, segment_ids, mode=TRAINED, device=self.device, half=self.half, training=True)
         tally.head(self.trial.model, float(masked.selected.sum()))
         self.step_flops += tally.flops
-        # Masking draws on the CPU generator so its stream is the same on any device.
-        return Microbatch(masked=masked.to(self.device), segment_ids=segment_ids.to(self.device),
-                          ratio_index=ratio_index, head_index=head_index,
-                          source_index=batch["source_index"], source_names=tuple(self.sources))
+        # Masking draws on the CPU generator so its stream is the same on any device; routing,
+        # counts and the attention layout are taken on the host too (`prepare_microbatch`).
+        heads = self.model.head_names if isinstance(self.model, MultiHeadMLMModel) else (SHARED_HEAD,)
+        return prepare_microbatch(masked, segment_ids, device=self.device, head_names=heads, head_index=head_index,
+                                  ratio_index=ratio_index, mixed_ratios=self.mixed,
+                                  source_index=batch["source_index"], source_names=self.sources,
+                                  varlen=attention_path(self.trial.model, device=self.device, half=self.half,
+                                                        length=segment_ids.shape[1], training=True).path != "dense")
 
     def fit_to_budget(self, batches: list[dict[str, torch.Tensor]], remaining: float) -> list[dict[str, torch.Tensor]]:
         """A token budget's last step keeps only the tokens the budget has left, this worker's
@@ -176,8 +183,7 @@ class Phase1Loop(TrainingLoop):
         self.step_flops = 0.0
         pending = [self._microbatch(batch, progress.batches + i) for i, batch in enumerate(batches)]
         set_learning_rate(self.optimizer, clock, budget, train)
-        result = accumulate_gradients(self.model, pending, self.all_reduce, self.mixed, self.precision,
-                                      flops=self.step_flops)
+        result = accumulate_gradients(self.model, pending, self.all_reduce, self.precision, flops=self.step_flops)
         result = optimizer_step(self.model, self.optimizer, result, train.max_grad_norm)
         progress.steps += 1
         progress.batches += len(batches)
