@@ -55,17 +55,39 @@ def test_a_phase1_step_reads_nothing_back_before_its_one_read(frozen, dual_heads
         step.result(norm)  # the one read: the loss sums and the norm the step decides on
 
 
+def contrastive_loop(frozen, directory, attention: str, **settings) -> ContrastiveLoop:
+    """A phase-2 loop on the meta device from a parent whose encoder takes `attention`."""
+    model_config = dataclasses.replace(synthetic.MODEL, attention=attention)
+    torch.manual_seed(7)
+    model = MLMModel(model_config)
+    save_checkpoint(directory / "parent", model.encoder, head=model.mlm_head, tokenizer=frozen, fields={"phase": 1})
+    trial = dataclasses.replace(synthetic.contrastive_trial(directory / "parent", **settings), model=model_config)
+    loop = ContrastiveLoop(synthetic.loop_config(trial, frozen), rank=0, world=1, device=META)
+    on_meta(loop.model, attention)
+    return loop
+
+
 @pytest.mark.parametrize("attention", ["dense", "varlen"])
 def test_the_joint_mlm_term_reads_nothing_back(frozen, tmp_path, attention):
     """The joint arm's MLM term (phase 2) masks, counts and lays out its copies on the host, and
     its forwards and backwards on the meta device read nothing; its loss sum stays there."""
-    model_config = dataclasses.replace(synthetic.MODEL, attention=attention)
-    torch.manual_seed(7)
-    model = MLMModel(model_config)
-    save_checkpoint(tmp_path / "parent", model.encoder, head=model.mlm_head, tokenizer=frozen, fields={"phase": 1})
-    trial = dataclasses.replace(synthetic.contrastive_trial(tmp_path / "parent"), model=model_config)
-    loop = ContrastiveLoop(synthetic.loop_config(trial, frozen), rank=0, world=1, device=META)
-    on_meta(loop.model, attention)
+    loop = contrastive_loop(frozen, tmp_path, attention)
     loss_sum, count, _ = loop._mlm_backward(batches_of(synthetic.pair_rows(frozen, 8)))
     assert loss_sum.device == META and count > 0
     assert all(p.grad is not None and p.grad.device == META for p in loop.model.encoder.parameters())
+
+
+@pytest.mark.parametrize("gradcache", [False, True])
+@pytest.mark.parametrize("attention", ["dense", "varlen"])
+def test_the_contrastive_encodings_read_nothing_back(frozen, tmp_path, attention, gradcache):
+    """Phases 2-3 encode their texts (whole, or GradCache's chunks) from rows sent with their
+    layout taken on the host: embedding and pooling forwards and backwards read nothing. (The
+    contrastive objective itself still reads its valid-row count: README, Benchmarks.)"""
+    loop = contrastive_loop(frozen, tmp_path, attention, gradcache=gradcache)
+    ids = torch.as_tensor(synthetic.pair_rows(frozen, 8)["query_ids"])
+    rows = loop.contrastive.rows(ids)
+    assert len(rows) == (4 if gradcache else 1) and all((r.layout is not None) == (attention == "varlen") for r in rows)
+    embeddings = torch.cat([loop.contrastive.encode(r) for r in rows])
+    assert embeddings.shape == (8, synthetic.MODEL.width) and embeddings.device == META
+    embeddings.float().sum().backward()
+    assert all(p.grad is not None for p in loop.encoder.parameters())

@@ -23,29 +23,39 @@ from dataclasses import dataclass
 import torch
 
 from embedlab.config import ContrastiveConfig, ModelConfig
-from embedlab.model.encoder import Encoder
+from embedlab.model.encoder import Encoder, SegmentLayout, segment_layout, to_device
 from embedlab.model.pooling import l2_normalise, mean_pool
 from embedlab.objectives.contrastive import ContrastiveLoss, LearnableTemperature, multi_positive_infonce, \
     pair_masks, pooled
 from embedlab.objectives.gradcache import gradcache_step
-from embedlab.train.flops import GRADCACHE, TRAINED, FlopTally
+from embedlab.train.flops import GRADCACHE, TRAINED, FlopTally, attention_path
 from embedlab.train.precision import forward_precision
 
 
-def embed(encoder: Encoder, ids: torch.Tensor, pad_id: int, pooling: str) -> torch.Tensor:
+def embed(encoder: Encoder, ids: torch.Tensor, pad_id: int, pooling: str,
+          layout: SegmentLayout | None = None) -> torch.Tensor:
     """(B, L) `[CLS] text [SEP]` rows -> (B, d) unit embeddings (zero rows stay zero).
 
     Mean pooling averages content tokens (CLS and SEP excluded); CLS pooling takes the
-    first position's final state.
+    first position's final state. `layout`: the rows' variable-length layout, taken on the
+    host (`Encoder.forward`).
     """
     segments = (ids != pad_id).long()
-    hidden = encoder(ids, segments)
+    hidden = encoder(ids, segments, layout)
     if pooling == "cls":
         return l2_normalise(hidden[:, 0])
     lengths = segments.sum(dim=1, keepdim=True)
     positions = torch.arange(ids.shape[1], device=ids.device)[None, :]
     content = (positions >= 1) & (positions < lengths - 1)
     return l2_normalise(mean_pool(hidden, content))
+
+
+@dataclass(frozen=True)
+class Rows:
+    """(B, L) token ids on the step's device and, for the variable-length path, their layout."""
+
+    ids: torch.Tensor
+    layout: SegmentLayout | None
 
 
 def local(tensor: torch.Tensor) -> torch.Tensor:
@@ -75,9 +85,20 @@ class ContrastiveStep:
     device: torch.device
     half: bool  # half-precision attention inputs (`embedlab.train.precision.half_activations`)
 
-    def encode(self, ids: torch.Tensor) -> torch.Tensor:
+    def encode(self, rows: Rows) -> torch.Tensor:
         with forward_precision(self.precision, self.device):
-            return embed(self.encoder, ids, self.pad_id, self.settings.pooling)
+            return embed(self.encoder, rows.ids, self.pad_id, self.settings.pooling, rows.layout)
+
+    def rows(self, ids: torch.Tensor) -> list[Rows]:
+        """(B, L) host ids -> the encoder's inputs on the device: one `Rows`, or one per GradCache
+        chunk, each with its layout taken on the host when attention takes the variable-length
+        path."""
+        chunk, (_, length) = self.settings.gradcache_chunk, ids.shape
+        varlen = attention_path(self.model, device=self.device, half=self.half, length=length,
+                                training=True).path != "dense"
+        return [Rows(to_device(part, self.device),
+                     segment_layout((part != self.pad_id).long()).to(self.device) if varlen else None)
+                for part in (ids.split(chunk) if chunk else (ids,))]
 
     def backward(self, batch: dict[str, torch.Tensor], valid: int):
         """Backward of one microbatch's objective (its loss sum weighted and divided by the
@@ -85,16 +106,17 @@ class ContrastiveStep:
         ran and the temperature used."""
         settings, device = self.settings, self.device
         host_sides = [batch["positive_ids"]]  # the stream's CPU tensors, read for FLOPs
-        groups = [batch["group"].to(device)]
-        exclude = [torch.zeros(len(batch["group"]), dtype=torch.bool, device=device)]
+        groups = [batch["group"]]
+        exclude = [torch.zeros(len(batch["group"]), dtype=torch.bool)]
         if "negative_ids" in batch:
             rows, k, length = batch["negative_ids"].shape
             host_sides.append(batch["negative_ids"].reshape(rows * k, length))
-            groups.append(batch["negative_group"].reshape(-1).to(device))
-            exclude.append((batch["negative_len"].reshape(-1) == 0).to(device))
-        query_groups = batch["group"].to(device)
-        candidate_groups = self.gather_ids(torch.cat(groups))
-        ineligible = self.gather_ids(torch.cat(exclude).long()).bool()
+            groups.append(batch["negative_group"].reshape(-1))
+            exclude.append(batch["negative_len"].reshape(-1) == 0)
+        query_groups = to_device(batch["group"], device)
+        groups, exclude = to_device(torch.cat(groups), device), to_device(torch.cat(exclude), device)
+        candidate_groups = self.gather_ids(groups)
+        ineligible = self.gather_ids(exclude.long()).bool()
         tau = self.temperature() if self.temperature is not None else settings.temperature
 
         scores = FlopTally()  # the score matrices, counted at the shapes they are computed at
@@ -118,16 +140,13 @@ class ContrastiveStep:
                 )])
             return term
 
-        sides = [side.to(device) for side in host_sides]
         flops = self.encode_flops((batch["query_ids"], torch.cat(host_sides)))
-        weight, chunk = contrastive_weight(settings), settings.gradcache_chunk
-        if chunk:
-            term = gradcache_step(
-                self.encode, batch["query_ids"].to(device).split(chunk), torch.cat(sides).split(chunk),
-                contrastive_term, global_valid=valid, scale=weight,
-            )
+        queries, candidates = self.rows(batch["query_ids"]), self.rows(torch.cat(host_sides))
+        weight = contrastive_weight(settings)
+        if settings.gradcache_chunk:
+            term = gradcache_step(self.encode, queries, candidates, contrastive_term, global_valid=valid, scale=weight)
         else:
-            term = contrastive_term(self.encode(batch["query_ids"].to(device)), self.encode(torch.cat(sides)))
+            term = contrastive_term(self.encode(*queries), self.encode(*candidates))
             term.objective(valid, weight).backward()
         return term, flops + scores.flops, tau
 
