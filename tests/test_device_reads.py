@@ -1,15 +1,20 @@
-"""A training step never reads the device back before its one read.
+"""A training step reads the device back once, at its end, and nowhere before.
 
 On a GPU every read of a device value (a count, a norm, a mask's gather, a data-dependent
-layout) makes the host wait until the GPU has run everything queued, so the GPU then idles
-while the host catches up. These tests run the steps on the meta device, whose tensors have
-shapes but no data: any read raises there, so a step that completes read nothing. What the
-GPU itself would flag is checked on a GPU by `embedlab model check-cuda` ("host reads").
+layout, a copy from pageable memory) makes the host wait until the GPU has run everything
+queued, so the GPU then idles while the host catches up. These tests run whole steps on the
+meta device, whose tensors have shapes but no data: the first read raises there, so the
+frame it raises in is the step's first read, which must be its one designed read (the
+figures the non-finite rule decides on, with the gradient norm). What the GPU itself would
+flag is checked on a GPU by `embedlab model check-cuda` ("host reads").
 """
 
 from __future__ import annotations
 
 import dataclasses
+import traceback
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,7 +22,6 @@ import torch
 from embedlab.model.encoder import MLMModel
 from embedlab.train.checkpoint import save_checkpoint
 from embedlab.train.contrastive import ContrastiveLoop
-from embedlab.train.mlm_step import accumulate_gradients
 from embedlab.train.phase1 import Phase1Loop
 
 import synthetic
@@ -26,7 +30,8 @@ META = torch.device("meta")
 
 
 def on_meta(model: torch.nn.Module, attention: str) -> None:
-    """bf16 weights for the flash kernel, which the variable-length path takes off the CPU."""
+    """bf16 weights for the flash kernel, which the variable-length path takes off the CPU
+    (autocast has no meta device)."""
     if attention == "varlen":
         model.to(torch.bfloat16)
 
@@ -35,27 +40,32 @@ def batches_of(rows: dict, count: int = 2, size: int = 4) -> list[dict[str, torc
     return [{k: torch.as_tensor(v[i * size:(i + 1) * size]) for k, v in rows.items()} for i in range(count)]
 
 
+def first_read(step: Callable[[], object]) -> traceback.FrameSummary:
+    """Runs `step` on the meta device: the innermost embedlab frame of the read that stops it."""
+    try:
+        step()
+    except NotImplementedError as error:
+        assert "meta" in str(error)
+        return [f for f in traceback.extract_tb(error.__traceback__) if "/embedlab/" in f.filename][-1]
+    pytest.fail("the step ran to its end on the meta device: it never read its figures")
+
+
 @pytest.mark.parametrize("attention", ["dense", "varlen"])
 @pytest.mark.parametrize("dual_heads", [False, True])
-def test_a_phase1_step_reads_nothing_back_before_its_one_read(frozen, dual_heads, attention):
-    """Phase1Loop prepares two microbatches (masking, routing, counts, layout on the host) and
-    accumulates and clips their gradients on the meta device, one head or two with per-ratio
-    and per-source groups, dense or flash attention; only the step's one read touches data."""
-    trial = synthetic.phase1_trial(dual_heads=dual_heads)
+def test_a_phase1_step_reads_the_device_only_at_its_end(frozen, dual_heads, attention):
+    """Phase1Loop.step on two microbatches (masking, routing, counts and layout on the host;
+    forwards, backwards and clipping on the device), one head or two with per-ratio and
+    per-source groups, dense or flash attention: its first read is `AccumulatedStep.result`."""
+    trial = synthetic.phase1_trial(dual_heads=dual_heads, microbatches=2)
     trial = dataclasses.replace(trial, model=dataclasses.replace(trial.model, attention=attention))
     loop = Phase1Loop(synthetic.loop_config(trial, frozen), rank=0, world=1, device=META)
     on_meta(loop.model, attention)
-    pending = [loop._microbatch(batch, i) for i, batch in enumerate(batches_of(synthetic.mlm_rows(frozen, 8)))]
-    assert all((mb.layout is not None) == (attention == "varlen") for mb in pending)
-    step = accumulate_gradients(loop.model, pending, loop.all_reduce, loop.precision)
-    norm = torch.nn.utils.clip_grad_norm_(loop.model.parameters(), trial.train.max_grad_norm)
-    assert step.sums.device == norm.device == META
-    assert step.sums.shape == (1 + len(step.counts),) and step.selected == sum(mb.selected for mb in pending)
-    with pytest.raises(NotImplementedError, match="meta"):
-        step.result(norm)  # the one read: the loss sums and the norm the step decides on
+    loop.start_clock()
+    frame = first_read(lambda: loop.step(batches_of(synthetic.mlm_rows(frozen, 8))))
+    assert (Path(frame.filename).name, frame.name) == ("mlm_step.py", "result")
 
 
-def contrastive_loop(frozen, directory, attention: str, **settings) -> ContrastiveLoop:
+def contrastive_loop(frozen, directory: Path, attention: str, **settings) -> ContrastiveLoop:
     """A phase-2 loop on the meta device from a parent whose encoder takes `attention`."""
     model_config = dataclasses.replace(synthetic.MODEL, attention=attention)
     torch.manual_seed(7)
@@ -68,26 +78,12 @@ def contrastive_loop(frozen, directory, attention: str, **settings) -> Contrasti
 
 
 @pytest.mark.parametrize("attention", ["dense", "varlen"])
-def test_the_joint_mlm_term_reads_nothing_back(frozen, tmp_path, attention):
-    """The joint arm's MLM term (phase 2) masks, counts and lays out its copies on the host, and
-    its forwards and backwards on the meta device read nothing; its loss sum stays there."""
-    loop = contrastive_loop(frozen, tmp_path, attention)
-    loss_sum, count, _ = loop._mlm_backward(batches_of(synthetic.pair_rows(frozen, 8)))
-    assert loss_sum.device == META and count > 0
-    assert all(p.grad is not None and p.grad.device == META for p in loop.model.encoder.parameters())
-
-
 @pytest.mark.parametrize("gradcache", [False, True])
-@pytest.mark.parametrize("attention", ["dense", "varlen"])
-def test_the_contrastive_encodings_read_nothing_back(frozen, tmp_path, attention, gradcache):
-    """Phases 2-3 encode their texts (whole, or GradCache's chunks) from rows sent with their
-    layout taken on the host: embedding and pooling forwards and backwards read nothing. (The
-    contrastive objective itself still reads its valid-row count: README, Benchmarks.)"""
+def test_a_contrastive_step_reads_the_device_only_at_its_end(frozen, tmp_path, gradcache, attention):
+    """ContrastiveLoop.step on two microbatches: symmetric InfoNCE with a learnable
+    temperature and the joint MLM term, or GradCache's chunks; encodings sent with their
+    layout, the objective's counts kept on the device: its first read is the step's figures."""
     loop = contrastive_loop(frozen, tmp_path, attention, gradcache=gradcache)
-    ids = torch.as_tensor(synthetic.pair_rows(frozen, 8)["query_ids"])
-    rows = loop.contrastive.rows(ids)
-    assert len(rows) == (4 if gradcache else 1) and all((r.layout is not None) == (attention == "varlen") for r in rows)
-    embeddings = torch.cat([loop.contrastive.encode(r) for r in rows])
-    assert embeddings.shape == (8, synthetic.MODEL.width) and embeddings.device == META
-    embeddings.float().sum().backward()
-    assert all(p.grad is not None for p in loop.encoder.parameters())
+    loop.start_clock()
+    frame = first_read(lambda: loop.step(batches_of(synthetic.pair_rows(frozen, 8))))
+    assert (Path(frame.filename).name, frame.name) == ("contrastive.py", "step") and "figures" in frame.line

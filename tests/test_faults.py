@@ -213,3 +213,26 @@ def test_killed_worker_restarts_and_ends_as_uninterrupted(ray_session, prepared,
     for name in ("training_state.safetensors", "rank-0.safetensors", "rank-1.safetensors"):
         a, b = (load_file(str(end / name)) for end in ends)
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_an_anchor_without_a_positive_stops_the_step_before_any_update(frozen, parent, monkeypatch):
+    """A phase-2 step checks its valid-anchor count, read with its other figures, against its
+    anchors: masks that lost a query's positive raise, saying so, and no weight changes."""
+    import embedlab.train.contrastive_step as contrastive_step
+
+    real = contrastive_step.pair_masks
+
+    def lose_the_first_positive(*args, **kwargs):
+        masks = real(*args, **kwargs)
+        positive = masks.positive.clone()
+        positive[0] = False
+        return dataclasses.replace(masks, positive=positive)
+
+    monkeypatch.setattr(contrastive_step, "pair_masks", lose_the_first_positive)
+    loop = make_loop(synthetic.contrastive_trial(parent), frozen)
+    loop.start_clock()
+    before = trained_tensors(loop)
+    batch = {k: torch.as_tensor(v) for k, v in synthetic.pair_rows(frozen, 4).items()}
+    with pytest.raises(RuntimeError, match=r"worker 0: 2 anchors without a positive"):
+        loop.step([batch])
+    assert bitwise_equal(trained_tensors(loop), before)

@@ -55,21 +55,24 @@ class ContrastiveLoss:
 
     loss_sum: 0-dim, differentiable, dtype at least fp32: the sum over valid anchors of
         -log(positive mass / eligible mass).
-    valid: anchors with at least one positive (the rows in the sum).
-    anchors: all anchor rows; `anchors - valid` rows were skipped for having no positive.
-    candidate_sum: sum over valid anchors of |C_i| (eligible candidates, positives included),
-        so `mean_candidates` is the effective denominator size the recipe asks to record.
+    valid: 0-dim long, on the loss's device: anchors with at least one positive (the rows in
+        the sum). A tensor, so computing it never reads the device back; `int()` reads it.
+    anchors: all anchor rows (a shape, so an int); `anchors - valid` rows were skipped for
+        having no positive.
+    candidate_sum: 0-dim long, on the loss's device: sum over valid anchors of |C_i|
+        (eligible candidates, positives included), so `mean_candidates` is the effective
+        denominator size the recipe asks to record.
     """
 
     loss_sum: torch.Tensor
-    valid: int
+    valid: torch.Tensor
     anchors: int
-    candidate_sum: int
+    candidate_sum: torch.Tensor
 
     @property
     def mean(self) -> torch.Tensor:
         """loss_sum / valid; with no valid anchor, the differentiable zero `loss_sum` (never nan)."""
-        return self.loss_sum / self.valid if self.valid else self.loss_sum
+        return torch.where(self.valid > 0, self.loss_sum / self.valid.clamp(min=1), self.loss_sum)
 
     def objective(self, count: int | None = None, scale: float = 1.0) -> torch.Tensor:
         """What a backward of this term differentiates: scale * loss_sum / count, `count` the
@@ -84,17 +87,18 @@ class ContrastiveLoss:
 
     @property
     def mean_candidates(self) -> float:
-        """Mean |C_i| over valid anchors (nan if none)."""
-        return self.candidate_sum / self.valid if self.valid else float("nan")
+        """Mean |C_i| over valid anchors (nan if none); reads the counts."""
+        valid = int(self.valid)
+        return int(self.candidate_sum) / valid if valid else float("nan")
 
 
 def pooled(parts: Sequence[ContrastiveLoss]) -> ContrastiveLoss:
     """Sum of the sums and of every count: the exact combination of parts (not a mean of means)."""
     return ContrastiveLoss(
         loss_sum=torch.stack([p.loss_sum for p in parts]).sum(),
-        valid=sum(p.valid for p in parts),
+        valid=torch.stack([p.valid for p in parts]).sum(),
         anchors=sum(p.anchors for p in parts),
-        candidate_sum=sum(p.candidate_sum for p in parts),
+        candidate_sum=torch.stack([p.candidate_sum for p in parts]).sum(),
     )
 
 
@@ -167,20 +171,24 @@ def multi_positive_infonce(
 
     compute_dtype = torch.promote_types(torch.promote_types(queries.dtype, candidates.dtype), torch.float32)
     valid_rows = positive.any(dim=1)  # (N,)
-    # Only valid rows enter the logsumexps: a row with no positive has an all -inf positive
-    # log-sum, whose backward is nan even if that row were masked out afterwards.
-    positive, eligible = positive[valid_rows], eligible[valid_rows] | positive[valid_rows]
+    eligible = eligible | positive
+    # A row with no positive has an all -inf positive log-sum, whose backward is nan even if
+    # the row were masked out afterwards. Such a row scores over every candidate on both
+    # sides instead (a finite zero) and is left out of the sum. No row is dropped by
+    # indexing: the valid rows' count would have to be read back from the device first.
+    everything = ~valid_rows[:, None]  # (N, 1)
     if isinstance(temperature, torch.Tensor):
         temperature = temperature.to(compute_dtype)
-    similarity = queries[valid_rows].to(compute_dtype) @ candidates.to(compute_dtype).T  # (N_valid, M)
+    similarity = queries.to(compute_dtype) @ candidates.to(compute_dtype).T  # (N, M)
     logits = similarity / temperature
-    log_positive_mass = logits.masked_fill(~positive, -math.inf).logsumexp(dim=1)  # (N_valid,)
-    log_eligible_mass = logits.masked_fill(~eligible, -math.inf).logsumexp(dim=1)  # (N_valid,)
+    log_positive_mass = logits.masked_fill(~(positive | everything), -math.inf).logsumexp(dim=1)  # (N,)
+    log_eligible_mass = logits.masked_fill(~(eligible | everything), -math.inf).logsumexp(dim=1)  # (N,)
+    per_anchor = torch.where(valid_rows, log_eligible_mass - log_positive_mass, 0.0)  # (N,)
     return ContrastiveLoss(
-        loss_sum=(log_eligible_mass - log_positive_mass).sum(),
-        valid=int(positive.shape[0]),
+        loss_sum=per_anchor.sum(),
+        valid=valid_rows.sum(),
         anchors=count,
-        candidate_sum=int(eligible.sum()),
+        candidate_sum=(eligible & valid_rows[:, None]).sum(),
     )
 
 

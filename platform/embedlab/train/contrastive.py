@@ -185,16 +185,18 @@ class ContrastiveLoop(TrainingLoop):
         valid = self.anchors_per_query * int(self.all_reduce(
             torch.tensor([float(sum(len(b["group"]) for b in batches))], dtype=torch.float64)).item())
         loss_local = torch.zeros(1, dtype=torch.float64, device=self.device)  # summed as the host summed it
+        terms = torch.zeros(2, dtype=torch.float64, device=self.device)  # this worker's valid anchors, candidates
         counts = torch.zeros(5, dtype=torch.float64)  # queries, pair tokens, candidates, anchors, FLOPs
         taus = []
         for batch in batches:
             term, flops, tau = self._contrastive_backward(batch, valid)
             loss_local += term.loss_sum.detach().double()
-            counts += torch.tensor([float(len(batch["group"])), float(batch["tokens"].sum()), float(term.candidate_sum),
+            terms += torch.stack([term.valid, term.candidate_sum]).double()
+            counts += torch.tensor([float(len(batch["group"])), float(batch["tokens"].sum()), 0.0,
                                     float(term.anchors), flops], dtype=torch.float64)
             taus.append(tau)
         # The step's figures stay on the device until one read, with the gradient norm.
-        figures = {"loss": self.all_reduce(loss_local)}
+        figures = {"loss": self.all_reduce(loss_local), "valid": terms[0], "candidates": terms[1]}
         contrastive_grad = None
         if self.joint:
             # Each term's norm is of its global gradient (summed over workers), so the
@@ -211,6 +213,10 @@ class ContrastiveLoop(TrainingLoop):
         if isinstance(tau, torch.Tensor):
             figures["tau"] = tau.detach()
         read = dict(zip(figures, torch.cat([value.double().reshape(1) for value in figures.values()]).tolist()))
+        anchors = int(counts[3])
+        if read["valid"] != anchors:  # before any update: every query's own positive is a candidate
+            raise RuntimeError(f"worker {self.rank}: {anchors - int(read['valid'])} anchors without a positive")
+        counts[2] = read["candidates"]
         loss_total, norm = read["loss"], read["norm"]
         mlm_mean = read["mlm"] / max(global_count, 1) if self.joint else 0.0
         # All three figures are global, so every worker takes the same decision.
@@ -239,14 +245,12 @@ class ContrastiveLoop(TrainingLoop):
     def _contrastive_backward(self, batch: dict[str, torch.Tensor], valid: int):
         """Backward of one microbatch's contrastive objective (`embedlab.train.contrastive_step`),
         counting its pairs and tokens per builder; returns the term, the FLOPs this worker's
-        passes ran and the temperature used."""
+        passes ran and the temperature used. The term's counts stay on the device: `step`
+        checks them after its one read."""
         self.builder_pairs += torch.bincount(batch["builder_index"], minlength=len(self.builders)).double()
         self.builder_tokens += torch.bincount(batch["builder_index"], weights=batch["tokens"].double(),
                                               minlength=len(self.builders))
-        term, flops, tau = self.contrastive.backward(batch, valid)
-        if term.valid != self.anchors_per_query * len(batch["group"]):
-            raise RuntimeError(f"worker {self.rank}: {term.anchors - term.valid} anchors without a positive")
-        return term, flops, tau
+        return self.contrastive.backward(batch, valid)
 
     def _mlm_backward(self, batches: list[dict[str, torch.Tensor]]) -> tuple[torch.Tensor, int, float]:
         """The joint arm's MLM term on separately corrupted copies of every microbatch's texts:
