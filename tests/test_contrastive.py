@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 from embedlab.objectives.contrastive import (
+    ContrastiveLoss,
     LearnableTemperature,
     multi_positive_infonce,
     pair_masks,
@@ -206,3 +207,10 @@ def test_learnable_temperature_is_clamped():
     assert float(temperature.log_temperature.grad) == 0.0
     with pytest.raises(ValueError, match="minimum <= initial"):
         LearnableTemperature(initial=2.0)
+
+
+def test_a_count_given_as_a_python_int_is_refused():
+    """ContrastiveLoss counts are device tensors (a step reads them once, at its end): an int
+    computed by reading the device back is refused by name."""
+    with pytest.raises(TypeError, match="ContrastiveLoss.valid must be a 0-dim tensor"):
+        ContrastiveLoss(loss_sum=torch.zeros(()), valid=3, anchors=3, candidate_sum=torch.tensor(9))

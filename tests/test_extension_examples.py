@@ -90,17 +90,20 @@ def margin_infonce(queries: torch.Tensor, candidates: torch.Tensor, positive: to
 
     queries (N, d) and candidates (M, d): L2-normalised; positive and eligible (N, M) bool.
     Reduction: the loss *summed* over valid anchors (rows with a positive) and their count,
-    never a mean: the caller divides by the step's global count. Rows without a positive are
-    left out before the log-sums, whose backward would otherwise be nan.
+    never a mean: the caller divides by the step's global count. Counts stay tensors, so the
+    step never reads the device back for them. A row without a positive scores over every
+    candidate (a finite zero: its all -inf log-sum would give a nan backward) and is left out
+    of the sum by `torch.where`, not dropped by indexing, whose size a GPU would read back.
     """
-    valid_rows = positive.any(dim=1)
-    positive, eligible = positive[valid_rows], eligible[valid_rows] | positive[valid_rows]
-    similarity = queries[valid_rows] @ candidates.T - margin * positive.to(queries.dtype)
-    logits = similarity / temperature
-    log_positive_mass = logits.masked_fill(~positive, -math.inf).logsumexp(dim=1)
-    log_eligible_mass = logits.masked_fill(~eligible, -math.inf).logsumexp(dim=1)
-    return ContrastiveLoss(loss_sum=(log_eligible_mass - log_positive_mass).sum(), valid=int(positive.shape[0]),
-                           anchors=len(queries), candidate_sum=int(eligible.sum()))
+    valid_rows = positive.any(dim=1)  # (N,)
+    eligible = eligible | positive
+    everything = ~valid_rows[:, None]
+    logits = (queries @ candidates.T - margin * positive.to(queries.dtype)) / temperature
+    log_positive_mass = logits.masked_fill(~(positive | everything), -math.inf).logsumexp(dim=1)
+    log_eligible_mass = logits.masked_fill(~(eligible | everything), -math.inf).logsumexp(dim=1)
+    per_anchor = torch.where(valid_rows, log_eligible_mass - log_positive_mass, 0.0)
+    return ContrastiveLoss(loss_sum=per_anchor.sum(), valid=valid_rows.sum(), anchors=len(queries),
+                           candidate_sum=(eligible & valid_rows[:, None]).sum())
 
 
 def test_a_new_objective_as_a_sum_and_count_is_exact_under_gradcache():

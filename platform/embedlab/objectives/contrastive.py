@@ -69,6 +69,12 @@ class ContrastiveLoss:
     anchors: int
     candidate_sum: torch.Tensor
 
+    def __post_init__(self) -> None:
+        for name in ("valid", "candidate_sum"):
+            if not isinstance(getattr(self, name), torch.Tensor):
+                raise TypeError(f"ContrastiveLoss.{name} must be a 0-dim tensor on the loss's device, got "
+                                f"{type(getattr(self, name)).__name__}: a training step reads its counts once, at its end")
+
     @property
     def mean(self) -> torch.Tensor:
         """loss_sum / valid; with no valid anchor, the differentiable zero `loss_sum` (never nan)."""
