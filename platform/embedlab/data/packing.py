@@ -151,6 +151,22 @@ class Fragments:
     column: np.ndarray  # its first token's column (after its opener)
     segment: np.ndarray  # its segment id inside its row, from 1
 
+    @classmethod
+    def side_by_side(cls, *, piece: np.ndarray, start: np.ndarray, length: np.ndarray, row: np.ndarray, rows: int,
+                     sequence_length: int, opener: bool) -> Fragments:
+        """Fragments in packing order (`row` nondecreasing, every row of `rows` holding one): a
+        row holds its fragments side by side from column 0, each after its opener, so each
+        one's column and segment follow from the fragments before it in its row."""
+        index = np.arange(len(row))
+        opens_row = np.ones(len(row), dtype=bool)
+        opens_row[1:] = row[1:] != row[:-1]
+        row_first = np.maximum.accumulate(np.where(opens_row, index, 0))  # the first fragment of each one's row
+        extra = OPENER_POSITIONS if opener else 0
+        width = length + extra  # positions a fragment takes in its row
+        before = np.cumsum(width) - width  # positions taken before each fragment, rows laid end to end
+        return cls(rows=rows, sequence_length=sequence_length, opener=opener, piece=piece, start=start, length=length,
+                   row=row, column=before - before[row_first] + extra, segment=index - row_first + 1)
+
     def in_rows(self, keep: np.ndarray) -> Fragments:
         """The fragments of rows `keep` (increasing row indices), renumbered so that row keep[i]
         becomes row i. Rows are independent (segments, openers and word starts never cross
@@ -191,7 +207,7 @@ def pack_fragments(lengths: np.ndarray, *, sequence_length: int, min_fragment: i
     fragment, unless fewer than `min_fragment` positions are left (or only the opener's): then
     the row is padded and the piece starts the next. This is packing's only loop over pieces,
     and it records only each fragment's length and where rows close; the other per-fragment
-    arrays follow from those with array operations.
+    arrays follow from those with array operations (`Fragments.side_by_side`).
     """
     extra = OPENER_POSITIONS if opener else 0
     if sequence_length <= extra:
@@ -215,19 +231,15 @@ def pack_fragments(lengths: np.ndarray, *, sequence_length: int, min_fragment: i
                 row_ends.append(len(takes))
                 fill = 0
     length = np.asarray(takes, dtype=np.int64)
-    index = np.arange(len(length))
     # Laid end to end, the fragments' tokens are the pieces' tokens: a fragment is the piece's
     # that holds its first token.
     first_token = np.cumsum(length) - length
     piece_ends = np.cumsum(lengths)
     piece = np.searchsorted(piece_ends, first_token, side="right")
-    row = np.searchsorted(np.asarray(row_ends, dtype=np.int64), index, side="right")
-    row_first = np.concatenate([[0], row_ends]).astype(np.int64)[row]  # the first fragment of each one's row
-    width = length + extra  # positions a fragment takes in its row
-    before = np.cumsum(width) - width  # positions taken before each fragment, rows laid end to end
-    return Fragments(rows=len(row_ends) + (fill > 0), sequence_length=sequence_length, opener=opener, piece=piece,
-                     start=first_token - (piece_ends - lengths)[piece], length=length, row=row,
-                     column=before - before[row_first] + extra, segment=index - row_first + 1)
+    row = np.searchsorted(np.asarray(row_ends, dtype=np.int64), np.arange(len(length)), side="right")
+    return Fragments.side_by_side(piece=piece, start=first_token - (piece_ends - lengths)[piece], length=length,
+                                  row=row, rows=len(row_ends) + (fill > 0), sequence_length=sequence_length,
+                                  opener=opener)
 
 
 def pack_layout(
