@@ -23,8 +23,11 @@ every worker reading the whole stream, packing every window, and keeping its row
 (`worker_rows`, what it read before the split). The figure is the slowest worker's
 delivered tokens/s (its own rows' non-padding tokens from its first batch): a step waits
 for every worker. The driver's pass that decides the fragments runs before the readers
-start and is not in the figure. Both sides must deliver the same tokens in all, or the
-bench fails.
+start and is not in the figure. A stream of one schedule window (`WINDOW_PIECES` draws,
+about 140,000 tokens of the built-in corpus) is packed, a worker's share or whole, before its
+first batch arrives, so at the default budget (one window) these rows measure delivery
+(collation, transfer), not packing.
+Both sides must deliver the same tokens in all, or the bench fails.
 
     embedlab bench prefetch SPEC --json
 """
