@@ -96,6 +96,8 @@ def test_stream_is_deterministic_and_honours_shares(prepared, ray_session):
         dataset = packed_dataset(prepared.pieces_path, schedule, offsets,
                                  sequence_length=trial.data.sequence_length, pad_id=prepared.tokenizer.pad_id,
                                  cls_id=prepared.tokenizer.cls_id)
+        # In order, as training reads it (`launch.fit`): Ray Data's default yields blocks as they finish.
+        dataset.context.execution_options.preserve_order = True
         batches = list(dataset.iter_batches(batch_size=None, batch_format="numpy"))
         return {k: np.concatenate([b[k] for b in batches]) for k in ("input_ids", "segment_ids", "source_index")}, schedule
 

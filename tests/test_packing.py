@@ -94,8 +94,10 @@ def test_packed_document_mlm_counts_and_outputs_match_alone():
     assert abs(float(packed_sum) - alone_sum) < 1e-4
 
 
-def _reference_pack(pieces, sequence_length, pad_id, min_fragment=8):
-    """The packing rule token by token in plain lists: the oracle for the vectorised packer."""
+def _reference_pack(pieces, sequence_length, pad_id, min_fragment=8, opener=None):
+    """The packing rule token by token in plain lists: the oracle for the vectorised packer;
+    with `opener`, every segment opens with that token."""
+    extra = 0 if opener is None else 1
     rows, ids, seg, doc = [], [], [], []
 
     def close():
@@ -107,10 +109,11 @@ def _reference_pack(pieces, sequence_length, pad_id, min_fragment=8):
         remaining = list(piece)
         while remaining:
             space = sequence_length - len(ids)
-            if space < min(min_fragment, len(remaining)):
+            if ids and (space <= extra or space < min(min_fragment, len(remaining) + extra)):
                 close()
                 continue
-            part, remaining = remaining[:space], remaining[space:]
+            part, remaining = remaining[:space - extra], remaining[space - extra:]
+            part = [opener] * extra + part
             segment = (seg[-1] if seg else 0) + 1
             ids.extend(part), seg.extend([segment] * len(part)), doc.extend([index] * len(part))
             if len(ids) == sequence_length:
@@ -140,6 +143,54 @@ def test_vectorised_packing_equals_the_token_by_token_rule(seed):
     reference = _reference_pack([pieces[i] for i in chosen], 32, pad_id=0)
     for got, want in zip((selected.input_ids, selected.segment_ids, selected.document_index), reference):
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("sequence_length", [5, 9, 32])
+@pytest.mark.parametrize("min_fragment", [1, 8, 40])
+@pytest.mark.parametrize("opener", [None, 2])
+def test_fragments_expanded_equal_the_token_by_token_rule(sequence_length, min_fragment, opener):
+    """`pack_fragments` expanded to tokens (`Fragments.layout`) packs random pieces as the
+    token-by-token rule does, with and without an opener, for a fragment floor under, near and
+    over the row length and pieces from empty to several rows (a row shorter than the floor
+    takes a long piece's fragments instead of padding for ever)."""
+    from embedlab.data.packing import flatten_pieces, pack_fragments
+
+    generator = np.random.default_rng(sequence_length * 100 + min_fragment)
+    edges = [0, 1, 2, min_fragment - 2, min_fragment - 1, min_fragment, sequence_length - 2, sequence_length - 1,
+             sequence_length, sequence_length + 1, 2 * sequence_length + 3]
+    lengths = generator.choice([n for n in edges if n >= 0], size=150)
+    pieces = [generator.integers(5, 1000, n).tolist() for n in lengths]
+    values, offsets = flatten_pieces(pieces)
+    fragments = pack_fragments(lengths, sequence_length=sequence_length, min_fragment=min_fragment,
+                               opener=opener is not None)
+    packed = fragments.layout(offsets[:-1]).packed(values, PAD, opener)
+    expected = _reference_pack(pieces, sequence_length, PAD, min_fragment, opener)
+    for got, want in zip((packed.input_ids, packed.segment_ids, packed.document_index), expected):
+        np.testing.assert_array_equal(got, want)
+    assert fragments.rows == len(expected[0]) and (fragments.length > 0).all()
+
+
+@pytest.mark.parametrize("opener", [False, True])
+def test_fragments_of_some_rows_expand_to_exactly_those_rows(opener):
+    """The fragments of any increasing subset of rows, renumbered (`Fragments.in_rows`), expand
+    to exactly those rows of the whole layout: ids, segments, pieces and word starts, bitwise."""
+    from embedlab.data.packing import flatten_pieces, pack_fragments
+
+    generator = np.random.default_rng(7)
+    lengths = generator.integers(0, 70, 200)
+    values, offsets = flatten_pieces([generator.integers(5, 1000, n).tolist() for n in lengths])
+    flags = generator.integers(0, 2, len(values)).astype(np.int8)
+    fragments = pack_fragments(lengths, sequence_length=32, opener=opener)
+    whole = fragments.layout(offsets[:-1])
+    whole_rows = whole.packed(values, PAD, 2 if opener else None)
+    for keep in [np.arange(fragments.rows), np.arange(1, fragments.rows, 3), np.array([0, fragments.rows - 1]),
+                 np.sort(generator.choice(fragments.rows, 40, replace=False)), np.zeros(0, dtype=np.int64)]:
+        part = fragments.in_rows(keep).layout(offsets[:-1])
+        rows = part.packed(values, PAD, 2 if opener else None)
+        for got, want in zip((rows.input_ids, rows.segment_ids, rows.document_index),
+                             (whole_rows.input_ids, whole_rows.segment_ids, whole_rows.document_index)):
+            np.testing.assert_array_equal(got, want[keep])
+        np.testing.assert_array_equal(part.word_starts(flags), whole.word_starts(flags)[keep])
 
 
 def test_tokenize_pieces_equals_the_per_document_rule(frozen):

@@ -1,7 +1,8 @@
 """Each worker reads only its own rows (`embedlab.data.stream.WorkerSplit`): worker r's stream is
 exactly the rows `worker_rows` took from every global batch of the whole stream, in the same
-order, for packed phase-1 rows and tokenised pairs; the shares are disjoint, cover the whole
-global batches, repeat run for run, and a resumed worker reads the tail of its own share."""
+order, for packed phase-1 rows and tokenised pairs; a phase-1 worker packs only its own rows'
+tokens; the shares are disjoint, cover the whole global batches, repeat run for run, and a
+resumed worker reads the tail of its own share."""
 
 from __future__ import annotations
 
@@ -18,13 +19,14 @@ from embedlab.data import stream
 from embedlab.data.mixture import Schedule, sample_schedule
 from embedlab.data.pair_stream import pair_windows, tokenize_pair_window
 from embedlab.data.stream import (
-    WorkerSplit, pack_window, schedule_windows, window_row_counts, worker_rows, worker_windows,
+    WorkerSplit, pack_window, schedule_windows, worker_items, worker_rows,
 )
 from embedlab.train.session import LocalSession
 
 import synthetic
 
 LENGTH = 16  # phase-1 row length of the synthetic pieces
+CLS = 1  # the opener `packed` packs with; the pieces' ids are 5 and up
 WORLDS = [1, 2, 3, 4]
 
 
@@ -35,9 +37,9 @@ def small_windows(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def pieces(tmp_path_factory) -> tuple[Path, np.ndarray]:
+def pieces(tmp_path_factory) -> Path:
     """A pieces table as `build_pieces` freezes one (ids, word-start flags, token counts), with
-    pieces from 1 token to a whole row's worth; and its token counts."""
+    pieces from 1 token to a whole row's worth."""
     generator = np.random.default_rng(5)
     tokens = generator.integers(1, LENGTH, 60).astype(np.int32)
     ids = [generator.integers(5, 300, n).astype(np.int32) for n in tokens]
@@ -45,7 +47,7 @@ def pieces(tmp_path_factory) -> tuple[Path, np.ndarray]:
     path = tmp_path_factory.mktemp("pieces") / "pieces.parquet"
     pq.write_table(pa.table({"ids": pa.array(ids, pa.list_(pa.int32())), "word_start": pa.array(starts, pa.list_(pa.int8())),
                              "tokens": pa.array(tokens)}), path)
-    return path, tokens
+    return path
 
 
 def schedule_of(draws: int, seed: int = 0) -> tuple[Schedule, dict[str, int]]:
@@ -59,8 +61,14 @@ def schedule_of(draws: int, seed: int = 0) -> tuple[Schedule, dict[str, int]]:
 def packed(windows: list[dict[str, np.ndarray]], path: Path) -> dict[str, torch.Tensor]:
     """The windows packed one per task, as the Ray Dataset packs them, as one table of rows."""
     parts = [pack_window({k: [v] for k, v in window.items()}, pieces_path=str(path), sequence_length=LENGTH,
-                         pad_id=0, cls_id=1) for window in windows]
+                         pad_id=0, cls_id=CLS) for window in windows]
     return {k: torch.as_tensor(np.concatenate([part[k] for part in parts])).long() for k in parts[0]}
+
+
+def split_items(path: Path, world: int, batch_rows: int, draws: int = 80) -> list[list[dict[str, np.ndarray]]]:
+    """Every worker's window items of the test schedule, as its Dataset packs them."""
+    return worker_items(path, schedule_windows(*schedule_of(draws)), sequence_length=LENGTH, world=world,
+                        batch_rows=batch_rows)
 
 
 def whole_stream_shares(rows: dict[str, torch.Tensor], world: int, batch_rows: int, root: Path) -> list[list[dict]]:
@@ -97,42 +105,46 @@ def test_split_rows_are_each_global_batchs_worker_rows_and_partition_it(world, b
         assert np.array_equal(union, np.arange(total // (world * batch_rows) * world * batch_rows))
 
 
-@pytest.mark.parametrize("sequence_length", [9, 16, 64])
-def test_driver_row_counts_follow_packing(sequence_length):
-    """`packed_row_count` (the driver's count, no tokens) is `pack_layout`'s row count, for
-    pieces from one token to several rows long, short fragments padded away included."""
-    from embedlab.data.packing import pack_layout
-    from embedlab.data.stream import packed_row_count
-
-    generator = np.random.default_rng(sequence_length)
-    for _ in range(50):
-        lengths = generator.integers(1, 3 * sequence_length, generator.integers(1, 40))
-        offsets = np.concatenate([[0], np.cumsum(lengths)])
-        expected = pack_layout(offsets, sequence_length=sequence_length, opener=True).rows
-        assert packed_row_count(lengths.tolist(), sequence_length) == expected
-
-
 @pytest.mark.parametrize("world", WORLDS)
 def test_each_workers_packed_stream_is_its_rows_of_the_whole_one(world, pieces, small_windows, tmp_path):
-    """Phase 1: the driver's row counts are the rows packing makes, and worker r's windows,
-    packed, are row for row (ids, segments, sources, word starts) its `worker_rows` of every
-    global batch of the whole packed stream; together the workers hold each of its rows once."""
-    path, tokens = pieces
+    """Phase 1: worker r's items, packed, are row for row (ids, segments, sources, word starts)
+    its `worker_rows` of every global batch of the whole packed stream, with windows starting
+    at every row offset modulo the world; together the workers hold each of its rows once."""
+    path = pieces
     batch_rows = 2
-    schedule, offsets = schedule_of(80)
-    windows = schedule_windows(schedule, offsets)
-    counts = window_row_counts(windows, tokens, LENGTH)
-    assert counts.tolist() == [len(packed([w], path)["input_ids"]) for w in windows]
+    windows = schedule_windows(*schedule_of(80))
     whole = packed(windows, path)
     old = whole_stream_shares(whole, world, batch_rows, tmp_path)
     assert len(old[0]) >= 3  # several global batches, with windows straddling them
-    held = 0
-    for rank in range(world):
-        mine = worker_windows(windows, counts, WorkerSplit(rank=rank, world=world, batch_rows=batch_rows))
-        assert same_batches(in_batches(packed(mine, path), batch_rows), old[rank])
-        held += sum(len(window["keep"]) for window in mine)
-    # `worker_rows` partitions each global batch, so equal shares are disjoint; and they add up.
-    assert held == len(old[0]) * world * batch_rows
+    counts = np.array([len(packed([w], path)["input_ids"]) for w in windows])
+    assert set((np.cumsum(counts) - counts) % world) == set(range(world))
+    shares = [packed(mine, path) for mine in split_items(path, world, batch_rows)]
+    if world == 1:  # one worker reads the whole stream, to its last partial batch
+        assert all(torch.equal(shares[0][k], whole[k]) for k in whole)
+    else:
+        for rank, rows in enumerate(shares):
+            assert same_batches(in_batches(rows, batch_rows), old[rank])
+        # `worker_rows` partitions each global batch, so equal shares are disjoint; and they add up.
+        assert sum(len(rows["input_ids"]) for rows in shares) == len(old[0]) * world * batch_rows
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_a_worker_packs_only_its_own_rows(world, pieces, small_windows):
+    """A worker's items hold the fragments of its rows only: their tokens are exactly its
+    rows' non-padding tokens beside their CLS, and in those rows every row's first word-start
+    flag is set, so is the token's after each CLS, and `source_index` is -1 exactly on padding."""
+    path = pieces
+    for mine in split_items(path, world, batch_rows=2):
+        rows = packed(mine, path)
+        real = rows["segment_ids"] > 0
+        opener = rows["input_ids"] == CLS
+        assert sum(int(item["length"].sum()) for item in mine) == int((real & ~opener).sum())
+        assert any((item["start"] > 0).any() for item in mine)  # pieces continued from an earlier row
+        assert sum(item["row_count"] for item in mine) == len(rows["input_ids"])
+        assert torch.equal(rows["source_index"] == -1, ~real)
+        assert (rows["word_start"][:, 0] == 1).all()
+        after = torch.roll(opener, 1, dims=1)
+        assert (rows["word_start"][after] == 1).all() and not after[:, 0].any()
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -165,17 +177,9 @@ def test_the_split_repeats_run_for_run_and_a_resumed_worker_reads_its_tail(piece
     worker's windows and packed rows are identical; and a worker resumed after k global
     batches, skipping k of its own batches as the loop does, reads exactly the uninterrupted
     run's batches from k on."""
-    path, tokens = pieces
+    path = pieces
     world, batch_rows, consumed = 3, 2, 2
-
-    def shares() -> list[list[dict[str, np.ndarray]]]:
-        schedule, offsets = schedule_of(80)
-        windows = schedule_windows(schedule, offsets)
-        counts = window_row_counts(windows, tokens, LENGTH)
-        return [worker_windows(windows, counts, WorkerSplit(rank=rank, world=world, batch_rows=batch_rows))
-                for rank in range(world)]
-
-    first, second = shares(), shares()
+    first, second = split_items(path, world, batch_rows), split_items(path, world, batch_rows)
     for a, b in zip(first, second):
         assert len(a) == len(b) and all(x.keys() == y.keys() and all(np.array_equal(x[k], y[k]) for k in x)
                                         for x, y in zip(a, b))
@@ -196,17 +200,6 @@ def test_local_sessions_deal_the_split(tmp_path):
         for rank in range(world):
             session = LocalSession(rows, tmp_path, rank=rank, world=world)
             assert same_batches(list(session.worker_batches(3)), old[rank])
-
-
-def test_a_window_that_packs_otherwise_than_counted_fails(pieces, small_windows):
-    """A worker's window whose packing no longer matches the driver's count raises instead of
-    dealing every later row to the wrong worker."""
-    path, tokens = pieces
-    windows = schedule_windows(*schedule_of(20))
-    counts = window_row_counts(windows, tokens, LENGTH)
-    window = worker_windows(windows, counts + 1, WorkerSplit(rank=0, world=2, batch_rows=1))[0]
-    with pytest.raises(RuntimeError, match="the driver counted"):
-        packed([window], path)
 
 
 def test_split_refuses_a_rank_outside_the_world():

@@ -18,10 +18,16 @@ consumer (a GPU step) has before it would wait.
 
 The last rows read the stream as 1, 2 and 4 Train workers do, each worker a Ray task of its
 own, all at once, with no training step: each worker's own Dataset (`WorkerSplit`, what
-training reads) against every worker reading the whole stream and keeping its rows
+training reads: its tasks expand to tokens only the driver's fragments of its rows) against
+every worker reading the whole stream, packing every window, and keeping its rows
 (`worker_rows`, what it read before the split). The figure is the slowest worker's
 delivered tokens/s (its own rows' non-padding tokens from its first batch): a step waits
-for every worker. Both sides must deliver the same tokens in all, or the bench fails.
+for every worker. The driver's pass that decides the fragments runs before the readers
+start and is not in the figure. A stream of one schedule window (`WINDOW_PIECES` draws,
+about 140,000 tokens of the built-in corpus) is packed, a worker's share or whole, before its
+first batch arrives, so at the default budget (one window) these rows measure delivery
+(collation, transfer), not packing.
+Both sides must deliver the same tokens in all, or the bench fails.
 
     embedlab bench prefetch SPEC --json
 """
@@ -206,7 +212,8 @@ def bench_prefetch(prepared: PreparedData, data: DataConfig, bench: PrefetchBenc
         comparisons.append(Comparison(
             name=f"data: tokens/s per worker, {workers} workers",
             embedlab=median(slowest["split"]), reference=median(slowest["whole"]), unit="tokens/s", better="higher",
-            embedlab_measures=f"the slowest of {workers} workers reading its own Dataset (WorkerSplit), no step",
+            embedlab_measures=f"the slowest of {workers} workers reading its own Dataset (WorkerSplit), which packs "
+                              "only its rows, no step",
             reference_measures=f"the slowest of {workers} workers reading the whole stream, keeping its worker_rows",
             runs={"embedlab": slowest["split"], "reference": slowest["whole"]}))
     return {"comparisons": comparisons, "passes": passes, "streamed": streamed, "tokens": tokens.pop(),

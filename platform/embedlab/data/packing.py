@@ -135,56 +135,126 @@ class PackLayout:
         return flags
 
 
+@dataclass(frozen=True)
+class Fragments:
+    """Greedy packing's decision: where each fragment (the part of a piece that one row holds,
+    one segment) goes. It depends on piece lengths only. One entry per fragment, in packing
+    order; every array (F,) int64."""
+
+    rows: int
+    sequence_length: int
+    opener: bool  # every fragment opens with an opener token, at `column - 1`
+    piece: np.ndarray  # its piece's index among the packed pieces
+    start: np.ndarray  # its first token's position within its piece
+    length: np.ndarray  # its tokens
+    row: np.ndarray
+    column: np.ndarray  # its first token's column (after its opener)
+    segment: np.ndarray  # its segment id inside its row, from 1
+
+    @classmethod
+    def side_by_side(cls, *, piece: np.ndarray, start: np.ndarray, length: np.ndarray, row: np.ndarray, rows: int,
+                     sequence_length: int, opener: bool) -> Fragments:
+        """Fragments in packing order (`row` nondecreasing, every row of `rows` holding one): a
+        row holds its fragments side by side from column 0, each after its opener, so each
+        one's column and segment follow from the fragments before it in its row."""
+        index = np.arange(len(row))
+        opens_row = np.ones(len(row), dtype=bool)
+        opens_row[1:] = row[1:] != row[:-1]
+        row_first = np.maximum.accumulate(np.where(opens_row, index, 0))  # the first fragment of each one's row
+        extra = OPENER_POSITIONS if opener else 0
+        width = length + extra  # positions a fragment takes in its row
+        before = np.cumsum(width) - width  # positions taken before each fragment, rows laid end to end
+        return cls(rows=rows, sequence_length=sequence_length, opener=opener, piece=piece, start=start, length=length,
+                   row=row, column=before - before[row_first] + extra, segment=index - row_first + 1)
+
+    def in_rows(self, keep: np.ndarray) -> Fragments:
+        """The fragments of rows `keep` (increasing row indices), renumbered so that row keep[i]
+        becomes row i. Rows are independent (segments, openers and word starts never cross
+        one), so these expand to exactly the kept rows of the whole layout."""
+        renumbered = np.full(self.rows, -1, dtype=np.int64)
+        renumbered[keep] = np.arange(len(keep))
+        row = renumbered[self.row]
+        mine = row >= 0
+        return Fragments(rows=len(keep), sequence_length=self.sequence_length, opener=self.opener,
+                         piece=self.piece[mine], start=self.start[mine], length=self.length[mine], row=row[mine],
+                         column=self.column[mine], segment=self.segment[mine])
+
+    def layout(self, piece_starts: np.ndarray) -> PackLayout:
+        """The per-token layout, `piece_starts[p]` the flat index of piece p's first token in the
+        values: array operations over the tokens, so moving them costs numpy's time per token,
+        not Python's."""
+        before = np.cumsum(self.length) - self.length  # tokens placed before each fragment
+        within = np.arange(int(self.length.sum())) - np.repeat(before, self.length)
+        target = self.row * self.sequence_length + self.column
+        opened = slice(None) if self.opener else slice(0)
+
+        def per_token(values: np.ndarray) -> np.ndarray:
+            return np.repeat(values, self.length)
+
+        return PackLayout(rows=self.rows, sequence_length=self.sequence_length,
+                          source=per_token(piece_starts[self.piece] + self.start) + within,
+                          target=per_token(target) + within, segment=per_token(self.segment),
+                          piece=per_token(self.piece), opener_target=target[opened] - OPENER_POSITIONS,
+                          opener_segment=self.segment[opened], opener_piece=self.piece[opened])
+
+
+def pack_fragments(lengths: np.ndarray, *, sequence_length: int, min_fragment: int = 8,
+                   opener: bool = False) -> Fragments:
+    """Greedy packing of pieces of these lengths, in order, into rows of `sequence_length`; with
+    `opener`, every fragment takes one extra position for the opener token before its tokens.
+
+    A piece that does not fit the rest of a row fills it and continues in the next row as a new
+    fragment, unless fewer than `min_fragment` positions are left (or only the opener's): then
+    the row is padded and the piece starts the next. This is packing's only loop over pieces,
+    and it records only each fragment's length and where rows close; the other per-fragment
+    arrays follow from those with array operations (`Fragments.side_by_side`).
+    """
+    extra = OPENER_POSITIONS if opener else 0
+    if sequence_length <= extra:
+        raise ValueError(f"sequence_length {sequence_length}: no room for a token after the opener")
+    lengths = np.asarray(lengths, dtype=np.int64)
+    takes: list[int] = []  # each fragment's tokens
+    row_ends: list[int] = []  # fragments placed when each row closed
+    fill = 0
+    for remaining in lengths.tolist():
+        while remaining:
+            space = sequence_length - fill
+            # An empty row is never padded: the next one would have no more room.
+            if fill and (space <= extra or space < min(min_fragment, remaining + extra)):
+                row_ends.append(len(takes))  # pad the rest of the row
+                fill = 0
+                continue
+            take = min(space - extra, remaining)
+            takes.append(take)
+            fill, remaining = fill + extra + take, remaining - take
+            if fill == sequence_length:
+                row_ends.append(len(takes))
+                fill = 0
+    length = np.asarray(takes, dtype=np.int64)
+    # Laid end to end, the fragments' tokens are the pieces' tokens: a fragment is the piece's
+    # that holds its first token.
+    first_token = np.cumsum(length) - length
+    piece_ends = np.cumsum(lengths)
+    piece = np.searchsorted(piece_ends, first_token, side="right")
+    row = np.searchsorted(np.asarray(row_ends, dtype=np.int64), np.arange(len(length)), side="right")
+    return Fragments.side_by_side(piece=piece, start=first_token - (piece_ends - lengths)[piece], length=length,
+                                  row=row, rows=len(row_ends) + (fill > 0), sequence_length=sequence_length,
+                                  opener=opener)
+
+
 def pack_layout(
     offsets: np.ndarray, *, sequence_length: int, min_fragment: int = 8, pieces: np.ndarray | None = None,
     opener: bool = False,
 ) -> PackLayout:
-    """The greedy layout of the pieces given by `offsets` (or the `pieces`-selected ones, in
-    that order), as Arrow list columns hold them; with `opener`, every segment (every
-    fragment of a piece) opens with one extra position for the opener token.
-
-    Which fragment of which piece goes to which row, column and segment is decided in a loop
-    over pieces; the per-token indices are then built with array operations, so moving the
-    tokens costs numpy's time per token, not Python's.
-    """
+    """The greedy layout (`pack_fragments`) of the pieces given by `offsets` (or the
+    `pieces`-selected ones, in that order), as Arrow list columns hold them; with `opener`,
+    every segment (every fragment of a piece) opens with one extra position for the opener
+    token."""
     order = np.arange(len(offsets) - 1) if pieces is None else np.asarray(pieces, dtype=np.int64)
-    starts, lengths = offsets[order], offsets[order + 1] - offsets[order]
-    extra = OPENER_POSITIONS if opener else 0
-    if sequence_length <= extra:
-        raise ValueError(f"sequence_length {sequence_length}: no room for a token after the opener")
-    frag_src, frag_len, frag_dst, frag_seg, frag_piece, opened = [], [], [], [], [], []
-    row = fill = segment = 0
-    for index, (source, remaining) in enumerate(zip(starts.tolist(), lengths.tolist())):
-        while remaining:
-            space = sequence_length - fill
-            if space <= extra or space < min(min_fragment, remaining + extra):
-                row, fill, segment = row + 1, 0, 0  # pad the rest of the row
-                continue
-            take = min(space - extra, remaining)
-            segment += 1
-            if opener:
-                opened.append((row * sequence_length + fill, segment, index))
-                fill += 1
-            frag_src.append(source)
-            frag_len.append(take)
-            frag_dst.append(row * sequence_length + fill)
-            frag_seg.append(segment)
-            frag_piece.append(index)
-            fill, source, remaining = fill + take, source + take, remaining - take
-            if fill == sequence_length:
-                row, fill, segment = row + 1, 0, 0
-    frag_len_array = np.asarray(frag_len, dtype=np.int64)
-    before = np.cumsum(frag_len_array) - frag_len_array  # tokens placed before each fragment
-    within = np.arange(int(frag_len_array.sum())) - np.repeat(before, frag_len_array)
-
-    def per_token(values: list[int]) -> np.ndarray:
-        return np.repeat(np.asarray(values, dtype=np.int64), frag_len_array)
-
-    openers = np.asarray(opened, dtype=np.int64).reshape(-1, 3)
-    return PackLayout(rows=row + (fill > 0), sequence_length=sequence_length,
-                      source=per_token(frag_src) + within, target=per_token(frag_dst) + within,
-                      segment=per_token(frag_seg), piece=per_token(frag_piece),
-                      opener_target=openers[:, 0], opener_segment=openers[:, 1], opener_piece=openers[:, 2])
+    starts = np.asarray(offsets[order], dtype=np.int64)
+    fragments = pack_fragments(offsets[order + 1] - starts, sequence_length=sequence_length,
+                               min_fragment=min_fragment, opener=opener)
+    return fragments.layout(starts)
 
 
 def pack_flat(

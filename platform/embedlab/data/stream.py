@@ -10,11 +10,12 @@
     pack       `map_batches(pack_window)` over windows of the schedule -> rows of L tokens
                with `segment_ids` (document boundaries) and `source_index` per position
     assign     the stream is read in global batches of W x batch_rows rows, and worker r's
-               rows of each are rows r, r + W, ... (`worker_rows`). Each worker reads only
-               those (`WorkerSplit`): the driver counts every window's packed rows (packing
-               depends on piece lengths only), so each window's first global row is known,
-               and worker r's Dataset packs the windows holding its rows and keeps them
-               (`worker_windows`). Its k-th batch of batch_rows rows is exactly its share of
+               rows of each are rows r, r + W, ... (`worker_rows`). Each worker reads and packs
+               only those (`WorkerSplit`): packing depends on piece lengths only, so the driver
+               decides every window's fragments (`pack_fragments`, one greedy pass over the
+               schedule), which fixes each window's first global row, and gives worker r the
+               fragments of its rows of each window (`worker_shares`); its Dataset only expands
+               those to tokens. Its k-th batch of batch_rows rows is exactly its share of
                global batch k, in order (`preserve_order`, never split by Ray Train), so which
                worker trains on which row is fixed, never decided by task timing, and a
                resumed run skips exactly the batches already consumed
@@ -25,10 +26,9 @@ indices names the same text on every machine and run.
 
 from __future__ import annotations
 
-import inspect
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,7 +39,7 @@ import pyarrow.parquet as pq
 
 from embedlab.data.document import document_texts
 from embedlab.data.mixture import Schedule
-from embedlab.data.packing import OPENER_POSITIONS, pack_flat, pack_layout
+from embedlab.data.packing import OPENER_POSITIONS, Fragments, pack_flat, pack_fragments
 from embedlab.data.prepared_sync import node_path
 from embedlab.tokenizer.frozen import FrozenTokenizer, load_tokenizer
 
@@ -55,8 +55,9 @@ DATA_ASSIGNMENT = (
     "of each and reads only those (its own Ray Dataset, split by global row index before training); "
     "a resumed run skips the global batches already consumed"
 )
-# The fragment floor `pack_window` packs with (pack_layout's default), which row counts follow.
-MIN_FRAGMENT = inspect.signature(pack_layout).parameters["min_fragment"].default
+# A worker's window item carries its fragments as these columns (`worker_shares`); their
+# columns and segment ids follow from them (`Fragments.side_by_side`), so items stay small.
+FRAGMENT_COLUMNS = ("piece", "start", "length", "row")
 _tokenizers: dict[str, FrozenTokenizer] = {}
 _pieces: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
@@ -236,30 +237,34 @@ def _piece_arrays(path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def pack_window(
     batch: dict[str, np.ndarray], *, pieces_path: str, sequence_length: int, pad_id: int, cls_id: int
 ) -> dict[str, np.ndarray]:
-    """Ray Data UDF: one schedule window (piece rows + source indices) -> packed rows, every
-    segment opening with CLS as evaluation encodes a text (`embedlab.data.packing`); with
-    `keep` (a worker's window), only the packed rows it indexes, once the window has packed into
-    the `row_count` rows the split was made from."""
+    """Ray Data UDF: schedule windows -> packed rows, every segment opening with CLS as
+    evaluation encodes a text (`embedlab.data.packing`): `input_ids`, `segment_ids` (0 on
+    padding), `source_index` (-1 on padding) and `word_start`, each (R, L) int32.
+
+    A window of the whole stream (`rows`: piece rows of the file, `source_index`: their
+    sources, both (P,)) is packed by the greedy rule. A worker's window (`worker_shares`) also
+    holds the driver's fragments of its rows (`FRAGMENT_COLUMNS`, indexing its pieces, and
+    `row_count`); those are only expanded to tokens, so a worker packs only its own rows.
+    """
     offsets, values, starts = _piece_arrays(pieces_path)
     rows_out: dict[str, list[np.ndarray]] = {"input_ids": [], "segment_ids": [], "source_index": [], "word_start": []}
-    split = "keep" in batch
-    keeps = batch["keep"] if split else itertools.repeat(slice(None))
-    counted = batch["row_count"] if split else itertools.repeat(None)
-    for piece_rows, sources, keep, count in zip(batch["rows"], batch["source_index"], keeps, counted):
-        # A worker's window (`worker_windows`) is packed whole, so its rows are the whole
-        # stream's; `keep` then picks the worker's own.
-        layout = pack_layout(offsets, pieces=piece_rows, sequence_length=sequence_length, opener=True)
-        if count is not None and layout.rows != int(count):
-            # Every later window's rows would go to the wrong workers: fail instead.
-            raise RuntimeError(f"a window packed into {layout.rows} rows where the driver counted {int(count)} "
-                               "(packed_row_count no longer follows pack_layout)")
+    for item in range(len(batch["rows"])):
+        piece_rows = np.asarray(batch["rows"][item], dtype=np.int64)
+        if "row_count" in batch:
+            fragments = Fragments.side_by_side(
+                rows=int(batch["row_count"][item]), sequence_length=sequence_length, opener=True,
+                **{name: np.asarray(batch[name][item], dtype=np.int64) for name in FRAGMENT_COLUMNS})
+        else:
+            fragments = pack_fragments(offsets[piece_rows + 1] - offsets[piece_rows],
+                                       sequence_length=sequence_length, opener=True)
+        layout = fragments.layout(offsets[piece_rows])
         packed = layout.packed(values, pad_id, cls_id)
-        source_of = np.asarray(sources, dtype=np.int32)
-        rows_out["word_start"].append(layout.word_starts(starts)[keep])
-        rows_out["input_ids"].append(packed.input_ids[keep])
-        rows_out["segment_ids"].append(packed.segment_ids[keep])
+        source_of = np.asarray(batch["source_index"][item], dtype=np.int32)
+        rows_out["word_start"].append(layout.word_starts(starts))
+        rows_out["input_ids"].append(packed.input_ids)
+        rows_out["segment_ids"].append(packed.segment_ids)
         rows_out["source_index"].append(
-            np.where(packed.document_index >= 0, source_of[np.maximum(packed.document_index, 0)], -1)[keep]
+            np.where(packed.document_index >= 0, source_of[np.maximum(packed.document_index, 0)], -1)
         )
     return {k: np.concatenate(v).astype(np.int32) for k, v in rows_out.items()}
 
@@ -316,43 +321,39 @@ def worker_splits(world: int, batch_rows: int) -> list[WorkerSplit | None]:
     return [WorkerSplit(rank=rank, world=world, batch_rows=batch_rows) for rank in range(world)]
 
 
-def packed_row_count(lengths: list[int], sequence_length: int, min_fragment: int = MIN_FRAGMENT) -> int:
-    """Rows `pack_layout(..., opener=True)` packs pieces of these lengths into: its greedy
-    rule without building any per-token array (which cost ~50x more on the driver, over the
-    whole stream). `pack_window` checks every worker's window against it."""
-    rows = fill = 0
-    for remaining in lengths:
-        while remaining:
-            space = sequence_length - fill
-            if space <= OPENER_POSITIONS or space < min(min_fragment, remaining + OPENER_POSITIONS):
-                rows, fill = rows + 1, 0  # the rest of the row is padding
-                continue
-            take = min(space - OPENER_POSITIONS, remaining)
-            fill, remaining = fill + OPENER_POSITIONS + take, remaining - take
-            if fill == sequence_length:
-                rows, fill = rows + 1, 0
-    return rows + (fill > 0)
+def window_fragments(windows: list[dict[str, np.ndarray]], piece_tokens: np.ndarray,
+                     sequence_length: int) -> list[Fragments]:
+    """Each window's fragments as `pack_window` packs it. Packing depends on piece lengths only,
+    so the pieces' token counts (`piece_tokens`, one per file row) decide it."""
+    return [pack_fragments(piece_tokens[window["rows"]], sequence_length=sequence_length, opener=True)
+            for window in windows]
 
 
-def window_row_counts(windows: list[dict[str, np.ndarray]], piece_tokens: np.ndarray,
-                      sequence_length: int) -> np.ndarray:
-    """Rows `pack_window` packs each window into. Packing depends on piece lengths only, so
-    the pieces' token counts decide it."""
-    return np.array([packed_row_count(piece_tokens[window["rows"]].tolist(), sequence_length) for window in windows],
-                    dtype=np.int64)
+def worker_shares(windows: list[dict[str, np.ndarray]], fragments: list[Fragments],
+                  splits: list[WorkerSplit]) -> list[list[dict[str, np.ndarray]]]:
+    """Each split's share of the packed stream, one item per window holding any of its rows:
+    the fragments of those rows (`Fragments.in_rows`: renumbered to them, in order) as
+    `FRAGMENT_COLUMNS` of (F,) int32 and `row_count`, and only the pieces they cut from
+    (`rows`, `source_index`, the fragments' `piece` indexing them)."""
+    counts = np.array([whole.rows for whole in fragments], dtype=np.int64)
+    total = int(counts.sum())
+    firsts = (np.cumsum(counts) - counts).tolist()  # each window's first global row
+    shares: list[list[dict[str, np.ndarray]]] = [[] for _ in splits]
+    for window, whole, first in zip(windows, fragments, firsts):
+        for share, split in zip(shares, splits):
+            keep = split.keep(first, whole.rows, total)
+            if len(keep):
+                share.append(_share_item(window, whole.in_rows(keep)))
+    return shares
 
 
-def worker_windows(windows: list[dict[str, np.ndarray]], row_counts: np.ndarray,
-                   split: WorkerSplit) -> list[dict[str, np.ndarray]]:
-    """`split`'s share of the packed stream: every window holding one of its rows, with
-    `keep`, the indices of those rows among the window's packed rows, and `row_count`, how
-    many it packs into (`row_counts`)."""
-    total = int(row_counts.sum())
-    firsts = np.cumsum(row_counts) - row_counts  # each window's first global row
-    shares = [(window, split.keep(int(first), int(count), total))
-              for window, first, count in zip(windows, firsts, row_counts)]
-    return [{**window, "keep": keep, "row_count": count}
-            for (window, keep), count in zip(shares, row_counts.tolist()) if len(keep)]
+def _share_item(window: dict[str, np.ndarray], fragments: Fragments) -> dict[str, np.ndarray]:
+    # Kept fragments come in packing order, so their pieces are already sorted.
+    pieces, piece = np.unique(fragments.piece, return_inverse=True)
+    fragments = replace(fragments, piece=piece)
+    return {"rows": window["rows"][pieces], "source_index": window["source_index"][pieces],
+            "row_count": fragments.rows,
+            **{name: getattr(fragments, name).astype(np.int32) for name in FRAGMENT_COLUMNS}}
 
 
 def packed_dataset(
@@ -369,16 +370,23 @@ def packed_datasets(
     cls_id: int, world: int, batch_rows: int,
 ) -> list:
     """One Ray Dataset per worker of `world`: worker r's packed rows (`WorkerSplit`), in
-    stream order. One worker reads the whole stream (no counting pass)."""
-    windows = schedule_windows(schedule, offsets)
-    if world == 1:
-        shares = [windows]
-    else:
-        tokens = pq.read_table(node_path(pieces_path), columns=["tokens"])["tokens"].to_numpy()
-        counts = window_row_counts(windows, tokens, sequence_length)
-        shares = [worker_windows(windows, counts, split) for split in worker_splits(world, batch_rows)]
+    stream order (`worker_items`)."""
+    items = worker_items(pieces_path, schedule_windows(schedule, offsets), sequence_length=sequence_length,
+                         world=world, batch_rows=batch_rows)
     return [_packed(share, pieces_path, sequence_length=sequence_length, pad_id=pad_id, cls_id=cls_id)
-            for share in shares]
+            for share in items]
+
+
+def worker_items(pieces_path: Path, windows: list[dict[str, np.ndarray]], *, sequence_length: int, world: int,
+                 batch_rows: int) -> list[list[dict[str, np.ndarray]]]:
+    """What each of `world` workers' Dataset packs (`pack_window`), one item per window: the
+    driver's fragments of the worker's rows (`worker_shares`). One worker reads the whole
+    stream, so its items are the windows themselves, whose packing its Dataset's tasks decide
+    (no pass on the driver)."""
+    if world == 1:
+        return [windows]
+    tokens = pq.read_table(node_path(pieces_path), columns=["tokens"])["tokens"].to_numpy()
+    return worker_shares(windows, window_fragments(windows, tokens, sequence_length), worker_splits(world, batch_rows))
 
 
 def _packed(windows: list[dict[str, np.ndarray]], pieces_path: Path, *, sequence_length: int, pad_id: int,
