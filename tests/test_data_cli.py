@@ -121,7 +121,8 @@ def test_bench_prefetch_trains_both_sides_on_the_same_stream(spec, prepared, cap
     """`bench prefetch --json`: the phase-1 loop on its Ray Data stream with the iterator's
     prefetch and without, each pass consuming the same tokens, plus the stream's own rate and
     its rate per worker at 1, 2 and 4 workers, split and whole (the bench fails unless both
-    deliver the same tokens in all); and the session the bench reads through delivers rows in
+    deliver the same tokens in all), and each worker's packing split and whole (the bench fails
+    if the split packs a token the whole stream does not); and the session the bench reads through delivers rows in
     order whatever the prefetch depth (Ray Data alone may reorder blocks; Ray Train's ingest is
     set to preserve order)."""
     import ray.data
@@ -130,12 +131,14 @@ def test_bench_prefetch_trains_both_sides_on_the_same_stream(spec, prepared, cap
     from embedlab.train.session import PREFETCH_BATCHES, DatasetSession
 
     assert main(["bench", "prefetch", str(spec), "--budget-tokens", "3000", "--preset", "tiny",
-                 "--repeats", "1", "--json"]) == 0
+                 "--repeats", "1", "--packing-tokens", "20000", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     per_worker = {f"data: tokens/s per worker, {n} workers" for n in (1, 2, 4)}
+    packing = {f"data: packing per worker, {n} workers" for n in (1, 2, 4)}
     assert set(rows) == {"opt: data prefetch", "data: wait share of training", "data: stream vs training tokens/s",
-                         *per_worker}
-    assert all(rows[name]["embedlab"] > 0 and rows[name]["reference"] > 0 for name in per_worker)
+                         *per_worker, *packing}
+    assert all(rows[name]["embedlab"] > 0 and rows[name]["reference"] > 0 for name in per_worker | packing)
+    assert all(rows[name]["unit"] == "ms" and rows[name]["better"] == "lower" for name in packing)
     rates, wait, stream = rows["opt: data prefetch"], rows["data: wait share of training"], rows[
         "data: stream vs training tokens/s"]
     assert min(rates["embedlab"], rates["reference"], stream["embedlab"]) > 0

@@ -29,6 +29,13 @@ first batch arrives, so at the default budget (one window) these rows measure de
 (collation, transfer), not packing.
 Both sides must deliver the same tokens in all, or the bench fails.
 
+So the packing each worker does is measured apart, on a stream of many windows
+(`packing_tokens`, 4 million tokens by default): in this process, with no Ray, the seconds
+the slowest of W workers spends packing its items (`pack_window` over `worker_items`: its
+rows' fragments, expanded to tokens) against one worker packing every window, which is what
+each worker did when every worker read the whole stream. The driver's pass that decides the
+fragments, once for all workers, is timed and reported beside.
+
     embedlab bench prefetch SPEC --json
 """
 
@@ -44,7 +51,7 @@ from embedlab.bench.measure import Comparison, median
 from embedlab.config import DataConfig, TrialConfig, model_preset
 from embedlab.data.mixture import Schedule
 from embedlab.data.prepared import PreparedData
-from embedlab.data.stream import packed_dataset, worker_rows
+from embedlab.data.stream import pack_window, packed_dataset, schedule_windows, worker_items, worker_rows
 from embedlab.errors import UsageError
 from embedlab.train.loop import run
 from embedlab.train.phase1 import Phase1Loop, phase1_loop_config, trial_schedule, trial_streams
@@ -58,11 +65,12 @@ class PrefetchBench:
     budget_tokens: int = 100_000  # one pass: a demo-sized phase-1 trial
     preset: str = "small"
     repeats: int = 3
+    packing_tokens: int = 4_000_000  # the packing rows' stream: about 30 schedule windows
 
     def __post_init__(self) -> None:
-        if self.budget_tokens < 1 or self.repeats < 1:
-            raise UsageError(f"bench prefetch needs budget_tokens >= 1 and repeats >= 1, "
-                             f"got {self.budget_tokens} and {self.repeats}")
+        if self.budget_tokens < 1 or self.repeats < 1 or self.packing_tokens < 1:
+            raise UsageError(f"bench prefetch needs budget_tokens, repeats and packing_tokens >= 1, "
+                             f"got {self.budget_tokens}, {self.repeats} and {self.packing_tokens}")
 
 
 def bench_trial(bench: PrefetchBench, data: DataConfig) -> TrialConfig:
@@ -151,6 +159,51 @@ def workers_pass(trial: TrialConfig, prepared: PreparedData, drawn: tuple[Schedu
                     for rank, dataset in enumerate(datasets)])
 
 
+def packing_pass(trial: TrialConfig, prepared: PreparedData, windows: list[dict], workers: int) -> dict:
+    """Each of `workers` workers' packing of its items (`worker_items`, in this process), and
+    the driver's pass that made them: {"seconds": per worker, "driver_seconds", "tokens": per
+    worker}."""
+    started = time.perf_counter()
+    shares = worker_items(prepared.pieces_path, windows, sequence_length=trial.data.sequence_length, world=workers,
+                          batch_rows=trial.train.batch_rows)
+    driver = time.perf_counter() - started if workers > 1 else 0.0
+    tokenizer = prepared.tokenizer  # loaded from its file at every access
+    packing = {"pieces_path": str(prepared.pieces_path), "sequence_length": trial.data.sequence_length,
+               "pad_id": tokenizer.pad_id, "cls_id": tokenizer.cls_id}
+    seconds, tokens = [], []
+    for items in shares:
+        started, packed = time.perf_counter(), 0
+        for item in items:
+            rows = pack_window({name: [value] for name, value in item.items()}, **packing)
+            packed += int((rows["segment_ids"] > 0).sum())
+        seconds.append(time.perf_counter() - started)
+        tokens.append(packed)
+    return {"seconds": seconds, "driver_seconds": driver, "tokens": tokens}
+
+
+def bench_packing(trial: TrialConfig, prepared: PreparedData, bench: PrefetchBench) -> dict[int, dict[str, list]]:
+    """`packing_pass` at every `SPLIT_WORKERS` count ("split") and at one worker ("whole", what
+    each worker packed when all read the whole stream), alternating, `repeats` times after a
+    warm-up; {workers: {"split": [passes], "whole": [passes]}}."""
+    long_trial = dataclasses.replace(trial, train=dataclasses.replace(
+        trial.train, budget=dataclasses.replace(trial.train.budget, tokens=bench.packing_tokens)))
+    schedule, offsets = trial_schedule(long_trial, prepared)
+    windows = schedule_windows(schedule, offsets)
+    packing_pass(trial, prepared, windows, 1)  # the piece arrays load once per process
+    passes: dict[int, dict[str, list]] = {w: {"split": [], "whole": []} for w in SPLIT_WORKERS}
+    for repeat in range(bench.repeats):
+        for workers in SPLIT_WORKERS:
+            for side in (["split", "whole"] if repeat % 2 == 0 else ["whole", "split"]):
+                passes[workers][side].append(packing_pass(trial, prepared, windows, workers if side == "split" else 1))
+    whole_tokens = {sum(p["tokens"]) for sides in passes.values() for p in sides["whole"]}
+    split_tokens = {sum(p["tokens"]) for sides in passes.values() for p in sides["split"]}
+    # The split drops the last partial global batch, as training does; it never adds a token.
+    if len(whole_tokens) != 1 or max(split_tokens) > min(whole_tokens):
+        raise RuntimeError(f"bench prefetch: packing passes hold token counts {sorted(whole_tokens)} (whole) "
+                           f"and {sorted(split_tokens)} (split)")
+    return passes
+
+
 def bench_prefetch(prepared: PreparedData, data: DataConfig, bench: PrefetchBench = PrefetchBench(),
                    progress: Callable[[str], None] = print) -> dict:
     """Prefetching (`PREFETCH_BATCHES`) against none, the stream's own rate, and its rate per
@@ -216,14 +269,28 @@ def bench_prefetch(prepared: PreparedData, data: DataConfig, bench: PrefetchBenc
                               "only its rows, no step",
             reference_measures=f"the slowest of {workers} workers reading the whole stream, keeping its worker_rows",
             runs={"embedlab": slowest["split"], "reference": slowest["whole"]}))
+    packing = bench_packing(trial, prepared, bench)
+    for workers, sides_packed in packing.items():
+        slowest = {side: [1e3 * max(p["seconds"]) for p in runs] for side, runs in sides_packed.items()}
+        comparisons.append(Comparison(
+            name=f"data: packing per worker, {workers} workers",
+            embedlab=median(slowest["split"]), reference=median(slowest["whole"]), unit="ms", better="lower",
+            embedlab_measures=f"the slowest of {workers} workers packing its own items (its rows' fragments, "
+                              f"{bench.packing_tokens:,}-token stream, in process)",
+            reference_measures="one worker packing every window (each worker's work when all read the whole stream)",
+            runs={"embedlab": slowest["split"], "reference": slowest["whole"]}))
     return {"comparisons": comparisons, "passes": passes, "streamed": streamed, "tokens": tokens.pop(),
             "stream_start_seconds": figure("stream_start_seconds"), "per_worker": per_worker,
-            "trial": trial.to_dict()}
+            "packing": packing, "trial": trial.to_dict()}
 
 
 def prefetch_note(result: dict) -> str:
     """One line: what a pass was, and the stream start-up both sides paid."""
     starts = [f"{s:.1f}" for side in result["stream_start_seconds"].values() for s in side]
     span = starts[0] if len(set(starts)) == 1 else f"{min(starts, key=float)}-{max(starts, key=float)}"
+    driver = {w: median([p["driver_seconds"] for p in sides["split"]]) for w, sides in result["packing"].items() if w > 1}
+    packed = sum(result["packing"][1]["whole"][0]["tokens"])
     return (f"{result['tokens']:,} non-padding tokens a pass (phase-1 trial, preset "
-            f"{result['trial']['model']['preset']}); first batch after {span}s, excluded from the rates")
+            f"{result['trial']['model']['preset']}); first batch after {span}s, excluded from the rates; "
+            f"packing rows: {packed:,} tokens packed, the driver's fragment pass "
+            + ", ".join(f"{1e3 * seconds:.0f} ms at {w} workers" for w, seconds in driver.items()))

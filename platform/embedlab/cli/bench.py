@@ -99,7 +99,8 @@ def cmd_bench_layout(args: argparse.Namespace) -> int:
 def cmd_bench_prefetch(args: argparse.Namespace) -> int:
     from embedlab.bench.prefetch import PrefetchBench, bench_prefetch, prefetch_note  # here: it loads torch
 
-    bench = PrefetchBench(budget_tokens=args.budget_tokens, preset=args.preset, repeats=args.repeats)
+    bench = PrefetchBench(budget_tokens=args.budget_tokens, preset=args.preset, repeats=args.repeats,
+                          packing_tokens=args.packing_tokens)
     result = bench_prefetch(_bench_prepared(args), load_data_configs(args.spec)[0], bench, progress=stderr)
     _print_comparisons(result["comparisons"], [f"prefetch: {prefetch_note(result)}"], args.json)
     return 0
@@ -188,6 +189,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     bench_prefetch_parser.add_argument("--budget-tokens", type=int, default=100_000, help="tokens a pass")
     bench_prefetch_parser.add_argument("--preset", default="small")
     bench_prefetch_parser.add_argument("--repeats", type=int, default=3, help="timed passes of each side")
+    bench_prefetch_parser.add_argument("--packing-tokens", type=int, default=4_000_000,
+                                       help="tokens of the stream the packing-per-worker rows pack")
     bench_prefetch_parser.add_argument("--json", action="store_true")
     bench_prefetch_parser.set_defaults(func=cmd_bench_prefetch)
     bench_eval_parser = bench_sub.add_parser(
