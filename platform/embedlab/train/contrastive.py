@@ -271,7 +271,7 @@ class ContrastiveLoop(TrainingLoop):
                 tally.head(self.trial.model, float(masked.selected.sum()), mode=mode)
             kernel = attention_path(self.trial.model, device=device, half=self.half, length=segments.shape[1],
                                     training=True)
-            parts.append(prepare_microbatch(masked, segments, device=device, varlen=kernel.path != "dense"))
+            parts.append(prepare_microbatch(masked, segments, device=device, varlen=kernel.varlen))
         global_count = int(self.all_reduce(torch.tensor([float(sum(mb.selected for mb in parts))],
                                                         dtype=torch.float64)).item())
         loss_local = torch.zeros(1, dtype=torch.float64, device=device)

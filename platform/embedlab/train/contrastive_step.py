@@ -94,8 +94,7 @@ class ContrastiveStep:
         chunk, each with its layout taken on the host when attention takes the variable-length
         path."""
         chunk, (_, length) = self.settings.gradcache_chunk, ids.shape
-        varlen = attention_path(self.model, device=self.device, half=self.half, length=length,
-                                training=True).path != "dense"
+        varlen = attention_path(self.model, device=self.device, half=self.half, length=length, training=True).varlen
         return [Rows(to_device(part, self.device),
                      segment_layout((part != self.pad_id).long()).to(self.device) if varlen else None)
                 for part in (ids.split(chunk) if chunk else (ids,))]

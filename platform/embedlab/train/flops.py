@@ -54,6 +54,11 @@ class AttentionKernel:
     path: str
     recomputes: bool
 
+    @property
+    def varlen(self) -> bool:
+        """The variable-length path, whose layout a training step computes on the host."""
+        return self.path != "dense"
+
 
 def attention_path(config: ModelConfig, *, device: torch.device, half: bool, length: int,
                    training: bool) -> AttentionKernel:

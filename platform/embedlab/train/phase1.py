@@ -150,7 +150,7 @@ class Phase1Loop(TrainingLoop):
                                   ratio_index=ratio_index, mixed_ratios=self.mixed,
                                   source_index=batch["source_index"], source_names=self.sources,
                                   varlen=attention_path(self.trial.model, device=self.device, half=self.half,
-                                                        length=segment_ids.shape[1], training=True).path != "dense")
+                                                        length=segment_ids.shape[1], training=True).varlen)
 
     def fit_to_budget(self, batches: list[dict[str, torch.Tensor]], remaining: float) -> list[dict[str, torch.Tensor]]:
         """A token budget's last step keeps only the tokens the budget has left, this worker's
