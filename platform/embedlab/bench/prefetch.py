@@ -148,8 +148,9 @@ def workers_pass(trial: TrialConfig, prepared: PreparedData, drawn: tuple[Schedu
 
     if whole:
         schedule, offsets = drawn
+        tokenizer = prepared.tokenizer  # read from its file at each access: once here
         stream = packed_dataset(prepared.pieces_path, schedule, offsets, sequence_length=trial.data.sequence_length,
-                                pad_id=prepared.tokenizer.pad_id, cls_id=prepared.tokenizer.cls_id)
+                                pad_id=tokenizer.pad_id, cls_id=tokenizer.cls_id)
         datasets = [stream] * workers
     else:
         datasets = worker_streams(trial, prepared, drawn, workers)

@@ -376,9 +376,10 @@ def run_phase1(
 
 def trial_streams(trial: TrialConfig, prepared: PreparedData, schedule: Schedule, offsets: dict[str, int]) -> list:
     """The trial's Ray Datasets of packed rows, one per worker (its rows, in schedule order)."""
+    tokenizer = prepared.tokenizer  # read from its file at each access: once here
     return packed_datasets(prepared.pieces_path, schedule, offsets,
-                           sequence_length=trial.data.sequence_length, pad_id=prepared.tokenizer.pad_id,
-                           cls_id=prepared.tokenizer.cls_id, world=trial.train.num_workers,
+                           sequence_length=trial.data.sequence_length, pad_id=tokenizer.pad_id,
+                           cls_id=tokenizer.cls_id, world=trial.train.num_workers,
                            batch_rows=trial.train.batch_rows)
 
 
