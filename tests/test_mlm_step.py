@@ -8,7 +8,7 @@ from embedlab.config import MaskingConfig, ModelConfig
 from embedlab.model.encoder import MLMModel
 from embedlab.objectives.masking import MaskedBatch, mask_tokens
 from embedlab.objectives.mlm import combine, mlm_loss_sum
-from embedlab.train.mlm_step import Microbatch, accumulate_gradients, no_reduce, prepare_microbatch
+from embedlab.train.mlm_step import Microbatch, accumulate_gradients, no_reduce, prepare_microbatch, sum_all_reduce
 
 from gloo import run_on_two_workers
 
@@ -118,6 +118,24 @@ def test_two_gloo_workers_equal_one_process():
         assert abs(loss_sum / selected - float(expected)) < 1e-10
         for got, want in zip(grads, gradients(model)):
             torch.testing.assert_close(torch.from_numpy(got), want, atol=1e-12, rtol=1e-10)
+
+
+def _host_counts_worker(rank):
+    reduce = sum_all_reduce(torch.device("cpu"))
+    counts = reduce(torch.tensor([rank + 1, 10 * (rank + 1)]))
+    again = reduce(torch.tensor([100 * (rank + 1)]))  # the host group is made once, then reused
+    direct = torch.tensor([rank + 1])
+    dist.all_reduce(direct)  # over the default group itself
+    return dist.get_backend(), counts.tolist(), again.tolist(), direct.tolist()
+
+
+@pytest.mark.timeout(120)
+def test_host_counts_are_summed_over_gloo_when_the_trainers_group_is_not():
+    """Where the trainer's group is not gloo (NCCL on GPUs), host tensors go over a gloo group
+    of their own. torch's "fake" backend stands in for NCCL: its all-reduce does nothing, so a
+    true sum can only have come through the gloo group."""
+    results = run_on_two_workers(_host_counts_worker, backend="fake")
+    assert results == [("fake", [3, 30], [300], [1]), ("fake", [3, 30], [300], [2])]
 
 
 def test_per_source_losses_partition_the_step_loss():
