@@ -103,50 +103,181 @@ def _secrets_absent(text: str, where: str) -> None:
     assert S3_SECRET not in text and S3_KEY_ID not in text, f"a credential in {where}"
 
 
+DIVERGING = 1e30  # a learning rate whose second step overflows fp32: a non-finite loss
+
+
+def _panel(tmp_path: Path):
+    """A user's BEIR folder and a Hub task (a local directory in the Hub's layout, pinned by its
+    content revision), both of Debian package descriptions: 30 dev and 30 test queries each."""
+    from embedlab.evaluate.beir import Task, write_task
+    from embedlab.evaluate.heldout import DPKG_STATUS, read_dpkg_status
+    from embedlab.evaluate.hub_tasks import HubTask, local_dataset_revision
+
+    from test_hub_tasks import write_hub_directory
+
+    items = read_dpkg_status(DPKG_STATUS).items[:120]
+    qrels = {split: {f"q{i}": {f"d{i}": 1} for i in range(start, start + 30)} for split, start in (("dev", 0),
+                                                                                                  ("test", 30))}
+
+    def task(name, held):
+        return Task(name=name, corpus={f"d{i}": ("", it.document) for i, it in enumerate(held)},
+                    queries={f"q{i}": it.query for i, it in enumerate(held)}, qrels=qrels)
+
+    task_dir = tmp_path / "packages"
+    write_task(task("packages", items[:60]), task_dir)
+    hub_dir = write_hub_directory(tmp_path / "hub-packages", task("more-packages", items[60:]))
+    return task_dir, HubTask(name="more-packages", dataset=str(hub_dir), revision=local_dataset_revision(hub_dir))
+
+
+# One study proves what three sweeps did (storage on S3, tuning with a failing trial, a scored
+# panel, promotion into a child phase, release): each sweep costs about a minute of Ray start-ups.
 @pytest.mark.timeout(900)
-def test_a_study_on_s3_from_sweep_to_release(ray_session, prepared, s3_server, tmp_path, capsys, monkeypatch):
-    """`--storage s3://...`: an Optuna-tuned phase-1 study's trials, evaluation, promotion, the
-    phase-2 child started from the promoted checkpoint's URI, `table`, `report` and `export`
-    all work with nothing written to a local run directory; no credential reaches the
-    console, a record, a manifest or a log."""
+def test_a_tuned_panel_study_on_s3_from_sweep_to_release(ray_session, prepared, s3_server, tmp_path, capsys,
+                                                         monkeypatch, offline_hub):
+    """`--storage s3://...`: a phase-1 study, scored on a panel and tuned by Optuna (two tuning
+    trials per arm, one of them diverging), runs its tuning, grid, evaluation, promotion on the
+    panel mean, the phase-2 child started from the promoted checkpoint's URI, `table`, `report`
+    and `export` with nothing written to a local run directory; no credential reaches the
+    console, a record, a manifest or a log.
+
+    Tuning: each arm's two tuning trials draw a good and a diverging learning rate (checked
+    first against the study's own sampler): the diverging one leaves a nonfinite row, Optuna
+    records it FAIL, study.json and the console list it, the choice takes the finished one, the
+    final trials run at the study seed with it (never a tuning seed), at equal consumed tokens.
+    Panel: every scored trial's per-task columns equal an in-process evaluation of its
+    checkpoint, the mean column is their unweighted mean, and its per-query values (beside, not
+    inside, its row) average to its means; promotion reports each task's test split and their
+    mean once, and the child records the winner's hash as its parent, scored by the same evaluator."""
     import dataclasses
+    import math
+
+    import optuna
 
     from embedlab import load_table
     from embedlab.cli import main
     from embedlab.config import ContrastiveConfig
+    from embedlab.evaluate.hub_tasks import materialise_hub_task
+    from embedlab.sweep.optuna_search import SamplerChoice
+    from embedlab.sweep.study import TUNING_SEED_OFFSET
+    from embedlab.sweep.table import check_equal_compute, render
 
     from conftest import tiny_trial, write_study
+    from test_ray_end_to_end import in_process
+
+    choices = (1e-3, 3e-3, DIVERGING)
+    probe = optuna.create_study(sampler=SamplerChoice.for_trials(2, TUNING_SEED_OFFSET).build(), direction="maximize")
+    drawn = [probe.ask().suggest_categorical("train.learning_rate", list(choices)) for _ in range(2)]
+    assert DIVERGING in drawn and set(drawn) - {DIVERGING}, f"the sampler now draws {drawn}: pick other choices"
 
     monkeypatch.chdir(tmp_path)  # the default storage (runs/) would land here
     storage = store.join(s3_server.bucket("sweeps"), "runs")
-    study_file = write_study(tmp_path / "tiny_s3.py", tiny_trial(num_workers=1), name="tiny-s3", extra=(
-        "budget=replace(DEFAULT_BUDGET, tokens=4_000), search=(Search('train.learning_rate', low=1e-4, high=1e-2, log=True),), search_trials=1"))
-    assert main(["sweep", study_file, "--storage", storage]) == 0
+    task_dir, hub = _panel(tmp_path)
+    base = tiny_trial(num_workers=1, max_rejected_steps=1)
+    trial = dataclasses.replace(base, eval=dataclasses.replace(base.eval, tasks=(str(task_dir),), hub_tasks=(hub,)))
+    study_file = write_study(tmp_path / "tiny_s3.py", trial, name="tiny-s3", extra=(
+        "budget=replace(DEFAULT_BUDGET, tokens=4_000), metric='mean/dev/ndcg@10', "
+        f"search=(Search('train.learning_rate', choices={choices!r}),), search_trials=2"))
+    assert main(["sweep", study_file, "--dry-run"]) == 0
+    plan = capsys.readouterr().out
+    assert "trials: 6 (2 arms x (2 tuning + 1 seeds))" in plan and "tuning seeds: 10000, 10001 (never a study seed" in plan
+    assert main(["sweep", study_file, "--storage", storage]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
     (run_dir,) = _run_dirs(storage, "tiny-s3")
     table = load_table(run_dir)
-    assert sorted(table["stage"]) == ["final", "final", "tune", "tune"] and set(table["status"]) == {"finished"}
-    assert all(c.startswith(f"{run_dir}/train/") for c in table["checkpoint"])
-    assert store.is_file(store.join(run_dir, "optuna.db"))  # Optuna's storage, copied to the run
+    assert sorted(table["stage"]) == ["final", "final", "tune", "tune", "tune", "tune"]
+    assert all(c.startswith(f"{run_dir}/train/") for c in table["checkpoint"].dropna())
+    optuna_db = tmp_path / "optuna.db"  # Optuna's storage, copied to the run
+    store.download(store.join(run_dir, "optuna.db"), optuna_db)
+    record = json.loads(store.read_text(store.join(run_dir, "study.json")))
+    tuning = record["tuning"]
+    assert tuning["sampler"].startswith(f"RandomSampler(seed={TUNING_SEED_OFFSET})")
+    assert tuning["trials_per_arm"] == 2 and tuning["seeds"] == [10_000, 10_001]
+    assert set(tuning["failed"]) == {"mask-15", "mask-30"}
+    metric = "mean/dev/ndcg@10"
+    final = table[table["stage"] == "final"]
+    assert list(final["arm"]) == ["mask-15", "mask-30"] and list(final["factor_value"]) == [0.15, 0.3]
+    assert list(final["seed"]) == [0, 0] and set(final["status"]) == {"finished"}
+    for arm in ("mask-15", "mask-30"):
+        tune = table[(table["stage"] == "tune") & (table["arm"] == arm)]
+        assert sorted(tune["seed"]) == [10_000, 10_001]
+        diverged = tune[tune["param/train.learning_rate"] == DIVERGING]
+        assert list(diverged["status"]) == ["nonfinite"] and diverged[metric].isna().all()
+        assert tuning["failed"][arm] == [{"trial_id": diverged["trial_id"].item(), "status": "nonfinite",
+                                          "error": diverged["error"].item()}]
+        assert "non-finite" in diverged["error"].item()
+        chosen = tune[tune["status"] == "finished"]
+        assert final[final["arm"] == arm]["param/train.learning_rate"].item() == (
+            chosen["param/train.learning_rate"].item()) != DIVERGING
+        stored = optuna.load_study(study_name=f"tiny-s3-{arm}", storage=f"sqlite:///{optuna_db}")
+        states = {t.params["train.learning_rate"]: t.state.name for t in stored.trials}
+        assert states[DIVERGING] == "FAIL" and sorted(states.values()) == ["COMPLETE", "FAIL"]
+        assert f"optuna: arm {arm}: 1 of 2 tuning trial(s) failed, excluded from the choice" in out
+    assert check_equal_compute(final, "tokens") <= 0.01
+    assert final["budget/flops"].gt(0).all() and final["compute/device_seconds"].gt(0).all()
+    scored = table[table["status"] == "finished"]
+    for column in ("compute/eval_flops", "compute/eval_seconds", "compute/eval_wall_seconds"):
+        assert scored[column].gt(0).all(), column
+    # The panel: each scored trial's per-task scores are what this process computes from its checkpoint.
+    hub_folder = materialise_hub_task(hub).directory  # the sweep's cached copy
+    for row in scored.to_dict("records"):
+        checkpoint = local_checkpoint(row["checkpoint"])
+        for name, folder in (("packages", task_dir), ("more-packages", hub_folder)):
+            ours = in_process(checkpoint, folder, "dev", index=trial.eval.index, max_length=trial.eval.max_length)
+            assert row[f"{name}/dev/ndcg@10"] == ours["ndcg@10"], name
+        assert row["python-docstrings/dev/ndcg@10"] == row["dev/ndcg@10"]
+        assert row[metric] == math.fsum(
+            row[f"{n}/dev/ndcg@10"] for n in ("python-docstrings", "packages", "more-packages")) / 3
+    # Scored trials have per-query files averaging to their means; the diverged ones, with no scores, have none.
+    assert {p.split("/")[1].removesuffix(".json") for p in store.list_tree(run_dir) if p.startswith("per_query/")} == (
+        set(scored["trial_id"]))
+    for row in scored.to_dict("records"):
+        assert "per_query" not in row
+        stored = json.loads(store.read_text(store.join(run_dir, "per_query", f"{row['trial_id']}.json")))
+        assert {k: stored[k] for k in ("trial_id", "arm", "seed", "stage", "split", "task_hash")} == {
+            "trial_id": row["trial_id"], "arm": row["arm"], "seed": row["seed"], "stage": row["stage"],
+            "split": "dev", "task_hash": row["eval/task_hash"]}
+        assert {"dev/ndcg@10", "dev/recall@100", "dev/mrr@10", "dev/map"} <= set(stored["values"])
+        for column in ("dev/ndcg@10", "dev/recall@100", "dev/mrr@10", "dev/map"):
+            values = stored["values"][column]
+            assert len(values) == row["dev/queries"]
+            assert sum(values.values()) / len(values) == pytest.approx(row[column], abs=1e-12)
+    text = render(run_dir)
+    assert "excluded from statistics:" in text
+    for trial_id in table.loc[table["status"] == "nonfinite", "trial_id"]:
+        assert any(trial_id in line and "nonfinite" in line for line in text.splitlines())
     # The prepared data, published by hash beside the runs for nodes without the driver's disk.
-    record = json.loads(store.read_text(store.join(run_dir, "prepared.json")))["mask-15"]
-    published = json.loads(store.read_text(store.join(record["published"], "files.json")))
-    assert published["tree_hash"] == record["tree_hash"] and "pieces.parquet" in published["files"]
-    assert main(["table", run_dir]) == 0
+    arm_record = json.loads(store.read_text(store.join(run_dir, "prepared.json")))["mask-15"]
+    published = json.loads(store.read_text(store.join(arm_record["published"], "files.json")))
+    assert published["tree_hash"] == arm_record["tree_hash"] and "pieces.parquet" in published["files"]
+    assert main(["table", run_dir, "--format", "markdown"]) == 0
 
-    base = dataclasses.replace(
+    # Promote on the panel mean into a phase-2 study of one's own (--next), and run it.
+    child_base = dataclasses.replace(
         tiny_trial(num_workers=1), phase=2,
         contrastive=ContrastiveConfig(pairs=(("title-body", 0.5), ("same-source-spans", 0.5)), pair_length=48))
-    next_file = write_study(tmp_path / "tiny_pool.py", base, name="tiny-s3-pool", arms=("mean", "cls"),
+    next_file = write_study(tmp_path / "tiny_pool.py", child_base, name="tiny-s3-pool", arms=("mean", "cls"),
                             change="contrastive.pooling='cls'", extra="budget=Budget(tokens=4_000, pairs=32)")
-    assert main(["promote", run_dir, "--next", next_file, "--run"]) == 0
+    capsys.readouterr()
+    assert main(["promote", run_dir, "--next", next_file, "--run", "--max-retention-drop", "1.0"]) == 0, (
+        capsys.readouterr().err)
     promotion = json.loads(store.read_text(store.join(run_dir, "promotion.json")))
-    assert promotion["checkpoint"].startswith("s3://") and promotion["final_eval"]["split"] == "test"
+    winner = final.loc[final[metric].idxmax()]
+    assert promotion["winner"]["arm"] == winner["arm"] and promotion["checkpoint"] == winner["checkpoint"]
+    assert promotion["checkpoint"].startswith("s3://")
+    final_eval = promotion["final_eval"]
+    assert final_eval["split"] == "test" and final_eval["metric"] == "mean/test/ndcg@10"
+    assert set(final_eval["tasks"]) == {"python-docstrings", "packages", "more-packages"}
+    assert final_eval["value"] == math.fsum(t["value"] for t in final_eval["tasks"].values()) / 3
     assert store.is_file(store.join(run_dir, "next_study.py"))
     (child_dir,) = _run_dirs(storage, "tiny-s3-pool")
     child = load_table(child_dir)
-    assert sorted(child["arm"]) == ["cls", "mean"] and set(child["status"]) == {"finished"}
+    assert sorted(child["arm"]) == ["cls", "mean"] and set(child["status"]) == {"finished"} and set(child["phase"]) == {2}
     assert set(child["parent"]) == {promotion["checkpoint"]}
-    assert set(child["parent_hash"]) == {promotion["lineage"]["content_hash"]}
+    assert set(child["parent_hash"]) == {winner["checkpoint_hash"]} == {promotion["lineage"]["content_hash"]}
+    assert child["budget/pairs"].nunique() == 1 and child["budget/pairs"].iloc[0] >= 32
+    child_record = json.loads(store.read_text(store.join(child_dir, "study.json")))
+    assert child_record["parent_scores"]["dev/ndcg@10"] == pytest.approx(winner["dev/ndcg@10"])
+    assert "parent (same evaluator)" in capsys.readouterr().out
     # The child's trials read the pair table its driver froze and published (recorded per arm).
     child_prepared = json.loads(store.read_text(store.join(child_dir, "prepared.json")))["mean"]
     (table_path,) = child_prepared["pair_tables"].values()
@@ -162,7 +293,7 @@ def test_a_study_on_s3_from_sweep_to_release(ray_session, prepared, s3_server, t
 
     assert not (tmp_path / "runs").exists()
     output = capsys.readouterr()
-    _secrets_absent(output.out + output.err, "the console")
+    _secrets_absent(out + output.out + output.err, "the console")
     for relative in store.list_tree(storage):
         _secrets_absent(store.read_bytes(store.join(storage, relative)).decode(errors="replace"), relative)
     for path in store.cache_dir().rglob("*"):

@@ -1,4 +1,5 @@
-"""Real Ray: a 2-worker TorchTrainer phase-1 run, the evaluation actor, and a two-arm sweep."""
+"""Real Ray: a 2-worker TorchTrainer phase-1 run, the evaluation actor, phases 2 and 3 from it,
+and a dual-heads phase 1 (the whole study path, sweep to release, is test_object_storage's)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from embedlab import load_table
 from embedlab.cli import main
 from embedlab.train.checkpoint import load_encoder, verify_checkpoint
 
-from conftest import tiny_budget, tiny_trial, write_study
+from conftest import tiny_budget, tiny_trial
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -185,81 +186,6 @@ def test_evaluate_cli_builtin_task_uses_the_checkpoints_data(trained, prepared, 
     task_dir = str(prepared.task_dir("python-docstrings"))
     via_actor = ray.get(get_evaluator().evaluate.remote(result.checkpoint.path, task_dir, "dev"))
     assert out["task_hash"] == via_actor["task_hash"] and out["ndcg@10"] == via_actor["ndcg@10"]
-
-
-def test_optuna_sweep_promotion_and_child_phase(ray_session, prepared, tmp_path, capsys):
-    """A phase-1 study tunes the learning rate with Optuna (one trial per arm, kept in an SQLite
-    storage), runs its grid at equal consumed tokens, promotes the dev winner, and the promoted
-    phase-2 study records the winner's hash as every trial's parent, with the parent scored
-    under the same evaluator."""
-    import dataclasses
-
-    import optuna
-
-    from embedlab.config import ContrastiveConfig
-    from embedlab.sweep.table import check_equal_compute
-
-    study_file = write_study(tmp_path / "tiny_study.py", tiny_trial(num_workers=1), name="tiny-masking", extra=(
-        "budget=replace(DEFAULT_BUDGET, tokens=4_000), search=(Search('train.learning_rate', low=1e-4, high=1e-2, log=True),), search_trials=1"))
-    assert main(["sweep", str(study_file), "--dry-run"]) == 0
-    plan = capsys.readouterr().out
-    assert "trials: 4 (2 arms x (1 tuning + 1 seeds))" in plan and "tuning seeds: 10000 (never a study seed" in plan
-    # A filesystem URI (any pyarrow filesystem) as the storage: the run's records and Ray's state.
-    assert main(["sweep", str(study_file), "--storage", f"file://{tmp_path / 'runs'}"]) == 0
-    run_dir = next((tmp_path / "runs").iterdir())
-    table = load_table(f"file://{run_dir}")
-    assert sorted(table["stage"]) == ["final", "final", "tune", "tune"]
-    final = table[table["stage"] == "final"]
-    assert list(final["arm"]) == ["mask-15", "mask-30"] and list(final["factor_value"]) == [0.15, 0.3]
-    for arm in ("mask-15", "mask-30"):
-        tuned = table[(table["stage"] == "tune") & (table["arm"] == arm)]["param/train.learning_rate"].item()
-        assert final[final["arm"] == arm]["param/train.learning_rate"].item() == tuned
-        stored = optuna.load_study(study_name=f"tiny-masking-{arm}", storage=f"sqlite:///{run_dir / 'optuna.db'}")
-        assert [t.state.name for t in stored.trials] == ["COMPLETE"] and stored.trials[0].params == {
-            "train.learning_rate": tuned}
-    assert check_equal_compute(final, "tokens") <= 0.01
-    assert final["budget/flops"].gt(0).all() and final["compute/device_seconds"].gt(0).all()
-    # Tuning ran at its own seed, the grid at the study's: no final trial repeats a tuning trial.
-    assert set(table.loc[table["stage"] == "tune", "seed"]) == {10_000} and set(final["seed"]) == {0}
-    record = json.loads((run_dir / "study.json").read_text())
-    assert record["tuning"] == {
-        "sampler": "RandomSampler(seed=10000), random search (TPE needs at least 6 trials per arm)",
-        "trials_per_arm": 1, "seeds": [10_000], "failed": {}}
-    for column in ("compute/eval_flops", "compute/eval_seconds", "compute/eval_wall_seconds"):
-        assert table[column].gt(0).all(), column
-    # Every scored trial's per-query values, beside (not inside) its row, average to its means.
-    for row in table.to_dict("records"):
-        assert "per_query" not in row
-        stored = json.loads((run_dir / "per_query" / f"{row['trial_id']}.json").read_text())
-        assert {k: stored[k] for k in ("trial_id", "arm", "seed", "stage", "split", "task_hash")} == {
-            "trial_id": row["trial_id"], "arm": row["arm"], "seed": row["seed"], "stage": row["stage"],
-            "split": "dev", "task_hash": row["eval/task_hash"]}
-        assert set(stored["values"]) == {"dev/ndcg@10", "dev/recall@100", "dev/mrr@10", "dev/map"}
-        for column, values in stored["values"].items():
-            assert len(values) == row["dev/queries"]
-            assert sum(values.values()) / len(values) == pytest.approx(row[column], abs=1e-12)
-    assert "mask-30" in capsys.readouterr().out
-    assert main(["table", str(run_dir), "--format", "markdown"]) == 0
-
-    # Promote into a phase-2 study of one's own (--next), then run it from the promotion.
-    base = dataclasses.replace(
-        tiny_trial(num_workers=1), phase=2,
-        contrastive=ContrastiveConfig(pairs=(("title-body", 0.5), ("same-source-spans", 0.5)), pair_length=48),
-    )
-    next_file = write_study(tmp_path / "tiny_pooling.py", base, name="tiny-pooling", arms=("mean", "cls"),
-                            change="contrastive.pooling='cls'", extra="budget=Budget(tokens=4_000, pairs=32)")
-    assert main(["promote", str(run_dir), "--next", str(next_file), "--run"]) == 0, capsys.readouterr().err
-    promotion = json.loads((run_dir / "promotion.json").read_text())
-    winner = final.loc[final["dev/ndcg@10"].idxmax()]
-    assert promotion["winner"]["arm"] == winner["arm"] and promotion["checkpoint"] == winner["checkpoint"]
-    child_dir = next(p for p in (tmp_path / "runs").iterdir() if p.name.startswith("tiny-pooling"))
-    child = load_table(child_dir)
-    assert list(child["arm"]) == ["mean", "cls"] and set(child["phase"]) == {2}
-    assert set(child["parent_hash"]) == {winner["checkpoint_hash"]} == {promotion["lineage"]["content_hash"]}
-    assert child["budget/pairs"].nunique() == 1 and child["budget/pairs"].iloc[0] >= 32
-    record = json.loads((child_dir / "study.json").read_text())
-    assert record["parent_scores"]["dev/ndcg@10"] == pytest.approx(winner["dev/ndcg@10"])
-    assert "parent (same evaluator)" in capsys.readouterr().out
 
 
 @pytest.fixture(scope="module")
@@ -474,55 +400,3 @@ def test_phase3_on_user_pairs_ends_in_a_table_and_a_release(phase2, prepared, tm
     # prepared directory (the pair sources are not part of its key).
     records = list((prepared.directory / "user-pairs").glob("*/record.json"))
     assert len(records) == 1 and "Debian package descriptions" in records[0].read_text()
-
-
-def test_panel_sweep_scores_every_task_and_promotes_on_the_mean(ray_session, prepared, tmp_path, offline_hub):
-    """A phase-1 study scored on a panel on Ray: the built-in task, a user's BEIR folder and a
-    Hub task (a local directory in the Hub's layout, pinned by its content revision), both of
-    Debian package descriptions. Every trial's per-task columns equal an in-process evaluation
-    of its checkpoint, the mean column is their unweighted mean, and promotion on
-    `mean/dev/ndcg@10` reports each task's test split and their mean once."""
-    import dataclasses
-    import math
-
-    from embedlab.evaluate.beir import Task, write_task
-    from embedlab.evaluate.heldout import DPKG_STATUS, read_dpkg_status
-    from embedlab.evaluate.hub_tasks import HubTask, local_dataset_revision, materialise_hub_task
-
-    from test_hub_tasks import write_hub_directory
-
-    items = read_dpkg_status(DPKG_STATUS).items[:120]
-    qrels = {split: {f"q{i}": {f"d{i}": 1} for i in range(start, start + 30)} for split, start in (("dev", 0),
-                                                                                                  ("test", 30))}
-
-    def task(name, held):
-        return Task(name=name, corpus={f"d{i}": ("", it.document) for i, it in enumerate(held)},
-                    queries={f"q{i}": it.query for i, it in enumerate(held)}, qrels=qrels)
-
-    task_dir = tmp_path / "packages"
-    write_task(task("packages", items[:60]), task_dir)
-    hub_dir = write_hub_directory(tmp_path / "hub-packages", task("more-packages", items[60:]))
-    hub = HubTask(name="more-packages", dataset=str(hub_dir), revision=local_dataset_revision(hub_dir))
-    base = tiny_trial(num_workers=1)
-    trial = dataclasses.replace(base, eval=dataclasses.replace(base.eval, tasks=(str(task_dir),), hub_tasks=(hub,)))
-    study_file = write_study(tmp_path / "panel_study.py", trial, name="tiny-panel",
-                             extra='budget=replace(DEFAULT_BUDGET, tokens=4_000), metric="mean/dev/ndcg@10"')
-    runs = tmp_path / "runs"
-    assert main(["sweep", str(study_file), "--storage", str(runs)]) == 0
-    run_dir = next(runs.iterdir())
-    table = load_table(str(run_dir))
-    assert len(table) == 2
-    hub_folder = materialise_hub_task(hub).directory  # the sweep's cached copy
-    for _, row in table.iterrows():
-        for name, folder in (("packages", task_dir), ("more-packages", hub_folder)):
-            ours = in_process(row["checkpoint"], folder, "dev", index=trial.eval.index,
-                              max_length=trial.eval.max_length)
-            assert row[f"{name}/dev/ndcg@10"] == ours["ndcg@10"], name
-        assert row["python-docstrings/dev/ndcg@10"] == row["dev/ndcg@10"]
-        assert row["mean/dev/ndcg@10"] == math.fsum(
-            row[f"{n}/dev/ndcg@10"] for n in ("python-docstrings", "packages", "more-packages")) / 3
-    assert main(["promote", str(run_dir), "--max-retention-drop", "1.0"]) == 0
-    scored = json.loads((run_dir / "promotion.json").read_text())["final_eval"]
-    assert scored["metric"] == "mean/test/ndcg@10"
-    assert set(scored["tasks"]) == {"python-docstrings", "packages", "more-packages"}
-    assert scored["value"] == math.fsum(t["value"] for t in scored["tasks"].values()) / 3

@@ -34,7 +34,9 @@ def test_killed_driver_resumes_without_loss_or_duplicates(ray_session, prepared,
     # processes follow their killed driver, and write a second record.
     with open(log, "wb") as out:
         driver = subprocess.Popen(
-            [sys.executable, "-m", "embedlab.cli", "sweep", str(study_file), "--storage", str(storage),
+            # A filesystem URI (any pyarrow filesystem) as the storage: the run's records and Ray's
+            # state are written through it, and --resume reads them back.
+            [sys.executable, "-m", "embedlab.cli", "sweep", str(study_file), "--storage", f"file://{storage}",
              "--max-concurrent", "1"],
             env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )
