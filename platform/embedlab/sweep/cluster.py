@@ -33,6 +33,10 @@ RAY_ENV = {
     # evaluator at the end); Optuna only reads the final result, which has it.
     "TUNE_DISABLE_STRICT_METRIC_CHECKING": "1",
 }
+# A local cluster's settings besides RAY_ENV (a value already in the environment wins): it is
+# one machine, which no autoscaler preempts, so Ray Train's preemption watcher (one more actor
+# process per fit, a few seconds of start-up on a small machine) has nothing to watch.
+LOCAL_RAY_ENV = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
 # A local cluster listens on loopback only (`connect`): nothing on the network reaches it.
 LOCAL_HOST = "127.0.0.1"
 # A trial driver only waits on its trainer; it reserves memory, not a CPU, so the trainer's
@@ -86,6 +90,9 @@ def connect(address: str | None, progress: Callable[[str], None] = print, job_en
         # ray.init maps 127.0.0.1 to the machine's routable address unless Ray runs in its
         # single-machine mode.
         ray_compat.force_single_machine_mode()
+        local = {name: os.environ.get(name, value) for name, value in LOCAL_RAY_ENV.items()}
+        os.environ.update(local)
+        runtime_env["env_vars"].update(local)
         # WARNING: Ray's own INFO lines ("Started a local Ray instance") stay off the console,
         # which has embedlab's progress lines (the dashboard's address among them).
         context = ray.init(runtime_env=runtime_env, log_to_driver=False, include_dashboard=True,
