@@ -14,13 +14,19 @@ DEBIAN_SOURCES := bible-kjv bible-kjv-text fortunes dict-foldoc dict-jargon debi
 # (dpkg's status file, GNU Info manuals) come with every Debian system.
 HELDOUT_SOURCES := dict-devil
 
-.PHONY: demo test setup debian-sources debian-test-tools clean-venv
+.PHONY: demo test test-fast setup debian-sources debian-test-tools clean-venv
 
 demo: setup debian-sources
 	$(BIN)/embedlab demo
 
+# The whole suite, what CI runs; it ends with the 25 slowest tests.
 test: setup debian-sources debian-test-tools
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=25
+
+# The inner loop: every test that starts no Ray and takes under 10 s (tests/conftest.py marks
+# the Ray ones; `slow` marks the few others), with a check that no unmarked test starts Ray.
+test-fast: setup debian-sources
+	$(BIN)/python -m pytest -m "not ray and not slow" --durations=10
 
 setup: $(STAMP)
 

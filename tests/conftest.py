@@ -181,3 +181,71 @@ def parent(frozen, tmp_path_factory):
     import synthetic
 
     return synthetic.write_parent(tmp_path_factory.mktemp("parent") / "checkpoint", frozen)
+
+
+# --- the suite's time: the `ray` marker, the fast loop's guard, recorded durations ---------------
+
+# Where a local Ray cluster writes its session directories (ray.init and `ray start`, unless
+# told --temp-dir): a new one during a `-m "not ray"` run means a test started Ray unmarked.
+RAY_TEMP = Path("/tmp/ray")
+# Each test's wall time in this session (setup + call + teardown, seconds), by node id, for
+# test_suite_time.py; also kept in pytest's cache at the end of a whole run.
+DURATIONS: dict[str, float] = {}
+DURATIONS_CACHE_KEY = "embedlab/durations"
+_RAY_BEFORE = pytest.StashKey[set]()  # in the fast loop: Ray's session directories before a test
+
+
+def _ray_sessions() -> set[str]:
+    return {p.name for p in RAY_TEMP.glob("session_2*")} if RAY_TEMP.is_dir() else set()
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "ray: starts Ray (a local cluster, a rehearsal fleet or a subprocess "
+                                       "that does); `make test-fast` leaves these out")
+    config.addinivalue_line("markers", "slow: starts no Ray but takes over 10 s on 2 cores (torch.compile, a whole "
+                                       "corpus); `make test-fast` leaves these out too")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark every test that uses the session's Ray cluster `ray` (explicitly marked ones start
+    their own), and run the suite-time check last, after every duration it reads."""
+    for item in items:
+        if "ray_session" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.ray)
+    last = [item for item in items if item.nodeid.startswith("tests/test_suite_time.py::")]
+    items[:] = [item for item in items if item not in last] + last
+
+
+def _fast_loop(config) -> bool:
+    return "notray" in (config.getoption("markexpr", "") or "").replace(" ", "")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    if _fast_loop(item.config):
+        item.stash[_RAY_BEFORE] = _ray_sessions()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """In the fast loop (`-m "not ray"`), a test that started a local Ray (its fixtures
+    included) fails at teardown, naming the marker it lacks."""
+    outcome = yield
+    report = outcome.get_result()
+    if call.when == "teardown" and _RAY_BEFORE in item.stash:
+        started = _ray_sessions() - item.stash[_RAY_BEFORE]
+        if started:
+            report.outcome = "failed"
+            report.longrepr = (f"{item.nodeid} started Ray ({', '.join(sorted(started))}) but is not marked "
+                               "`ray`: mark it (@pytest.mark.ray) or use the ray_session fixture")
+
+
+def pytest_runtest_logreport(report):
+    DURATIONS[report.nodeid] = DURATIONS.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session, exitstatus):
+    # A whole run (no selection) is remembered: test_suite_time.py reads it when run on its own.
+    if getattr(session.config, "cache", None) is not None and not session.config.getoption("markexpr", "") and (
+            not session.config.getoption("keyword", "")) and len(DURATIONS) > 100:
+        session.config.cache.set(DURATIONS_CACHE_KEY, DURATIONS)

@@ -85,6 +85,7 @@ print("RESULT " + json.dumps({"stats": stats, "gpus_left": ray.available_resourc
 """
 
 
+@pytest.mark.ray  # a local Ray cluster of its own, in a subprocess
 def test_evaluator_is_scheduled_on_a_gpu_of_a_cluster_that_advertises_one():
     """On a real local cluster advertising one GPU, the evaluator `get_evaluator` creates asks for
     its share, is scheduled, and sees the GPU Ray assigned it (CUDA_VISIBLE_DEVICES=0)."""

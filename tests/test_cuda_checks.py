@@ -18,6 +18,7 @@ from embedlab.bench.cuda_checks import CHECKS, check_varlen_kernel, run_checks
 pytestmark = pytest.mark.timeout(300)
 
 
+@pytest.mark.slow  # torch.compile's first compile of a step
 def test_every_check_passes_on_the_cpu_paths(capsys):
     """The command runs all six checks and exits 0 when all pass; JSON lists each with its
     measured errors under its tolerance."""

@@ -53,7 +53,7 @@ def gradients(model: nn.Module) -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize("dtype, tolerance, compiled", [(torch.float32, 1e-5, False), (torch.float64, 1e-10, False),
-                                                        (torch.float32, 1e-5, True)])
+                                                        pytest.param(torch.float32, 1e-5, True, marks=pytest.mark.slow)])
 def test_gradcache_equals_plain_loss_with_dropout(dtype, tolerance, compiled):
     """With dropout active, GradCache's loss and every gradient equal the plain loss's, and the
     RNG ends where one pass leaves it; also with the blocks compiled as `train.compile` does,

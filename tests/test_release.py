@@ -219,6 +219,7 @@ def test_checkpoint_without_lineage_is_refused(tmp_path):
         export_release(tmp_path / "checkpoint", tmp_path / "out")
 
 
+@pytest.mark.slow  # a fresh interpreter importing torch
 def test_module_class_imports_without_ray():
     """Importing the class that modules.json names does not import Ray."""
     code = "import sys, embedlab.st_module; print('ray' in sys.modules)"
