@@ -257,10 +257,12 @@ def write_panel_run(root: Path, metric: str, values: dict) -> Path:
     return run_dir
 
 
-def test_the_table_tests_a_panel_mean_with_the_stratified_bootstrap(tmp_path):
-    """Study metric `mean/dev/ndcg@10`: the table's paired test is the stratified bootstrap (its diff
-    the mean of the task means' differences, its interval from the reference replicates) and says so."""
-    from embedlab.sweep.paired import BOOTSTRAP_SEED, arm_generator, compare_to_control, percentile_interval
+def test_the_table_tests_a_panel_mean_with_the_panel_model(tmp_path):
+    """Study metric `mean/dev/ndcg@10`: the table's paired test is the crossed model's panel
+    estimate (its diff the mean of the task means' differences, its SE and df the panel
+    estimate's over both tasks' differences) and says which tasks it averages."""
+    from embedlab.sweep import crossed
+    from embedlab.sweep.paired import compare_to_control
     from embedlab.sweep.table import load_table, render
 
     rng = np.random.default_rng(11)
@@ -270,20 +272,20 @@ def test_the_table_tests_a_panel_mean_with_the_stratified_bootstrap(tmp_path):
               for arm in ("a-control", "b-wide") for seed in (0, 1, 2)}
     run_dir = write_panel_run(tmp_path, "mean/dev/ndcg@10", values)
 
-    comparison = compare_to_control(run_dir, load_table(run_dir), resamples=400)
+    comparison = compare_to_control(run_dir, load_table(run_dir))
 
     assert comparison.strata == ("shell-utils", "data-formats")
     row = comparison.tests.set_index("arm").loc["b-wide"]
-    arms = [np.stack([values[("b-wide", s)][t] for s in (0, 1, 2)]) for t in sizes]
-    controls = [np.stack([values[("a-control", s)][t] for s in (0, 1, 2)]) for t in sizes]
-    expected = reference_stratified(arms, controls, arm_generator("b-wide", BOOTSTRAP_SEED), 400)
-    assert row["diff"] == sum(float((a - c).mean()) for a, c in zip(arms, controls)) / 2
+    differences = [np.stack([values[("b-wide", s)][t] - values[("a-control", s)][t] for s in (0, 1, 2)])
+                   for t in sizes]
+    expected = crossed.crossed_estimate(differences)
+    assert row["diff"] == pytest.approx(sum(float(d.mean()) for d in differences) / 2, rel=1e-12)
     assert row["queries"] == 23 and row["seeds"] == 3
-    assert row["se"] == float(expected.std(ddof=1))
-    assert (row["ci_low"], row["ci_high"]) == percentile_interval(expected, 1 - row["ci_level"])
-    assert "stratified by task (queries resampled within each of shell-utils, data-formats)" in render(run_dir)
+    assert (row["se"], row["df"], row["p"]) == (expected.se, expected.df, crossed.p_value(expected))
+    assert (row["ci_low"], row["ci_high"]) == pytest.approx(crossed.interval(expected, 0.05), rel=1e-9)  # m = 1
+    assert "panel mean of shell-utils, data-formats, seeds shared across its tasks" in render(run_dir)
     plain = compare_to_control(write_panel_run(tmp_path / "plain", "dev/ndcg@10", values), load_table(
-        tmp_path / "plain" / "run"), resamples=400)
+        tmp_path / "plain" / "run"))
     assert plain.strata == () and plain.tests.set_index("arm").loc["b-wide", "queries"] == 9
 
 

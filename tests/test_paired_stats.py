@@ -1,6 +1,8 @@
-"""The paired per-query test: the bootstrap against a plain-numpy reference written here, Holm
-against hand-computed cases, interval and verdict agreeing, a clear effect found and a null
-one not, and the test in every table format; synthetic run directories, no Ray."""
+"""The paired per-query test: the crossed model's mean squares against statsmodels' ANOVA, the
+test against a plain-numpy reference written here, Holm against hand-computed cases, interval
+and verdict agreeing, a clear effect found and a null one not, one seed refused, and the test
+in every table format; synthetic run directories, no Ray. Its size and power by simulation:
+test_calibration.py."""
 
 from __future__ import annotations
 
@@ -9,7 +11,6 @@ import json
 import math
 import re
 import shutil
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -19,9 +20,9 @@ from scipy import stats
 
 from embedlab.report import html as html_page
 from embedlab.report.collect import read_run
+from embedlab.sweep import crossed
 from embedlab.sweep.paired import (
-    BOOTSTRAP_SEED, PER_QUERY_DIR, RESAMPLES, compare_to_control, holm_adjust, holm_levels, load_per_query,
-    minimum_detectable_effect, paired_tests, percentile_interval,
+    ONE_SEED, PER_QUERY_DIR, cells, compare_to_control, holm_adjust, holm_levels, load_per_query, p_text, paired_tests,
 )
 from embedlab.sweep.table import load_table, render
 
@@ -29,18 +30,18 @@ ARMS = ("control", "better", "same")
 SEEDS = (0, 1, 2)
 QUERIES = tuple(f"q{i:02d}" for i in range(40))
 METRIC = "dev/ndcg@10"
-EFFECT = {"control": 0.0, "better": 0.08, "same": 0.0}
+EFFECT = {"control": 0.0, "better": 0.2, "same": 0.0}
 TASK_HASH = "t" * 64
-B = 2_000  # resamples in the reference comparisons: enough to test, quick in a plain loop
 
 
 def per_query_values(seed: int = 0) -> dict[tuple[str, int], np.ndarray]:
     """(arm, seed) -> (Q,) values: a query difficulty shared by every trial, a seed shift shared
-    by the arms of a seed, the arm's effect and noise of its own."""
+    by the arms of a seed, a seed x arm shift (what one seed does to one arm: the term the
+    seed-level variance must carry), the arm's effect and noise of its own."""
     rng = np.random.default_rng(seed)
     difficulty = rng.uniform(0.2, 0.7, size=len(QUERIES))
     shift = {s: rng.normal(0, 0.03) for s in SEEDS}
-    return {(arm, s): difficulty + shift[s] + EFFECT[arm] + rng.normal(0, 0.05, size=len(QUERIES))
+    return {(arm, s): difficulty + shift[s] + rng.normal(0, 0.005) + EFFECT[arm] + rng.normal(0, 0.05, size=len(QUERIES))
             for arm in ARMS for s in SEEDS}
 
 
@@ -77,46 +78,34 @@ def write_per_query(run_dir: Path, trial_id: str, arm: str, seed: int, array: np
     (run_dir / PER_QUERY_DIR / f"{trial_id}.json").write_text(json.dumps(record))
 
 
-def reference_bootstrap(arm: str, ours: np.ndarray, theirs: np.ndarray, resamples: int, seed: int) -> np.ndarray:
-    """The documented protocol, written directly: per resample, seed rows then query columns
-    from the arm's generator, and the mean of the resampled difference matrix."""
-    rng = np.random.default_rng([seed, zlib.crc32(arm.encode())])
-    differences = ours - theirs
-    replicates = []
-    for _ in range(resamples):
-        rows = rng.integers(0, differences.shape[0], size=differences.shape[0])
-        columns = rng.integers(0, differences.shape[1], size=differences.shape[1])
-        replicates.append(differences[np.ix_(rows, columns)].mean())
-    return np.array(replicates)
+def reference_test(differences: np.ndarray, alpha: float) -> dict:
+    """The documented test of one (S, Q) difference array, written directly: the seed part from
+    the seed means' sample variance, the query part from the ANOVA's query and error mean
+    squares, Satterthwaite's df, and the worst case over the seed share of the rejection
+    probability of the observed Satterthwaite p, integrated here on its own fine grid."""
+    seeds, queries = differences.shape
+    grand = differences.mean()
+    seed_part = differences.mean(axis=1).var(ddof=1) / seeds
+    ms_query = seeds * np.sum((differences.mean(axis=0) - grand) ** 2) / (queries - 1)
+    residual = differences - differences.mean(axis=1, keepdims=True) - differences.mean(axis=0, keepdims=True) + grand
+    ms_error = np.sum(residual ** 2) / ((seeds - 1) * (queries - 1))
+    query_part = max(0.0, ms_query - ms_error) / (seeds * queries)
+    variance = seed_part + query_part
+    k = seeds - 1
+    share = seed_part / variance
+    p_s = 2 * stats.t.sf(abs(grand) / math.sqrt(variance), k / share ** 2)
+    w = stats.chi2.ppf((np.arange(2_000) + 0.5) / 2_000, k) / k
 
+    def size(level: float, rho: float) -> float:
+        scaled = rho * w + 1 - rho
+        critical = stats.t.ppf(1 - level / 2, k / (rho * w / scaled) ** 2) * np.sqrt(scaled)
+        return float(np.mean(2 * stats.norm.sf(critical)))
 
-def reference_tests(values: dict, seeds: dict[str, list[int]], resamples: int, seed: int = BOOTSTRAP_SEED) -> dict:
-    """Per non-control arm: diff, p, Holm p, level, interval, verdict and MDE, by hand (alpha 0.05)."""
-    out = {}
-    for arm in ARMS[1:]:
-        ours = np.stack([values[(arm, s)] for s in seeds[arm]])
-        theirs = np.stack([values[("control", s)] for s in seeds[arm]])
-        replicates = reference_bootstrap(arm, ours, theirs, resamples, seed)
-        p = min(1.0, 2 * min((replicates <= 0).sum(), (replicates >= 0).sum()) / resamples)
-        out[arm] = {"diff": (ours - theirs).mean(), "p": p, "replicates": np.sort(replicates),
-                    "se": replicates.std(ddof=1)}
-    m = len(out)
-    ranked = sorted(out, key=lambda a: (out[a]["p"], ARMS.index(a)))
-    running, stopped = 0.0, None
-    for rank, arm in enumerate(ranked, start=1):
-        running = max(running, min(1.0, (m - rank + 1) * out[arm]["p"]))
-        divisor = m - rank + 1
-        if stopped is None and out[arm]["p"] <= 0.05 / divisor:
-            out[arm]["significant"] = True
-        else:
-            stopped = divisor if stopped is None else stopped
-            divisor = stopped
-            out[arm]["significant"] = False
-        c = (resamples * 5) // (100 * 2 * divisor)  # floor(B x 0.05 / (2 x divisor)) in integers
-        ordered = out[arm]["replicates"]
-        out[arm].update(p_holm=running, level=1 - 0.05 / divisor, low=ordered[c], high=ordered[resamples - c - 1],
-                        mde=(stats.norm.ppf(1 - 0.05 / (2 * m)) + stats.norm.ppf(0.8)) * out[arm]["se"])
-    return out
+    rhos = np.linspace(0, 1, 201)
+    p = max(size(p_s, rho) for rho in rhos[1:])  # rho = 0 gives exactly p_s, never the largest
+    levels = [size(alpha, rho) for rho in rhos[1:]]
+    return {"diff": grand, "se": math.sqrt(variance), "df": k / share ** 2, "p": max(p, p_s), "p_s": p_s,
+            "worst_size_at_alpha": max(levels)}
 
 
 @pytest.fixture
@@ -125,34 +114,76 @@ def run(tmp_path):
     return write_run(tmp_path, values), values
 
 
-def test_bootstrap_equals_the_plain_numpy_reference(run):
-    """Every number of the test equals the reference written above to 1e-12; the same seed
-    gives identical numbers twice, another seed different replicates."""
+def test_mean_squares_equal_statsmodels_two_way_anova(run):
+    """MS_seed, MS_query and MS_error of a (3, 40) difference array are statsmodels' additive
+    two-way ANOVA (sum of squares over degrees of freedom) to 1e-12."""
+    import statsmodels.api as sm
+    from statsmodels.formula.api import ols
+
+    _, values = run
+    differences = np.stack([values[("better", s)] - values[("control", s)] for s in SEEDS])
+    frame = pd.DataFrame([{"d": differences[i, j], "seed": i, "query": j} for i in range(len(SEEDS))
+                          for j in range(len(QUERIES))])
+    anova = sm.stats.anova_lm(ols("d ~ C(seed) + C(query)", data=frame).fit(), typ=2)
+    mean_square = anova["sum_sq"] / anova["df"]
+    ours = crossed.mean_squares(differences)
+    np.testing.assert_allclose([ours.seed, ours.query, ours.error],
+                               [mean_square["C(seed)"], mean_square["C(query)"], mean_square["Residual"]], rtol=1e-12)
+    # The seed part is MS_seed / (S Q): the seed means' variance over S.
+    estimate = crossed.crossed_estimate([differences])
+    assert estimate.seed_part == pytest.approx(ours.seed / differences.size, rel=1e-12)
+    assert estimate.query_part == pytest.approx(max(0.0, ours.query - ours.error) / differences.size, rel=1e-12)
+
+
+def test_the_test_equals_the_plain_numpy_reference(run):
+    """diff, SE, df and p of every arm equal the reference written above (p to the accuracy of
+    the two integrations), p_holm is Holm's, and at S = 3 the calibrated level's worst-case
+    size is alpha."""
     run_dir, values = run
     table = load_table(run_dir)
-    ours = paired_tests(load_per_query(run_dir, table), METRIC, ARMS, resamples=B).set_index("arm")
-    reference = reference_tests(values, {arm: list(SEEDS) for arm in ARMS}, B)
+    ours = paired_tests(load_per_query(run_dir, table), METRIC, ARMS).set_index("arm")
+    reference = {arm: reference_test(np.stack([values[(arm, s)] - values[("control", s)] for s in SEEDS]), 0.05)
+                 for arm in ARMS[1:]}
     for arm, expected in reference.items():
         got = ours.loc[arm]
-        assert got["seeds"] == len(SEEDS) and got["queries"] == len(QUERIES)
-        for column, key in (("diff", "diff"), ("p", "p"), ("p_holm", "p_holm"), ("ci_level", "level"),
-                            ("ci_low", "low"), ("ci_high", "high"), ("se", "se"), ("mde", "mde")):
-            np.testing.assert_allclose(got[column], expected[key], rtol=0, atol=1e-12, err_msg=f"{arm} {column}")
-        assert bool(got["significant"]) == expected["significant"]
-    again = paired_tests(load_per_query(run_dir, table), METRIC, ARMS, resamples=B)
+        assert got["seeds"] == len(SEEDS) and got["queries"] == len(QUERIES) and got["note"] == ""
+        for column in ("diff", "se", "df"):
+            np.testing.assert_allclose(got[column], expected[column], rtol=1e-10, err_msg=f"{arm} {column}")
+        assert got["p"] == pytest.approx(expected["p"], rel=0.01, abs=1e-6)
+        assert got["p"] >= expected["p_s"]  # the worst case is never below Satterthwaite's own p
+    np.testing.assert_allclose(ours["p_holm"], holm_adjust(list(ours["p"])), rtol=1e-12)
+    assert reference["same"]["worst_size_at_alpha"] > 0.05  # Satterthwaite's p read as it is: too small
+    k = len(SEEDS) - 1
+    assert crossed.worst_case_size(crossed.calibrated_level(k, 0.05), k) == pytest.approx(0.05, abs=1e-6)
+    again = paired_tests(load_per_query(run_dir, table), METRIC, ARMS)
     pd.testing.assert_frame_equal(again, ours.reset_index())
-    other = paired_tests(load_per_query(run_dir, table), METRIC, ARMS, resamples=B, seed=1).set_index("arm")
-    assert other.loc["same", "ci_low"] != ours.loc["same", "ci_low"]
+
+
+def test_a_panel_of_one_task_is_the_task_and_a_panel_shares_its_seeds():
+    """The panel estimate with one task is the single-task estimate term for term; with two
+    tasks its seed part is the variance of each seed's panel mean over S, not the sum of the
+    tasks' own seed parts (the tasks' seed terms are one model's, correlated)."""
+    rng = np.random.default_rng(3)
+    a, b = rng.normal(0, 0.1, (3, 30)), rng.normal(0, 0.1, (3, 50))
+    single, panel_of_one = crossed.crossed_estimate([a]), crossed.crossed_estimate([a])
+    assert single == panel_of_one
+    panel = crossed.crossed_estimate([a, b])
+    assert panel.mean == pytest.approx((a.mean() + b.mean()) / 2, rel=1e-12)
+    assert panel.seed_part == pytest.approx(((a.mean(axis=1) + b.mean(axis=1)) / 2).var(ddof=1) / 3, rel=1e-12)
+    parts = [crossed.crossed_estimate([t]).query_part for t in (a, b)]
+    assert panel.query_part == pytest.approx(sum(parts) / 4, rel=1e-12)
+    with pytest.raises(ValueError, match="every task needs the same seeds"):
+        crossed.crossed_estimate([a, b[:2]])
 
 
 def test_a_clear_effect_is_significant_and_a_null_one_is_not(run):
-    """+0.08 on every query is found (interval above zero at its Holm level, adjusted p tiny);
+    """+0.2 on every query is found (interval above zero at its Holm level, adjusted p tiny);
     no effect is not, and its interval covers zero; the MDE lies between the two."""
     run_dir, _ = run
-    tests = compare_to_control(run_dir, load_table(run_dir), resamples=B).tests.set_index("arm")
+    tests = compare_to_control(run_dir, load_table(run_dir)).tests.set_index("arm")
     better, same = tests.loc["better"], tests.loc["same"]
     assert better["significant"] and better["ci_low"] > 0 and better["p_holm"] <= 0.05
-    assert better["diff"] == pytest.approx(0.08, abs=0.03)
+    assert better["diff"] == pytest.approx(0.2, abs=0.03)
     assert not same["significant"] and same["ci_low"] <= 0 <= same["ci_high"] and same["p_holm"] > 0.05
     assert abs(same["diff"]) < same["mde"] < better["diff"]
     # the better arm is rank 1 (alpha/2); the null arm is tested at the full alpha
@@ -173,16 +204,19 @@ def test_holm_matches_hand_computed_cases():
 
 
 def test_verdict_interval_and_adjusted_p_always_agree():
-    """Over many random families: Holm rejects exactly when adjusted p <= alpha, and the
-    interval at the arm's level excludes zero exactly then (the p-value inverts the interval)."""
+    """Over random families of estimates at 2, 3 and 5 seeds: Holm rejects exactly when
+    adjusted p <= alpha, and the interval at the arm's level excludes zero exactly then."""
     rng = np.random.default_rng(5)
-    for _ in range(200):
-        m = int(rng.integers(1, 6))
-        replicates = [rng.normal(rng.normal(0, 2), 1, size=400) for _ in range(m)]
-        raw = [min(1.0, 2 * min((r <= 0).sum(), (r >= 0).sum()) / 400) for r in replicates]
+    for _ in range(40):
+        m = int(rng.integers(1, 5))
+        seeds = int(rng.choice([2, 3, 5]))
+        estimates = [crossed.crossed_estimate([rng.normal(rng.normal(0, 0.05), 0.1, (seeds, 30))
+                                               + rng.normal(0, 0.02, (seeds, 1))]) for _ in range(m)]
+        raw = [crossed.p_value(e) for e in estimates]
+        assert all(0 < p <= 1 for p in raw)
         adjusted, levels, rejected = holm_levels(raw, 0.05)
-        for r, p_holm, level, reject in zip(replicates, adjusted, levels, rejected):
-            low, high = percentile_interval(r, level)
+        for estimate, p_holm, level, reject in zip(estimates, adjusted, levels, rejected):
+            low, high = crossed.interval(estimate, level)
             assert reject == (p_holm <= 0.05) == (low > 0 or high < 0)
 
 
@@ -191,13 +225,13 @@ def test_missing_per_query_files_and_seeds(tmp_path):
     says so; a run without per_query/ has no test and every format says so in one line."""
     values = per_query_values()
     run_dir = write_run(tmp_path / "a", values, skip=(("same", 1),))
-    comparison = compare_to_control(run_dir, load_table(run_dir), resamples=B)
+    comparison = compare_to_control(run_dir, load_table(run_dir))
     assert comparison.missing == ("same-1",) and "1 final trial(s) without per-query values" in comparison.header
     tests = comparison.tests.set_index("arm")
     assert tests.loc["same", "seeds"] == 2 and tests.loc["better", "seeds"] == 3
-    reference = reference_tests(values, {"better": [0, 1, 2], "same": [0, 2]}, B)
-    ours = paired_tests(load_per_query(run_dir, load_table(run_dir)), METRIC, ARMS, resamples=B).set_index("arm")
-    np.testing.assert_allclose(ours.loc["same", "ci_low"], reference["same"]["low"], atol=1e-12)
+    reference = reference_test(np.stack([values[("same", s)] - values[("control", s)] for s in (0, 2)]), 0.05)
+    assert tests.loc["same", "se"] == pytest.approx(reference["se"], rel=1e-10)
+    assert tests.loc["same", "p"] == pytest.approx(reference["p"], rel=0.01, abs=1e-6)
     old = write_run(tmp_path / "b", values, per_query=False)
     assert load_per_query(old, load_table(old)) is None
     text = render(old)
@@ -228,8 +262,8 @@ def test_every_format_carries_the_test(run):
     run_dir, _ = run
     expected = compare_to_control(run_dir, load_table(run_dir)).tests.set_index("arm")
     text = render(run_dir)
-    assert "paired bootstrap over seeds and queries (10,000 resamples" in text
-    assert '"significant" = Holm-Bonferroni-adjusted p <= 0.05 across 2 non-control arm(s)' in text
+    assert crossed.METHOD in text and f"model: {crossed.MODEL}" in text
+    assert '"significant" = Holm-adjusted p <= 0.05 across 2 tested arm(s)' in text
     assert "seed-level paired difference from control" in text and "uncorrected" in text
     verdicts = [line.split() for line in text.splitlines() if line.startswith(("better ", "same "))
                 and "significant" in line]
@@ -238,20 +272,52 @@ def test_every_format_carries_the_test(run):
     assert f"{expected.loc['better', 'diff']:+.4f}" in text and f"{expected.loc['better', 'mde']:.4f}" in text
     assert "| arm | seeds | queries | diff | corrected interval |" in render(run_dir, "markdown")
     csv = pd.read_csv(io.StringIO(render(run_dir, "csv")), comment="#").set_index("arm")
-    for column in ("diff", "ci_low", "ci_high", "p_holm", "mde"):
+    for column in ("diff", "ci_low", "ci_high", "p_holm", "mde", "se", "df"):
         np.testing.assert_allclose(csv.loc["better", f"{METRIC}:paired_{column}"], expected.loc["better", column],
                                    rtol=1e-12)
     assert math.isnan(csv.loc["control", f"{METRIC}:paired_diff"])
     assert render(run_dir, "csv").startswith("# seed-level:")
     parsed = json.loads(render(run_dir, "json"))["paired"]
-    assert parsed["correction"] == "holm-bonferroni" and parsed["alpha"] == 0.05 and parsed["resamples"] == RESAMPLES
+    assert parsed["correction"] == "holm-bonferroni" and parsed["alpha"] == 0.05 and parsed["model"] == crossed.MODEL
     assert [(a["arm"], a["significant"]) for a in parsed["arms"]] == [("better", True), ("same", False)]
 
 
-def test_minimum_detectable_effect_formula():
-    """(z_{1-alpha/2} + z_power) x SE, against scipy's normal quantiles."""
-    expected = (stats.norm.ppf(1 - 0.025 / 2) + stats.norm.ppf(0.8)) * 0.01
-    assert minimum_detectable_effect(0.01, 0.025) == pytest.approx(expected, rel=1e-12)
+@pytest.mark.parametrize("seed_df", [1, 2, 4])
+def test_power_is_the_noncentral_t_when_seeds_are_all_and_the_normal_when_they_are_none(seed_df):
+    """With the whole variance in the seed part the statistic is a noncentral t on k degrees of
+    freedom (scipy's nct), with none of it a shifted normal; the MDE is where power reaches 80%."""
+    level = crossed.calibrated_level(seed_df, 0.05)
+    critical = stats.t.ppf(1 - level / 2, seed_df)
+    for effect in (0.5, 2.0, 6.0):
+        if seed_df > 1:  # (scipy's nct gives NaN this far into the tail of one degree of freedom)
+            expected = stats.nct.sf(critical, seed_df, effect) + stats.nct.sf(critical, seed_df, -effect)
+            assert crossed.power(effect, 1.0, 1.0, seed_df, 0.05) == pytest.approx(expected, abs=2e-3)
+        z = stats.norm.ppf(1 - level / 2)
+        assert crossed.power(effect, 1.0, 0.0, seed_df, 0.05) == pytest.approx(
+            stats.norm.sf(z - effect) + stats.norm.cdf(-z - effect), rel=1e-9)
+    estimate = crossed.crossed_estimate([np.random.default_rng(seed_df).normal(0, 0.1, (seed_df + 1, 60))])
+    mde = crossed.minimum_detectable_effect(estimate, 0.05)
+    # at the variance components' expected values (not the one draw of the seed part)
+    sd, share = crossed.projected(estimate, estimate.seeds)
+    seed_part = (estimate.var_seed + estimate.var_noise[0] / 60) / estimate.seeds
+    assert sd ** 2 == pytest.approx(seed_part + estimate.var_query[0] / 60, rel=1e-12)
+    assert crossed.power(mde, sd, share, seed_df, 0.05) == pytest.approx(0.8, abs=1e-6)
+
+
+def test_one_seed_is_no_test_and_says_so(tmp_path):
+    """Arms paired over one seed get no p, no verdict and no place in Holm's family: every
+    format says "one seed: no test"."""
+    values = {key: array for key, array in per_query_values().items() if key[1] == 0}
+    run_dir = write_run(tmp_path, values)
+    tests = compare_to_control(run_dir, load_table(run_dir)).tests.set_index("arm")
+    for arm in ("better", "same"):
+        assert tests.loc[arm, "note"] == ONE_SEED and math.isnan(tests.loc[arm, "p"]) and not tests.loc[arm, "significant"]
+        assert tests.loc[arm, "diff"] == pytest.approx(float((values[(arm, 0)] - values[("control", 0)]).mean()))
+    text = render(run_dir)
+    assert text.count(ONE_SEED) >= 2 and "across 0 tested arm(s)" in text
+    assert "significant" not in text.replace("not a significance test", "").replace('"significant" =', "")
+    assert p_text(1e-7) == "1.0e-07" and p_text(0.01234) == "0.0123" and p_text(math.nan) == "n/a"
+    assert list(cells(compare_to_control(run_dir, load_table(run_dir)).tests)["to detect diff"]) == ["2+ seeds"] * 2
 
 
 def test_the_report_shows_the_test_beside_the_seed_level_table(run):
@@ -260,7 +326,7 @@ def test_the_report_shows_the_test_beside_the_seed_level_table(run):
     run_dir, _ = run
     expected = compare_to_control(run_dir, load_table(run_dir)).tests.set_index("arm")
     tables = html_page._trial_tables(read_run(run_dir))
-    assert "Holm-Bonferroni-adjusted p &lt;= 0.05 across 2 non-control arm(s)" in tables
+    assert "Holm-adjusted p &lt;= 0.05 across 2 tested arm(s)" in tables
     assert "seed-level 95% t, uncorrected" in tables and "data-matched (equal tokens per trial)" in tables
     for arm, verdict in (("better", "significant"), ("same", "not significant")):
         row = re.search(rf"<tr><td>{arm}</td>(.*?)</tr>", tables).group(1)

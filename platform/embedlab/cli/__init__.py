@@ -31,6 +31,7 @@
     embedlab bench eval [--json]        evaluator time vs sentence-transformers' IR evaluator
     embedlab bench mfu [--preset 300m] [--sequence-length 512] [--json]   MFU on a CUDA GPU (bf16)
     embedlab bench mfu-cpu [--presets small 5m] [--threads 1] [--json]   training FLOP/s vs this CPU's matmul peak
+    embedlab stats calibrate [--studies N] [--json]   the paired test's size and power, by simulation
 
 `main(argv)` returns an exit code, so tests call it in-process. An error in what was asked
 (`embedlab.errors.UserError`, and FileNotFoundError or ConnectionError) prints one line,
@@ -39,7 +40,7 @@ traceback, and the `embedlab` command exits 1 as Python does for an uncaught exc
 
 Each group of subcommands lives in a module of its own, which registers its parsers and holds
 its `cmd_*` functions: `sweep` (demo, sweep, plan, tour, table, promote, report), `evaluate`
-(evaluate, evaluator), `export`, `model`, `data` (data, tokenizer), `bench` and `heldout`;
+(evaluate, evaluator), `export`, `model`, `data` (data, tokenizer), `bench`, `heldout` and `stats`;
 `common` holds what several of them share. `build_parser` registers them in the order
 `embedlab --help` lists them.
 """
@@ -49,7 +50,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from embedlab.cli import bench, data, evaluate, export, model, sweep
+from embedlab.cli import bench, data, evaluate, export, model, stats, sweep
 from embedlab.cli.heldout import add_heldout_parser
 from embedlab.errors import UserError
 
@@ -68,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_parsers(sub)
     bench.add_parsers(sub)
     add_heldout_parser(sub)
+    stats.add_parsers(sub)
     return parser
 
 

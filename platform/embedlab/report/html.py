@@ -130,7 +130,7 @@ def _paired(comparison: paired.PairedComparison) -> str:
     header = "".join(f'<p class="meta">{escape(line)}</p>' for line in comparison.header.splitlines())
     if comparison.tests is None:
         return header
-    cells = paired.cells(comparison.tests, comparison.resamples)
+    cells = paired.cells(comparison.tests)
     return header + _html_table(cells, numeric=[])
 
 

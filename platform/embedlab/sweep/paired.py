@@ -1,55 +1,38 @@
-"""The paired per-query test of each arm against the control: a bootstrap over seeds and
-queries of the study metric, Holm-Bonferroni across the arms, and the smallest effect the
-study's seeds and queries could detect.
+"""The paired per-query test of each arm against the control: a t test on the crossed
+seeds x queries model of the study metric, Holm-Bonferroni across the arms, the smallest
+effect the study's seeds and queries could detect, and the seeds a rerun would need.
 
 Data. Every finished final trial (arm a, seed s) scored the same Q dev queries, and its
 driver wrote `per_query/<trial_id>.json` with each query's value of every metric. For arm a
 against the control c (the first arm), over the S seeds both finished and the Q query ids
-they share, the paired differences are D[s, q] = value_a[s, q] - value_c[s, q], shape (S, Q).
-The statistic is theta = mean of D over seeds and queries (the arm's mean minus the control's).
+they share, the paired differences are D[s, q] = value_a[s, q] - value_c[s, q], shape (S, Q),
+and the statistic is their mean (the arm's mean minus the control's).
 
-Bootstrap, exactly reproducible. Arm a gets its own numpy Generator,
-`np.random.default_rng([seed, zlib.crc32(a.encode())])` (seed = BOOTSTRAP_SEED unless given),
-so its numbers do not depend on which other arms the study has. For each of the B resamples
-in turn it draws `rng.integers(0, S, size=S)` (seed rows, with replacement) and then
-`rng.integers(0, Q, size=Q)` (query columns, with replacement); the replicate is
-theta*_b = mean(D[seeds][:, queries]). Resampling rows of D keeps a seed's arm and control
-values together (the pairing by seed), and resampling columns keeps a query's values for both
-arms together (the pairing by query id): seeds and queries are crossed sources of variance,
-and both are resampled.
+Test. `embedlab.sweep.crossed`: D = effect + seed x arm + query + noise, the standard error
+of the mean from the two-way ANOVA's mean squares, Satterthwaite's degrees of freedom, and a
+p-value that is the worst case over the unknown share of the seed x arm term, so its size
+holds at 2 seeds (where it can show only large differences) and up. A panel mean
+(``mean/dev/ndcg@10``, the unweighted mean over T tasks) uses each seed's panel mean for the
+seed term and each task's query mean squares for the query term. One paired seed: no test.
 
-Interval and p-value. With the replicates sorted, theta*_(1) <= ... <= theta*_(B), the
-percentile interval at level 1 - a is [theta*_(c+1), theta*_(B-c)] with c = floor(B a / 2).
-The two-sided p-value is p = min(1, 2 min(#{theta* <= 0}, #{theta* >= 0}) / B), the smallest
-a whose interval excludes 0: "p <= a" and "the level 1 - a interval excludes 0" are one
-statement. p is a multiple of 2/B; p = 0 means below that resolution.
+Correction. Holm-Bonferroni across the m arms tested, family-wise alpha (0.05): with the raw
+p sorted, p_(1) <= ... <= p_(m), the adjusted p_(i) = max over k <= i of min(1, (m - k + 1)
+p_(k)), and an arm is "significant" exactly when its adjusted p <= alpha. Its corrected
+interval is at level 1 - alpha / (m - r + 1), r = min(its rank, k*), k* the first rank Holm
+does not reject (m + 1 when it rejects all): the level the step-down tested the arm at, or
+the one at which it stopped. That interval excludes 0 exactly when the arm is significant.
 
-Correction. Holm-Bonferroni across the m non-control arms tested, family-wise alpha (0.05):
-with the raw p sorted, p_(1) <= ... <= p_(m), the adjusted p_(i) = max over k <= i of
-min(1, (m - k + 1) p_(k)), and an arm is "significant" exactly when its adjusted p <= alpha.
-Its corrected interval is at level 1 - alpha / (m - r + 1), r = min(its rank, k*), k* the first
-rank Holm does not reject (m + 1 when it rejects all): the level the step-down tested the arm
-at, or the one at which it stopped. That interval excludes 0 exactly when the arm is
-significant (p-values are exact fractions of B, so no rounding can split the two).
+Minimum detectable effect and seeds needed. From the arm's variance components, the true
+difference the test detects with 80% power at Holm's strictest per-arm level alpha/m and the
+study's seeds and queries; for an arm that is not significant, the fewest seeds (and, where
+the query term is the larger part of the variance, queries) at which its observed difference
+would be detected with 80% power. A smaller difference that is "not significant" is not
+evidence of no effect.
 
-Minimum detectable effect. SE = the standard deviation (ddof 1) of the replicates, and
-MDE = (z_{1 - alpha/(2m)} + z_{0.80}) x SE: the true paired difference a two-sided normal test
-at Holm's strictest per-arm level alpha/m (Bonferroni) detects with 80% power. A smaller
-observed difference that is "not significant" is not evidence of no effect.
-
-A panel mean. When the study metric is a panel's mean (``mean/dev/ndcg@10``: the unweighted
-mean over T tasks, `embedlab.evaluate.panel`), each task t has its own paired differences
-D_t, shape (S, Q_t), over the seeds the arm and the control finished and the task's queries,
-and theta = (1/T) sum_t mean(D_t). The bootstrap is stratified by task: each replicate draws
-the seed rows once, `rng.integers(0, S, size=S)`, shared by every task (a seed is one trained
-model, scored on every task), then, for each task in panel order, that task's query columns
-`rng.integers(0, Q_t, size=Q_t)`, and is theta*_b = (1/T) sum_t mean(D_t[seeds][:, queries_t])
-(`stratified_paired_bootstrap`). Queries are resampled within their task only, so every task
-keeps its weight 1/T in every replicate, as in the mean itself. With one task it is the
-bootstrap above, draw for draw. Interval, p-value, correction and MDE are as above.
-
-Limitation: with few seeds (2-3) the seed resampling is coarse and the bootstrap understates
-seed-to-seed variance; the seed-level Student's t intervals of the table stay beside it.
+The earlier percentile bootstrap over seeds and queries (`paired_bootstrap`,
+`stratified_paired_bootstrap`) is kept for comparison: `embedlab stats calibrate` shows its
+false-positive rate at few seeds beside the test's (resampling S seed rows gives the seed term
+a variance of (S - 1)/S^2 of the truth, half of it at S = 2).
 """
 
 from __future__ import annotations
@@ -61,23 +44,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
-from statistics import NormalDist
 
 import numpy as np
 import pandas as pd
 
 from embedlab import store
+from embedlab.sweep import crossed
+from embedlab.sweep.rundir import PER_QUERY_DIR
 from embedlab.evaluate.panel_names import MEAN
 from embedlab.sweep.trial_rows import final_trials
 
-PER_QUERY_DIR = "per_query"
 BOOTSTRAP_SEED = 20_240_601
 RESAMPLES = 10_000
 ALPHA = 0.05  # family-wise, across the study's non-control arms
 POWER = 0.80  # of the minimum detectable effect
-TEST = "paired bootstrap over seeds and queries"
+ONE_SEED = "one seed: no test"
 COLUMNS = ("arm", "seeds", "queries", "diff", "ci_low", "ci_high", "ci_level", "p", "p_holm", "significant",
-           "se", "mde")
+           "se", "df", "mde", "seeds_needed", "queries_needed", "note")
 
 
 @dataclass(frozen=True)
@@ -296,22 +279,19 @@ def holm_levels(p_values: Sequence[float], alpha: float) -> tuple[list, list, li
     return holm_adjust(p_values), levels, rejected
 
 
-def minimum_detectable_effect(standard_error: float, alpha: float, power: float = POWER) -> float:
-    """(z_{1 - alpha/2} + z_power) x standard_error: the true difference a two-sided normal test
-    at level `alpha` detects with probability `power`."""
-    z = NormalDist().inv_cdf
-    return (z(1 - alpha / 2) + z(power)) * standard_error
-
-
-def paired_tests(per_query: PerQuery, metric: str, arms: Sequence[str], *, alpha: float = ALPHA,
-                 resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED) -> pd.DataFrame:
+def paired_tests(per_query: PerQuery, metric: str, arms: Sequence[str], *, alpha: float = ALPHA) -> pd.DataFrame:
     """One row per non-control arm (`arms[0]` is the control) on `metric`: `COLUMNS`.
 
-    seeds / queries: the paired seeds and query ids tested; diff: theta; ci_low, ci_high at
-    ci_level: the Holm-corrected percentile interval; p, p_holm: raw and Holm-adjusted
-    two-sided p; significant: p_holm <= alpha; se: bootstrap SE; mde: (z_{1-alpha/(2m)} +
-    z_0.80) x se. An arm with no seed paired with the control is listed with NaN and left out
-    of the family (m counts the arms tested)."""
+    seeds / queries: the paired seeds and query ids tested; diff: Dbar; se, df: its standard
+    error and Satterthwaite degrees of freedom under the crossed model (`embedlab.sweep.crossed`);
+    ci_low, ci_high at ci_level: the Holm-corrected interval; p, p_holm: raw and Holm-adjusted
+    two-sided p (never 0); significant: p_holm <= alpha; mde: the difference the test detects
+    with 80% power at these seeds and queries; seeds_needed: for an arm that is not
+    significant, the seeds (at these queries) that would detect its observed difference with
+    80% power, at Holm's strictest level (NaN beyond `crossed.MAX_SEEDS`); queries_needed: where
+    queries dominate the variance, the queries (at these seeds) that would. An arm with one
+    paired seed is listed with `note` "one seed: no test", one with none "no paired seeds";
+    either is left out of the family (m counts the arms tested)."""
     if len(arms) < 2:
         raise ValueError(f"arms: {list(arms)}; a paired test needs a control and at least one other arm")
     control = arms[0]
@@ -324,34 +304,51 @@ def paired_tests(per_query: PerQuery, metric: str, arms: Sequence[str], *, alpha
         return set.intersection(*({s for a, s in by_trial if a == arm} for by_trial in by_key))
 
     control_seeds = seeds_of(control)
-    rows, replicates = [], {}
+    rows, estimates = [], {}
     for arm in arms[1:]:
         seeds = sorted(seeds_of(arm) & control_seeds)
         row = {column: math.nan for column in COLUMNS} | {"arm": arm, "seeds": len(seeds), "queries": queries,
-                                                          "significant": False}
-        if seeds:
-            ours = [np.stack([by_trial[(arm, s)] for s in seeds]) for by_trial in by_key]
-            theirs = [np.stack([by_trial[(control, s)] for s in seeds]) for by_trial in by_key]
-            rng = arm_generator(arm, seed)
-            if strata is None:
-                replicates[arm] = paired_bootstrap(ours[0], theirs[0], rng=rng, resamples=resamples)
-                diff = float((ours[0] - theirs[0]).mean())
-            else:
-                replicates[arm] = stratified_paired_bootstrap(ours, theirs, rng=rng, resamples=resamples)
-                diff = sum(float((o - t).mean()) for o, t in zip(ours, theirs)) / len(ours)
-            row.update(diff=diff, se=float(replicates[arm].std(ddof=1)))
+                                                          "significant": False, "note": ""}
+        if len(seeds) == 1:
+            row.update(note=ONE_SEED, diff=sum(float((by_trial[(arm, seeds[0])] - by_trial[(control, seeds[0])]).mean())
+                                               for by_trial in by_key) / len(by_key))
+        elif not seeds:
+            row.update(note="no paired seeds")
+        else:
+            differences = [np.stack([by_trial[(arm, s)] - by_trial[(control, s)] for s in seeds])
+                           for by_trial in by_key]
+            estimate = crossed.crossed_estimate(differences)
+            estimates[arm] = estimate
+            row.update(diff=estimate.mean, se=estimate.se, df=estimate.df)
         rows.append(row)
-    tested = [row for row in rows if row["arm"] in replicates]
-    raw = [bootstrap_p(replicates[row["arm"]]) for row in tested]
-    adjusted, levels, rejected = holm_levels(raw, Fraction(alpha))
+    tested = [row for row in rows if row["arm"] in estimates]
+    raw = [crossed.p_value(estimates[row["arm"]]) for row in tested]
+    adjusted, levels, rejected = holm_levels(raw, alpha)
+    strictest = alpha / len(tested) if tested else alpha
     for row, p, p_holm, level, significant in zip(tested, raw, adjusted, levels, rejected):
-        low, high = percentile_interval(replicates[row["arm"]], level)
+        estimate = estimates[row["arm"]]
+        low, high = crossed.interval(estimate, level)
         if significant != (low > 0 or high < 0):  # the module's contract; a failure here is a bug
             raise AssertionError(f"arm {row['arm']}: Holm says {significant} but the interval is [{low}, {high}]")
-        row.update(p=float(p), p_holm=float(p_holm), ci_low=low, ci_high=high, ci_level=float(1 - level),
-                   significant=significant,
-                   mde=minimum_detectable_effect(row["se"], alpha / len(tested)))
+        row.update(p=p, p_holm=p_holm, ci_low=low, ci_high=high, ci_level=1 - level, significant=significant,
+                   mde=crossed.minimum_detectable_effect(estimate, strictest, POWER))
+        if not significant:
+            row.update(_rerun_size(estimate, strictest))
     return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
+def _rerun_size(estimate: crossed.CrossedEstimate, alpha: float) -> dict:
+    """seeds_needed, and queries_needed where the query part is the larger, for the observed difference."""
+    sizes = {}
+    seeds = crossed.seeds_needed(estimate, estimate.mean, alpha, POWER)
+    sizes["seeds_needed"] = math.nan if seeds is None else seeds
+    if estimate.query_part > estimate.seed_part:
+        for factor in (2, 4, 8, 16, 32, 64):
+            sd, share = crossed.projected(estimate, estimate.seeds, factor)
+            if crossed.power(estimate.mean, sd, share, estimate.seeds - 1, alpha) >= POWER:
+                sizes["queries_needed"] = factor * sum(estimate.queries)
+                break
+    return sizes
 
 
 @dataclass(frozen=True)
@@ -361,40 +358,37 @@ class PairedComparison:
     metric: str
     control: str | None
     alpha: float = ALPHA
-    resamples: int = RESAMPLES
-    seed: int = BOOTSTRAP_SEED
     tests: pd.DataFrame | None = field(default=None, repr=False)
     unavailable: str = ""
     missing: tuple[str, ...] = ()
-    strata: tuple[str, ...] = ()  # a panel mean's tasks: the bootstrap is stratified by them
+    strata: tuple[str, ...] = ()  # a panel mean's tasks: their seed means are averaged before the seed term
 
     @property
     def test(self) -> str:
-        """The test's name: `TEST`, and for a panel mean the tasks its queries are resampled within."""
+        """The test's name: `crossed.METHOD`, and for a panel mean the tasks it averages."""
         if not self.strata:
-            return TEST
-        return f"{TEST}, stratified by task (queries resampled within each of {', '.join(self.strata)})"
+            return crossed.METHOD
+        return f"{crossed.METHOD}; panel mean of {', '.join(self.strata)}, seeds shared across its tasks"
 
     @property
     def header(self) -> str:
-        """What "significant" means, in two lines (or the one line saying why there is no test)."""
+        """What "significant" means, in three lines (or the one line saying why there is no test)."""
         if self.tests is None:
             return f"paired per-query test: unavailable: {self.unavailable}"
-        m = int((self.tests["seeds"] > 0).sum())
+        m = int(self.tests["p"].notna().sum())
         missing = f"; {len(self.missing)} final trial(s) without per-query values left out" if self.missing else ""
-        return (f"paired per-query test of {self.metric} vs control {self.control}: {self.test} ({self.resamples:,} "
-                f"resamples, numpy seed {self.seed}), percentile intervals{missing}\n"
-                f'"significant" = Holm-Bonferroni-adjusted p <= {self.alpha:g} across {m} non-control arm(s) '
-                f"(family-wise alpha {self.alpha:g}), i.e. the corrected interval excludes 0; "
-                f"MDE = (z_(1-alpha/2m) + z_{POWER:g}) x bootstrap SE")
+        return (f"paired per-query test of {self.metric} vs control {self.control}: {self.test}{missing}\n"
+                f"model: {crossed.MODEL}; size shown by simulation (`embedlab stats calibrate`)\n"
+                f'"significant" = Holm-adjusted p <= {self.alpha:g} across {m} tested arm(s) (family-wise alpha '
+                f"{self.alpha:g} under the model), i.e. the corrected interval excludes 0; one seed: no test; "
+                f"MDE and seeds needed: {POWER:.0%} power at Holm's strictest level")
 
 
-def compare_to_control(run_dir: str | Path, table: pd.DataFrame, *, alpha: float = ALPHA,
-                       resamples: int = RESAMPLES, seed: int = BOOTSTRAP_SEED) -> PairedComparison:
+def compare_to_control(run_dir: str | Path, table: pd.DataFrame, *, alpha: float = ALPHA) -> PairedComparison:
     """The paired per-query test of the study metric (`table.attrs`, set by load_table) for
     every non-control arm, read from the run's per_query/ files."""
     metric, arms = table.attrs.get("metric"), list(table.attrs.get("arm_order") or [])
-    base = dict(metric=metric, control=arms[0] if arms else None, alpha=alpha, resamples=resamples, seed=seed)
+    base = dict(metric=metric, control=arms[0] if arms else None, alpha=alpha)
     per_query = load_per_query(run_dir, table)
     if per_query is None:
         return PairedComparison(**base, unavailable=f"the run has no {PER_QUERY_DIR}/ directory (written before "
@@ -405,20 +399,36 @@ def compare_to_control(run_dir: str | Path, table: pd.DataFrame, *, alpha: float
     if not all(per_query.values.get(key) for key in strata or [metric]):
         return PairedComparison(**base, missing=per_query.missing,
                                 unavailable=f"no per-query {metric} values for the finished final trials")
-    tests = paired_tests(per_query, metric, arms, alpha=alpha, resamples=resamples, seed=seed)
+    tests = paired_tests(per_query, metric, arms, alpha=alpha)
     return PairedComparison(**base, tests=tests, missing=per_query.missing,
                             strata=per_query.tasks if strata else ())
 
 
-def cells(tests: pd.DataFrame, resamples: int = RESAMPLES) -> pd.DataFrame:
-    """The tests as display strings: difference, corrected interval with its level, p, Holm p,
-    significant / not significant, MDE (4 decimals; p = 0 shows as below the 2/B resolution)."""
-    def p_text(p: float) -> str:
-        return "n/a" if math.isnan(p) else f"<{2 / resamples:.2g}" if p == 0 else f"{p:.4f}"
+def p_text(p: float) -> str:
+    """A p-value as printed: 4 decimals, or 2 significant digits below 0.0001 (never "0")."""
+    if math.isnan(p):
+        return "n/a"
+    return f"{p:.4f}" if p >= 1e-4 else f"{p:.1e}"
 
+
+def cells(tests: pd.DataFrame) -> pd.DataFrame:
+    """The tests as display strings: difference, corrected interval with its level, p, Holm p,
+    the verdict, MDE and the seeds (or queries) a rerun would need (4 decimals)."""
     def interval(low: float, high: float, level: float) -> str:
         return "n/a" if math.isnan(low) else f"[{low:+.4f}, {high:+.4f}] at {level * 100:.4g}%"
 
+    def verdict(row: dict) -> str:
+        return row["note"] or ("significant" if row["significant"] else "not significant")
+
+    def needed(row: dict) -> str:
+        if row["note"] == ONE_SEED:
+            return "2+ seeds"
+        if row["significant"] or math.isnan(row["diff"]):
+            return ""
+        seeds = "over %d seeds" % crossed.MAX_SEEDS if math.isnan(row["seeds_needed"]) else f"{row['seeds_needed']:.0f} seeds"
+        return seeds + ("" if math.isnan(row["queries_needed"]) else f" or {row['queries_needed']:.0f} queries")
+
+    records = tests.to_dict("records")
     return pd.DataFrame({
         "arm": tests["arm"].to_list(),
         "seeds": tests["seeds"].astype(str).to_list(),
@@ -427,7 +437,7 @@ def cells(tests: pd.DataFrame, resamples: int = RESAMPLES) -> pd.DataFrame:
         "corrected interval": [interval(*values) for values in zip(tests["ci_low"], tests["ci_high"], tests["ci_level"])],
         "p": [p_text(p) for p in tests["p"]],
         "Holm p": [p_text(p) for p in tests["p_holm"]],
-        "result": ["no paired seeds" if seeds == 0 else "significant" if significant else "not significant"
-                   for seeds, significant in zip(tests["seeds"], tests["significant"])],
+        "result": [verdict(r) for r in records],
         f"MDE ({POWER:.0%} power)": ["n/a" if math.isnan(m) else f"{m:.4f}" for m in tests["mde"]],
+        "to detect diff": [needed(r) for r in records],
     })

@@ -19,9 +19,12 @@ import time
 from typing import Any
 
 from embedlab import store
-from embedlab.sweep.paired import PER_QUERY_DIR
 from embedlab.sweep.scores import TrialScores
-from embedlab.sweep.table import TRIALS_DIR
+
+# Defined here, the run directory's layout, not in the modules that read them (table, paired):
+# a trial's driver writes rows without importing pandas or scipy.
+TRIALS_DIR = "trials"
+PER_QUERY_DIR = "per_query"
 
 # Of an error's text kept in a failed trial's row. Fixed, not a setting: the row keeps the
 # end, where the exception's own line is, and stays a small record.

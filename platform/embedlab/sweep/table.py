@@ -8,7 +8,7 @@ trials are listed but never averaged. Each arm gets a mean and a Student's t con
 interval across seeds, and a difference from the control arm (the first in arm order) paired
 by seed, so seed-to-seed variance shared by both arms cancels. These seed-level intervals are
 uncorrected for the number of arms and descriptive: the only test a table calls
-"significant" is the paired per-query bootstrap with Holm's correction (`embedlab.sweep.paired`),
+"significant" is the paired per-query test (crossed seeds x queries model) with Holm's correction (`embedlab.sweep.paired`),
 shown beside them when the trials wrote per-query values. No comparison is computed unless
 every trial consumed the same compute in the study's budget unit, within 1% of each other
 and of the study's declared budget; one line says what the arms are matched in
@@ -35,10 +35,10 @@ from scipy import stats
 from embedlab import store
 from embedlab.config import Budget, nest_flat_budget
 from embedlab.errors import UsageError, UserError
-from embedlab.sweep import paired
+from embedlab.sweep import crossed, paired
+from embedlab.sweep.rundir import TRIALS_DIR
 from embedlab.sweep.trial_rows import final_trials
 
-TRIALS_DIR = "trials"
 STUDY_FILE = "study.json"
 SUMMARY_COLUMNS = (
     "arm", "seed", "factor_value", "budget/tokens", "train/loss",
@@ -457,7 +457,7 @@ def render(run_dir: str | Path, fmt: str = "text", metrics: Sequence[str] | None
         if comparison.tests is None:
             blocks.append(comparison.header)
         else:
-            blocks.append(f"{comparison.header}\n{table_of(paired.cells(comparison.tests, comparison.resamples))}")
+            blocks.append(f"{comparison.header}\n{table_of(paired.cells(comparison.tests))}")
         excluded = _excluded(table, final)
         if excluded:
             blocks.append(f"excluded from statistics: {excluded}")
@@ -492,8 +492,8 @@ def _paired_json(comparison) -> dict:
     """The paired test as JSON: how it was run, what "significant" means, each arm's result."""
     return {
         "metric": comparison.metric, "control": comparison.control, "test": comparison.test,
-        "interval": "percentile, at the Holm step-down level of each arm", "correction": "holm-bonferroni",
-        "alpha": comparison.alpha, "resamples": comparison.resamples, "seed": comparison.seed,
+        "model": crossed.MODEL, "interval": "t, at the calibrated level of each arm's Holm step-down level",
+        "correction": "holm-bonferroni", "alpha": comparison.alpha,
         "power": paired.POWER, "significant_means": comparison.header.splitlines()[-1],
         "unavailable": comparison.unavailable or None, "missing": list(comparison.missing),
         "arms": [] if comparison.tests is None else _records(comparison.tests),

@@ -1,0 +1,79 @@
+"""`embedlab stats calibrate`: the paired test's false-positive rate and power, by simulation
+(`embedlab.sweep.calibration`).
+
+`embedlab.cli.build_parser` registers it with `add_parsers`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from embedlab.errors import UserError
+
+
+def _percent(rate) -> str:
+    return f"{rate.rate:.1%} ± {rate.mc_se:.1%}"
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from embedlab.sweep import calibration, crossed, paired  # here: numpy and scipy, which --help does not need
+
+    defaults = dict(studies=calibration.STUDIES, bootstrap_studies=calibration.BOOTSTRAP_STUDIES,
+                    seed=calibration.SIMULATION_SEED, alpha=paired.ALPHA)
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if not 0 < args.alpha < 1:
+        raise UserError(f"--alpha {args.alpha}: a level between 0 and 1")
+    if args.studies < 100 or args.bootstrap_studies < 0:
+        raise UserError(f"--studies {args.studies} / --bootstrap-studies {args.bootstrap_studies}: simulate at "
+                        "least 100 studies per setting (and 0 or more for the bootstrap)")
+    settings = calibration.grid()
+    print(f"stats: simulating {args.studies:,} null studies in each of {len(settings)} settings "
+          f"(numpy seed {args.seed}), alpha {args.alpha:g}", flush=True)
+    sizes = calibration.size_table(settings, args.studies, args.seed, args.alpha)
+    print(f"stats: the test beside the earlier bootstrap ({args.bootstrap_studies} studies each, 1,000 resamples)",
+          flush=True)
+    compared = calibration.comparison_rows(args.studies, args.bootstrap_studies, args.seed, args.alpha) if (
+        args.bootstrap_studies) else []
+    levels = {s: crossed.calibrated_level(s - 1, args.alpha) for s in calibration.GRID_SEEDS}
+    if args.json:
+        print(json.dumps({"alpha": args.alpha, "seed": args.seed, "model": crossed.MODEL, "test": crossed.METHOD,
+                          "calibrated_levels": {str(s): level for s, level in levels.items()},
+                          "size": [r.as_dict() for r in sizes], "comparison": [r.as_dict() for r in compared]},
+                         indent=2))
+        return 0
+    print(f"\nmodel: {crossed.MODEL}\ntest: {crossed.METHOD}")
+    print("Satterthwaite-p level whose worst-case size is alpha: "
+          + ", ".join(f"{s} seeds {level:.4g}" for s, level in levels.items()))
+    print(f"\nfalse-positive rate at alpha {args.alpha:g} (± one Monte Carlo standard error), "
+          f"{args.studies:,} null studies per cell")
+    print("| seeds | seed×arm SD | queries | query / noise SD | false-positive rate |\n|---|---|---|---|---|")
+    for r in sizes:
+        s = r.setting
+        print(f"| {s.seeds} | {s.sd_seed:g} | {s.queries} | {s.sd_query:g} / {s.sd_noise:g} | {_percent(r)} |")
+    if compared:
+        print("\nthe test beside the earlier bootstrap (effect 0: false-positive rate; otherwise power)")
+        print("| seeds | seed×arm SD | queries | query / noise SD | true effect | test | rate |\n"
+              "|---|---|---|---|---|---|---|")
+        for r in compared:
+            s = r.setting
+            print(f"| {s.seeds} | {s.sd_seed:g} | {s.queries} | {s.sd_query:g} / {s.sd_noise:g} | {s.effect:g} | "
+                  f"{r.test} | {_percent(r)} |")
+    return 0
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    """Register `embedlab stats` on the main parser's subcommands."""
+    stats = sub.add_parser("stats", help="the statistics behind 'significant'")
+    commands = stats.add_subparsers(dest="stats_command", required=True)
+    calibrate = commands.add_parser("calibrate", help="the paired test's size and power, by simulation")
+    # Defaults (None here) are embedlab.sweep.calibration's, read when the command runs.
+    calibrate.add_argument("--studies", type=int, help="simulated studies per setting [4000]")
+    calibrate.add_argument("--bootstrap-studies", type=int,
+                           help="studies per setting for the earlier bootstrap (slow: 1,000 resamples each); 0: skip [400]")
+    calibrate.add_argument("--seed", type=int, help="numpy seed [20261203]")
+    calibrate.add_argument("--alpha", type=float, help="family-wise level [0.05]")
+    calibrate.add_argument("--json", action="store_true")
+    calibrate.set_defaults(func=cmd_calibrate)
