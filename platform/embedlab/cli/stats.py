@@ -41,10 +41,14 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"alpha": args.alpha, "seed": args.seed, "model": crossed.MODEL, "test": crossed.METHOD,
                           "calibrated_levels": {str(s): level for s, level in levels.items()},
+                          "satterthwaite_worst_case_size": {str(s): crossed.worst_case_size(args.alpha, s - 1)
+                                                            for s in levels},
                           "size": [r.as_dict() for r in sizes], "comparison": [r.as_dict() for r in compared]},
                          indent=2))
         return 0
     print(f"\nmodel: {crossed.MODEL}\ntest: {crossed.METHOD}")
+    print("Satterthwaite's p read plainly, worst-case size at alpha: "
+          + ", ".join(f"{s} seeds {crossed.worst_case_size(args.alpha, s - 1):.1%}" for s in levels))
     print("Satterthwaite-p level whose worst-case size is alpha: "
           + ", ".join(f"{s} seeds {level:.4g}" for s, level in levels.items()))
     print(f"\nfalse-positive rate at alpha {args.alpha:g} (± one Monte Carlo standard error), "
