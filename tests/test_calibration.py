@@ -56,11 +56,8 @@ def test_seeds_needed_reach_the_target_power_in_a_simulated_rerun():
     three Monte Carlo standard errors), and one seed fewer does not."""
     truth = Setting(seeds=2, queries=200, sd_seed=0.01, sd_query=0.05, sd_noise=0.10, effect=0.02)
     rng = np.random.default_rng(13)
-    # the study's own estimate, and the rerun sized by it at the true components
-    exact = crossed.CrossedEstimate(mean=truth.effect, seed_part=0.0, query_part=0.0, seeds=2, queries=(200,),
-                                    var_seed=truth.sd_seed ** 2, var_query=(truth.sd_query ** 2,),
-                                    var_noise=(truth.sd_noise ** 2,))
-    seeds = crossed.seeds_needed(exact, truth.effect, ALPHA)
+    # the rerun sized at the true components
+    seeds = crossed.seeds_needed(truth.components(), truth.effect, ALPHA)
     assert seeds is not None and 3 <= seeds <= 20
     studies = 3_000
     se = 3 * math.sqrt(0.8 * 0.2 / studies)

@@ -52,17 +52,21 @@ class Setting:
         return (self.effect + rng.normal(0, self.sd_seed, (studies, self.seeds, 1))
                 + rng.normal(0, self.sd_query, (studies, 1, self.queries)) + rng.normal(0, self.sd_noise, shape))
 
+    def components(self) -> crossed.CrossedEstimate:
+        """The setting's true variance components, as an estimate the test's power functions read."""
+        return crossed.CrossedEstimate(mean=self.effect, seed_part=0.0, query_part=0.0, seeds=self.seeds,
+                                       queries=(self.queries,), var_seed=self.sd_seed ** 2,
+                                       var_query=(self.sd_query ** 2,), var_noise=(self.sd_noise ** 2,))
+
     @property
     def sd(self) -> float:
         """The true standard deviation of a study's mean difference."""
-        return math.sqrt(self.sd_seed ** 2 / self.seeds + self.sd_query ** 2 / self.queries
-                         + self.sd_noise ** 2 / (self.seeds * self.queries))
+        return crossed.projected(self.components(), self.seeds)[0]
 
     @property
     def seed_share(self) -> float:
         """The true share of Var(Dbar) in the test's seed part (X_seed's expectation over Var(Dbar))."""
-        seed_part = (self.sd_seed ** 2 + self.sd_noise ** 2 / self.queries) / self.seeds
-        return seed_part / self.sd ** 2
+        return crossed.projected(self.components(), self.seeds)[1]
 
 
 def grid() -> list[Setting]:

@@ -83,21 +83,40 @@ class MeanSquares:
     error: float  # MS_error, (S - 1)(Q - 1)
 
 
-def mean_squares(differences: np.ndarray) -> MeanSquares:
-    """MS_seed, MS_query and MS_error of an (S, Q) array of paired differences (S, Q >= 2)."""
+def _checked(differences) -> np.ndarray:
     d = np.asarray(differences, dtype=float)
     if d.ndim != 2 or d.shape[0] < 2 or d.shape[1] < 2:
         raise ValueError(f"differences of shape {d.shape}: need (seeds, queries) with at least 2 of each")
-    seeds, queries = d.shape
-    grand = d.mean()
-    by_seed, by_query = d.mean(axis=1), d.mean(axis=0)
-    residual = d - by_seed[:, None] - by_query[None, :] + grand
-    return MeanSquares(
-        seeds=seeds, queries=queries, mean=float(grand),
-        seed=float(queries * ((by_seed - grand) ** 2).sum() / (seeds - 1)),
-        query=float(seeds * ((by_query - grand) ** 2).sum() / (queries - 1)),
-        error=float((residual ** 2).sum() / ((seeds - 1) * (queries - 1))),
-    )
+    return d
+
+
+def _anova(d: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(seed means, MS_seed, MS_query, MS_error) of (..., S, Q) differences, over the leading axes."""
+    seeds, queries = d.shape[-2:]
+    grand = d.mean(axis=(-2, -1))
+    by_seed, by_query = d.mean(axis=-1), d.mean(axis=-2)
+    residual = d - by_seed[..., :, None] - by_query[..., None, :] + grand[..., None, None]
+    return (by_seed, queries * ((by_seed - grand[..., None]) ** 2).sum(axis=-1) / (seeds - 1),
+            seeds * ((by_query - grand[..., None]) ** 2).sum(axis=-1) / (queries - 1),
+            (residual ** 2).sum(axis=(-2, -1)) / ((seeds - 1) * (queries - 1)))
+
+
+def _parts(anovas: Sequence[tuple], queries: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(Dbar, X_seed, X_query) from each task's `_anova` and query count."""
+    count = len(anovas)
+    panel_by_seed = sum(by_seed for by_seed, *_ in anovas) / count  # P_s, (..., S)
+    seeds = panel_by_seed.shape[-1]
+    query_part = sum(np.maximum(0.0, ms_query - ms_error) / (seeds * q)
+                     for (_, _, ms_query, ms_error), q in zip(anovas, queries))
+    return panel_by_seed.mean(axis=-1), panel_by_seed.var(axis=-1, ddof=1) / seeds, query_part / count ** 2
+
+
+def mean_squares(differences: np.ndarray) -> MeanSquares:
+    """MS_seed, MS_query and MS_error of an (S, Q) array of paired differences (S, Q >= 2)."""
+    d = _checked(differences)
+    by_seed, seed, query, error = _anova(d)
+    return MeanSquares(seeds=d.shape[0], queries=d.shape[1], mean=float(by_seed.mean()), seed=float(seed),
+                       query=float(query), error=float(error))
 
 
 @dataclass(frozen=True)
@@ -125,7 +144,7 @@ class CrossedEstimate:
     @property
     def seed_share(self) -> float:
         """r = X_seed / V (1 when V is 0)."""
-        return self.seed_part / self.variance if self.variance > 0 else 1.0
+        return float(seed_share(self.seed_part, self.query_part))
 
     @property
     def df(self) -> float:
@@ -137,40 +156,35 @@ def variance_parts(tasks: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray,
     """(Dbar, X_seed, X_query) of a task's or a panel's differences, one (..., S, Q_t) array per
     task (leading axes: independent studies, as the calibration simulates them), in one pass."""
     arrays = [np.asarray(t, dtype=float) for t in tasks]
-    count = len(arrays)
-    seeds = arrays[0].shape[-2]
-    panel_by_seed = sum(a.mean(axis=-1) for a in arrays) / count  # P_s, (..., S)
-    seed_part = panel_by_seed.var(axis=-1, ddof=1) / seeds
-    query_part = 0.0
-    for a in arrays:
-        queries = a.shape[-1]
-        grand = a.mean(axis=(-2, -1))
-        by_seed, by_query = a.mean(axis=-1), a.mean(axis=-2)
-        ms_query = seeds * ((by_query - grand[..., None]) ** 2).sum(axis=-1) / (queries - 1)
-        residual = a - by_seed[..., :, None] - by_query[..., None, :] + grand[..., None, None]
-        ms_error = (residual ** 2).sum(axis=(-2, -1)) / ((seeds - 1) * (queries - 1))
-        query_part = query_part + np.maximum(0.0, ms_query - ms_error) / (seeds * queries)
-    return panel_by_seed.mean(axis=-1), seed_part, query_part / count ** 2
+    return _parts([_anova(a) for a in arrays], [a.shape[-1] for a in arrays])
 
 
 def crossed_estimate(tasks: Sequence[np.ndarray]) -> CrossedEstimate:
     """The crossed model's estimate for a task's (S, Q) differences, or a panel's: one (S, Q_t)
     array per task, rows the same S >= 2 seeds in every task (see the module docstring)."""
-    arrays = [np.asarray(t, dtype=float) for t in tasks]
+    arrays = [_checked(t) for t in tasks]
     if not arrays:
         raise ValueError("a crossed estimate needs at least one task")
-    squares = [mean_squares(a) for a in arrays]
-    seeds = squares[0].seeds
-    if any(m.seeds != seeds for m in squares):
-        raise ValueError(f"tasks hold {[m.seeds for m in squares]} seeds; every task needs the same seeds")
+    seeds = arrays[0].shape[0]
+    if any(a.shape[0] != seeds for a in arrays):
+        raise ValueError(f"tasks hold {[a.shape[0] for a in arrays]} seeds; every task needs the same seeds")
+    queries = tuple(a.shape[1] for a in arrays)
+    anovas = [_anova(a) for a in arrays]
+    mean, seed_part, query_part = (float(x) for x in _parts(anovas, queries))
+    var_noise = tuple(float(ms_error) for *_, ms_error in anovas)
     count = len(arrays)
-    mean, seed_part, query_part = (float(x) for x in variance_parts(arrays))
-    var_noise = tuple(m.error for m in squares)
-    var_seed = max(0.0, seed_part * seeds - sum(e / m.queries for e, m in zip(var_noise, squares)) / count ** 2)
-    return CrossedEstimate(mean=mean, seed_part=seed_part, query_part=query_part, seeds=seeds,
-                           queries=tuple(m.queries for m in squares), var_seed=var_seed,
-                           var_query=tuple(max(0.0, (m.query - m.error) / seeds) for m in squares),
-                           var_noise=var_noise)
+    var_seed = max(0.0, seed_part * seeds - sum(e / q for e, q in zip(var_noise, queries)) / count ** 2)
+    return CrossedEstimate(mean=mean, seed_part=seed_part, query_part=query_part, seeds=seeds, queries=queries,
+                           var_seed=var_seed, var_noise=var_noise,
+                           var_query=tuple(max(0.0, float(ms_query - ms_error) / seeds)
+                                           for _, _, ms_query, ms_error in anovas))
+
+
+def seed_share(seed_part, query_part):
+    """r = X_seed / (X_seed + X_query), elementwise; 1 where both are 0."""
+    seed_part, query_part = np.broadcast_arrays(np.asarray(seed_part, dtype=float), np.asarray(query_part, dtype=float))
+    variance = seed_part + query_part
+    return np.divide(seed_part, variance, out=np.ones_like(variance), where=variance > 0)
 
 
 def satterthwaite_df(share: float | np.ndarray, seed_df: int) -> float | np.ndarray:
@@ -234,10 +248,9 @@ def satterthwaite_p(mean, seed_part, query_part, seed_df: int):
     1 when V is 0 and so is Dbar, 0 when only V is."""
     mean, seed_part, query_part = np.broadcast_arrays(*(np.asarray(x, dtype=float) for x in (mean, seed_part, query_part)))
     variance = seed_part + query_part
-    share = np.divide(seed_part, variance, out=np.ones_like(variance), where=variance > 0)
     with np.errstate(divide="ignore", invalid="ignore"):
         t = np.abs(mean) / np.sqrt(variance)
-    p = 2 * stats.t.sf(t, satterthwaite_df(share, seed_df))
+    p = 2 * stats.t.sf(t, satterthwaite_df(seed_share(seed_part, query_part), seed_df))
     return np.where(variance > 0, p, np.where(mean == 0, 1.0, 0.0))
 
 
@@ -273,8 +286,7 @@ def projected(estimate: CrossedEstimate, seeds: int, query_factor: float = 1.0) 
     queries = [q * query_factor for q in estimate.queries]
     seed_part = (estimate.var_seed + sum(e / q for e, q in zip(estimate.var_noise, queries)) / count ** 2) / seeds
     query_part = sum(v / q for v, q in zip(estimate.var_query, queries)) / count ** 2
-    variance = seed_part + query_part
-    return math.sqrt(variance), (seed_part / variance if variance > 0 else 1.0)
+    return math.sqrt(seed_part + query_part), float(seed_share(seed_part, query_part))
 
 
 def minimum_detectable_effect(estimate: CrossedEstimate, alpha: float, target: float = 0.80) -> float:
@@ -296,21 +308,33 @@ def minimum_detectable_effect(estimate: CrossedEstimate, alpha: float, target: f
 MAX_SEEDS = 64
 
 
+def _detects(estimate: CrossedEstimate, effect: float, alpha: float, target: float, seeds: int,
+             query_factor: float) -> bool:
+    """The test's power at `seeds` seeds and `query_factor` times the queries reaches `target`."""
+    sd, share = projected(estimate, seeds, query_factor)
+    return power(effect, sd, share, seeds - 1, alpha) >= target
+
+
 def seeds_needed(estimate: CrossedEstimate, effect: float, alpha: float, target: float = 0.80,
                  query_factor: float = 1.0) -> int | None:
     """The fewest seeds (at `query_factor` times the queries) at which the test detects a true
     difference `effect` with probability `target`; None when even `MAX_SEEDS` do not."""
-    if effect == 0:
-        return None
-
-    def enough(seeds: int) -> bool:
-        sd, share = projected(estimate, seeds, query_factor)
-        return power(effect, sd, share, seeds - 1, alpha) >= target
-
-    if not enough(MAX_SEEDS):
+    if effect == 0 or not _detects(estimate, effect, alpha, target, MAX_SEEDS, query_factor):
         return None
     low, high = 1, MAX_SEEDS  # power grows with seeds: the smallest that is enough, by bisection
     while high - low > 1:
         middle = (low + high) // 2
-        low, high = (low, middle) if enough(middle) else (middle, high)
+        low, high = (low, middle) if _detects(estimate, effect, alpha, target, middle, query_factor) else (middle, high)
     return high
+
+
+QUERY_FACTORS = (2, 4, 8, 16, 32, 64)
+
+
+def queries_needed(estimate: CrossedEstimate, effect: float, alpha: float, target: float = 0.80) -> int | None:
+    """The fewest queries, in all tasks, at the estimate's own seeds (`QUERY_FACTORS` times
+    today's) at which the test detects `effect` with probability `target`; None when none do."""
+    for factor in QUERY_FACTORS if effect else ():
+        if _detects(estimate, effect, alpha, target, estimate.seeds, factor):
+            return factor * sum(estimate.queries)
+    return None

@@ -339,15 +339,12 @@ def paired_tests(per_query: PerQuery, metric: str, arms: Sequence[str], *, alpha
 
 def _rerun_size(estimate: crossed.CrossedEstimate, alpha: float) -> dict:
     """seeds_needed, and queries_needed where the query part is the larger, for the observed difference."""
-    sizes = {}
     seeds = crossed.seeds_needed(estimate, estimate.mean, alpha, POWER)
-    sizes["seeds_needed"] = math.nan if seeds is None else seeds
+    sizes = {"seeds_needed": math.nan if seeds is None else seeds}
     if estimate.query_part > estimate.seed_part:
-        for factor in (2, 4, 8, 16, 32, 64):
-            sd, share = crossed.projected(estimate, estimate.seeds, factor)
-            if crossed.power(estimate.mean, sd, share, estimate.seeds - 1, alpha) >= POWER:
-                sizes["queries_needed"] = factor * sum(estimate.queries)
-                break
+        queries = crossed.queries_needed(estimate, estimate.mean, alpha, POWER)
+        if queries is not None:
+            sizes["queries_needed"] = queries
     return sizes
 
 
