@@ -25,6 +25,17 @@ TEST_DATA = DataConfig(
 )
 
 
+def run_dirs(storage: str, study: str) -> list[str]:
+    """The run directories of `study` under `storage` (a path or URI), oldest first: their names
+    are `<study>-<start time>[-n]`."""
+    import re
+
+    from embedlab import store
+
+    names = {p.split("/")[0] for p in store.list_tree(storage)}
+    return sorted(store.join(storage, n) for n in names if re.fullmatch(rf"{study}-\d{{8}}-\d{{6}}(-\d+)?", n))
+
+
 def tiny_budget(**fields) -> Budget:
     """The tiny trial's budget, a few thousand tokens (and the default pairs), with `fields` replaced."""
     return dataclasses.replace(DEFAULT_BUDGET, **{"tokens": 6_000, **fields})

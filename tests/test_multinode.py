@@ -26,7 +26,7 @@ import yaml
 from embedlab import load_table
 from embedlab.sweep.table import check_equal_compute
 
-from conftest import tiny_trial
+from conftest import run_dirs, tiny_trial
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKERS = ROOT / "workers"
@@ -156,14 +156,6 @@ def rehearsal(cache_dir: Path) -> Rehearsal:
         REHEARSAL_WORKER_CPUS=str(WORKER_CPUS),
     )
     return Rehearsal(directory, f"127.0.0.1:{port}", f"http://127.0.0.1:{dashboard}", env)
-
-
-def _run_dirs(storage: str) -> list[str]:
-    """The study's run directories under `storage`, oldest first (their names end in the start time)."""
-    from embedlab import store
-
-    return sorted(store.join(storage, n) for n in {p.split("/")[0] for p in store.list_tree(storage)}
-                  if n.startswith("fleet-"))
 
 
 def _check_table(run_dir: str, cache_dir: Path):
@@ -298,14 +290,14 @@ def test_a_fleet_without_a_shared_disk_grows_and_takes_sweeps_by_address_and_by_
     try:
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
         assert len(sessions) == 3 and not survivors, survivors
-        run_dirs = _run_dirs(storage)
-        assert len(run_dirs) == 2, run_dirs
-        by_address, by_job = (_check_table(run_dir, driver_cache) for run_dir in run_dirs)
+        found = run_dirs(storage, "fleet")
+        assert len(found) == 2, found
+        by_address, by_job = (_check_table(run_dir, driver_cache) for run_dir in found)
         assert set(by_address["data_revision"]) == set(by_job["data_revision"])
         for column in ("train/loss", "dev/ndcg@10"):  # one study, one seed: the same numbers either way
             assert list(by_address.sort_values("arm")[column]) == pytest.approx(list(by_job.sort_values("arm")[column]))
         assert _trained_on(cluster) == ["worker-2"]  # the node that joined mid-sweep, for both sweeps
-        record = json.loads(store.read_text(store.join(run_dirs[0], "prepared.json")))["mask-15"]
+        record = json.loads(store.read_text(store.join(found[0], "prepared.json")))["mask-15"]
         published = json.loads(store.read_text(store.join(record["published"], f"files-{record['tree_hash']}.json")))
         name = Path(record["directory"]).name
         copies = [cluster.directory / f"{node}-cache" / name for node in ("head", "worker-1", "worker-2")]

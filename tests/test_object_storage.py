@@ -15,7 +15,7 @@ from embedlab.train.checkpoint import (
     CACHE_DIR, ENCODER_FILE, MANIFEST_FILE, CheckpointError, load_encoder, local_checkpoint, verify_checkpoint,
 )
 
-from conftest import S3_KEY_ID, S3_SECRET
+from conftest import S3_KEY_ID, S3_SECRET, run_dirs
 
 
 @pytest.mark.parametrize("location", [
@@ -90,13 +90,6 @@ def test_a_missing_remote_checkpoint_is_a_clear_error(s3_server, tmp_path, monke
     bucket = s3_server.bucket("empty-ckpt")
     with pytest.raises(CheckpointError, match="no manifest.json; not an embedlab checkpoint"):
         verify_checkpoint(store.join(bucket, "nothing-here"))
-
-
-def _run_dirs(storage: str, study: str) -> list[str]:
-    import re
-
-    names = {p.split("/")[0] for p in store.list_tree(storage)}
-    return sorted(store.join(storage, n) for n in names if re.fullmatch(rf"{study}-\d{{8}}-\d{{6}}(-\d+)?", n))
 
 
 def _secrets_absent(text: str, where: str) -> None:
@@ -182,7 +175,7 @@ def test_a_tuned_panel_study_on_s3_from_sweep_to_release(ray_session, prepared, 
     assert "trials: 6 (2 arms x (2 tuning + 1 seeds))" in plan and "tuning seeds: 10000, 10001 (never a study seed" in plan
     assert main(["sweep", study_file, "--storage", storage]) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
-    (run_dir,) = _run_dirs(storage, "tiny-s3")
+    (run_dir,) = run_dirs(storage, "tiny-s3")
     table = load_table(run_dir)
     assert sorted(table["stage"]) == ["final", "final", "tune", "tune", "tune", "tune"]
     assert all(c.startswith(f"{run_dir}/train/") for c in table["checkpoint"].dropna())
@@ -269,7 +262,7 @@ def test_a_tuned_panel_study_on_s3_from_sweep_to_release(ray_session, prepared, 
     assert set(final_eval["tasks"]) == {"python-docstrings", "packages", "more-packages"}
     assert final_eval["value"] == math.fsum(t["value"] for t in final_eval["tasks"].values()) / 3
     assert store.is_file(store.join(run_dir, "next_study.py"))
-    (child_dir,) = _run_dirs(storage, "tiny-s3-pool")
+    (child_dir,) = run_dirs(storage, "tiny-s3-pool")
     child = load_table(child_dir)
     assert sorted(child["arm"]) == ["cls", "mean"] and set(child["status"]) == {"finished"} and set(child["phase"]) == {2}
     assert set(child["parent"]) == {promotion["checkpoint"]}
