@@ -46,14 +46,16 @@ def per_query_values(seed: int = 0) -> dict[tuple[str, int], np.ndarray]:
 
 
 def write_run(root: Path, values: dict[tuple[str, int], np.ndarray], *, per_query: bool = True,
-              skip: tuple[tuple[str, int], ...] = ()) -> Path:
-    """A run directory: study record, one finished trial row per (arm, seed), and (unless not
-    `per_query`) one per-query file per trial except those in `skip`; a tuning trial's file too."""
+              skip: tuple[tuple[str, int], ...] = (), name: str = "toy") -> Path:
+    """A run directory of study `name`: study record (the arms of `values`, first the control),
+    one finished trial row per (arm, seed), and (unless not `per_query`) one per-query file per
+    trial except those in `skip`; a tuning trial's file too."""
     run_dir = root / "run"
     (run_dir / "trials").mkdir(parents=True)
-    record = {"study": {"name": "toy", "factor": "model.width", "arms": {a: {} for a in ARMS}, "seeds": list(SEEDS),
+    arms = list(dict.fromkeys(arm for arm, _ in values))
+    record = {"study": {"name": name, "factor": "model.width", "arms": {a: {} for a in arms}, "seeds": list(SEEDS),
                         "budget_tokens": 1000, "budget_pairs": 0, "budget_unit": "tokens", "metric": METRIC},
-              "arm_order": list(ARMS)}
+              "arm_order": arms}
     (run_dir / "study.json").write_text(json.dumps(record))
     if per_query:
         (run_dir / PER_QUERY_DIR).mkdir()
@@ -65,7 +67,7 @@ def write_run(root: Path, values: dict[tuple[str, int], np.ndarray], *, per_quer
         if per_query and (arm, seed) not in skip:
             write_per_query(run_dir, trial_id, arm, seed, array)
     # a tuning trial's values never enter the test (they would swamp it if they did)
-    write_per_query(run_dir, "tune-0", "control", 9, np.full(len(QUERIES), 100.0), stage="tune") if per_query else None
+    write_per_query(run_dir, "tune-0", arms[0], 9, np.full(len(QUERIES), 100.0), stage="tune") if per_query else None
     return run_dir
 
 
@@ -334,3 +336,19 @@ def test_the_report_shows_the_test_beside_the_seed_level_table(run):
     old = run_dir.parent / "old"
     shutil.copytree(run_dir, old, ignore=shutil.ignore_patterns(PER_QUERY_DIR))
     assert "paired per-query test: unavailable" in html_page._trial_tables(read_run(old))
+
+
+def test_display_cuts_intervals_and_mdes_to_the_range_a_difference_can_take():
+    """Per-query metrics lie in [0, 1], so a mean difference lies in [-1, 1]: at two seeds a t
+    reference with one degree of freedom can give an interval and an MDE far beyond it, which the
+    display cuts (and says so) instead of printing impossible differences."""
+    row = {"arm": "a", "seeds": 2, "queries": 200, "diff": -0.0166, "ci_low": -9.8342, "ci_high": 9.8011,
+           "ci_level": 0.95, "p": 0.4595, "p_holm": 0.4595, "significant": False, "se": 0.77, "df": 1.0,
+           "mde": 17.3981, "seeds_needed": 23.0, "queries_needed": math.nan, "note": ""}
+    inside = {**row, "arm": "b", "ci_low": -0.0227, "ci_high": 0.0108, "mde": 0.6014}
+    shown = cells(pd.DataFrame([row, inside])).set_index("arm")
+    assert shown.loc["a", "corrected interval"] == "[-1.0000, +1.0000] at 95% (cut to the metric's range)"
+    assert shown.loc["a", "MDE (80% power)"] == "over 1: none in range"
+    assert shown.loc["b", "corrected interval"] == "[-0.0227, +0.0108] at 95%"
+    assert shown.loc["b", "MDE (80% power)"] == "0.6014"
+    assert shown.loc["a", "to detect diff"] == "23 seeds"

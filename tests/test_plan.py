@@ -174,3 +174,58 @@ def test_plan_throughput_errors_are_named(tmp_path, capsys):
     broken.write_text(json.dumps({"bench": {"preset": "300m"}, "device": "NVIDIA H200"}))
     assert main(["plan", "ablations/masking_ratio.py", "--profile", "gpu-300m", "--throughput", str(broken)]) == 2
     assert "no field 'sequence_length'" in capsys.readouterr().err
+
+
+def test_a_rerun_is_planned_at_the_seeds_its_run_says_it_needs(tmp_path, capsys):
+    """`plan --seeds-from RUN`: the rerun's seeds are the largest seeds-needed of the run's
+    comparisons that are not significant (from the run's own paired test), the study keeps its
+    seeds and adds the next ones, and the plan's trials follow; a run of another study, a tour,
+    a one-seed run and a run with nothing left to size are refused in one line."""
+    import json
+
+    import numpy as np
+
+    from embedlab import recipes
+    from embedlab.cli import main
+    from embedlab.sweep.paired import compare_to_control
+    from embedlab.sweep.rerun import rerun_size, with_seeds
+    from embedlab.sweep.table import load_table
+    from test_paired_stats import QUERIES, write_run
+
+    rng = np.random.default_rng(3)
+    difficulty = rng.uniform(0.2, 0.7, len(QUERIES))
+    values = {(arm, seed): difficulty + rng.normal(0, 0.01) + effect + rng.normal(0, 0.05, len(QUERIES))
+              for seed in (0, 1) for arm, effect in (("mask-15", 0.0), ("mask-30", 0.03))}
+    run_dir = write_run(tmp_path, values, name="toy")
+    tests = compare_to_control(run_dir, load_table(run_dir)).tests.set_index("arm")
+    needed = int(tests.loc["mask-30", "seeds_needed"])
+    assert not tests.loc["mask-30", "significant"] and needed > 2
+
+    path = write_study(tmp_path / "study.py", recipes.phase1_baseline("gpu-300m"), name="toy", seeds=(0, 1),
+                       extra="budget=replace(DEFAULT_BUDGET, tokens=1_000_000_000)")
+    study = load_study(path)
+    size = rerun_size(run_dir, study)
+    assert (size.seeds, size.run_seeds, size.needed, size.significant) == (needed, 2, {"mask-30": needed}, ())
+    assert with_seeds(study, 5).seeds == (0, 1, 2, 3, 4) and with_seeds(study, 1).seeds == (0,)
+
+    assert main(["plan", path, "--throughput", _bench_json(tmp_path), "--seeds-from", str(run_dir), "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["trials"] == 2 * needed and plan["rerun"]["seeds"] == needed
+    assert main(["plan", path, "--throughput", _bench_json(tmp_path), "--seeds-from", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"seeds from {run_dir}: {needed} (the run had 2); seeds needed at 80% power for the "
+                          f"observed differences: mask-30 {needed}\n")
+
+    other = write_study(tmp_path / "other.py", recipes.phase1_baseline("gpu-300m"), name="other", seeds=(0, 1),
+                        extra="budget=replace(DEFAULT_BUDGET, tokens=1_000_000_000)")
+    one_seed = write_run(tmp_path / "one", {key: v for key, v in values.items() if key[1] == 0}, name="toy")
+    clear = write_run(tmp_path / "clear", {**values, **{("mask-30", s): values[("mask-15", s)] + 0.5 for s in (0, 1)}},
+                      name="toy")
+    for args, message in (
+            ([other, "--seeds-from", str(run_dir)], "a run of study 'toy', not of 'other'"),
+            (["ablations/recipe.py", "--seeds-from", str(run_dir)], "--seeds-from sizes one study from its run"),
+            ([path, "--seeds-from", str(one_seed)], "every arm ran one seed"),
+            ([path, "--seeds-from", str(clear)], "every comparison is already significant (mask-30)")):
+        assert main(["plan", *args, "--throughput", _bench_json(tmp_path)]) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, err

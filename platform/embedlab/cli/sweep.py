@@ -38,7 +38,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from embedlab.sweep.plan import format_plan, plan_study  # here: it loads torch
 
     plan = plan_study(args.study, profile=args.profile, parent=args.parent, address=args.address,
-                      reports=args.pilot_reports, throughput=args.throughput, progress=stderr)
+                      reports=args.pilot_reports, throughput=args.throughput, seeds_from=args.seeds_from,
+                      progress=stderr)
     print(json.dumps(plan, sort_keys=True) if args.json else format_plan(plan))
     return 0
 
@@ -166,6 +167,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     plan.add_argument("--throughput", default=None, metavar="FILE",
                       help="no pilots: estimate a GPU study from one GPU's `embedlab bench mfu --json` output "
                            "(training FLOP/s x workers a trial); starts nothing")
+    plan.add_argument("--seeds-from", default=None, metavar="RUN_DIR",
+                      help="a finished run of the study: plan it at the seeds that run's paired test says would "
+                           "detect its observed differences at 80%% power")
     plan.add_argument("--json", action="store_true")
     plan.set_defaults(func=cmd_plan)
 

@@ -59,6 +59,10 @@ RESAMPLES = 10_000
 ALPHA = 0.05  # family-wise, across the study's non-control arms
 POWER = 0.80  # of the minimum detectable effect
 ONE_SEED = "one seed: no test"
+# Every per-query metric lies in [0, 1] (evaluate.metrics.METRIC_NAMES), so a mean difference
+# lies in [-1, 1]: the display cuts an interval there and calls a larger MDE out of range (at
+# two seeds a t reference with one or two degrees of freedom can give either).
+DIFF_RANGE = 1.0
 COLUMNS = ("arm", "seeds", "queries", "diff", "ci_low", "ci_high", "ci_level", "p", "p_holm", "significant",
            "se", "df", "mde", "seeds_needed", "queries_needed", "note")
 
@@ -410,9 +414,18 @@ def p_text(p: float) -> str:
 
 def cells(tests: pd.DataFrame) -> pd.DataFrame:
     """The tests as display strings: difference, corrected interval with its level, p, Holm p,
-    the verdict, MDE and the seeds (or queries) a rerun would need (4 decimals)."""
+    the verdict, MDE and the seeds (or queries) a rerun would need (4 decimals). An interval is
+    cut to [-DIFF_RANGE, DIFF_RANGE] and says so; an MDE beyond it reads "none in range"."""
     def interval(low: float, high: float, level: float) -> str:
-        return "n/a" if math.isnan(low) else f"[{low:+.4f}, {high:+.4f}] at {level * 100:.4g}%"
+        if math.isnan(low):
+            return "n/a"
+        shown = f"[{max(low, -DIFF_RANGE):+.4f}, {min(high, DIFF_RANGE):+.4f}] at {level * 100:.4g}%"
+        return shown + (" (cut to the metric's range)" if low < -DIFF_RANGE or high > DIFF_RANGE else "")
+
+    def mde(value: float) -> str:
+        if math.isnan(value):
+            return "n/a"
+        return f"{value:.4f}" if value <= DIFF_RANGE else f"over {DIFF_RANGE:g}: none in range"
 
     def verdict(row: dict) -> str:
         return row["note"] or ("significant" if row["significant"] else "not significant")
@@ -435,6 +448,6 @@ def cells(tests: pd.DataFrame) -> pd.DataFrame:
         "p": [p_text(p) for p in tests["p"]],
         "Holm p": [p_text(p) for p in tests["p_holm"]],
         "result": [verdict(r) for r in records],
-        f"MDE ({POWER:.0%} power)": ["n/a" if math.isnan(m) else f"{m:.4f}" for m in tests["mde"]],
+        f"MDE ({POWER:.0%} power)": [mde(m) for m in tests["mde"]],
         "to detect diff": [needed(r) for r in records],
     })

@@ -64,6 +64,7 @@ from embedlab.recipes import PROFILES
 from embedlab.sweep.arm_data import prepare_arms
 from embedlab.sweep.cluster import connect, gpu_shares, study_concurrency, trial_driver_resources
 from embedlab.sweep.driver import train_trial
+from embedlab.sweep.rerun import RerunSize, rerun_size, with_seeds
 from embedlab.sweep.study import Study, load_study
 from embedlab.sweep.tour import load_tour, stage_path
 from embedlab.train.budget import step_units
@@ -394,13 +395,15 @@ def measured_plan(study: Study, measurement: Measurement, *, gpu_here: bool) -> 
 
 def plan_study(study_path: str | Path, *, profile: str | None = None, parent: str | None = None,
                address: str | None = None, reports: int = PILOT_REPORTS, throughput: str | Path | None = None,
-               progress: Callable[[str], None] = print) -> dict[str, Any]:
+               seeds_from: str | Path | None = None, progress: Callable[[str], None] = print) -> dict[str, Any]:
     """Pilot every arm of the study on the cluster and return the plan (`make_plan`); for a
     tour file, a plan per stage, each stage's pilots starting from the previous stage's
     pilot checkpoint (`{"tour": name, "phases": [plan, ...], "wall_seconds": ...}`). With
     `throughput` (a `bench mfu --json` file), no pilots: every stage from that measurement
-    (`measured_plan`). A GPU study here without a GPU, `throughput` or `address` is refused
-    before anything starts."""
+    (`measured_plan`). With `seeds_from` (a finished run of the study), the study at the seeds
+    that run's paired test says a rerun needs (`sweep.rerun`), and the plan says why under
+    `"rerun"`. A GPU study here without a GPU, `throughput` or `address` is refused before
+    anything starts."""
     import torch
 
     if reports < 4:
@@ -410,12 +413,20 @@ def plan_study(study_path: str | Path, *, profile: str | None = None, parent: st
     tour = load_tour(path, profile) if path.is_file() and "def tour(" in path.read_text() else None
     studies = [load_study(stage_path(path, stage), tour.profile) for stage in tour.stages] if tour else [
         load_study(path, profile)]
+    rerun = None
+    if seeds_from is not None:
+        if tour:
+            raise UsageError("--seeds-from sizes one study from its run: give the stage's study file "
+                             f"({', '.join(str(stage_path(path, stage)) for stage in tour.stages)}), not the tour")
+        rerun = rerun_size(seeds_from, studies[0])
+        studies = [with_seeds(studies[0], rerun.seeds)]
+        progress(f"plan: {rerun.line}")
     gpu_here = torch.cuda.is_available()
     if throughput is not None:
         measurement = Measurement.read(throughput)
         plans = [measured_plan(study, measurement, gpu_here=gpu_here) for study in studies]
         if not tour:
-            return plans[0]
+            return _with_rerun(plans[0], rerun)
         return {"tour": tour.name, "profile": tour.profile, "estimate": "measured", "phases": plans,
                 "trials": sum(plan["trials"] for plan in plans),
                 "wall_seconds": sum(plan["wall_seconds"] for plan in plans)}
@@ -440,10 +451,16 @@ def plan_study(study_path: str | Path, *, profile: str | None = None, parent: st
             plans.append(plan)
             parent = str(checkpoint)  # the next stage's pilots start from this one's
     if not tour:
-        return plans[0]
+        return _with_rerun(plans[0], rerun)
     return {"tour": tour.name, "profile": tour.profile, "phases": plans,
             **{key: sum(plan[key] for plan in plans) for key in
                ("wall_seconds", "wall_seconds_low", "wall_seconds_high", "storage_bytes", "trials")}}
+
+
+def _with_rerun(plan: dict[str, Any], rerun: RerunSize | None) -> dict[str, Any]:
+    if rerun is None:
+        return plan
+    return {**plan, "rerun": {**asdict(rerun), "line": rerun.line}}
 
 
 def _cpu_profiles() -> list[str]:
@@ -515,6 +532,8 @@ def format_measured_plan(plan: dict[str, Any]) -> str:
 
 def format_plan(plan: dict[str, Any]) -> str:
     """The plan as the table `embedlab plan` prints (a tour: one table per phase, then the total)."""
+    if "rerun" in plan:
+        return f"{plan['rerun']['line']}\n" + format_plan({key: v for key, v in plan.items() if key != "rerun"})
     if plan.get("estimate") == "measured":
         if "phases" not in plan:
             return format_measured_plan(plan)
