@@ -381,3 +381,25 @@ def test_a_panel_metric_picks_on_it_and_reports_the_same_tasks_test_split(tmp_pa
     one = promote(run_dir, metric="beta/dev/ndcg@10", progress=lambda m: None)
     assert one["winner"]["arm"] == "single-15" and one["final_eval"]["metric"] == "beta/test/ndcg@10"
     assert list(one["final_eval"]["tasks"]) == ["beta"]
+
+
+def test_a_seed_with_a_nan_metric_blocks_promotion_unless_told_and_is_never_counted(tmp_path, tokenizer):
+    """single-15 seed 1 finished with dev nDCG@10 NaN: promotion refuses (the study declared 2
+    seeds) naming it; with allow_missing_seeds it ranks on the seeds present, says so, and the
+    ranking records 1 seed and single-15's one value (not a NaN-skipping mean over "2 seeds")."""
+    run_dir = _run_dir(tmp_path, tokenizer, dev={"single-15": [0.5, 0.2], "mixed-dual-heads": [0.3, 0.3]})
+    path = run_dir / "trials" / "single-15-1.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "dev/ndcg@10": float("nan")}))
+    with pytest.raises(PromotionError, match=r"single-15 seed 1: failed \(study metric dev/ndcg@10 is nan\)"):
+        promote(run_dir, progress=lambda m: None)
+    said = []
+    promotion = promote(run_dir, allow_missing_seeds=True, progress=said.append)
+    assert promotion["ranking"] == [{"arm": "single-15", "mean": 0.5, "seeds": 1},
+                                    {"arm": "mixed-dual-heads", "mean": 0.3, "seeds": 2}]
+    assert any("ranking on fewer seeds than the study declared (2): missing (arm, seed) [('single-15', 1)]" in line
+               for line in said)
+    for seed in (0, 1):  # an arm with no seed left is refused even when told
+        path = run_dir / "trials" / f"mixed-dual-heads-{seed}.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "dev/ndcg@10": None}))
+    with pytest.raises(PromotionError, match="mixed-dual-heads"):
+        promote(run_dir, allow_missing_seeds=True, progress=lambda m: None)

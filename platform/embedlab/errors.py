@@ -23,3 +23,9 @@ class UnknownKey(UserError, KeyError):
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
+
+
+class RunRecordError(UserError, ValueError):
+    """A record in a run directory (study.json, a trial's row, a per-query file) that cannot be
+    read as one: truncated or not JSON, not an object, without a field every record has, of
+    another study, or a second finished row for one arm and seed. The message names the file."""

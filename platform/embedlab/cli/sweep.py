@@ -101,7 +101,8 @@ def cmd_promote(args: argparse.Namespace) -> int:
     check_options(args.max_concurrent, args.wait_for_resources)  # before promoting, not after
     margin = DEFAULT_MAX_RETENTION_DROP if args.max_retention_drop is None else args.max_retention_drop
     promotion = promote(args.run_dir, metric=args.metric, max_retention_drop=margin,
-                        arm=args.arm, next_study=args.next, progress=progress)
+                        arm=args.arm, next_study=args.next, allow_missing_seeds=args.allow_missing_seeds,
+                        progress=progress)
     if args.run and "next_study" in promotion:
         from embedlab.sweep.run import run_sweep  # here: it loads torch
 
@@ -197,6 +198,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                               "default 0.05)")
     promote.add_argument("--arm", default=None, help="promote this arm instead of the dev winner (margin still applies)")
     promote.add_argument("--next", default=None, help="the next phase's study file (default: the recipe's next)")
+    promote.add_argument("--allow-missing-seeds", action="store_true",
+                         help="rank arms on the seeds they have when a declared (arm, seed) has no finished trial "
+                              "with the metric (default: refuse)")
     promote.add_argument("--run", action="store_true", help="launch the next phase's study after promoting")
     promote.add_argument("--address", default=None, help="with --run: an existing Ray cluster")
     promote.add_argument("--max-concurrent", type=int, default=None, metavar="N",

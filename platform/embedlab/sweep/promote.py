@@ -161,6 +161,11 @@ def arm_retention(rows: pd.DataFrame, arm: str, parent: dict[str, float],
     return drops
 
 
+def _last_line(error: Any) -> str:
+    text = error.strip() if isinstance(error, str) else ""
+    return text.splitlines()[-1] if text else "no error recorded"
+
+
 def breaks_margin(drop: dict[str, Any], max_drop: float) -> bool:
     return drop["drop"] > max_drop + MARGIN_TOLERANCE
 
@@ -172,9 +177,14 @@ def promote(
     max_retention_drop: float = DEFAULT_MAX_RETENTION_DROP,
     arm: str | None = None,
     next_study: str | Path | None = None,
+    allow_missing_seeds: bool = False,
     progress: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Choose, check and record the winner of a finished study; returns the promotion record."""
+    """Choose, check and record the winner of a finished study; returns the promotion record.
+
+    Refused (PromotionError) when an (arm, seed) the study declared has no finished trial with
+    the metric, unless `allow_missing_seeds` (then every arm still needs one seed, and the
+    ranking records the seeds each arm had)."""
     from embedlab.train.checkpoint import verify_checkpoint  # here: torch, which choosing a winner from the trial table does not need
 
     run_dir = store.resolve(run_dir)
@@ -196,14 +206,23 @@ def promote(
     table = final_trials(table)
     if metric not in table.columns:
         raise PromotionError(f"--metric {metric}: not a column of the trial table")
+    # A seed without the metric is a seed the ranking does not have (load_table marks a
+    # finished trial without the study metric failed; another --metric is checked here).
+    unscored = table[pd.to_numeric(table[metric], errors="coerce").isna()]
+    table = table.drop(index=unscored.index)
     missing = [(a, s) for a in record["arm_order"] for s in study["seeds"]
                if not ((table["arm"] == a) & (table["seed"] == s)).any()]
-    if missing:
-        why = "; ".join(f"{r['arm']} seed {r['seed']}: {r['status']} ({r.get('error', '')})"
-                        for _, r in stopped.iterrows())
+    if missing and (not allow_missing_seeds or any(a not in set(table["arm"]) for a, _ in missing)):
+        why = "; ".join([*(f"{r['arm']} seed {r['seed']}: {r['status']} ({_last_line(r.get('error'))})"
+                           for _, r in stopped.iterrows()),
+                         *(f"{r['arm']} seed {r['seed']}: {metric} is {r[metric]!r}" for _, r in unscored.iterrows())])
+        allow = "" if allow_missing_seeds else "; or rank on the seeds present with --allow-missing-seeds"
         raise PromotionError(f"{run_dir}: trials missing for (arm, seed) {missing}; "
                              + (f"stopped: {why}" if why else
-                                f"finish the study first (embedlab sweep STUDY --resume {run_dir})"))
+                                f"finish the study first (embedlab sweep STUDY --resume {run_dir})") + allow)
+    if missing:
+        progress(f"promote: --allow-missing-seeds: ranking on fewer seeds than the study declared "
+                 f"({len(study['seeds'])}): missing (arm, seed) {missing}")
     unit = budget_unit(record)
     check_equal_compute(table, unit)
     matched = compute_match_line(table, unit)

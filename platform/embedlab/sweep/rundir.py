@@ -19,12 +19,14 @@ import time
 from typing import Any
 
 from embedlab import store
+from embedlab.errors import RunRecordError
 from embedlab.sweep.scores import TrialScores
 
 # Defined here, the run directory's layout, not in the modules that read them (table, paired):
 # a trial's driver writes rows without importing pandas or scipy.
 TRIALS_DIR = "trials"
 PER_QUERY_DIR = "per_query"
+TRIAL_FIELDS = ("trial_id", "arm", "seed")  # what every trial row has, whatever its end
 
 # Of an error's text kept in a failed trial's row. Fixed, not a setting: the row keeps the
 # end, where the exception's own line is, and stays a small record.
@@ -63,8 +65,27 @@ def write_per_query(run_dir: str, row: dict[str, Any], scored: TrialScores, spli
                      json.dumps(record, indent=2, sort_keys=True))
 
 
+def read_record(location: str, kind: str, required: tuple[str, ...] = ()) -> dict[str, Any]:
+    """One JSON object record of a run directory, or RunRecordError naming the file and the
+    problem: empty, truncated or not JSON, not an object, or without a `required` field."""
+    text = store.read_text(location)
+    if not text.strip():
+        raise RunRecordError(f"{location}: empty file, not {kind}")
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise RunRecordError(f"{location}: not {kind}: truncated or invalid JSON ({error})") from None
+    if not isinstance(record, dict):
+        raise RunRecordError(f"{location}: not {kind}: a JSON {type(record).__name__}, not an object")
+    absent = [key for key in required if key not in record]
+    if absent:
+        raise RunRecordError(f"{location}: not {kind}: no {', '.join(repr(k) for k in absent)}")
+    return record
+
+
 def finished_rows(run_dir: str) -> list[dict[str, Any]]:
-    return [json.loads(store.read_text(p)) for p in store.list_files(store.join(run_dir, TRIALS_DIR), ".json")]
+    """Every trial row of the run (`trials/*.json`), each checked by `read_record`."""
+    return [read_record(p, "a trial row", TRIAL_FIELDS) for p in store.list_files(store.join(run_dir, TRIALS_DIR), ".json")]
 
 
 def write_json(location: str, value: Any) -> None:

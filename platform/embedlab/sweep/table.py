@@ -34,9 +34,9 @@ from scipy import stats
 
 from embedlab import store
 from embedlab.config import Budget, nest_flat_budget
-from embedlab.errors import UsageError, UserError
+from embedlab.errors import RunRecordError, UsageError, UserError
 from embedlab.sweep import crossed, paired
-from embedlab.sweep.rundir import TRIALS_DIR
+from embedlab.sweep.rundir import TRIAL_FIELDS, TRIALS_DIR, read_record
 from embedlab.sweep.trial_rows import final_trials
 
 STUDY_FILE = "study.json"
@@ -77,7 +77,12 @@ def read_study_record(run_dir: str | Path) -> dict:
     location = store.join(run_dir, STUDY_FILE)
     if not store.is_file(location):
         raise FileNotFoundError(f"{run_dir} is not an embedlab run directory (no {STUDY_FILE})")
-    return json.loads(store.read_text(location))
+    record = read_record(location, "a study record", ("study",))
+    study = record["study"]
+    absent = [key for key in ("name", "metric", "arms") if not isinstance(study, dict) or key not in study]
+    if absent:
+        raise RunRecordError(f"{location}: not a study record: its study has no {', '.join(map(repr, absent))}")
+    return record
 
 
 def _phase(study: dict) -> int:
@@ -130,10 +135,16 @@ def load_table(run_dir: str | Path) -> pd.DataFrame:
     budget in that unit (`budget`, None if undeclared; `budgets`: in every unit), budget scope
     (`scope`, "phase" or "lineage") and tuning record (`tuning`, None if it did not tune), so
     `summarize`, `check_equal_compute`, `compute_match_line` and `tuning_line` need nothing else.
-    Rows of failed, stopped and tuning trials are kept (with NaN where they have no metric)."""
+    Rows of failed, stopped and tuning trials are kept (with NaN where they have no metric). A
+    finished final trial without a finite study metric is a failed trial (`status` "failed",
+    `error` saying why): no statistic counts a seed it does not have.
+
+    Raises RunRecordError, naming the file, for a record that is empty, truncated, not a JSON
+    object, without trial_id, arm or seed, of another study or arm, or a second finished final
+    row for one arm and seed; FileNotFoundError for a directory without study.json."""
     record = read_study_record(run_dir)
     arms = list(record.get("arm_order", record["study"]["arms"]))
-    rows = [json.loads(store.read_text(p)) for p in store.list_files(store.join(run_dir, TRIALS_DIR), ".json")]
+    rows = _checked_rows(run_dir, record, arms)
     if rows:
         table = pd.DataFrame(rows)
         table["_arm_order"] = table["arm"].map({arm: i for i, arm in enumerate(arms)})
@@ -148,6 +159,31 @@ def load_table(run_dir: str | Path) -> pd.DataFrame:
                        seeds=list(record["study"].get("seeds", [])), tuning=record.get("tuning"),
                        scope=budget_scope(record))
     return table
+
+
+def _checked_rows(run_dir: str | Path, record: dict, arms: list[str]) -> list[dict]:
+    """The run's trial rows, each of this study and one of its arms, at most one finished final
+    row per (arm, seed), and a finished final row without a finite study metric marked failed."""
+    name, metric = record["study"]["name"], record["study"]["metric"]
+    rows, finals = [], {}
+    for location in store.list_files(store.join(run_dir, TRIALS_DIR), ".json"):
+        row = read_record(location, "a trial row", TRIAL_FIELDS)
+        if row.get("study", name) != name:
+            raise RunRecordError(f"{location}: a trial of study {row['study']!r}, not of this run's {name!r}")
+        if row["arm"] not in arms:
+            raise RunRecordError(f"{location}: arm {row['arm']!r} is not an arm of study {name!r} "
+                                 f"({', '.join(map(str, arms))})")
+        if row.get("status", "finished") == "finished" and row.get("stage", "final") == "final":
+            other = finals.setdefault((row["arm"], row["seed"]), location)
+            if other != location:
+                raise RunRecordError(f"{location}: a second finished final trial of arm {row['arm']!r} seed "
+                                     f"{row['seed']} (the first: {other}); seeds cannot be paired: move one away")
+            value = row.get(metric)
+            if not isinstance(value, (int, float)) or not math.isfinite(value):
+                row = {**row, "status": "failed",
+                       "error": f"study metric {metric} is " + ("missing" if value is None else f"{value!r}")}
+        rows.append(row)
+    return rows
 
 
 def unit_columns(table: pd.DataFrame, unit: str) -> tuple[str, ...]:
@@ -460,7 +496,7 @@ def render(run_dir: str | Path, fmt: str = "text", metrics: Sequence[str] | None
             blocks.append(f"{comparison.header}\n{table_of(paired.cells(comparison.tests))}")
         excluded = _excluded(table, final)
         if excluded:
-            blocks.append(f"excluded from statistics: {excluded}")
+            blocks.append("\n".join([f"excluded from statistics: {excluded}", *_failures(table)]))
         columns = ["arm", "seed", "trial_id", "factor_value", *metrics]
         if excluded:  # say which rows the statistics left out
             columns[3:3] = [c for c in ("status", "stage") if c in table]
@@ -553,6 +589,19 @@ def _summary_cells(
             "(control)" if control else _plus_minus(d, h, decimals, sign="+") for control, d, h in
             zip(summary["control"], summary[f"{metric}:diff"], summary[f"{metric}:diff_{label}"])]
     return means, differences
+
+
+def _failures(table: pd.DataFrame, width: int = 160) -> list[str]:
+    """One line per failed final trial: its arm, seed and the end of its error's last line."""
+    if "error" not in table or "status" not in table:
+        return []
+    failed = table[(table["status"] == "failed") & (table.get("stage", "final") == "final")]
+    lines = []
+    for row in failed.itertuples():
+        error = row.error if isinstance(row.error, str) and row.error.strip() else "no error recorded"
+        last = error.strip().splitlines()[-1]
+        lines.append(f"  {row.arm} seed {row.seed}: failed: " + (last if len(last) <= width else "..." + last[-width:]))
+    return lines
 
 
 def _excluded(table: pd.DataFrame, final: pd.DataFrame) -> str:
