@@ -26,7 +26,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from embedlab.sweep.run import dry_run, run_sweep  # here: it loads torch
 
     if args.dry_run:
-        print(dry_run(args.study, profile=args.profile, parent=args.parent))
+        print(dry_run(args.study, profile=args.profile, parent=args.parent, storage=args.storage, resume=args.resume))
         return 0
     run_dir = run_sweep(args.study, storage=args.storage, address=args.address, parent=args.parent,
                         profile=args.profile, resume=args.resume, max_concurrent=args.max_concurrent,
@@ -152,7 +152,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     sweep.add_argument("--parent", default=None, help="phases 2-3: the checkpoint every arm starts from")
     add_profile(sweep)
     sweep.add_argument("--dry-run", action="store_true",
-                       help="validate the study and print its arms, seeds, budget and trials; start nothing")
+                       help="check everything the study reads that needs no Ray and no training (storage, "
+                            "--resume, arms, pair and document sources, evaluation tasks), print its arms, "
+                            "seeds, budget and trials; start nothing")
     sweep.add_argument("--resume", default=None, metavar="RUN_DIR",
                        help="continue an interrupted run of the same study: finished trials are kept")
     add_run_options(sweep)

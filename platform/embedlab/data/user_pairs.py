@@ -44,6 +44,7 @@ from embedlab.data.pair_sources import (
 )
 from embedlab.data.prepare import code_revision, refresh_card
 from embedlab.data.prepared import PreparedData
+from embedlab.data.source_config import SourceError
 
 FORMAT = "embedlab-user-pairs/2"  # 2: one row per (query, positive), `pair_sources.row_ids`
 DIRECTORY = "user-pairs"
@@ -89,7 +90,11 @@ def user_pairs_dir(prepared: PreparedData, config: DataConfig, progress: Callabl
     pairs, provenance = [], []
     for source in config.pair_sources:
         stats = PairReadStats()
-        pairs += read_pairs(source, stats=stats)
+        read = read_pairs(source, stats=stats)
+        if not read:  # frozen as 0 pairs, it would fail later as a mixture share with no items
+            raise SourceError(f"pair source {source.name!r} ({getattr(source, 'path', None) or source.dataset}): "
+                              f"no pairs in {stats.records:,} records: an empty source is refused")
+        pairs += read
         provenance.append(pair_source_provenance(source, stats))
     grouped = group_pairs(pairs, config.near_duplicate_threshold)
     split = split_pairs(grouped, config.dev_fraction, config.test_fraction, config.split_seed)

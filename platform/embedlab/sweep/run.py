@@ -24,6 +24,7 @@ from embedlab.sweep.cluster import (TRIAL_DRIVER_RESOURCES, GpuShares, check_fit
 from embedlab.sweep.driver import trial_driver, trial_params
 from embedlab.sweep.experiment import fit
 from embedlab.sweep.gate import check_contamination, check_pair_schedules
+from embedlab.sweep.preflight import preflight
 from embedlab.sweep.rundir import finished_rows, new_run_dir, write_json
 from embedlab.sweep.scores import score_trial
 from embedlab.sweep.study import Study, load_study, set_path, study_origin
@@ -32,11 +33,16 @@ from embedlab.sweep.tuning import tune_arms
 from embedlab.train.checkpoint import verify_checkpoint, versions
 
 
-def dry_run(study_path: str | Path, *, profile: str | None = None, parent: str | None = None) -> str:
-    """What `embedlab sweep` would run, without starting Ray or touching data."""
+def dry_run(study_path: str | Path, *, profile: str | None = None, parent: str | None = None,
+            storage: str | Path | None = None, resume: str | Path | None = None, check_parent: bool = True) -> str:
+    """What `embedlab sweep` would run, without starting Ray or preparing data, after every
+    check that needs neither (`embedlab.sweep.preflight`: storage, resume, arms, pair and
+    document sources, evaluation tasks) and, unless not `check_parent` (a tour's later stages
+    name a parent that does not exist yet), the parent checkpoint."""
     study = load_study(study_path, profile)
-    for arm in study.arms:
-        study.trial_config(arm, study.seeds[0], (parent or "PARENT") if study.needs_parent else parent)
+    if parent is not None and check_parent:
+        verify_checkpoint(parent)
+    checked = preflight(study, storage=storage, resume=resume, parent=parent)
     budget = study.budget_text
 
     def shape(trial: TrialConfig) -> str:
@@ -73,6 +79,7 @@ def dry_run(study_path: str | Path, *, profile: str | None = None, parent: str |
     lines.append(f"  trials: {study.trials} ({len(study.arms)} arms x "
                  + (f"({study.search_trials} tuning + {len(study.seeds)} seeds))" if study.search
                     else f"{len(study.seeds)} seeds)"))
+    lines += ["  checked:", *[f"    {line}" for line in checked]]
     return "\n".join(line for line in lines if line)
 
 
@@ -130,8 +137,9 @@ def run_sweep(
         # lineage-scoped budget needs and it does not record.
         lineage = study.lineage_budgets(verify_checkpoint(parent))
         parent = store.resolve(parent)
-    for arm in study.arms:
-        study.trial_config(arm, study.seeds[0], parent)  # every arm has what its phase needs
+    # Every check a dry run makes, before Ray starts and data are prepared.
+    preflight(study, storage=None if resume is not None else storage, resume=resume, parent=parent,
+              progress=progress)
     import ray  # here: Ray, which a dry run does not need
 
     capacity.check_options(max_concurrent, wait_for_resources)

@@ -97,7 +97,8 @@ def dry_run_tour(path: str | Path, profile: str | None = None) -> str:
     for number, (stage, study) in enumerate(zip(tour.stages, load_stage_studies(path, tour)), start=1):
         parent = None if number == 1 else (f"the winner promoted from stage {number - 1} "
                                             f"({tour.stages[number - 2].study}), known once that stage has run")
-        plan = dry_run(stage_path(Path(path), stage), profile=tour.profile, parent=parent)
+        plan = dry_run(stage_path(Path(path), stage), profile=tour.profile, parent=parent,
+                       check_parent=number == 1)
         header = f"== stage {number}/{len(tour.stages)}: {stage.study}"
         has_parent = number > 1 or study.needs_parent or study.parent is not None
         last = number == len(tour.stages)
