@@ -57,6 +57,7 @@ def _study(tmp_path: Path, budget: int = 10_000, extra: str = "", text: str | No
 def _refused(capsys, argv: list[str], *fragments: str) -> str:
     assert main(argv) == 2
     err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err  # one line
     for fragment in fragments:
         assert fragment in err, (fragment, err)
     return err
@@ -169,3 +170,81 @@ def test_unreachable_cluster_address(tmp_path, storage):
     )
     assert done.returncode == 2 and "cannot reach the Ray cluster at '127.0.0.1:9'" in done.stderr
     assert storage.intact()
+
+
+def _release(tmp_path: Path) -> Path:
+    from test_promote import TINY
+
+    from embedlab.model.encoder import MLMModel
+    from embedlab.release.export import export_release
+    from embedlab.tokenizer.frozen import save_tokenizer, train_tokenizer
+    from embedlab.train.checkpoint import save_checkpoint
+
+    tokenizer = save_tokenizer(train_tokenizer([f"text {i}" for i in range(50)], vocab_size=300), tmp_path / "tok")
+    model = MLMModel(TINY)
+    save_checkpoint(tmp_path / "ckpt", model.encoder, head=model.mlm_head, tokenizer=tokenizer,
+                    fields={"config": tiny_trial().to_dict(), "data_revision": "r"})
+    export_release(tmp_path / "ckpt", tmp_path / "release")
+    return tmp_path / "release"
+
+
+def _task(tmp_path: Path, grades: tuple[str, ...]) -> Path:
+    task = tmp_path / "task"
+    (task / "qrels").mkdir(parents=True)
+    (task / "corpus.jsonl").write_text("".join(json.dumps({"_id": f"d{i}", "title": "", "text": f"document {i}"}) + "\n"
+                                               for i in range(2)))
+    (task / "queries.jsonl").write_text("".join(json.dumps({"_id": f"q{i}", "text": f"query {i}"}) + "\n"
+                                                for i in range(2)))
+    (task / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n"
+                                             + "".join(f"q{i}\td{i}\t{g}\n" for i, g in enumerate(grades)))
+    return task
+
+
+def test_an_edited_release_tokenizer_and_an_export_under_a_file_are_one_line_errors(tmp_path, storage, capsys):
+    release = _release(tmp_path)
+    task = _task(tmp_path, ("1", "1"))
+    tokenizer = release / "tokenizer.json"
+    tokenizer.write_text(tokenizer.read_text() + "\n")
+    _refused(capsys, ["evaluate", "--encoder", str(release), "--task", str(task), "--split", "test"],
+             f"tokenizer {tokenizer} has hash", "different tokenizer (or the file was edited)")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    _refused(capsys, ["export", str(tmp_path / "ckpt"), str(blocker / "out")], f"{blocker} is a file, not a directory")
+    assert storage.intact() and blocker.read_text() == "x"
+
+
+@pytest.mark.parametrize("grades, message", [
+    (("0", "0"), "every grade is 0, so no query has a relevant document"),
+    (("1", "-1"), "qrels/test.tsv:3: grade -1 for ('q1', 'd1') is outside 0..20"),
+    (("1", "99999999999999999999"), "qrels/test.tsv:3: grade 99999999999999999999 for ('q1', 'd1') is outside 0..20"),
+])
+def test_qrels_grades_outside_their_range_or_all_zero_are_refused(tmp_path, storage, capsys, grades, message):
+    _refused(capsys, ["evaluate", "--encoder", "baseline:bm25", "--task", str(_task(tmp_path, grades)), "--json"],
+             message)
+    assert storage.intact()
+
+
+def test_a_pair_csv_that_is_not_utf8_names_its_line(tmp_path):
+    from embedlab.data.pair_source_config import PairFiles
+    from embedlab.data.pair_sources import read_pairs
+    from embedlab.data.source_config import SourceError
+
+    path = tmp_path / "pairs.csv"
+    rows = "".join(f"query {i},positive text {i}\n" for i in range(5000))
+    path.write_bytes(b"query,positive\n" + rows.encode() + "caf\u00e9 in latin-1,ok\n".encode("latin-1"))
+    with pytest.raises(SourceError, match=r"pairs.csv line 5002: not UTF-8 \(byte 0xe9 at column 4"):
+        read_pairs(PairFiles(name="mine", path=str(path), rights="test"))
+
+
+def test_a_misspelt_config_field_in_a_study_file_names_that_config_and_the_close_field(tmp_path, capsys):
+    path = tmp_path / "typo.py"
+    path.write_text(
+        "from dataclasses import replace\n"
+        "from embedlab import Study, recipes\n"
+        "from embedlab.config import DEFAULT_BUDGET\n\n"
+        "def study(profile=None):\n"
+        "    base = recipes.phase1_baseline('demo')\n"
+        "    return Study(name='t', factor='masking.ratio', seeds=(0,), budget=DEFAULT_BUDGET,\n"
+        "                 arms={'a': base, 'b': replace(base, masking=replace(base.masking, ration=0.3))})\n")
+    _refused(capsys, ["sweep", str(path), "--dry-run"], f"{path}:8: MaskingConfig.__init__() got an unexpected "
+             "keyword argument 'ration'; did you mean 'ratio'? MaskingConfig fields are [")

@@ -23,11 +23,15 @@ def test_a_user_error_is_one_line_and_exit_code_2(capsys):
     assert err.startswith("error: model.preset: unknown preset 'no-such-preset'") and err.count("\n") == 1
 
 
-def test_an_internal_key_error_keeps_its_traceback(tmp_path, capsys):
-    """A run directory whose study.json lacks its "study" section makes the table code hit a
-    bare KeyError: that is a bug to see, so it propagates instead of becoming `error: 'study'`."""
+def test_an_internal_key_error_keeps_its_traceback(tmp_path, capsys, monkeypatch):
+    """A bare KeyError inside the table code (here planted in the trial-row reader; a study.json
+    without its "study" section is a user error now, test_run_records.py) is a bug to see, so it
+    propagates instead of becoming `error: 'study'`."""
+    from embedlab.sweep import table
+
     (tmp_path / "trials").mkdir()
-    (tmp_path / "study.json").write_text(json.dumps({"arm_order": ["a"]}))
+    (tmp_path / "study.json").write_text(json.dumps({"study": {"name": "s", "metric": "m", "arms": {"a": {}}}}))
+    monkeypatch.setattr(table, "_checked_rows", lambda *a: {}["study"])
     with pytest.raises(KeyError, match="study"):
         main(["table", str(tmp_path), "--json"])
     assert "error:" not in capsys.readouterr().err

@@ -81,7 +81,7 @@ def test_resume_refuses_a_run_directory_of_another_study(tmp_path, capsys):
     """--resume on a run directory holding a different study is refused and the directory is untouched."""
     run_dir = tmp_path / "other"
     (run_dir / "trials").mkdir(parents=True)
-    record = {"study": {"name": "other"}, "study_hash": "0" * 64, "parent": None}
+    record = {"study": {"name": "other", "metric": "dev/ndcg@10", "arms": {"a": {}}}, "study_hash": "0" * 64, "parent": None}
     (run_dir / "study.json").write_text(json.dumps(record))
     (run_dir / "trials" / "t1.json").write_text("{}")
     study_file = write_study(tmp_path / "resumable.py", tiny_trial(num_workers=1), name="resumable")

@@ -111,8 +111,9 @@ def location_of(filesystem: pafs.FileSystem, path: str, like: str | Path) -> str
 
 def _split(location: str | Path) -> tuple[pafs.FileSystem, str]:
     if is_uri(location):
+        checked = check_location(location)  # its own UsageError, outside the "cannot open" below
         try:
-            return pafs.FileSystem.from_uri(check_location(location))
+            return pafs.FileSystem.from_uri(checked)
         except (ValueError, OSError) as error:  # pyarrow's ArrowInvalid is a ValueError
             raise UsageError(f"storage {redact(location)}: not a filesystem pyarrow can open ({error})") from None
     return pafs.LocalFileSystem(), str(Path(location).resolve())

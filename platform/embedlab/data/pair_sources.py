@@ -549,6 +549,14 @@ def _csv_rows(file: Path, relative: str) -> tuple[list[str] | None, Iterator[tup
 
 def _csv_error(file: Path, line: int, error: Exception) -> SourceError:
     if isinstance(error, UnicodeDecodeError):
+        # The reader decodes in blocks, so its line count is not where the bad byte is: find it.
+        with file.open("rb") as handle:
+            for number, raw in enumerate(handle, start=1):
+                try:
+                    raw.decode("utf-8")
+                except UnicodeDecodeError as bad:
+                    return SourceError(f"{file} line {number}: not UTF-8 (byte {raw[bad.start]:#04x} at column "
+                                       f"{bad.start + 1}: {bad.reason}); save the file as UTF-8")
         return SourceError(f"{file}: not UTF-8 ({error.reason})")
     return SourceError(f"{file} line {line}: malformed CSV ({error})")
 

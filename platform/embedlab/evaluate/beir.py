@@ -6,7 +6,7 @@ A task directory holds::
                         ("title" may be absent or null: it is read as "")
     queries.jsonl       one {"_id": str, "text": str} object per line
     qrels/<split>.tsv   header "query-id<TAB>corpus-id<TAB>score", then one judgement per
-                        line with an integer grade; qrels/test.tsv is required
+                        line with an integer grade in 0..20 (at least one above 0); qrels/test.tsv is required
 
 Blank lines in the JSONL files are skipped and other fields are ignored. Everything else
 that is malformed raises `TaskFormatError`, whose message starts with ``<file>:<line>:``
@@ -35,6 +35,11 @@ _HEADER_LINE = "\t".join(QRELS_HEADER)
 _INTEGER = re.compile(r"[+-]?[0-9]+")
 
 Qrels = dict[str, dict[str, int]]
+
+
+# Grades a qrels line may hold: 0 is not relevant; nDCG's gain 2^grade - 1 stays exact in
+# float64 far beyond 20, and no retrieval set grades that finely.
+MIN_GRADE, MAX_GRADE = 0, 20
 
 
 class TaskFormatError(UserError, ValueError):
@@ -282,6 +287,8 @@ def read_qrels(
         judgements[doc_id] = grade
     if not qrels:
         raise TaskFormatError(f"{path}: no judgements")
+    if not any(grade > 0 for judged in qrels.values() for grade in judged.values()):
+        raise TaskFormatError(f"{path}: every grade is 0, so no query has a relevant document to retrieve")
     return qrels
 
 
@@ -306,7 +313,13 @@ def _parse_qrel(
         raise TaskFormatError(
             f"{path}:{number}: score {score!r} for ({qid!r}, {doc_id!r}) is not an integer"
         )
-    return qid, doc_id, int(score)
+    grade = int(score)
+    if not MIN_GRADE <= grade <= MAX_GRADE:
+        raise TaskFormatError(
+            f"{path}:{number}: grade {score} for ({qid!r}, {doc_id!r}) is outside {MIN_GRADE}..{MAX_GRADE} "
+            "(0 not relevant, higher more relevant; write a negative 'junk' grade as 0)"
+        )
+    return qid, doc_id, grade
 
 
 # --- writing ---------------------------------------------------------------------------

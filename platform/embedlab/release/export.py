@@ -80,6 +80,9 @@ def export_release(checkpoint_dir: str | Path, out_dir: Path) -> dict[str, Any]:
     checkpoint_dir, out_dir = local_checkpoint(checkpoint_dir), Path(out_dir)  # a URI: its verified copy
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):  # before the slow checks
         raise CheckpointError(f"{out_dir}: exists and is not empty; export into a new or empty directory")
+    blocker = next((p for p in out_dir.absolute().parents if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise CheckpointError(f"{out_dir}: {blocker} is a file, not a directory; export into a new or empty directory")
     _, _, checkpoint = load_encoder(checkpoint_dir)
     missing = [name for name in LINEAGE_FIELDS if name not in checkpoint]
     if missing:

@@ -15,15 +15,18 @@ and carry that bias into the reported mean. Reported numbers come from the study
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import importlib.util
 import inspect
 import json
 import re
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from embedlab import config as config_module
 from embedlab import store
 from embedlab.config import FLAT_BUDGET_KEYS, Budget, ConfigError, TrialConfig, nest_flat_budget
 from embedlab.errors import UnknownKey
@@ -428,6 +431,27 @@ def study_origin(path: str | Path) -> str:
     return str(Path(origin).resolve()) if origin else store.resolve(path)
 
 
+def _fields_hint(error: TypeError) -> str:
+    """The fields of the class an unknown keyword was given to (Study, or the config section a
+    `replace(...)` built), the closest first when one is close."""
+    match = re.search(r"(\w+)\.__init__\(\) got an unexpected keyword argument '(\w+)'", str(error))
+    owner = getattr(config_module, match.group(1), None) if match else None
+    owner = owner if owner is not None and dataclasses.is_dataclass(owner) else Study
+    fields = sorted(f.name for f in dataclasses.fields(owner))
+    close = difflib.get_close_matches(match.group(2), fields, n=1) if match else []
+    # Study files written before the budget was one object pass budget_tokens= and the like.
+    moved = ("; the budget is one object: budget=Budget(tokens=..., pairs=..., flops=...)"
+             if owner is Study and any(key in str(error) for key in FLAT_BUDGET_KEYS) else "")
+    return (f"did you mean {close[0]!r}? " if close else "") + f"{owner.__name__} fields are {fields}{moved}"
+
+
+def _study_line(error: BaseException, path: Path) -> str:
+    """':<line>' of the study file's frame the error passed through, or ''."""
+    lines = [frame.lineno for frame in traceback.extract_tb(error.__traceback__)
+             if Path(frame.filename).resolve() == Path(path).resolve()]
+    return f":{lines[-1]}" if lines else ""
+
+
 def load_study(path: str | Path, profile: str | None = None) -> Study:
     """Import a study file by path and call its `study()` (with `profile` when the file takes
     one: `study(profile="demo")`); errors name the file."""
@@ -458,11 +482,7 @@ def load_study(path: str | Path, profile: str | None = None) -> Study:
         raise ConfigError(f"{path}: {error}") from None
     except TypeError as error:
         # Usually an unknown keyword: Study(...) or a config's replace(...) with a misspelt key.
-        fields = sorted(f.name for f in dataclasses.fields(Study))
-        # Study files written before the budget was one object pass budget_tokens= and the like.
-        moved = ("; the budget is one object: budget=Budget(tokens=..., pairs=..., flops=...)"
-                 if any(key in str(error) for key in FLAT_BUDGET_KEYS) else "")
-        raise ConfigError(f"{path}: {error}; Study fields are {fields}{moved}") from None
+        raise ConfigError(f"{path}{_study_line(error, path)}: {error}; {_fields_hint(error)}") from None
     if not isinstance(study, Study):
         raise ConfigError(f"{path}: study() returned {type(study).__name__}, expected embedlab.Study")
     return study

@@ -34,11 +34,17 @@ import tokenizers
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from embedlab.config import TOKENIZER_KINDS
+from embedlab.errors import UserError
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
 FILE_NAME = "tokenizer.json"
 PROGRESS_SECONDS = 10.0  # at most one "documents read" line per 10 s
+
+
+class TokenizerMismatchError(UserError, ValueError):
+    """A tokenizer file that is not the one a checkpoint or release recorded (its hash), or
+    lacks the special tokens every embedlab tokenizer has."""
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int, kind: str = "bpe", *,
@@ -198,14 +204,14 @@ def load_tokenizer(path: Path, expected_hash: str | None = None) -> FrozenTokeni
         raise FileNotFoundError(f"tokenizer file not found: {path}")
     digest = file_hash(path)
     if expected_hash is not None and digest != expected_hash:
-        raise ValueError(
+        raise TokenizerMismatchError(
             f"tokenizer {path} has hash {digest[:12]}..., expected {expected_hash[:12]}...: "
-            "the checkpoint was trained with a different tokenizer"
+            "the checkpoint was trained with a different tokenizer (or the file was edited)"
         )
     tokenizer = Tokenizer.from_file(str(path))
     missing = [t for t in SPECIAL_TOKENS if tokenizer.token_to_id(t) is None]
     if missing:
-        raise ValueError(f"tokenizer {path} lacks special tokens {missing}")
+        raise TokenizerMismatchError(f"tokenizer {path} lacks special tokens {missing}")
     return FrozenTokenizer(tokenizer=tokenizer, hash=digest, path=path)
 
 
