@@ -210,7 +210,8 @@ def test_training_refuses_final_eval_items_unless_disclosed(tmp_path, ray_sessio
         "def study():\n"
         "    return Study(name='leaky', factor='masking.ratio', seeds=(0,),\n"
         "                 budget=replace(DEFAULT_BUDGET, tokens=10_000),\n"
-        "                 arms={'a': base, 'b': replace(base, masking=replace(base.masking, ratio=0.3))})\n"
+        "                 arms={'a': base, 'b': replace(base, masking=replace(base.masking, ratio=0.3))},\n"
+        "                 final_report=True)\n"  # its task has only a test split
     )
     assert main(["sweep", str(study), "--storage", str(tmp_path / "runs")]) == 2
     err = capsys.readouterr().err

@@ -245,3 +245,12 @@ def test_index_query(long_texts):
     assert index.query("") == [] and index.query(long_texts[2]) == []
     texts = [long_texts[1], "", long_texts[0]]
     assert index.query_many(texts) == [index.query(text) for text in texts]
+
+
+@pytest.mark.parametrize("threshold", [0.0, 1.0, 1.5])
+def test_a_dedup_threshold_outside_zero_one_is_refused_at_the_config(threshold):
+    """1.0 used to pass validation and fail deep in lsh_params: the config refuses it, naming the field."""
+    from embedlab.config import ConfigError, DataConfig
+
+    with pytest.raises(ConfigError, match=rf"data.near_duplicate_threshold: {threshold} is not strictly between 0 and 1"):
+        DataConfig(near_duplicate_threshold=threshold)

@@ -136,7 +136,16 @@ def test_retention_break_is_refused(tmp_path, tokenizer):
     assert promotion["winner"]["arm"] == "contrastive-only"
     assert promotion["retention"]["drops"]["retention/probe_accuracy"]["drop"] == pytest.approx(0.2)
     assert load_study(run_dir / NEXT_STUDY_FILE).name == "hard-negatives"
-    assert promote(run_dir, arm="joint-mlm-30", max_retention_drop=0.05, progress=lambda m: None)["winner"]["arm"] == "joint-mlm-30"
+    # The final-eval split is read once per decision: a second promotion is refused unless it
+    # replaces the first, and then says the split was read again.
+    with pytest.raises(PromotionError, match=r"already promoted \(contrastive-only seed 1, promotion.json\).*--replace"):
+        promote(run_dir, arm="joint-mlm-30", max_retention_drop=0.05, progress=lambda m: None)
+    said = []
+    again = promote(run_dir, arm="joint-mlm-30", max_retention_drop=0.05, replace=True, progress=said.append)
+    assert again["winner"]["arm"] == "joint-mlm-30" and again["final_eval_reads"] == 2
+    assert again["replaces"]["winner"]["arm"] == "contrastive-only" and promotion["final_eval_reads"] == 1
+    assert json.loads((run_dir / PROMOTION_FILE).read_text())["final_eval_reads"] == 2
+    assert "promote: --replace: this run's final-eval split has now been read 2 times (recorded in promotion.json)" in said
 
 
 def test_unequal_compute_and_missing_trials_are_refused(tmp_path, tokenizer):
@@ -378,7 +387,7 @@ def test_a_panel_metric_picks_on_it_and_reports_the_same_tasks_test_split(tmp_pa
     assert {name: entry["value"] for name, entry in scored["tasks"].items()} == singles
     assert singles["alpha"] != singles["beta"] and scored["value"] == (singles["alpha"] + singles["beta"]) / 2
     assert scored["queries"] == 12
-    one = promote(run_dir, metric="beta/dev/ndcg@10", progress=lambda m: None)
+    one = promote(run_dir, metric="beta/dev/ndcg@10", replace=True, progress=lambda m: None)
     assert one["winner"]["arm"] == "single-15" and one["final_eval"]["metric"] == "beta/test/ndcg@10"
     assert list(one["final_eval"]["tasks"]) == ["beta"]
 
@@ -402,4 +411,4 @@ def test_a_seed_with_a_nan_metric_blocks_promotion_unless_told_and_is_never_coun
         path = run_dir / "trials" / f"mixed-dual-heads-{seed}.json"
         path.write_text(json.dumps({**json.loads(path.read_text()), "dev/ndcg@10": None}))
     with pytest.raises(PromotionError, match="mixed-dual-heads"):
-        promote(run_dir, allow_missing_seeds=True, progress=lambda m: None)
+        promote(run_dir, allow_missing_seeds=True, replace=True, progress=lambda m: None)

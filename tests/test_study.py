@@ -353,3 +353,24 @@ def test_a_data_setting_cannot_be_tuned():
     with pytest.raises(ConfigError, match="'data.sequence_length' is a data setting"):
         Study(name="x", factor="masking.ratio", arms=arms, seeds=(0,), budget=BUDGET,
               search=(Search("data.sequence_length", choices=(64, 128)),), search_trials=2)
+
+
+def test_a_study_scoring_the_final_eval_split_on_every_trial_must_say_it_is_a_final_report():
+    """eval.split 'test' on an arm is refused (selection reads recipe-dev) unless the study is
+    declared a final report; declaring it changes the study's hash, and leaving it out does not."""
+    import dataclasses
+
+    from embedlab import Study
+    from embedlab.config import ConfigError, DEFAULT_BUDGET
+    from conftest import tiny_trial
+
+    base = tiny_trial()
+    on_test = dataclasses.replace(base, eval=dataclasses.replace(base.eval, split="test"))
+    arms = {"a": on_test, "b": dataclasses.replace(on_test, masking=dataclasses.replace(base.masking, ratio=0.3))}
+    with pytest.raises(ConfigError, match=r"study.arms: a, b score eval.split 'test'.*final_report=True"):
+        Study(name="s", factor="masking.ratio", seeds=(0,), budget=DEFAULT_BUDGET, arms=arms)
+    report = Study(name="s", factor="masking.ratio", seeds=(0,), budget=DEFAULT_BUDGET, arms=arms, final_report=True)
+    assert report.to_dict()["final_report"] is True and Study.from_dict(report.to_dict()).final_report
+    dev_arms = {"a": base, "b": dataclasses.replace(base, masking=dataclasses.replace(base.masking, ratio=0.3))}
+    plain = Study(name="s", factor="masking.ratio", seeds=(0,), budget=DEFAULT_BUDGET, arms=dev_arms)
+    assert "final_report" not in plain.to_dict()

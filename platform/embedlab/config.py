@@ -206,7 +206,9 @@ class DataConfig:
     def __post_init__(self) -> None:
         _check(isinstance(self.sources, tuple), "data.sources", "must be a tuple of source names")
         _check_positive(self, "data", "tokenizer_sample_documents")
-        _check(0.0 < self.near_duplicate_threshold <= 1.0, "data.near_duplicate_threshold", "must be in (0, 1]")
+        _check(0.0 < self.near_duplicate_threshold < 1.0, "data.near_duplicate_threshold",
+               f"{self.near_duplicate_threshold} is not strictly between 0 and 1 (MinHash banding needs a "
+               "threshold below 1; exact duplicates are removed before it)")
         _check(self.tokenizer_kind in TOKENIZER_KINDS, "data.tokenizer_kind",
                f"{self.tokenizer_kind!r}; valid: {list(TOKENIZER_KINDS)}")
         _check(self.tokenizer_vocab_size >= 256, "data.tokenizer_vocab_size", "must be >= 256")

@@ -102,7 +102,7 @@ def cmd_promote(args: argparse.Namespace) -> int:
     margin = DEFAULT_MAX_RETENTION_DROP if args.max_retention_drop is None else args.max_retention_drop
     promotion = promote(args.run_dir, metric=args.metric, max_retention_drop=margin,
                         arm=args.arm, next_study=args.next, allow_missing_seeds=args.allow_missing_seeds,
-                        progress=progress)
+                        replace=args.replace, progress=progress)
     if args.run and "next_study" in promotion:
         from embedlab.sweep.run import run_sweep  # here: it loads torch
 
@@ -200,6 +200,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                               "default 0.05)")
     promote.add_argument("--arm", default=None, help="promote this arm instead of the dev winner (margin still applies)")
     promote.add_argument("--next", default=None, help="the next phase's study file (default: the recipe's next)")
+    promote.add_argument("--replace", action="store_true",
+                         help="replace this run's earlier promotion (its final-eval split is read again, and the "
+                              "new promotion.json records that)")
     promote.add_argument("--allow-missing-seeds", action="store_true",
                          help="rank arms on the seeds they have when a declared (arm, seed) has no finished trial "
                               "with the metric (default: refuse)")

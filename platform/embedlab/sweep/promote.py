@@ -161,6 +161,16 @@ def arm_retention(rows: pd.DataFrame, arm: str, parent: dict[str, float],
     return drops
 
 
+def _previous_promotion(run_dir: str) -> dict[str, Any] | None:
+    location = store.join(run_dir, PROMOTION_FILE)
+    if not store.is_file(location):
+        return None
+    try:
+        return json.loads(store.read_text(location))
+    except json.JSONDecodeError as error:
+        raise PromotionError(f"{location}: not a promotion record ({error}); move it away to promote again") from None
+
+
 def _last_line(error: Any) -> str:
     text = error.strip() if isinstance(error, str) else ""
     return text.splitlines()[-1] if text else "no error recorded"
@@ -178,9 +188,14 @@ def promote(
     arm: str | None = None,
     next_study: str | Path | None = None,
     allow_missing_seeds: bool = False,
+    replace: bool = False,
     progress: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Choose, check and record the winner of a finished study; returns the promotion record.
+
+    The final-eval split is read once per decision: a run that already has a promotion.json is
+    refused (PromotionError) unless `replace`, and then the new record says what it replaces
+    and how many times the run's final-eval split has now been read (`final_eval_reads`).
 
     Refused (PromotionError) when an (arm, seed) the study declared has no finished trial with
     the metric, unless `allow_missing_seeds` (then every arm still needs one seed, and the
@@ -196,6 +211,13 @@ def promote(
                              "final-eval numbers never take part in selection")
     if max_retention_drop < 0:
         raise PromotionError("--max-retention-drop must be >= 0")
+    previous = _previous_promotion(run_dir)
+    if previous is not None and not replace:
+        winner = previous.get("winner") or {}
+        raise PromotionError(
+            f"{run_dir}: already promoted ({winner.get('arm')} seed {winner.get('seed')}, {PROMOTION_FILE}); "
+            "promoting again would read the final-eval split again, which selection must never see twice: "
+            "pass --replace to replace that decision (the new record says the split was read again)")
     table = load_table(run_dir)
     if table.empty:
         raise PromotionError(f"{run_dir}: no finished trials to promote")
@@ -266,7 +288,12 @@ def promote(
         "checkpoint": row["checkpoint"],
         "lineage": {k: manifest[k] for k in LINEAGE_FIELDS if k in manifest},
         "promoted": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "final_eval_reads": 1 + (int(previous.get("final_eval_reads", 1)) if previous else 0),
     }
+    if previous is not None:
+        promotion["replaces"] = {k: previous.get(k) for k in ("winner", "final_eval", "promoted")}
+        progress(f"promote: --replace: this run's final-eval split has now been read "
+                 f"{promotion['final_eval_reads']} times (recorded in {PROMOTION_FILE})")
     progress(f"promote: {winner} (seed {int(row['seed'])}) wins on {metric} "
              f"{ranking.loc[winner, 'mean']:.4f} mean over {int(ranking.loc[winner, 'count'])} seeds")
     progress(f"promote: {matched}")

@@ -124,12 +124,22 @@ class Study:
     # training data, training is refused unless this says how the overlap is handled; it is
     # then printed with every table.
     disclosed_overlap: str | None = None
+    # Trials score the final-eval split (eval.split "test") only in a study that says it is a
+    # final report: selection and tuning read recipe-dev, and a sweep scoring test on every
+    # trial would let the test split choose.
+    final_report: bool = False
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
             raise ConfigError(f"study.name: {self.name!r} must match {_NAME.pattern}")
         if len(self.arms) < 2:
             raise ConfigError("study.arms: a controlled comparison needs at least 2 arms")
+        on_test = [arm for arm, config in self.arms.items() if config.eval.split == "test"]
+        if on_test and not self.final_report:
+            raise ConfigError(
+                f"study.arms: {', '.join(on_test)} score eval.split 'test', the final-eval split, on every trial; "
+                "selection reads recipe-dev (eval.split 'dev') and promotion scores test once for the winner. "
+                "A study that only reports test scores says so with final_report=True")
         for arm, config in self.arms.items():
             if not _NAME.match(arm):
                 raise ConfigError(f"study.arms: arm name {arm!r} must match {_NAME.pattern}")
@@ -375,6 +385,8 @@ class Study:
             "search": [s.to_dict() for s in self.search],
             "search_trials": self.search_trials,
             "profile": self.profile,
+            # only when set, so the hash of every study without it stays what it was
+            **({"final_report": True} if self.final_report else {}),
         }
 
     @property
@@ -398,6 +410,7 @@ class Study:
             search=tuple(Search.from_dict(s) for s in raw.get("search", ())),
             search_trials=raw.get("search_trials", 0),
             profile=raw.get("profile", ""),
+            final_report=raw.get("final_report", False),
         )
 
 
