@@ -113,3 +113,23 @@ def test_a_real_sweep_runs_the_same_checks_before_ray_starts(tmp_path, capsys, m
     storage = tmp_path / "runs"
     _refused(capsys, ["sweep", path, "--storage", str(storage)], "no-task", "neither a BEIR directory")
     assert not storage.exists()
+
+
+def test_resume_of_a_run_with_a_truncated_trial_row_names_the_file_before_ray(tmp_path, pairs_file, capsys,
+                                                                                 monkeypatch):
+    """`sweep --resume RUN` reads every trial row before Ray starts: a truncated one is named."""
+    from embedlab.sweep.study import load_study
+
+    monkeypatch.setattr(run_module, "connect", lambda *a, **k: pytest.fail("the sweep started Ray before its checks"))
+    path = _study(tmp_path, pairs_file)
+    study = load_study(path)
+    run_dir = tmp_path / "runs" / "own-pairs-1"
+    (run_dir / "trials").mkdir(parents=True)
+    (run_dir / "study.json").write_text(json.dumps({"study": study.to_dict(), "study_hash": study.hash,
+                                                    "parent": None}))
+    (run_dir / "trials" / "t-05-0.json").write_text('{"trial_id": "t-05-0", "arm": "t-0')
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    for argv in (["--dry-run"], []):
+        _refused(capsys, ["sweep", path, "--resume", str(run_dir), *argv],
+                 f"--resume {run_dir}: {run_dir / 'trials' / 't-05-0.json'}: not a trial row: truncated or invalid JSON")
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before

@@ -4,6 +4,7 @@ reads that can be checked without Ray and without training.
     storage     no credential in the location; a scheme pyarrow opens; a local path whose
                 nearest existing folder is a writable directory
     resume      the folder is a run directory of this study (its study.json, same study hash)
+                and every trial row in it reads as one
     arms        every arm's trial config builds; in phases 2-3 every name in
                 `contrastive.pairs` is a built-in builder or one of the arm's pair sources
     pair sources  every local one (pair files, BEIR folders, local Hugging Face folders) is
@@ -31,6 +32,7 @@ from embedlab.data.source_config import LocalFiles, SourceError
 from embedlab.errors import RunRecordError, UsageError
 from embedlab.evaluate.beir import load_task
 from embedlab.evaluate.builtin_tasks import BUILTIN_TASKS
+from embedlab.sweep.rundir import finished_rows
 from embedlab.sweep.study import Study
 from embedlab.sweep.table import read_study_record
 
@@ -95,7 +97,11 @@ def check_resume(run_dir: str | Path, study: Study) -> str:
         raise UsageError(f"--resume {run_dir}: a run of study {record['study']['name']!r} (hash "
                          f"{str(record.get('study_hash'))[:12]}), not of study {study.name!r} as loaded now "
                          f"(hash {study.hash[:12]}); resume refused so the two are never mixed")
-    return f"resume {run_dir}: a run of study {study.name}"
+    try:
+        rows = finished_rows(store.resolve(run_dir))  # each trial row readable, before Ray starts
+    except RunRecordError as error:
+        raise UsageError(f"--resume {run_dir}: {error}") from None
+    return f"resume {run_dir}: a run of study {study.name}, {len(rows)} trial rows"
 
 
 def check_pair_source(source) -> str:
