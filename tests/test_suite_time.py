@@ -21,6 +21,9 @@ SLOW_TESTS = {
     "tests/test_object_storage.py::test_a_tuned_panel_study_on_s3_from_sweep_to_release":
         "the whole study path once (a tuned sweep, promotion, a child sweep, export, report) on a real "
         "S3 server: eight Ray trials",
+    "tests/test_heldout.py::test_real_tasks_have_zero_findings_against_the_builtin_corpus":
+        "audits the real held-out tasks against the whole built-in corpus (73-95 s here); it computes the "
+        "training MinHash index twice, the cut that would bring it under the ceiling (issue 38)",
 }
 
 
