@@ -42,6 +42,7 @@ from embedlab.data.prepared_sync import local_directory
 from embedlab.evaluate import beir
 from embedlab.errors import UserError
 from embedlab.evaluate.hub_tasks import materialise_hub_task
+from embedlab.sweep.rundir import last_error_line
 from embedlab.sweep.study import load_study
 from embedlab.sweep.table import budget_unit, check_equal_compute, compute_match_line, load_table, read_study_record
 from embedlab.sweep.trial_rows import final_trials
@@ -171,11 +172,6 @@ def _previous_promotion(run_dir: str) -> dict[str, Any] | None:
         raise PromotionError(f"{location}: not a promotion record ({error}); move it away to promote again") from None
 
 
-def _last_line(error: Any) -> str:
-    text = error.strip() if isinstance(error, str) else ""
-    return text.splitlines()[-1] if text else "no error recorded"
-
-
 def breaks_margin(drop: dict[str, Any], max_drop: float) -> bool:
     return drop["drop"] > max_drop + MARGIN_TOLERANCE
 
@@ -235,7 +231,7 @@ def promote(
     missing = [(a, s) for a in record["arm_order"] for s in study["seeds"]
                if not ((table["arm"] == a) & (table["seed"] == s)).any()]
     if missing and (not allow_missing_seeds or any(a not in set(table["arm"]) for a, _ in missing)):
-        why = "; ".join([*(f"{r['arm']} seed {r['seed']}: {r['status']} ({_last_line(r.get('error'))})"
+        why = "; ".join([*(f"{r['arm']} seed {r['seed']}: {r['status']} ({last_error_line(r.get('error'))})"
                            for _, r in stopped.iterrows()),
                          *(f"{r['arm']} seed {r['seed']}: {metric} is {r[metric]!r}" for _, r in unscored.iterrows())])
         allow = "" if allow_missing_seeds else "; or rank on the seeds present with --allow-missing-seeds"

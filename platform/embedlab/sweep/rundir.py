@@ -83,9 +83,21 @@ def read_record(location: str, kind: str, required: tuple[str, ...] = ()) -> dic
     return record
 
 
+def trial_records(run_dir: str) -> list[tuple[str, dict[str, Any]]]:
+    """(location, row) of every trial row of the run (`trials/*.json`), each checked by `read_record`."""
+    return [(p, read_record(p, "a trial row", TRIAL_FIELDS))
+            for p in store.list_files(store.join(run_dir, TRIALS_DIR), ".json")]
+
+
 def finished_rows(run_dir: str) -> list[dict[str, Any]]:
-    """Every trial row of the run (`trials/*.json`), each checked by `read_record`."""
-    return [read_record(p, "a trial row", TRIAL_FIELDS) for p in store.list_files(store.join(run_dir, TRIALS_DIR), ".json")]
+    """Every trial row of the run, as `trial_records` reads them."""
+    return [row for _, row in trial_records(run_dir)]
+
+
+def last_error_line(error: Any) -> str:
+    """The last line of a row's recorded error (where the exception's own line is)."""
+    text = error.strip() if isinstance(error, str) else ""
+    return text.splitlines()[-1] if text else "no error recorded"
 
 
 def write_json(location: str, value: Any) -> None:

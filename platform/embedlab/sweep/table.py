@@ -36,7 +36,7 @@ from embedlab import store
 from embedlab.config import Budget, nest_flat_budget
 from embedlab.errors import RunRecordError, UsageError, UserError
 from embedlab.sweep import crossed, paired
-from embedlab.sweep.rundir import TRIAL_FIELDS, TRIALS_DIR, read_record
+from embedlab.sweep.rundir import last_error_line, read_record, trial_records
 from embedlab.sweep.trial_rows import final_trials
 
 STUDY_FILE = "study.json"
@@ -166,8 +166,7 @@ def _checked_rows(run_dir: str | Path, record: dict, arms: list[str]) -> list[di
     row per (arm, seed), and a finished final row without a finite study metric marked failed."""
     name, metric = record["study"]["name"], record["study"]["metric"]
     rows, finals = [], {}
-    for location in store.list_files(store.join(run_dir, TRIALS_DIR), ".json"):
-        row = read_record(location, "a trial row", TRIAL_FIELDS)
+    for location, row in trial_records(str(run_dir)):
         if row.get("study", name) != name:
             raise RunRecordError(f"{location}: a trial of study {row['study']!r}, not of this run's {name!r}")
         if row["arm"] not in arms:
@@ -598,8 +597,7 @@ def _failures(table: pd.DataFrame, width: int = 160) -> list[str]:
     failed = table[(table["status"] == "failed") & (table.get("stage", "final") == "final")]
     lines = []
     for row in failed.itertuples():
-        error = row.error if isinstance(row.error, str) and row.error.strip() else "no error recorded"
-        last = error.strip().splitlines()[-1]
+        last = last_error_line(row.error)
         lines.append(f"  {row.arm} seed {row.seed}: failed: " + (last if len(last) <= width else "..." + last[-width:]))
     return lines
 
