@@ -60,7 +60,26 @@ def test_python_sources_always_available() -> None:
     assert set(PYTHON_SOURCES) <= set(available_sources())
     for name in PYTHON_SOURCES:
         assert debian_package(name) is None
-        assert source_revision(name) == f"python-{sys.version.split()[0]}"
+        assert re.fullmatch(rf"python-{re.escape(sys.version.split()[0])}\+sha256:[0-9a-f]{{16}}", source_revision(name))
+
+
+def test_python_docstrings_revision_is_a_hash_of_the_files_it_parses(tmp_path: Path) -> None:
+    """A patched standard-library file under the same Python version is a new revision; a file the
+    reader skips (a test suite, a cache) is not."""
+    library = tmp_path / "lib"
+    (library / "pkg").mkdir(parents=True)
+    (library / "pkg" / "__init__.py").write_text('"""A package."""\n', encoding="utf-8")
+    module = library / "pkg" / "mod.py"
+    module.write_text('def f():\n    """Return one."""\n    return 1\n', encoding="utf-8")
+    source = SOURCES["python-docstrings"].at(library)
+    first = source.revision()
+    # A test suite's module, a bytecode cache, a file that is not Python: none is parsed.
+    for folder, name in (("test", "test_mod.py"), ("__pycache__", "mod.cpython-311.pyc"), ("pkg", "notes.txt")):
+        (library / folder).mkdir(exist_ok=True)
+        (library / folder / name).write_text("anything", encoding="utf-8")
+    assert source.revision() == first
+    module.write_text('def f():\n    """Return two."""\n    return 2\n', encoding="utf-8")
+    assert source.revision() != first
 
 
 @pytest.mark.parametrize("name", SOURCE_NAMES)

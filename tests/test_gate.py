@@ -57,7 +57,7 @@ def test_sweep_gate_refuses_final_eval_items_planted_in_the_pairs(data):
     """The gate a sweep runs before any trial passes the clean pairs of a phase-2 arm's builders,
     refuses the same frozen table once a test query and a quoted test document are planted in
     it, naming the pairs stage, and with a disclosed-overlap policy returns exactly those two."""
-    from embedlab.data.pair_stream import pair_table_path
+    from embedlab.data.pairs_table import pair_table_path
     from embedlab.sweep.gate import check_contamination
 
     records = {arm: {**data.record, "directory": str(data.directory)} for arm in ("cold", "warm")}
@@ -93,7 +93,8 @@ def test_phase3_refuses_a_final_eval_document_planted_in_its_mined_negatives(dat
     from embedlab.data.contamination import check_mined_negatives
     from embedlab.data.mining import NEGATIVE_SCHEMA, NEGATIVES_FILE
     from embedlab.data.mixture import schedule_target
-    from embedlab.data.pair_stream import pair_schedule, pair_table_path
+    from embedlab.data.pair_stream import pair_schedule
+    from embedlab.data.pairs_table import pair_table_path
     from embedlab.model.encoder import MLMModel
     from embedlab.train.budget import schedule_units
     from embedlab.train.checkpoint import save_checkpoint
@@ -140,7 +141,7 @@ def test_two_writers_of_one_pairs_table_both_succeed(data):
     file is left. With one shared staging name the second rename found nothing to rename."""
     import threading
 
-    from embedlab.data.pair_stream import builtin_pairs_table, pair_table_path
+    from embedlab.data.pairs_table import builtin_pairs_table, pair_table_path
     from embedlab.data.pairs import build_pairs
 
     shutil.rmtree(data.directory / "pairs", ignore_errors=True)
@@ -174,7 +175,7 @@ def test_sweep_refuses_a_pair_budget_past_the_repetition_cap_before_any_trial(da
     """A phase-2 arm whose schedule needs more pairs than the frozen table holds within
     `data.mixture.max_epochs` is refused before any trial starts, naming the study, the arm
     and the builder; the same study within the cap passes."""
-    from embedlab.data.pair_stream import pair_table_path
+    from embedlab.data.pairs_table import pair_table_path
     from embedlab.errors import UsageError
     from embedlab.sweep.gate import check_pair_schedules
 

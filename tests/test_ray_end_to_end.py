@@ -266,7 +266,8 @@ def test_phase3_with_mined_negatives_from_phase2(phase2, prepared, tmp_path_fact
     split = dict(zip(corpus["doc_id"], corpus["split"]))
     assert mined.num_rows > 0 and {split[d] for d in mined["doc_id"].to_pylist()} == {"train"}
     # A pair that has mined negatives gets them as non-empty rows in the training stream.
-    from embedlab.data.pair_stream import pair_table_path, tokenize_pair_window
+    from embedlab.data.pair_stream import tokenize_pair_window
+    from embedlab.data.pairs_table import pair_table_path
 
     pairs_path = pair_table_path(prepared, [b for b, _ in trial.contrastive.pairs], progress=lambda m: None)
     pair_ids = pq.read_table(pairs_path, columns=["pair_id"])["pair_id"].to_pylist()

@@ -96,7 +96,7 @@ def user_data(path: Path, **data) -> DataConfig:
 def test_a_toml_data_spec_with_pair_files_builds(tmp_path):
     """[[pair_files]] in a TOML data spec builds PairFiles (mapping lists as tuples); the trial
     round-trips through JSON; names that clash and shares naming nothing are ConfigErrors."""
-    from embedlab.data.pair_stream import pair_table_path
+    from embedlab.data.pairs_table import pair_table_path
     from embedlab.data.spec import load_data_configs
 
     spec = tmp_path / "data.toml"
@@ -141,7 +141,7 @@ def test_a_mixture_naming_a_user_source_schedules_its_train_rows_by_share(prepar
     """A user source and title-body at 3:1: the frozen table holds the built-in pairs and the
     user source's train split only (its provenance and drop counts in the record), the schedule
     gives each its share exactly, and the pre-flight's repetition cap names the user source."""
-    from embedlab.data.pair_stream import pair_table_path
+    from embedlab.data.pairs_table import pair_table_path
     from embedlab.data.user_pairs import RECORD_FILE, user_pairs_dir
     from embedlab.errors import UsageError
     from embedlab.train.contrastive import trial_pair_schedule
@@ -231,7 +231,8 @@ def test_given_negatives_reach_the_phase3_batch_and_the_margin_drops_a_close_one
     import synthetic
 
     from embedlab.data.mining import given_doc_id
-    from embedlab.data.pair_stream import group_hash, pair_table_path, tokenize_pair_window
+    from embedlab.data.pair_stream import group_hash, tokenize_pair_window
+    from embedlab.data.pairs_table import pair_table_path
     from embedlab.evaluate.encode import encode_texts
     from embedlab.train.checkpoint import load_encoder
     from embedlab.train.contrastive import trial_pair_schedule
@@ -300,7 +301,7 @@ def test_given_negatives_reach_the_phase3_batch_and_the_margin_drops_a_close_one
 def test_user_pairs_of_one_near_duplicate_group_stay_in_one_split(prepared, tmp_path):
     """Two pairs whose queries are near duplicates (one three words shorter) share a group and
     land in one split under every seed: both in the frozen train table, or neither."""
-    from embedlab.data.pair_stream import pair_table_path
+    from embedlab.data.pairs_table import pair_table_path
     from embedlab.data.user_pairs import user_pairs_dir
 
     walk = longest_paragraph(os.walk)
@@ -325,7 +326,7 @@ def test_user_pairs_of_one_near_duplicate_group_stay_in_one_split(prepared, tmp_
 def test_the_frozen_pair_table_is_rebuilt_when_the_users_file_changes(prepared, tmp_path):
     """The same file gives the same table, built once; an edited file (same path, new bytes)
     gives a new user-pairs key and a new table with the edit."""
-    from embedlab.data.pair_stream import pair_table_path
+    from embedlab.data.pairs_table import pair_table_path
     from embedlab.data.user_pairs import user_pairs_key
 
     rows = user_rows()
@@ -348,25 +349,58 @@ def test_the_frozen_pair_table_is_rebuilt_when_the_users_file_changes(prepared, 
     assert sorted(p.name for p in (prepared.directory / "user-pairs").iterdir()) == sorted([key, user_pairs_key(data)])
 
 
-def test_phase3_mines_negatives_for_user_pairs_beside_built_in_ones(prepared, tmp_path):
-    """User pairs have no corpus documents: mining takes them anyway (known-positive and
-    same-group cannot apply) and gives them training documents as negatives."""
-    import synthetic
+def test_the_frozen_pair_table_is_rebuilt_when_the_code_that_builds_it_changes(prepared, tmp_path, monkeypatch):
+    """The key covers every module the table's rows come from (the builders and the table code,
+    user pairs through their own key): an edit to the table code under the same inputs gives a
+    new table path, never the old file."""
+    import inspect
+    import shutil
+    from functools import partial
 
-    from embedlab.data.pair_stream import pair_table_path
-    from embedlab.data.mining import MinedSet
-    from embedlab.sweep.cluster import mines_negatives
-    from embedlab.train.contrastive import trial_pair_schedule
-    from embedlab.train.phase3_negatives import mine_for_phase3
+    from embedlab.data import pairs_table
+    from embedlab.data.pairs import build_pairs, merge_positive_groups
+    from embedlab.data.prepare import PACKAGE_ROOT, code_revision
+
+    for function in (pairs_table.pair_table_path, pairs_table.builtin_pairs_table, build_pairs, merge_positive_groups):
+        assert Path(inspect.getsourcefile(function)).relative_to(PACKAGE_ROOT).as_posix() in pairs_table.PAIR_SOURCES
+    first = pairs_table.pair_table_path(prepared, ["title-body"], progress=lambda line: None)
+    copy = tmp_path / "package"
+    for name in pairs_table.PAIR_SOURCES:
+        (copy / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(PACKAGE_ROOT / name, copy / name)
+    monkeypatch.setattr(pairs_table, "code_revision", partial(code_revision, copy))
+    assert pairs_table.pair_table_path(prepared, ["title-body"], progress=lambda line: None) == first
+    with open(copy / "data/pairs_table.py", "a", encoding="utf-8") as edited:
+        edited.write("# an edit\n")
+    second = pairs_table.pair_table_path(prepared, ["title-body"], progress=lambda line: None)
+    assert second != first and second.is_file() and first.is_file()
+
+
+def _mining_trial(tmp_path: Path) -> TrialConfig:
+    """A phase-3 trial mining 2 negatives for the user pairs and title-body, from a tiny parent."""
+    import synthetic
 
     parent = synthetic.write_parent(tmp_path / "parent", synthetic.tokenizer(tmp_path / "tokenizer"))
     data = dataclasses.replace(synthetic.DATA, pair_files=(PairFiles(
         name="mine", path=str(write_jsonl(tmp_path / "pairs.jsonl", user_rows())), rights=RIGHTS),),
         mixture=MixtureConfig(max_epochs=8))
-    trial = TrialConfig(model=synthetic.MODEL, data=data, phase=3, parent=str(parent),
-                        train=dataclasses.replace(TrialConfig().train, budget=pairs_budget(8), batch_rows=2, num_workers=1),
-                        contrastive=ContrastiveConfig(pairs=(("mine", 0.5), ("title-body", 0.5)), pair_length=16,
-                                                      hard_negatives=2, mining_top_k=5, mining_margin=0.0))
+    return TrialConfig(model=synthetic.MODEL, data=data, phase=3, parent=str(parent),
+                       train=dataclasses.replace(TrialConfig().train, budget=pairs_budget(8), batch_rows=2, num_workers=1),
+                       contrastive=ContrastiveConfig(pairs=(("mine", 0.5), ("title-body", 0.5)), pair_length=16,
+                                                     hard_negatives=2, mining_top_k=5, mining_margin=0.0))
+
+
+def test_phase3_mines_negatives_for_user_pairs_beside_built_in_ones(prepared, tmp_path):
+    """User pairs have no corpus documents: mining takes them anyway (known-positive and
+    same-group cannot apply) and gives them training documents as negatives."""
+    from embedlab.data.pairs_table import pair_table_path
+    from embedlab.data.mining import MinedSet
+    from embedlab.sweep.cluster import mines_negatives
+    from embedlab.train.contrastive import trial_pair_schedule
+    from embedlab.train.phase3_negatives import mine_for_phase3
+
+    trial = _mining_trial(tmp_path)
+    data = trial.data
     assert mines_negatives(trial) and not mines_negatives(dataclasses.replace(
         trial, contrastive=dataclasses.replace(trial.contrastive, mine_negatives=False, given_negative_margin="off")))
     path = pair_table_path(prepared, ["mine", "title-body"], data=data, **QUIET)
@@ -379,13 +413,41 @@ def test_phase3_mines_negatives_for_user_pairs_beside_built_in_ones(prepared, tm
     assert sum(len(mined.negatives[p]) for p in user) > 0
 
 
+def test_a_changed_encode_length_or_mining_code_mines_a_new_set(prepared, tmp_path, monkeypatch):
+    """The mined set's version covers how the parent encodes (pair_length, its pooling) and the
+    code that mines; the same inputs reuse the set. Given negatives screened by the parent the same."""
+    from embedlab.data.mining import MinedSet
+    from embedlab.data.pairs_table import pair_table_path
+    from embedlab.train import phase3_negatives
+    from embedlab.train.contrastive import trial_pair_schedule
+
+    trial = _mining_trial(tmp_path)
+    data = trial.data
+    path = pair_table_path(prepared, ["mine", "title-body"], data=data, **QUIET)
+    schedule, offsets = trial_pair_schedule(trial, path)
+
+    def sets(trial):
+        return (phase3_negatives.mine_for_phase3(trial, prepared, path, schedule, offsets, **QUIET),
+                phase3_negatives.given_negatives_for_phase3(trial, prepared, path, schedule, offsets, **QUIET))
+
+    first = sets(trial)
+    assert sets(trial) == first
+    mined = MinedSet.load(first[0])
+    assert mined.encoding["max_length"] == 16 and mined.encoding["pooling"] == "mean" and mined.encoding["code"]
+    longer = sets(dataclasses.replace(trial, contrastive=dataclasses.replace(trial.contrastive, pair_length=24)))
+    assert longer[0] != first[0] and longer[1] != first[1] and MinedSet.load(longer[0]).encoding["max_length"] == 24
+    monkeypatch.setattr(phase3_negatives, "code_revision", lambda sources: "other mining code")
+    recoded = sets(trial)
+    assert recoded[0] not in (first[0], longer[0]) and recoded[1] not in (first[1], longer[1])
+
+
 def test_every_positive_of_a_multi_positive_beir_query_is_a_row_of_its_group_and_is_scheduled(prepared, tmp_path):
     """A BEIR query with three relevant documents is three rows of the frozen pairs table, one per
     (query, positive), best grade first, ids "<pair id>#<i>", one positive group (never each
     other's negatives); a one-positive query keeps its pair id. Each row is one positive pair of
     the budget, and the schedule reads all four rows, each as often as the others (±1)."""
     from embedlab.data.pair_sources import BEIRPairs, beir_doc_text
-    from embedlab.data.pair_stream import pair_table_path
+    from embedlab.data.pairs_table import pair_table_path
     from embedlab.data.user_pairs import RECORD_FILE, user_pairs_dir
     from embedlab.train.contrastive import trial_pair_schedule
 
@@ -521,7 +583,7 @@ def test_mining_on_the_users_corpus_never_returns_a_labelled_positive(prepared, 
 
     from embedlab.data.mining import MiningConfig, mine_hard_negatives
     from embedlab.data.pair_sources import BEIRPairs
-    from embedlab.data.pair_stream import group_positive_texts, pair_table_path
+    from embedlab.data.pairs_table import group_positive_texts, pair_table_path
     from embedlab.data.pairs import PAIR_SCHEMA, Pair
 
     (query, moved), (_, copied) = summary_and_body(shutil.move), summary_and_body(shutil.copy2)
@@ -575,7 +637,7 @@ def test_mining_from_a_parent_on_object_storage_equals_mining_from_its_local_cop
 
     from embedlab import store
     from embedlab.data.mining import MinedSet
-    from embedlab.data.pair_stream import pair_table_path
+    from embedlab.data.pairs_table import pair_table_path
     from embedlab.train.contrastive import trial_pair_schedule
     from embedlab.train.phase3_negatives import mine_for_phase3
 
@@ -603,7 +665,7 @@ def test_trials_read_the_pair_table_the_sweep_froze_without_the_users_files(prep
     """The sweep records each arm's frozen pair table in the prepared record; a trial on a node
     without the user's pair files (they live on the submitting machine) reads that table,
     where building it again would need the files."""
-    from embedlab.data.pair_stream import PAIR_TABLES, pair_table_name, pair_table_path, recorded_pair_table
+    from embedlab.data.pairs_table import PAIR_TABLES, pair_table_name, pair_table_path, recorded_pair_table
 
     pairs_file = write_jsonl(tmp_path / "pairs.jsonl", user_rows())
     data = user_data(pairs_file)

@@ -26,7 +26,8 @@ import torch
 
 from embedlab.bench.measure import Comparison, interleaved_rates, median, peak_since, start_peak_window
 from embedlab.config import DEFAULT_BUDGET, ContrastiveConfig, DataConfig, TrainConfig, TrialConfig, model_preset
-from embedlab.data.pair_stream import pair_table_path, tokenize_pair_window
+from embedlab.data.pair_stream import tokenize_pair_window
+from embedlab.data.pairs_table import pair_table_path
 from embedlab.data.prepared import PreparedData
 from embedlab.errors import UsageError
 from embedlab.model.encoder import MLMModel

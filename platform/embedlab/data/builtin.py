@@ -24,6 +24,7 @@ import ast
 import gzip
 import hashlib
 import inspect
+import json
 import os
 import platform
 import re
@@ -71,12 +72,15 @@ class Source:
     """A named corpus: the (package, path) pairs it needs and a reader called as read(name, *paths).
 
     In `needs`, the package is the Debian package that provides the path, or None for files
-    that come with Python itself.
+    that come with Python itself. `content`, called as content(*paths), hashes the bytes the
+    reader reads: the revision of a source without a Debian package (Python's own, whose
+    files a distribution may patch under one version number).
     """
 
     name: str
     needs: tuple[tuple[str | None, Path], ...]
     read: Callable[..., Iterator[Document]]
+    content: Callable[..., str] | None = None
 
     @property
     def paths(self) -> tuple[Path, ...]:
@@ -120,10 +124,12 @@ class Source:
         return islice(_unique_ids(self.read(self.name, *self.paths)), limit)
 
     def revision(self) -> str:
-        """Package versions from dpkg, else a hash of the files; Python version for Python's own."""
+        """Package versions from dpkg, else a hash of the files; for Python's own sources, the
+        Python version and a hash of the bytes the reader reads (`content`)."""
         self.check()
         if not self.packages:
-            return f"python-{platform.python_version()}"
+            content = self.content(*self.paths) if self.content is not None else _hash_files(self.paths)
+            return f"python-{platform.python_version()}+sha256:{content}"
         versions = [_dpkg_version(pkg) for pkg in self.packages]
         if all(versions):
             return "debian:" + ",".join(f"{pkg}={ver}" for pkg, ver in zip(self.packages, versions, strict=True))
@@ -148,7 +154,8 @@ def available_sources() -> list[str]:
 
 
 def source_revision(name: str) -> str:
-    """What version of the data a source reads, e.g. 'python-3.11.7' or 'debian:fortunes=1:1.99.1-7.3'."""
+    """What version of the data a source reads, e.g. 'python-3.11.7+sha256:<16 hex>' (the bytes read)
+    or 'debian:fortunes=1:1.99.1-7.3'."""
     return _lookup(name).revision()
 
 
@@ -213,6 +220,13 @@ def _hash_files(paths: Iterable[Path]) -> str:
 # python-docs and python-docstrings
 
 
+def _python_docs_content() -> str:
+    """sha256 (16 hex digits) of pydoc_data's topics, the text python-docs reads."""
+    from pydoc_data.topics import topics
+
+    return hashlib.sha256(json.dumps(topics, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def _read_python_docs(name: str) -> Iterator[Document]:
     from pydoc_data.topics import topics  # a plain dict of strings; importing it has no side effects
 
@@ -238,6 +252,15 @@ def _stdlib_modules(stdlib: Path) -> list[tuple[str, Path]]:
                 parts = path.relative_to(stdlib).with_suffix("").parts
                 modules.append((".".join(parts[:-1] if parts[-1] == "__init__" else parts), path))
     return sorted(modules, key=lambda item: item[1].relative_to(stdlib).as_posix())
+
+
+def _stdlib_content(stdlib: Path) -> str:
+    """sha256 (16 hex digits) of the relative paths and bytes of every file python-docstrings parses."""
+    digest = hashlib.sha256()
+    for _, path in _stdlib_modules(stdlib):
+        name, data = path.relative_to(stdlib).as_posix().encode(), path.read_bytes()
+        digest.update(len(name).to_bytes(8, "big") + name + len(data).to_bytes(8, "big") + data)
+    return digest.hexdigest()[:16]
 
 
 def _docstrings(node: ast.AST, qualname: str) -> Iterator[tuple[str, str]]:
@@ -827,8 +850,8 @@ def _dictd_source(database: str) -> Source:
 SOURCES: dict[str, Source] = {
     source.name: source
     for source in (
-        Source("python-docs", (), _read_python_docs),
-        Source("python-docstrings", ((None, STDLIB_DIR),), _read_python_docstrings),
+        Source("python-docs", (), _read_python_docs, _python_docs_content),
+        Source("python-docstrings", ((None, STDLIB_DIR),), _read_python_docstrings, _stdlib_content),
         Source("bible-kjv", (("bible-kjv-text", BIBLE_DATA), ("bible-kjv", BIBLE_PROGRAM)), _read_bible),
         Source("fortunes", (("fortunes", FORTUNES_DIR),), _read_fortunes),
         _dictd_source("foldoc"),

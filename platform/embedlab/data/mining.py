@@ -27,8 +27,10 @@ The next `negatives_per_query` candidates, best first, are the pair's negatives.
 candidate is checked, not only as many as the quota needs, so the drop counts describe the
 whole top_k pool and say how hard the negatives could be made.
 
-Re-mining is a new recipe revision: `MinedSet.version` is a hash of the encoder id, corpus
-revision, mining config and pair ids, so mining with anything different gives a new version.
+Re-mining is a new recipe revision: `MinedSet.version` is a hash of the encoder id, how it
+encodes (`encoding`: the encode length, the pooling and, from phase 3, the code that mines and
+encodes, `MINING_CODE`), the corpus revision, the mining config, the pair ids and the pairs'
+texts, so mining with anything different gives a new version.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ import re
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +57,7 @@ from embedlab.data.document import normalise_text
 from embedlab.data.pairs import Pair
 from embedlab.evaluate.retrieval import search
 
-FORMAT = "embedlab-mined-negatives/3"  # 2: positive-text over the positive group, both ways; 3: pairs_digest
+FORMAT = "embedlab-mined-negatives/4"  # 2: positive-text over the positive group, both ways; 3: pairs_digest; 4: encoding
 RULES = ("known-positive", "same-group", "positive-text", "false-negative-margin", "skip-top")
 TRAIN_SPLIT = "train"
 CORPUS_COLUMNS = ("doc_id", "title", "text", "group_id", "split")
@@ -123,12 +125,13 @@ def pairs_digest(pairs: Iterable[Pair], group_positives: Mapping[str, Iterable[s
 
 
 def mining_version(*, encoder_id: str, corpus_revision: str, config: MiningConfig, pair_ids: Iterable[str],
-                   pairs_digest: str) -> str:
-    """sha256 of everything that decides the negatives (`pairs_digest`: the pairs' texts);
-    pair order does not matter."""
+                   pairs_digest: str, encoding: Mapping[str, Any] | None = None) -> str:
+    """sha256 of everything that decides the negatives (`pairs_digest`: the pairs' texts;
+    `encoding`: how the encoder turns text into vectors, JSON values); pair order does not matter."""
     identity = {
         "format": FORMAT,
         "encoder_id": encoder_id,
+        "encoding": dict(encoding or {}),
         "corpus_revision": corpus_revision,
         "config": asdict(config),
         "pair_ids": sorted(pair_ids),
@@ -156,6 +159,7 @@ class MinedSet:
     queries: dict[str, tuple[str, str]]
     documents: dict[str, str]
     pairs_digest: str
+    encoding: dict[str, Any] = field(default_factory=dict)
 
     def to_table(self) -> pa.Table:
         """One row per negative, by pair id then rank, with the query, positive and negative texts."""
@@ -182,6 +186,7 @@ class MinedSet:
             "format": FORMAT,
             "version": self.version,
             "encoder_id": self.encoder_id,
+            "encoding": self.encoding,
             "corpus_revision": self.corpus_revision,
             "config": asdict(self.config),
             "counts": self.counts,
@@ -207,6 +212,7 @@ class MinedSet:
         version = mining_version(
             encoder_id=manifest["encoder_id"], corpus_revision=manifest["corpus_revision"],
             config=config, pair_ids=manifest["pair_ids"], pairs_digest=manifest["pairs_digest"],
+            encoding=manifest["encoding"],
         )
         if version != manifest["version"]:
             raise ValueError(f"{manifest_path}: version {manifest['version']} does not match its contents ({version})")
@@ -230,6 +236,7 @@ class MinedSet:
             queries=queries,
             documents=documents,
             pairs_digest=manifest["pairs_digest"],
+            encoding=manifest["encoding"],
         )
 
     def report(self, examples: int = 5) -> str:
@@ -240,7 +247,9 @@ class MinedSet:
             "",
             f"Encoder `{self.encoder_id}`, corpus revision `{self.corpus_revision}`, top_k {config.top_k}, "
             f"{config.negatives_per_query} negatives per query, false-negative margin "
-            f"{config.false_negative_margin}, skip_top {config.skip_top}.",
+            f"{config.false_negative_margin}, skip_top {config.skip_top}."
+            + ("" if not self.encoding else " Encoding: " + ", ".join(
+                f"{key} {value}" for key, value in sorted(self.encoding.items())) + "."),
             "",
             "| count | value |",
             "|---|---:|",
@@ -341,6 +350,7 @@ def mine_hard_negatives(
     progress: Callable[[str], None] = print,
     outside_corpus: frozenset[str] = frozenset(),
     group_positives: Mapping[str, Iterable[str]] | None = None,
+    encoding: Mapping[str, Any] | None = None,
 ) -> MinedSet:
     """Negatives for every pair from the training split of `corpus`, found with `encode(texts) -> (N, d)`.
 
@@ -350,8 +360,10 @@ def mine_hard_negatives(
     whose ids are in `outside_corpus` (a user's own pairs, `embedlab.data.pair_sources`):
     their positives are no corpus documents, so known-positive and same-group cannot apply
     to them, and positive-text and the margin are what keep their positives out.
-    `group_positives` (positive group -> texts, `pair_stream.group_positive_texts`) adds the
+    `group_positives` (positive group -> texts, `pairs_table.group_positive_texts`) adds the
     positives of group members that are not among `pairs` (rows the schedule does not read).
+    `encoding` says how `encode` embeds text (JSON values: encode length, pooling, code); it
+    joins the set's version, so an encoder run differently is a new set.
     """
     if not pairs:
         raise ValueError("no pairs to mine negatives for")
@@ -441,8 +453,9 @@ def mine_hard_negatives(
              f"{len(pairs):,} queries; dropped {counts['dropped']}")
     return MinedSet(
         version=mining_version(encoder_id=encoder_id, corpus_revision=corpus_revision, config=config,
-                               pair_ids=pair_ids, pairs_digest=digest),
+                               pair_ids=pair_ids, pairs_digest=digest, encoding=encoding),
         pairs_digest=digest,
+        encoding=dict(encoding or {}),
         encoder_id=encoder_id,
         corpus_revision=corpus_revision,
         config=config,
@@ -456,7 +469,7 @@ def mine_hard_negatives(
 # ---------------------------------------------------------------------------------------------
 # Given negatives (a user's own pairs)
 
-GIVEN_FORMAT = "embedlab-given-negatives/1"
+GIVEN_FORMAT = "embedlab-given-negatives/2"  # 2: the encoding in the identity
 GIVEN_RULE = "false-negative-margin"
 
 

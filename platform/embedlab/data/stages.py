@@ -57,7 +57,7 @@ def _pairs(prepared: PreparedData, user_pairs: Callable[[], Iterator[tuple[str, 
 
 
 def pair_table_items(path: Path) -> Iterator[tuple[str, str]]:
-    """The texts of one frozen pairs table (`pair_stream.pair_table_path`): "<row id>:query" and
+    """The texts of one frozen pairs table (`pairs_table.pair_table_path`): "<row id>:query" and
     "<row id>:positive" (a user pair has a row per positive, `pair_sources.row_ids`), then a user
     pair's given negatives ("<row id>:negative:<i>"), when the table has that column."""
     names = pq.read_schema(path).names

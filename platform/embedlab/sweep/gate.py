@@ -9,7 +9,7 @@ from pathlib import Path
 
 from embedlab.data.contamination import check_training_data
 from embedlab.data.mixture import MixtureError
-from embedlab.data.pair_stream import PAIR_TABLES, pair_table_name, pair_table_path
+from embedlab.data.pairs_table import PAIR_TABLES, pair_table_name, pair_table_path
 from embedlab.data.prepared import PreparedData
 from embedlab.errors import UsageError
 from embedlab.evaluate.checkpoint_eval import arm_eval_tasks

@@ -27,7 +27,7 @@ from embedlab import store
 from embedlab.data.external import iter_external
 from embedlab.data.pair_sources import PairReadStats, read_pairs
 from embedlab.data.pair_source_config import HFPairs
-from embedlab.data.pair_stream import check_pair_shares
+from embedlab.data.pairs_table import check_pair_shares
 from embedlab.data.source_config import LocalFiles, SourceError
 from embedlab.errors import RunRecordError, UsageError
 from embedlab.evaluate.beir import load_task

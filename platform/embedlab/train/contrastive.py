@@ -41,7 +41,8 @@ import torch
 from embedlab.config import ModelConfig, TrialConfig
 from embedlab.data.contamination import check_mined_negatives, check_training_data
 from embedlab.data.mixture import schedule_target
-from embedlab.data.pair_stream import pair_dataset, pair_schedule, pair_table_path, recorded_pair_table
+from embedlab.data.pair_stream import pair_dataset, pair_schedule
+from embedlab.data.pairs_table import pair_table_path, recorded_pair_table
 from embedlab.data.prepared_sync import node_path
 from embedlab.data.stream import worker_splits
 from embedlab.evaluate.checkpoint_eval import arm_eval_tasks

@@ -30,7 +30,8 @@ from embedlab.data.mining import (
     GIVEN_FORMAT, NEGATIVES_FILE, GivenPair, MiningConfig, mine_hard_negatives, mining_version, pairs_digest,
     screen_given_negatives, write_text_atomically,
 )
-from embedlab.data.pair_stream import group_positive_texts
+from embedlab.data.pairs_table import group_positive_texts
+from embedlab.data.prepare import code_revision
 from embedlab.data.pairs import PAIR_BUILDERS, PAIR_SCHEMA, Pair
 from embedlab.data.prepared_sync import node_path, publish_subtree
 from embedlab.evaluate.encode import encode_texts
@@ -42,6 +43,12 @@ from embedlab.train.flops import FlopTally
 # needs a set looks for the one a trial before it wrote, under these names.
 GIVEN_MANIFEST = "manifest.json"  # a screened set's identity and counts, written last: it marks the set complete
 MINING_COST_FILE = "compute.json"  # what encoding a set cost, in mined and screened sets (`mining_compute`)
+# The code that decides a mined or screened set beyond its inputs: the rules, the encoding
+# (tokenising, the encoder's forward, pooling) and the search. Hashed into the sets' versions.
+MINING_CODE = (
+    "data/mining.py", "data/document.py", "train/phase3_negatives.py", "evaluate/encode.py", "evaluate/retrieval.py",
+    "model/encoder.py", "model/pooling.py", "tokenizer/frozen.py",
+)
 
 
 def _scheduled_rows(pairs_path: Path, schedule, offsets, columns: list[str] | None = None) -> list[dict[str, Any]]:
@@ -78,8 +85,13 @@ def _parent_encoder(trial: TrialConfig, progress, label: str) -> _ParentEncoder:
     return _ParentEncoder(encode=encode, manifest=manifest, device=device, tally=tally)
 
 
-def _parent_hash(trial: TrialConfig) -> str:
-    return verify_checkpoint(trial.parent)["content_hash"]
+def _parent_identity(trial: TrialConfig) -> tuple[str, dict[str, Any]]:
+    """The parent's content hash and how mining and screening run it (`_parent_encoder`), as
+    the sets' versions record them: the encode length, the parent's pooling and the code."""
+    manifest = verify_checkpoint(trial.parent)
+    encoding = {"max_length": trial.contrastive.pair_length, "pooling": manifest["pooling"]["method"],
+                "code": code_revision(sources=MINING_CODE)}
+    return manifest["content_hash"], encoding
 
 
 def mine_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, schedule, offsets, progress=print) -> Path:
@@ -97,18 +109,20 @@ def mine_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, schedule, of
     outside = frozenset(p.pair_id for p in pairs if p.builder not in PAIR_BUILDERS)
     config = MiningConfig(negatives_per_query=trial.contrastive.hard_negatives,
                           top_k=trial.contrastive.mining_top_k, false_negative_margin=trial.contrastive.mining_margin)
-    encoder_id = _parent_hash(trial)
+    encoder_id, encoding = _parent_identity(trial)
     # Every positive of each row's group, rows the schedule does not read included.
     group_positives = group_positive_texts(pairs_path)
     version = mining_version(encoder_id=encoder_id, corpus_revision=prepared.data_revision, config=config,
-                             pair_ids=[p.pair_id for p in pairs], pairs_digest=pairs_digest(pairs, group_positives))
+                             pair_ids=[p.pair_id for p in pairs], pairs_digest=pairs_digest(pairs, group_positives),
+                             encoding=encoding)
     directory = prepared.directory / "mined" / version[:16]
     node_path(directory)  # on a cluster with remote storage: another node's published set, fetched
     if not (directory / "manifest.json").is_file():
         parent = _parent_encoder(trial, progress, "mining: encoding")
         mined = mine_hard_negatives(pairs, prepared.corpus.read(), parent.encode, config=config,
                                     encoder_id=encoder_id, corpus_revision=prepared.data_revision,
-                                    progress=progress, outside_corpus=outside, group_positives=group_positives)
+                                    progress=progress, outside_corpus=outside, group_positives=group_positives,
+                                    encoding=encoding)
         # The report and the cost first, the set last (its manifest marks it complete): a
         # trial that finds the manifest finds them too. Each file is staged under its
         # writer's own name, as trials needing the same set may mine it at once.
@@ -128,13 +142,15 @@ def given_negatives_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, s
     margin under the parent encoder (`contrastive.given_negative_margin`), in
     `given-negatives/<version>/` (negatives.parquet in the mined sets' schema, manifest.json
     with the counts, compute.json with the encoding cost); None when no scheduled pair has any.
-    Cached by version: the parent, the pairs table's bytes, the margin and the pairs."""
+    Cached by version: the parent and how it encodes (`_parent_identity`), the pairs table's
+    bytes, the margin and the pairs."""
     rows = _scheduled_rows(pairs_path, schedule, offsets, ["pair_id", "query", "positive", "negatives"])
     pairs = [GivenPair(r["pair_id"], r["query"], r["positive"], tuple(r["negatives"])) for r in rows]
     if not any(p.negatives for p in pairs):
         return None
     margin = trial.contrastive.given_margin
-    identity = {"format": GIVEN_FORMAT, "encoder_id": None if margin is None else _parent_hash(trial),
+    encoder_id, encoding = (None, None) if margin is None else _parent_identity(trial)
+    identity = {"format": GIVEN_FORMAT, "encoder_id": encoder_id, "encoding": encoding,
                 "pairs_table": file_sha256(Path(pairs_path)), "margin": margin, "pair_ids": sorted(p.pair_id for p in pairs)}
     version = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
     directory = prepared.directory / "given-negatives" / version[:16]
