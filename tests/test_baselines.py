@@ -204,20 +204,26 @@ def test_evaluate_cli_on_a_graded_beir_directory_with_odd_ids(tmp_path, capsys):
         qrels={"test": {"q-one": {"doc-α": 2, "doc/β": 1, "doc γ": 0}, "q#two": {"doc γ": 2}}},
     )
     write_task(task, tmp_path / "graded")
-    assert main(["evaluate", "--encoder", "baseline:bm25", "--task", str(tmp_path / "graded"), "--json"]) == 0
-    out = json.loads(capsys.readouterr().out)
+    assert main(["evaluate", "--encoder", "baseline:bm25", "--task", str(tmp_path / "graded"), "--json"]) == 2
+    assert "has no dev split (only ['test'])" in capsys.readouterr().err  # dev unless told: selection's split
+    assert main(["evaluate", "--encoder", "baseline:bm25", "--task", str(tmp_path / "graded"), "--json",
+                 "--split", "test"]) == 0
+    captured = capsys.readouterr()
+    assert "split test: the final-eval split, for reporting once after selection" in captured.err
+    out = json.loads(captured.out)
     assert out["queries"] == 2 and out["docs"] == 3 and out["ndcg@10"] > 0.9
     # --without-documents leaves out q-one (it judges doc/β relevant): the score is q#two's alone.
     assert main(["evaluate", "--encoder", "baseline:bm25", "--task", str(tmp_path / "graded"), "--json",
-                 "--without-documents", "doc/β"]) == 0
+                 "--split", "test", "--without-documents", "doc/β"]) == 0
     captured = capsys.readouterr()
     left = json.loads(captured.out)
     assert (left["queries"], left["docs"]) == (1, 3) and "1 queries left out (q-one)" in captured.err
     assert left["ndcg@10"] == 1.0  # "tables of rows": doc γ, the only document with those words, first
-    assert main(["evaluate", "--encoder", "baseline:bm25", "--task", str(tmp_path / "graded"),
+    assert main(["evaluate", "--encoder", "baseline:bm25", "--task", str(tmp_path / "graded"), "--split", "test",
                  "--without-documents", "doc-x"]) == 2
     assert "doc-x" in capsys.readouterr().err
     qrels = tmp_path / "graded" / "qrels" / "test.tsv"
     qrels.write_text(qrels.read_text() + "q-one\tno-such-doc\t1\n")
-    assert main(["evaluate", "--encoder", "baseline:bm25", "--task", str(tmp_path / "graded"), "--json"]) == 2
+    assert main(["evaluate", "--encoder", "baseline:bm25", "--task", str(tmp_path / "graded"), "--json",
+                 "--split", "test"]) == 2
     assert "no-such-doc" in capsys.readouterr().err

@@ -2,6 +2,7 @@
 ConnectionError) is one `error:` line and exit code 2; anything else keeps its traceback.
 The demo finds its study files from the installed package, wherever it runs from."""
 
+import argparse
 import json
 import subprocess
 import sys
@@ -105,3 +106,17 @@ def test_parsing_the_command_line_loads_no_heavy_library():
     )
     loaded = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
     assert loaded.strip() == "[]"
+
+
+def test_the_profile_help_lists_every_profile_with_its_summary():
+    """sweep, plan and tour describe --profile from `recipes.PROFILES`, so a new profile is never
+    missing from --help (gpu-300m once was)."""
+    from embedlab.cli import build_parser
+    from embedlab.recipes import PROFILES
+
+    parser = build_parser()
+    subcommands = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction))
+    for command in ("sweep", "plan", "tour"):
+        flat = " ".join(subcommands.choices[command].format_help().split())
+        for name, profile in PROFILES.items():
+            assert f"{name} ({profile.summary})" in flat, (command, name)

@@ -166,7 +166,7 @@ def test_evaluate_cli_json(trained, prepared, capsys):
     """`embedlab evaluate --json` prints the contract's keys for a BEIR directory."""
     _, result = trained
     code = main(["evaluate", "--encoder", result.checkpoint.path,
-                 "--task", str(prepared.task_dir("python-docstrings")), "--json"])
+                 "--task", str(prepared.task_dir("python-docstrings")), "--split", "test", "--json"])
     assert code == 0
     out = json.loads(capsys.readouterr().out)
     assert {"ndcg@10", "recall@100", "mrr@10", "queries", "docs"} <= set(out)

@@ -46,6 +46,7 @@ class Profile:
     """The sizes a study runs at. Budgets are per trial, summed over workers."""
 
     name: str
+    summary: str  # one line for --help: where it runs and what it gives
     model: str
     seeds: tuple[int, ...]
     phase1_tokens: int
@@ -118,7 +119,8 @@ GPU_PAIRS = (
 
 PROFILES: dict[str, Profile] = {
     "demo": Profile(
-        name="demo", model="small", seeds=(0, 1), phase1_tokens=300_000, phase2_pairs=2_048, phase3_pairs=1_024,
+        name="demo", summary="2-core CPU, minutes: what `make demo` runs",
+        model="small", seeds=(0, 1), phase1_tokens=300_000, phase2_pairs=2_048, phase3_pairs=1_024,
         num_workers=2, cpus_per_worker=0.5, use_gpu=False, phase1_batch_rows=8, contrastive_batch_rows=16,
         sequence_length=128, all_arms=False,
     ),
@@ -128,7 +130,8 @@ PROFILES: dict[str, Profile] = {
     # 12 trials trained for 50 of them, phase 2 for 28); 75,000 / 40,000 leave about 9 minutes
     # of that day's training as margin.
     "cpu": Profile(
-        name="cpu", model="small", seeds=(0, 1), phase1_tokens=3_000_000, phase2_pairs=75_000, phase3_pairs=40_000,
+        name="cpu", summary="2-core CPU, an hour, a usable model",
+        model="small", seeds=(0, 1), phase1_tokens=3_000_000, phase2_pairs=75_000, phase3_pairs=40_000,
         num_workers=1, cpus_per_worker=1.0, use_gpu=False, phase1_batch_rows=32, contrastive_batch_rows=64,
         sequence_length=128, all_arms=False, torch_threads=2, phase2_learning_rate=5e-4, phase3_learning_rate=2e-4,
         # The built-in corpus has 5,562 title-body and 3,182 lead-rest pairs; phase 2's 75,000
@@ -137,7 +140,8 @@ PROFILES: dict[str, Profile] = {
         disclosed_overlap=LEAD_REST_OVERLAP,
     ),
     "full": Profile(
-        name="full", model="5m", seeds=(0, 1, 2), phase1_tokens=5_000_000, phase2_pairs=200_000,
+        name="full", summary="a GPU cluster; the study files' default",
+        model="5m", seeds=(0, 1, 2), phase1_tokens=5_000_000, phase2_pairs=200_000,
         phase3_pairs=50_000, num_workers=4, cpus_per_worker=2.0, use_gpu=True, phase1_batch_rows=32,
         contrastive_batch_rows=64, sequence_length=256, all_arms=True,
     ),
@@ -148,7 +152,8 @@ PROFILES: dict[str, Profile] = {
     # (about 1 GB of text): mixture.py's 40%-technical arm should read it two to three times,
     # under the cap of 4, which the sweep checks on the prepared tokens before any trial.
     "gpu-300m": Profile(
-        name="gpu-300m", model="300m", seeds=(0, 1, 2), phase1_tokens=1_000_000_000, phase2_pairs=8_000_000,
+        name="gpu-300m", summary="8-GPU nodes, the recipe's 300M encoder on 10^9 tokens",
+        model="300m", seeds=(0, 1, 2), phase1_tokens=1_000_000_000, phase2_pairs=8_000_000,
         phase3_pairs=1_500_000, num_workers=8, cpus_per_worker=8.0, use_gpu=True, phase1_batch_rows=64,
         contrastive_batch_rows=256, sequence_length=512, all_arms=True, phase2_learning_rate=1e-4,
         phase3_learning_rate=3e-5, precision="bf16", tokenizer_vocab_size=49152,
@@ -163,6 +168,11 @@ PROFILES: dict[str, Profile] = {
     ),
 }
 DEFAULT_PROFILE = "full"
+
+
+def profiles_help() -> str:
+    """Every profile with its summary, for the --profile option's help."""
+    return "; ".join(f"{name} ({profile.summary})" for name, profile in PROFILES.items())
 
 
 def profile(name: str = DEFAULT_PROFILE) -> Profile:

@@ -9,7 +9,7 @@
     embedlab table RUN_DIR [--format text|csv|markdown|json]   per-arm mean ± 95% CI, paired differences
     embedlab promote RUN_DIR [--metric dev/ndcg@10] [--max-retention-drop X] [--run]
     embedlab report RUN_DIR [RUN_DIR...] [--out FILE]   the study report: one self-contained HTML page
-    embedlab evaluate --encoder CKPT_DIR --task TASK [--split test] [--dev-fraction F] [--json]
+    embedlab evaluate --encoder CKPT_DIR --task TASK [--split dev|test] [--dev-fraction F] [--json]
                       TASK: a BEIR directory, a built-in name, hub:DATASET@REVISION or a HubTask .toml/.json
     embedlab model params PRESET [--json]
     embedlab model check-cuda [--device cuda|cpu] [--json]   GPU paths vs their CPU-tested oracles

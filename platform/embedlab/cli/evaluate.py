@@ -14,7 +14,11 @@ import sys
 
 from embedlab.cli.common import stderr
 from embedlab.code_identity import current
+from embedlab.errors import UsageError
 from embedlab.evaluate.beir import without_documents
+
+SELECTION_SPLIT = "dev"  # what `evaluate` scores unless told: the split selection reads
+FINAL_EVAL_SPLIT = "test"
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
@@ -26,7 +30,15 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         task, dropped = without_documents(task, args.without_documents.split(","))
         print(f"without documents {args.without_documents}: {len(dropped)} queries left out "
               f"({', '.join(dropped)})", file=sys.stderr)
+    if args.split not in task.qrels and args.split == SELECTION_SPLIT:
+        raise UsageError(f"task {task.name!r} has no {SELECTION_SPLIT} split (only {sorted(task.qrels)}): evaluate "
+                         f"scores {SELECTION_SPLIT}, the split selection reads, unless told; derive one with "
+                         f"--dev-fraction F, or score the final-eval split, once and for reporting, with --split "
+                         f"{FINAL_EVAL_SPLIT}")
     metrics = score_encoder(args.encoder, task, args.split, index=args.index)
+    if args.split == FINAL_EVAL_SPLIT:  # after scoring: a refusal stays one line
+        print(f"split {FINAL_EVAL_SPLIT}: the final-eval split, for reporting once after selection; choose on "
+              f"--split {SELECTION_SPLIT}", file=sys.stderr)
     if args.json:
         print(json.dumps(metrics, sort_keys=True))
     else:
@@ -85,7 +97,9 @@ def add_evaluate_parser(sub: argparse._SubParsersAction) -> None:
                                "dev split (seeded by query id, frozen with a Hub task's cached folder); a task "
                                "with its own dev split keeps it")
     evaluate.add_argument("--dev-seed", type=int, default=0, help="seed of the derived dev split (default 0)")
-    evaluate.add_argument("--split", default="test", help="qrels split to score (default test)")
+    evaluate.add_argument("--split", default=SELECTION_SPLIT,
+                          help=f"qrels split to score (default {SELECTION_SPLIT}, what selection reads; "
+                               f"{FINAL_EVAL_SPLIT}: the final-eval split, to report once after selection)")
     evaluate.add_argument("--index", default="flat", choices=["flat", "ivf", "hnsw"],
                           help="Faiss index: exact flat (default) or approximate ivf/hnsw")
     evaluate.add_argument("--without-documents", metavar="DOC_ID[,DOC_ID...]", default=None,

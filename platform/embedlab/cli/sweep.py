@@ -143,9 +143,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     demo.set_defaults(func=cmd_demo, dry_run=False)
 
     def add_profile(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--profile", default=None,
-                       help="sizes to run at: demo (2-core CPU, minutes), cpu (2-core CPU, an hour, a usable model) "
-                            "or full (GPU cluster; the study files' default)")
+        from embedlab.recipes import profiles_help  # here: the data layer's config modules
+
+        p.add_argument("--profile", default=None, help=f"sizes to run at: {profiles_help()}")
 
     sweep = sub.add_parser("sweep", help="run a study file with Ray Tune")
     sweep.add_argument("study", help="a study file, e.g. ablations/masking_ratio.py")
