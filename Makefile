@@ -14,7 +14,7 @@ DEBIAN_SOURCES := bible-kjv bible-kjv-text fortunes dict-foldoc dict-jargon debi
 # (dpkg's status file, GNU Info manuals) come with every Debian system.
 HELDOUT_SOURCES := dict-devil
 
-.PHONY: demo test test-fast setup debian-sources debian-test-tools clean-venv
+.PHONY: demo test test-fast docs setup debian-sources debian-test-tools clean-venv
 
 demo: setup debian-sources
 	$(BIN)/embedlab demo
@@ -27,6 +27,12 @@ test: setup debian-sources debian-test-tools
 # the Ray ones; `slow` marks the few others), with a check that no unmarked test starts Ray.
 test-fast: setup debian-sources
 	$(BIN)/python -m pytest -m "not ray and not slow" --durations=10
+
+# The documentation site (mkdocs-material, API pages from the docstrings) into site/; the
+# suite builds it too, with --strict. `python docs/outputs.py` rewrites the command output
+# the pages show from the commands themselves.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 setup: $(STAMP)
 

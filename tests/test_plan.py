@@ -67,7 +67,7 @@ def test_a_real_pilot_measures_the_arm_on_the_cluster(ray_session, prepared, tmp
     figures are the ones its metrics log and checkpoint give. Start-up and evaluation seconds
     are single wall-clock samples of this run (the Tune fit, the actor call) that no log holds:
     how they enter the estimate is the hand-arithmetic test above, and how close a plan comes
-    to a measured sweep is a figure for the README, not a pass/fail band."""
+    to a measured sweep is a figure for docs/concepts/planning.md, not a pass/fail band."""
     study = _study(tmp_path)
     pilot, checkpoint = run_pilot(study, "mask-30", prepared, parent=None, reports=4, storage=tmp_path / "pilot",
                       progress=lambda line: None)

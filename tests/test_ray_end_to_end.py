@@ -340,8 +340,9 @@ def study(profile=None):
 
 
 def test_phase3_on_user_pairs_ends_in_a_table_and_a_release(phase2, prepared, tmp_path, capsys):
-    """The README's worked path: phase 3 on a user's JSONL pairs (given negatives, no mining),
-    scored on the user's own BEIR folder, from a phase-2 checkpoint, through the CLI: a sweep,
+    """The own-pairs guide's worked path (docs/guides/own-pairs.md): phase 3 on a user's JSONL
+    pairs (given negatives, no mining), scored on the user's own BEIR folder, from a phase-2
+    checkpoint, through the CLI: a sweep,
     its table, promotion (the final-eval split read once) and an exported release whose
     encoder is the promoted checkpoint's."""
     import dataclasses

@@ -40,7 +40,7 @@ PROBES = sorted((Path(__file__).parent.parent / "ablations" / "probes").glob("*.
 @pytest.mark.parametrize("path", PROBES, ids=lambda p: p.name)
 def test_every_probe_file_loads_at_the_cpu_profile(path, monkeypatch):
     """The cpu profile's probes (one seed each, recipe-dev only) load, validate and round-trip:
-    the README's probe figures come from these files as they are."""
+    the cpu tour page's probe figures come from these files as they are."""
     monkeypatch.setenv("PROBE_VOCAB", "8192")
     study = load_study(path, "cpu")
     assert study.profile == "cpu" and len(study.arms) >= 2 and len(study.seeds) == 1

@@ -85,7 +85,7 @@ def bench_scaling(prepared, *, lengths: tuple[int, ...] = (128, 512, 1024, 2048)
 
 
 def format_scaling(result: dict) -> str:
-    """Two markdown tables, as the README carries them."""
+    """Two markdown tables, as docs/results/benchmarks.md carries them."""
     first = result["length"][0]
     lines = [f"Training tokens/s by row length (preset `{first['preset']}`, packed rows, same documents):", "",
              "| length | dense SDPA mask | varlen | varlen / dense |", "|---:|---:|---:|---:|"]

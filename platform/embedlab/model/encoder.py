@@ -151,7 +151,7 @@ def flash_varlen_attention(q, k, v, cu_seqlens: torch.Tensor, max_length: int) -
 # "auto" on CPU switches to the bucketed variable-length kernel from this row length on:
 # `embedlab bench --scaling` measured it, over two runs, at 0.81-0.83x dense at 128 tokens,
 # 0.90-0.93x at 512, 1.17-1.27x at 1,024 and 1.81-1.84x at 2,048 on the tiny preset
-# (README, Benchmarks).
+# (docs/results/benchmarks.md).
 CPU_VARLEN_MIN_LENGTH = 1024
 
 

@@ -1,6 +1,6 @@
 """Mixed masking ratios inside every batch, with one MLM head per ratio or one shared head.
 
-The dual-LM-head method (README, "Phase 1"): `MaskingConfig.mixed_ratios`,
+The dual-LM-head method (docs/concepts/phases.md, "Phase 1"): `MaskingConfig.mixed_ratios`,
 e.g. ((0.05, 4), (0.5, 1)), masks 5% of the tokens of four sequences for every sequence
 masked at 50%. Each row gets one ratio (`assign_ratios`), is masked at it (`mask_mixed`) and
 is predicted by its ratio's head (`head_per_ratio=True`, the dual-head arm) or by the one

@@ -48,7 +48,7 @@ class Session(Protocol):
 
 
 # Batches Ray Data's iterator collates ahead of the one the step is consuming, in a
-# background thread. `embedlab bench prefetch` measures this against 0 (README, Benchmarks).
+# background thread. `embedlab bench prefetch` measures this against 0 (docs/results/benchmarks.md).
 PREFETCH_BATCHES = 1
 
 

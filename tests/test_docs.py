@@ -1,0 +1,92 @@
+"""The documentation: a README short enough to read, a site that builds strictly, and command
+output on its pages that is what the commands print (`docs/outputs.py`)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "docs"))
+
+import outputs  # noqa: E402  (docs/outputs.py: the pages' generated blocks)
+
+README_MAX_LINES = 260
+
+
+def test_the_readme_is_a_front_door():
+    """At most README_MAX_LINES lines, the two commands in it, and every docs page it links exists."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= README_MAX_LINES
+    assert "make demo" in text and "make test" in text
+    import re
+
+    for target in re.findall(r"\]\((docs/[^)#]+)", text):
+        assert (REPO / target).is_file(), target
+
+
+def test_the_site_builds_strictly(tmp_path):
+    """`mkdocs build --strict`: a broken link or anchor, a page missing from the nav, or an API
+    object mkdocstrings cannot find fails the build."""
+    mkdocs = Path(sys.executable).parent / "mkdocs"
+    if not mkdocs.exists():
+        pytest.fail(f"{mkdocs} is missing: the dev extra installs mkdocs (make setup)")
+    done = subprocess.run([str(mkdocs), "build", "--strict", "--site-dir", str(tmp_path / "site")], cwd=REPO,
+                          capture_output=True, text=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert (tmp_path / "site" / "reference" / "api" / "index.html").is_file()
+
+
+def test_every_generated_block_is_what_its_command_prints():
+    """Each `<!-- output: ... -->` block of every page equals its command's output now."""
+    stale = outputs.drifted()
+    assert not stale, ("pages out of date with their commands (run `python docs/outputs.py`):\n"
+                       + "\n".join(stale))
+
+
+def test_a_drifted_block_is_caught(tmp_path, monkeypatch):
+    """The check is not vacuous: a page whose help block lost a line is listed, and rewriting
+    it restores the command's output."""
+    page = tmp_path / "cli.md"
+    shutil.copyfile(REPO / "docs" / "reference" / "cli.md", page)
+    (block, *_) = [b for b in outputs.blocks(page) if b.command == "embedlab table --help"]
+    lines = page.read_text(encoding="utf-8").split("\n")
+    del lines[block.line + 3]
+    page.write_text("\n".join(lines), encoding="utf-8")
+    monkeypatch.setattr(outputs, "REPO", tmp_path)  # relative names in the report
+    assert outputs.drifted([page]) == [f"cli.md:{block.line + 1}: embedlab table --help"]
+    assert outputs.rewrite(page) == 1 and outputs.drifted([page]) == []
+
+
+def test_the_cli_reference_has_every_command():
+    """docs/reference/cli.md holds the --help of every command the parser has, so a new command
+    cannot be left out of the reference."""
+    documented = {b.command for b in outputs.blocks(REPO / "docs" / "reference" / "cli.md")}
+    missing = [" ".join(words) for words in outputs.commands()
+               if f"embedlab {' '.join(words)} --help" not in documented]
+    assert not missing, f"commands without a --help block in docs/reference/cli.md: {missing}"
+
+
+def test_the_column_reference_lists_every_column_of_the_saved_runs():
+    """Every column `load_table` gives for the tour's saved run records matches a row of the
+    column reference (a `<...>` placeholder stands for one path segment)."""
+    import re
+
+    from embedlab import load_table
+
+    page = (REPO / "docs" / "guides" / "results-in-pandas.md").read_text(encoding="utf-8")
+    reference = page[page.index("## Column reference"):]
+    names = [name for row in reference.splitlines() if row.startswith("| `")
+             for name in re.findall(r"`([^`]+)`", row.split(" | ")[0])]
+    patterns = [re.compile("^" + re.sub(r"<[^>]+>", "[^/]+", re.escape(name).replace(r"\<", "<").replace(r"\>", ">"))
+                           + "$") for name in names]
+    runs = sorted(p for p in (REPO / "docs" / "results" / "runs").iterdir() if p.is_dir())
+    assert runs, "no saved run records under docs/results/runs"
+    missing = sorted({column for run in runs for column in load_table(run).columns
+                      if not any(pattern.match(column) for pattern in patterns)})
+    assert not missing, f"columns the reference does not list: {missing}"
