@@ -524,6 +524,10 @@ class ContrastiveConfig:
     `batch_composition` (BATCH_COMPOSITIONS) says whether a batch mixes the builders or holds
     one builder's pairs; `init` (INITIALISATIONS) whether the encoder starts from the parent's
     weights or from a random initialisation of the same architecture.
+    `matryoshka_dims` (increasing widths, each at most `model.width`) trains the contrastive
+    loss at each listed width of the truncated, re-normalised embedding, weighted by
+    `matryoshka_weights` (default 1 each; `embedlab.objectives.matryoshka`); empty: the full
+    width alone. Only the listed widths are trained: list `model.width` to keep the full one.
     """
 
     pairs: tuple[tuple[str, float], ...] = (
@@ -547,8 +551,20 @@ class ContrastiveConfig:
     continue_optimizer: bool = False
     batch_composition: str = "mixed"
     init: str = "parent"
+    matryoshka_dims: tuple[int, ...] = ()
+    matryoshka_weights: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
+        dims, weights = tuple(self.matryoshka_dims), tuple(self.matryoshka_weights)
+        _check(all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in dims)
+               and list(dims) == sorted(set(dims)), "contrastive.matryoshka_dims",
+               f"{list(dims)}: positive integer widths in increasing order, each once")
+        _check(not weights or (len(weights) == len(dims) and all(w > 0 for w in weights)),
+               "contrastive.matryoshka_weights",
+               f"{list(weights)}: one positive weight per width of matryoshka_dims {list(dims)} (or none: 1 each)")
+        # JSON round trips give lists: the config's own form is a tuple.
+        object.__setattr__(self, "matryoshka_dims", dims)
+        object.__setattr__(self, "matryoshka_weights", weights)
         _check(self.batch_composition in BATCH_COMPOSITIONS, "contrastive.batch_composition",
                f"{self.batch_composition!r}; valid: {list(BATCH_COMPOSITIONS)}")
         _check(self.init in INITIALISATIONS, "contrastive.init", f"{self.init!r}; valid: {list(INITIALISATIONS)}")
@@ -571,6 +587,13 @@ class ContrastiveConfig:
                f"{self.pooling!r}; valid: {list(POOLING_METHODS)}")
         _check(not self.continue_optimizer, "contrastive.continue_optimizer",
                "a changed objective is not an exact resume: optimizer state and schedule clocks reset")
+
+    def trained_widths(self, width: int) -> tuple[tuple[int, ...], tuple[float, ...]]:
+        """The widths the contrastive loss is computed at and their weights, for an encoder of
+        `width`: `matryoshka_dims` (weights default 1), or the full width alone."""
+        if not self.matryoshka_dims:
+            return (width,), (1.0,)
+        return self.matryoshka_dims, self.matryoshka_weights or (1.0,) * len(self.matryoshka_dims)
 
     @property
     def given_margin(self) -> float | None:
@@ -678,6 +701,9 @@ class TrialConfig:
                    "the length rows are packed at")
         _check(self.phase == 3 or self.contrastive.hard_negatives == 0, "contrastive.hard_negatives",
                "mined hard negatives belong to phase 3")
+        _check(not self.contrastive.matryoshka_dims or self.contrastive.matryoshka_dims[-1] <= self.model.width,
+               "contrastive.matryoshka_dims", f"widths must be at most model.width={self.model.width}, got "
+               f"{list(self.contrastive.matryoshka_dims)}")
         _check(self.contrastive.mlm_weight == 0 or self.masking.strategy == "token", "masking.strategy",
                "the joint phase-2 MLM term masks pair texts token by token (they carry no word starts)")
         _check(

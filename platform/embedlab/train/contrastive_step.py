@@ -5,6 +5,10 @@ positives and, in phase 3, hard negatives; `gather_with_grad`), and with
 `contrastive.symmetric` the reverse direction too (this worker's positives against every
 worker's queries), pooled as sums and counts (`embedlab.objectives.contrastive.pooled`).
 
+With `contrastive.matryoshka_dims` the term is the weighted sum of that term at each listed
+width of the truncated, re-normalised embeddings (`embedlab.objectives.matryoshka`), gathered
+and scored per width.
+
 The backward differentiates `ContrastiveLoss.objective(valid, weight)`, i.e.
 weight * loss_sum / valid, with `valid` the step's global count of valid anchors and
 `weight` = `contrastive_weight` (1 - `contrastive.mlm_weight`: the joint arm's
@@ -28,6 +32,7 @@ from embedlab.model.pooling import l2_normalise, mean_pool
 from embedlab.objectives.contrastive import ContrastiveLoss, LearnableTemperature, multi_positive_infonce, \
     pair_masks, pooled
 from embedlab.objectives.gradcache import gradcache_step
+from embedlab.objectives.matryoshka import matryoshka_loss
 from embedlab.train.flops import GRADCACHE, TRAINED, FlopTally, attention_path
 from embedlab.train.precision import forward_precision
 
@@ -120,7 +125,16 @@ class ContrastiveStep:
 
         scores = FlopTally()  # the score matrices, counted at the shapes they are computed at
 
+        widths, weights = settings.trained_widths(self.model.width)
+
         def contrastive_term(queries: torch.Tensor, local_candidates: torch.Tensor) -> ContrastiveLoss:
+            """The term at every trained width (`embedlab.objectives.matryoshka`; the full width
+            alone unless `contrastive.matryoshka_dims` lists others)."""
+            if widths == (queries.shape[1],):
+                return width_term(queries, local_candidates)
+            return matryoshka_loss(width_term, queries, local_candidates, widths, weights)
+
+        def width_term(queries: torch.Tensor, local_candidates: torch.Tensor) -> ContrastiveLoss:
             """This worker's queries against every worker's candidates (+ the reverse direction)."""
             masks = pair_masks(query_groups, candidate_groups,
                                exclude=ineligible[None, :].expand(len(queries), -1).contiguous())

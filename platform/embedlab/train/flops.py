@@ -184,10 +184,11 @@ def expected_step_flops(trial: TrialConfig, *, attention: bool = True) -> float:
     per_microbatch = encoder_flops(model, texts, length, keep * texts * length * length, mode=mode,
                                    recomputes=kernel.recomputes)
     gathered = workers if settings.gather_across_workers and workers > 1 else 1
-    per_microbatch += PASSES[TRAINED] * similarity_forward_flops(
-        batch, gathered * batch * (1 + settings.hard_negatives), model.width)
-    if settings.symmetric:
-        per_microbatch += PASSES[TRAINED] * similarity_forward_flops(batch, gathered * batch, model.width)
+    for width in settings.trained_widths(model.width)[0]:  # a score matrix per trained width
+        per_microbatch += PASSES[TRAINED] * similarity_forward_flops(
+            batch, gathered * batch * (1 + settings.hard_negatives), width)
+        if settings.symmetric:
+            per_microbatch += PASSES[TRAINED] * similarity_forward_flops(batch, gathered * batch, width)
     if settings.mlm_weight > 0:
         copies = 2 * batch
         per_microbatch += encoder_flops(model, copies, length, keep * copies * length * length, mode=TRAINED,

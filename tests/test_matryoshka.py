@@ -1,0 +1,168 @@
+"""Matryoshka training: the loss at nested widths against an independent reference, GradCache =
+plain, two gloo workers = one process, the FLOP counter against FlopCounterMode, the config."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import synthetic
+from embedlab.config import ConfigError, ContrastiveConfig
+from embedlab.objectives.contrastive import multi_positive_infonce, pair_masks
+from embedlab.objectives.gather import gather_no_grad, gather_with_grad
+from embedlab.objectives.gradcache import gradcache_step
+from embedlab.objectives.matryoshka import matryoshka_loss, truncate, weighted_terms
+
+from gloo import run_on_two_workers
+from test_gather import CANDIDATE_GROUPS, CANDIDATE_SPLIT, QUERY_GROUPS, QUERY_SPLIT, build, gradients
+
+WIDTHS, WEIGHTS = (2, 4, 8), (1.0, 0.5, 2.0)
+
+
+def test_truncate_is_the_prefix_renormalised():
+    x = torch.tensor([[3.0, 4.0, 12.0], [0.0, 0.0, 5.0]], dtype=torch.float64)
+    torch.testing.assert_close(truncate(x, 2), torch.tensor([[0.6, 0.8], [0.0, 0.0]], dtype=torch.float64))
+    torch.testing.assert_close(truncate(x, 3), x / x.norm(dim=1, keepdim=True))
+    for width in (0, 4):
+        with pytest.raises(ValueError, match="truncation width must be in 1..3"):
+            truncate(x, width)
+
+
+def _reference(queries, candidates, targets, excluded, tau):
+    """sum_k w_k * mean cross-entropy over rows with a target, written out by hand: truncate,
+    renormalise, score, drop excluded candidates, softmax over the rest."""
+    total = 0.0
+    for width, weight in zip(WIDTHS, WEIGHTS):
+        q = queries[:, :width] / queries[:, :width].norm(dim=1, keepdim=True)
+        c = candidates[:, :width] / candidates[:, :width].norm(dim=1, keepdim=True)
+        logits = (q @ c.T / tau).masked_fill(excluded, float("-inf"))
+        rows = targets >= 0
+        total += weight * F.cross_entropy(logits[rows], targets[rows])
+    return total
+
+
+def test_matryoshka_loss_equals_a_hand_written_reference():
+    """At three widths with weights, a temperature of 0.07, an excluded candidate and a query
+    without a positive: the weighted per-width means, and the counts of one width."""
+    generator = torch.Generator().manual_seed(0)
+    queries = F.normalize(torch.randn(5, 8, generator=generator, dtype=torch.float64), dim=1)
+    candidates = F.normalize(torch.randn(7, 8, generator=generator, dtype=torch.float64), dim=1)
+    query_groups, candidate_groups = torch.tensor([0, 1, 2, 3, 9]), torch.tensor([0, 1, 2, 3, 4, 5, 6])
+    exclude = torch.zeros(5, 7, dtype=torch.bool)
+    exclude[0, 5] = True
+    masks = pair_masks(query_groups, candidate_groups, exclude=exclude)
+
+    def term(q, c):
+        return multi_positive_infonce(q, c, masks.positive, masks.eligible, temperature=0.07)
+
+    got = matryoshka_loss(term, queries, candidates, WIDTHS, WEIGHTS)
+    want = _reference(queries, candidates, torch.tensor([0, 1, 2, 3, -1]), exclude, 0.07)
+    assert int(got.valid) == 4 and got.anchors == 5 and int(got.candidate_sum) == 4 * 7 - 1
+    torch.testing.assert_close(got.mean, want, atol=1e-12, rtol=0)
+
+
+def test_terms_over_different_anchors_are_refused():
+    one = multi_positive_infonce(torch.eye(2), torch.eye(2), torch.eye(2, dtype=torch.bool),
+                                 torch.ones(2, 2, dtype=torch.bool), temperature=0.1)
+    other = multi_positive_infonce(torch.eye(3), torch.eye(3), torch.eye(3, dtype=torch.bool),
+                                   torch.ones(3, 3, dtype=torch.bool), temperature=0.1)
+    with pytest.raises(ValueError, match="different anchors"):
+        weighted_terms([one, other], [1.0, 1.0])
+    with pytest.raises(ValueError, match="2 terms but 1 weights"):
+        weighted_terms([one, one], [1.0])
+
+
+def _term(model, masks):
+    def term(q, c):
+        return multi_positive_infonce(q, gather_with_grad(c), masks.positive, masks.eligible,
+                                      temperature=model.temperature())
+
+    return lambda q, c: matryoshka_loss(term, q, c, WIDTHS, WEIGHTS)
+
+
+def test_gradcache_equals_the_plain_matryoshka_step():
+    """Chunks of 2 and 3 (unequal last chunks): GradCache's loss and every gradient equal the
+    plain step's, the learnable temperature's included, in float64."""
+    model, queries, candidates, exclude = build()
+    masks = pair_masks(QUERY_GROUPS, CANDIDATE_GROUPS, exclude=exclude)
+    loss_fn = _term(model, masks)
+    plain = loss_fn(model(queries), model(candidates))
+    plain.mean.backward()
+    plain_grads = gradients(model)
+    model.zero_grad(set_to_none=True)
+    cached = gradcache_step(model, queries.split(2), candidates.split(3), loss_fn)
+    torch.testing.assert_close(cached.loss_sum, plain.loss_sum.detach(), atol=1e-12, rtol=0)
+    for got, want in zip(gradients(model), plain_grads):
+        torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-10)
+
+
+def _worker(rank: int):
+    model, queries, candidates, exclude = build()
+    mine_q = slice(0, QUERY_SPLIT) if rank == 0 else slice(QUERY_SPLIT, None)
+    mine_c = slice(0, CANDIDATE_SPLIT) if rank == 0 else slice(CANDIDATE_SPLIT, None)
+    masks = pair_masks(QUERY_GROUPS[mine_q], gather_no_grad(CANDIDATE_GROUPS[mine_c]), exclude=exclude[mine_q])
+    global_valid = masks.positive.any(dim=1).sum()
+    dist.all_reduce(global_valid)
+    local = _term(model, masks)(model(queries[mine_q]), model(candidates[mine_c]))
+    local.objective(int(global_valid)).backward()
+    for p in model.parameters():  # summed over workers, as embedlab's trainer does
+        dist.all_reduce(p.grad)
+    figures = torch.tensor([float(local.loss_sum), float(local.valid)], dtype=torch.float64)
+    dist.all_reduce(figures)
+    return figures.tolist(), [g.numpy() for g in gradients(model)]
+
+
+@pytest.mark.timeout(120)
+def test_two_gloo_workers_equal_one_process():
+    """Two workers (5+4 queries, 7+4 candidates) gathering candidates at every width: the
+    one-process loss, count and gradients."""
+    results = run_on_two_workers(_worker)
+    model, queries, candidates, exclude = build()
+    masks = pair_masks(QUERY_GROUPS, CANDIDATE_GROUPS, exclude=exclude)
+    whole = _term(model, masks)(model(queries), model(candidates))
+    whole.mean.backward()
+    for (loss_sum, valid), grads in results:
+        assert valid == int(whole.valid) == 8
+        assert abs(loss_sum / valid - float(whole.mean.detach())) < 1e-12
+        for got, want in zip(grads, gradients(model)):
+            torch.testing.assert_close(torch.from_numpy(got), want, atol=1e-12, rtol=1e-10)
+
+
+@pytest.mark.parametrize("gradcache", [False, True])
+def test_the_step_counts_every_widths_score_matrices(frozen, parent, tmp_path, gradcache):
+    """A symmetric step at widths 8, 16, 32 against the same step at the full width alone: the
+    counter's difference is FlopCounterMode's, exactly (the extra score matrices, both
+    directions, forward and backward), and `expected_step_flops` predicts the step."""
+    from embedlab.train.flops import expected_step_flops
+    from test_flops import reference_step_flops
+
+    trial = synthetic.contrastive_trial(parent, gradcache=gradcache)
+    trial = dataclasses.replace(trial, contrastive=dataclasses.replace(trial.contrastive, mlm_weight=0.0))
+    nested = dataclasses.replace(trial, contrastive=dataclasses.replace(trial.contrastive, matryoshka_dims=(8, 16, 32),
+                                                                         matryoshka_weights=(1.0, 1.0, 2.0)))
+    rows = synthetic.pair_rows(frozen, 16)
+    full_counted, full_reference = reference_step_flops(trial, frozen, rows, tmp_path / "full")
+    nested_counted, nested_reference = reference_step_flops(nested, frozen, rows, tmp_path / "nested")
+    assert nested_counted - full_counted == pytest.approx(nested_reference - full_reference, rel=1e-9)
+    assert nested_counted > full_counted
+    if not gradcache:
+        assert nested_counted == pytest.approx(expected_step_flops(nested), rel=1e-12)
+
+
+def test_the_config_refuses_widths_it_cannot_train():
+    for dims, weights, message in (((16, 8), (), "increasing order"), ((8, 8), (), "each once"),
+                                   ((0, 8), (), "positive integer"), ((8, 16), (1.0,), "one positive weight"),
+                                   ((8, 16), (1.0, 0.0), "one positive weight")):
+        with pytest.raises(ConfigError, match=message):
+            ContrastiveConfig(matryoshka_dims=dims, matryoshka_weights=weights)
+    assert ContrastiveConfig(matryoshka_dims=[8, 16]).matryoshka_dims == (8, 16)  # a study's list
+    assert ContrastiveConfig().trained_widths(128) == ((128,), (1.0,))
+    assert ContrastiveConfig(matryoshka_dims=(32, 128)).trained_widths(128) == ((32, 128), (1.0, 1.0))
+    trial = synthetic.contrastive_trial(Path("parent"))  # never read: the config alone
+    with pytest.raises(ConfigError, match="at most model.width=32"):
+        dataclasses.replace(trial, contrastive=dataclasses.replace(trial.contrastive, matryoshka_dims=(16, 64)))
