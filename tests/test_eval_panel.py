@@ -75,7 +75,7 @@ def test_panel_config_round_trips_through_toml_and_json(tmp_path, shell_task, da
     default = EvalConfig()
     assert not default.panel and default.task_names == ("python-docstrings",)
     assert set(dataclasses.asdict(default)) == {"task", "tasks", "hub_tasks", "split", "batch_size", "max_length",
-                                                "index"}
+                                                "index", "dims"}
 
 
 def test_panel_task_names_must_be_distinct_and_usable(tmp_path):

@@ -166,3 +166,80 @@ def test_the_config_refuses_widths_it_cannot_train():
     trial = synthetic.contrastive_trial(Path("parent"))  # never read: the config alone
     with pytest.raises(ConfigError, match="at most model.width=32"):
         dataclasses.replace(trial, contrastive=dataclasses.replace(trial.contrastive, matryoshka_dims=(16, 64)))
+
+
+# --- scoring at truncated widths (eval.dims) ---------------------------------------------------
+
+
+def test_truncated_scoring_equals_a_hand_computation():
+    """Two queries, three documents, embeddings of width 4 whose first 2 coordinates rank the
+    documents otherwise: at width 2 the first query's relevant document falls to rank 2 and
+    the second's stays first, so nDCG@10 is (1/log2(3) + 1) / 2 and MRR@10 (1/2 + 1) / 2; the
+    full width keeps its own scores beside them, and the texts are encoded once."""
+    import math
+
+    import numpy as np
+
+    from embedlab.evaluate.beir import Task
+    from embedlab.evaluate.retrieval import evaluate_encoder, truncated
+
+    vectors = {"d1": [0.5, 0.5, 0.0, 3.0], "d2": [0.9, 0.1, 1.0, 0.0], "d3": [0.0, 1.0, 0.0, 0.0],
+               "q1": [1.0, 0.0, 0.0, 3.0], "q2": [0.0, 1.0, 0.0, 0.0]}
+    task = Task(name="tiny", corpus={d: ("", d) for d in ("d1", "d2", "d3")}, queries={"q1": "q1", "q2": "q2"},
+                qrels={"dev": {"q1": {"d1": 1}, "q2": {"d3": 1}}})
+    calls = []
+
+    def encode(texts):
+        calls.append(len(texts))
+        rows = np.array([vectors[t] for t in texts], dtype=np.float32)
+        return rows / np.linalg.norm(rows, axis=1, keepdims=True)
+
+    scores = evaluate_encoder(encode, task, "dev", dims=(2,))
+    assert calls == [3, 2]
+    assert scores["ndcg@10"] == pytest.approx(1.0) and scores["mrr@10"] == pytest.approx(1.0)
+    assert scores["dim2/ndcg@10"] == pytest.approx((1 / math.log2(3) + 1) / 2, abs=1e-6)
+    assert scores["dim2/mrr@10"] == pytest.approx(0.75, abs=1e-6)
+    assert scores["per_query"]["dim2/ndcg@10"] == pytest.approx({"q1": 1 / math.log2(3), "q2": 1.0}, abs=1e-6)
+    np.testing.assert_allclose(truncated(np.array([[3.0, 4.0, 12.0]]), 2), [[0.6, 0.8]], atol=1e-7)
+
+
+def test_a_width_scores_what_an_encoder_of_that_width_scores(frozen, parent):
+    """evaluate_checkpoint at eval.dims: each `dim<w>/...` metric and per-query value equals
+    scoring the same checkpoint through an encoder whose output is truncated to w and
+    re-normalised (a second path through the evaluator), and a row's columns carry them."""
+    from functools import partial
+
+    from embedlab.evaluate.beir import Task
+    from embedlab.evaluate.checkpoint_eval import evaluate_checkpoint
+    from embedlab.evaluate.encode import encode_texts
+    from embedlab.evaluate.retrieval import evaluate_encoder, truncated
+    from embedlab.sweep.scores import _score_columns
+    from embedlab.train.checkpoint import load_encoder
+
+    texts = synthetic.TEXTS[:40]
+    task = Task(name="synthetic", corpus={f"d{i}": ("", t) for i, t in enumerate(texts)},
+                queries={f"q{i}": t.split(" jumps")[0] for i, t in enumerate(texts[:12])},
+                qrels={"dev": {f"q{i}": {f"d{i}": 1} for i in range(12)}})
+    scores = evaluate_checkpoint(parent, task, "dev", dims=(8, 16))
+    encoder, tokenizer, manifest = load_encoder(parent)
+    prefixes = manifest["pooling"].get("prefixes", {"query": "", "passage": ""})
+    for width in (8, 16):
+        encode = partial(encode_texts, encoder, tokenizer, pooling=manifest["pooling"]["method"])
+        narrow = evaluate_encoder(lambda t: truncated(encode(t, prefix=prefixes["query"]), width), task, "dev",
+                                  encode_documents=lambda t: truncated(encode(t, prefix=prefixes["passage"]), width))
+        for name in ("ndcg@10", "recall@100", "mrr@10", "map"):
+            assert scores[f"dim{width}/{name}"] == pytest.approx(narrow[name], abs=1e-6), (width, name)
+            assert scores["per_query"][f"dim{width}/{name}"] == pytest.approx(narrow["per_query"][name], abs=1e-6)
+    columns = _score_columns({**scores, "index": "flat"}, "dev")
+    assert {f"dev/dim{w}/{m}" for w in (8, 16) for m in ("ndcg@10", "mrr@10")} <= set(columns)
+
+
+def test_eval_dims_are_validated_against_the_model():
+    from embedlab.config import EvalConfig
+
+    for dims in ((16, 8), (0,), (8, 8)):
+        with pytest.raises(ConfigError, match="eval.dims"):
+            EvalConfig(dims=dims)
+    trial = synthetic.contrastive_trial(Path("parent"))
+    with pytest.raises(ConfigError, match="below model.width=32"):
+        dataclasses.replace(trial, eval=dataclasses.replace(trial.eval, dims=(8, 32)))

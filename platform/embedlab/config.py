@@ -616,7 +616,9 @@ class EvalConfig:
     unweighted means `mean/<split>/...` (`embedlab.evaluate.panel`). Empty (the default): a
     single task, and rows, tables and records exactly as without panels. Task names (a
     directory's folder name, a built-in's or a Hub task's `name`) must be distinct, without
-    "/", and not "mean".
+    "/", and not "mean". `dims` (increasing widths, each below `model.width`) scores the main
+    task at each width too, on embeddings truncated to it and re-normalised, into
+    `<split>/dim<width>/<metric>` columns and per-query values (a study metric can name one).
     """
 
     task: str = "python-docstrings"
@@ -626,8 +628,14 @@ class EvalConfig:
     batch_size: int = 64
     max_length: int = 128
     index: str = "flat"  # Faiss index: exact "flat", or approximate "ivf" / "hnsw" for large corpora
+    dims: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        dims = tuple(self.dims)
+        _check(all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in dims)
+               and list(dims) == sorted(set(dims)), "eval.dims",
+               f"{list(dims)}: positive integer widths in increasing order, each once")
+        object.__setattr__(self, "dims", dims)
         _check(self.split in ("dev", "test"), "eval.split", "must be 'dev' or 'test'")
         _check(self.index in ("flat", "ivf", "hnsw"), "eval.index", f"{self.index!r}; valid: flat, ivf, hnsw")
         _check_positive(self, "eval", "batch_size")
@@ -701,6 +709,9 @@ class TrialConfig:
                    "the length rows are packed at")
         _check(self.phase == 3 or self.contrastive.hard_negatives == 0, "contrastive.hard_negatives",
                "mined hard negatives belong to phase 3")
+        _check(not self.eval.dims or self.eval.dims[-1] < self.model.width, "eval.dims",
+               f"widths must be below model.width={self.model.width} (the full width is always scored), got "
+               f"{list(self.eval.dims)}")
         _check(not self.contrastive.matryoshka_dims or self.contrastive.matryoshka_dims[-1] <= self.model.width,
                "contrastive.matryoshka_dims", f"widths must be at most model.width={self.model.width}, got "
                f"{list(self.contrastive.matryoshka_dims)}")

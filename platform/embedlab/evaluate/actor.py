@@ -84,17 +84,19 @@ class Evaluator:
 
     def evaluate(
         self, checkpoint_dir: str, task_dir: str, split: str, index: str = "flat", retention_dir: str | None = None,
-        request: str | None = None, max_length: int = EvalConfig.max_length,
+        request: str | None = None, max_length: int = EvalConfig.max_length, dims: tuple[int, ...] = (),
     ) -> dict:
         """Scores of the checkpoint on the task's split, texts cut at `max_length` tokens (cached):
         `evaluate_checkpoint`'s dict, per-query values and evaluation cost included (a cached
         answer repeats the cost of the evaluation that computed it, with "cached" True);
-        `request` names this call in `progress()` (default: the checkpoint directory)."""
+        `request` names this call in `progress()` (default: the checkpoint directory); `dims`
+        scores truncated widths too (`EvalConfig.dims`)."""
         with self._lock:
             self._in_flight += 1
         try:
             task = self.task(task_dir)
-            key = (read_manifest(checkpoint_dir)["content_hash"], task.hash, split, index, retention_dir, max_length)
+            key = (read_manifest(checkpoint_dir)["content_hash"], task.hash, split, index, retention_dir, max_length,
+                   tuple(dims))
             cached = key in self._results
             if not cached:
                 with self._lock:
@@ -103,7 +105,7 @@ class Evaluator:
                     self._results[key] = evaluate_checkpoint(
                         checkpoint_dir, task, split, index=index, max_length=max_length,
                         retention_dir=None if retention_dir is None else node_path(retention_dir),
-                        progress=self._record,
+                        progress=self._record, dims=tuple(dims),
                     )
                 finally:
                     with self._lock:

@@ -27,6 +27,7 @@ def evaluate_checkpoint(
     max_length: int = EvalConfig.max_length, index: str = "flat",
     retention_dir: Path | None = None,
     progress: Callable[[str], None] | None = None,
+    dims: tuple[int, ...] = (),
 ) -> dict:
     """Retrieval metrics and representation health on `task`; with `retention_dir` (the
     prepared data's `retention/`), the retention panel too. `progress` gets throttled
@@ -38,7 +39,8 @@ def evaluate_checkpoint(
     "eval_flops" (the forward FLOPs of every text encoded: documents, queries, retention
     texts; the retention panel's MLM-accuracy pass is not counted), "eval_seconds" (this
     thread's CPU time, `time.thread_time`) and "eval_wall_seconds", both over the whole call;
-    "seconds" stays the wall time of the retrieval part alone."""
+    "seconds" stays the wall time of the retrieval part alone. `dims` (`EvalConfig.dims`)
+    scores truncated widths too (`retrieval.evaluate_encoder`)."""
     started_wall, started_thread = time.perf_counter(), time.thread_time()
     tally = FlopTally()
     checkpoint_dir = local_checkpoint(checkpoint_dir)  # a URI: this node's verified copy
@@ -55,6 +57,7 @@ def evaluate_checkpoint(
     metrics = evaluate_encoder(
         partial(encode, prefix=prefixes["query"], label=f"{where} queries"), task, split,
         encode_documents=partial(encode, prefix=prefixes["passage"], label=f"{where} documents"), index=index,
+        dims=tuple(dims),
     )
     if retention_dir is not None:
         retention_encode = partial(encode, prefix=prefixes["passage"], label="evaluate retention panel")

@@ -9,7 +9,7 @@ import numpy as np
 
 from embedlab.evaluate.beir import Task
 from embedlab.evaluate.health import health_report
-from embedlab.evaluate.metrics import by_metric, mean_metrics, per_query_metrics, rank_run
+from embedlab.evaluate.metrics import METRIC_NAMES, by_metric, mean_metrics, per_query_metrics, rank_run
 
 TOP_K = 100
 
@@ -116,10 +116,24 @@ def score_embeddings(
     return {**mean_metrics(per_query), "docs": len(doc_ids), "index": index, "per_query": by_metric(per_query)}
 
 
-def evaluate_encoder(encode, task: Task, split: str, *, encode_documents=None, index: str = "flat") -> dict[str, Any]:
+def truncated(embeddings: np.ndarray, width: int) -> np.ndarray:
+    """(N, d) embeddings -> their first `width` coordinates, re-normalised to unit rows (a zero
+    row stays zero): the embedding a Matryoshka-trained encoder gives at that width."""
+    if not 1 <= width <= embeddings.shape[1]:
+        raise ValueError(f"truncation width must be in 1..{embeddings.shape[1]}, got {width}")
+    prefix = np.ascontiguousarray(embeddings[:, :width], dtype=np.float32)
+    norms = np.linalg.norm(prefix, axis=1, keepdims=True)
+    return prefix / np.maximum(norms, 1e-12)
+
+
+def evaluate_encoder(encode, task: Task, split: str, *, encode_documents=None, index: str = "flat",
+                     dims: tuple[int, ...] = ()) -> dict[str, Any]:
     """`encode(texts) -> (N, d)` embeddings scored on `task`'s `split` qrels; documents go
     through `encode_documents` when the two sides are encoded differently (prefixes). The
-    metrics are means; "per_query" holds what they average (`score_embeddings`)."""
+    metrics are means; "per_query" holds what they average (`score_embeddings`). Each width
+    of `dims` is scored too, on both sides' embeddings truncated to it and re-normalised
+    (`truncated`), with the same index kind: `dim<width>/<metric>` beside the full width's
+    metrics, and in "per_query" under the same names. The texts are encoded once."""
     started = time.perf_counter()
     doc_ids = sorted(task.corpus)
     queries = task.split_queries(split)
@@ -127,6 +141,11 @@ def evaluate_encoder(encode, task: Task, split: str, *, encode_documents=None, i
     doc_embeddings = (encode_documents or encode)([task.doc_text(d) for d in doc_ids])
     query_embeddings = encode([queries[q] for q in query_ids])
     metrics = score_embeddings(task, split, doc_ids, doc_embeddings, query_ids, query_embeddings, index)
+    for width in dims:
+        at = score_embeddings(task, split, doc_ids, truncated(doc_embeddings, width), query_ids,
+                              truncated(query_embeddings, width), index)
+        metrics.update({f"dim{width}/{name}": at[name] for name in METRIC_NAMES})
+        metrics["per_query"].update({f"dim{width}/{name}": at["per_query"][name] for name in METRIC_NAMES})
     row_of = {doc_id: row for row, doc_id in enumerate(doc_ids)}
     positives = [[row_of[d] for d, grade in task.qrels[split][q].items() if grade > 0 and d in row_of]
                  for q in query_ids]

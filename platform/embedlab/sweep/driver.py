@@ -113,7 +113,7 @@ def run_trial(study: Study, identity: dict[str, Any], params: dict[str, Any], co
         # progress travels as Tune results, which the driver's TrialProgress callback prints.
         return evaluate_with_progress(
             get_evaluator(), (checkpoint_dir, task_dir, trial.eval.split, trial.eval.index, retention_dir),
-            request=trial_id, max_length=trial.eval.max_length,
+            request=trial_id, max_length=trial.eval.max_length, dims=trial.eval.dims,
             report=lambda line: tune.report({EVAL_PROGRESS: line}))
 
     scored = score_trial(evaluate, arm_eval_tasks(trial.eval, context["prepared"][arm]), trial.eval.split,

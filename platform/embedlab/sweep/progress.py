@@ -23,13 +23,14 @@ EVAL_PROGRESS = "eval/progress"
 
 
 def evaluate_with_progress(evaluator, args: tuple, *, request: str, report: Callable[[str], None],
-                           max_length: int = EvalConfig.max_length, poll_seconds: float = EVAL_POLL_SECONDS) -> dict:
+                           max_length: int = EvalConfig.max_length, poll_seconds: float = EVAL_POLL_SECONDS,
+                           dims: tuple[int, ...] = ()) -> dict:
     """The evaluation actor's scores for `evaluate(*args)`; meanwhile each new encoding line of
     this `request` (see `Evaluator.progress`) goes to `report`, the last one once it is done,
     and "waiting" once if another trial's evaluation holds the actor first."""
     import ray  # here: Ray, which a dry run does not need
 
-    pending = evaluator.evaluate.remote(*args, request=request, max_length=max_length)
+    pending = evaluator.evaluate.remote(*args, request=request, max_length=max_length, dims=tuple(dims))
     seen, waiting_said = 0, False
 
     def forward(status: dict) -> None:

@@ -73,5 +73,6 @@ def _score_columns(scores: dict[str, Any], split: str) -> dict[str, Any]:
         "eval/seconds": scores["seconds"],
         "eval/index": scores["index"],
         **{f"{split}/{k}": v for k, v in scores.items() if k.startswith("health/") and not isinstance(v, list)},
+        **{f"{split}/{k}": v for k, v in scores.items() if k.startswith("dim")},  # `EvalConfig.dims`
         **{k: v for k, v in scores.items() if k.startswith("retention/")},
     }
