@@ -243,3 +243,17 @@ def test_eval_dims_are_validated_against_the_model():
     trial = synthetic.contrastive_trial(Path("parent"))
     with pytest.raises(ConfigError, match="below model.width=32"):
         dataclasses.replace(trial, eval=dataclasses.replace(trial.eval, dims=(8, 32)))
+
+
+def test_a_study_metric_at_a_width_needs_every_arm_to_score_it():
+    """ablations/matryoshka.py ranks on the quarter width (every arm lists it in eval.dims,
+    the full width beside it); a width one arm does not score is refused, naming the arm."""
+    from embedlab.sweep.study import load_study
+
+    study = load_study(Path(__file__).parent.parent / "ablations" / "matryoshka.py", "cpu")
+    assert study.metric == "dev/dim32/ndcg@10"
+    assert {arm: config.contrastive.matryoshka_dims for arm, config in study.arms.items()} == {
+        "full": (), "nested": (32, 64, 128), "quarter": (32,)}
+    assert all(config.eval.dims == (32,) for config in study.arms.values())
+    with pytest.raises(ConfigError, match=r"width 16, which arms \['full', 'nested', 'quarter'\] do not list"):
+        dataclasses.replace(study, metric="dev/dim16/ndcg@10")

@@ -88,6 +88,15 @@ def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def _width_metric(metric: str) -> int | None:
+    """The width of a truncated-width metric ("dev/dim32/ndcg@10" -> 32), else None."""
+    split, _, rest = metric.partition("/")
+    head, _, name = rest.partition("/")
+    if not (head.startswith("dim") and head[3:].isdigit() and f"{split}/{name}" in METRICS):
+        return None
+    return int(head[3:])
+
+
 @dataclass(frozen=True, kw_only=True)
 class Study:
     """Arms x seeds at one measured budget, ranked by `metric` on recipe-dev.
@@ -174,6 +183,13 @@ class Study:
             raise ConfigError(f"study.arms: arms score different task panels {sorted(panels)}; a comparison needs "
                               "every arm scored on the same tasks")
         if self.metric in METRICS:
+            return
+        width = _width_metric(self.metric)
+        if width is not None:  # "dev/dim32/ndcg@10": a width every arm scores (`EvalConfig.dims`)
+            missing = [arm for arm, config in self.arms.items() if width not in config.eval.dims]
+            if missing:
+                raise ConfigError(f"study.metric: {self.metric!r} is scored at width {width}, which arms {missing} "
+                                  "do not list in eval.dims")
             return
         names = panels.pop()
         if len(panels) > 0 or len(names) == 1:
