@@ -90,3 +90,20 @@ def test_the_column_reference_lists_every_column_of_the_saved_runs():
     missing = sorted({column for run in runs for column in load_table(run).columns
                       if not any(pattern.match(column) for pattern in patterns)})
     assert not missing, f"columns the reference does not list: {missing}"
+
+
+def test_the_readme_study_loads_as_printed(tmp_path):
+    """The README's own-pairs study, as printed but for its pairs path: it loads at the cpu
+    profile, its arms differ only in the factor, and it budgets in FLOPs as shipped studies do."""
+    import re
+
+    from embedlab.sweep.study import load_study
+
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    (code,) = [block for block in re.findall(r"```python\n(.*?)```", text, re.S) if "def study(" in block]
+    pairs = tmp_path / "my_pairs.jsonl"
+    pairs.write_text('{"query": "a question", "positive": "its answer"}\n', encoding="utf-8")
+    (tmp_path / "my_study.py").write_text(code.replace("/abs/path/my_pairs.jsonl", str(pairs)), encoding="utf-8")
+    study = load_study(tmp_path / "my_study.py", "cpu")
+    assert list(study.arms) == ["in-batch", "mined-2"] and study.factor == "contrastive.hard_negatives"
+    assert study.budget.flops is not None and study.budget.flops > 0
