@@ -57,11 +57,25 @@ def train_dataset_name(rank: int) -> str:
     return f"train-{rank}"
 
 
+# Stream columns that hold real numbers (a teacher's scores, nan where it has none); every
+# other column is ids, lengths or counts, and a step reads those as long tensors.
+FLOAT_COLUMNS = frozenset({"teacher_scores"})
+
+
+def batch_tensor(name: str, column) -> torch.Tensor:
+    """A stream column as the step reads it: float32 for `FLOAT_COLUMNS`, else long."""
+    tensor = torch.as_tensor(column)
+    return tensor.float() if name in FLOAT_COLUMNS else tensor.long()
+
+
 def torch_batches(source, rows: int, prefetch_batches: int = PREFETCH_BATCHES) -> Iterator[Batch]:
-    """A Ray Dataset's or dataset shard's rows in order as long tensors, `rows` rows a batch,
-    the last partial batch dropped."""
-    return iter(source.iter_torch_batches(batch_size=rows, drop_last=True, dtypes=torch.long,
-                                          prefetch_batches=prefetch_batches))
+    """A Ray Dataset's or dataset shard's rows in order as tensors (`batch_tensor`), `rows` rows
+    a batch, the last partial batch dropped."""
+    # Ray's `dtypes` casts every column to one dtype or needs every column named up front;
+    # collating at the stream's own dtypes and casting here keeps float columns float.
+    batches = source.iter_torch_batches(batch_size=rows, drop_last=True, dtypes=None,
+                                        prefetch_batches=prefetch_batches)
+    return ({name: batch_tensor(name, column) for name, column in batch.items()} for batch in batches)
 
 
 class RaySession:
@@ -122,7 +136,7 @@ class LocalSession:
 
     def __init__(self, rows: dict[str, np.ndarray | torch.Tensor], root: Path, *, rank: int = 0, world: int = 1,
                  device: torch.device = torch.device("cpu")) -> None:
-        self.rows = {k: torch.as_tensor(v).long() for k, v in rows.items()}
+        self.rows = {k: batch_tensor(k, v) for k, v in rows.items()}
         self.root, self.rank, self.world, self.device = Path(root), rank, world, device
         self.reports: list[dict[str, Any]] = []
         self.checkpoints: list[Path] = []
