@@ -31,8 +31,9 @@ from embedlab.data.audit import AuditReport, ContaminationError
 from embedlab.data.prepared import PreparedData
 from embedlab.data.saved_audits import audit_stages, stage_file_audit, task_audit
 from embedlab.data.stages import (
-    MINED_STAGE, NEGATIVES_FILE, PAIRS_STAGE, PHASE1_STAGES, mined_set_items, pair_table_items, table_items,
+    MINED_STAGE, NEGATIVES_FILE, PAIRS_STAGE, PHASE1_STAGES, TEACHER_STAGE, mined_set_items, pair_table_items, table_items,
 )
+from embedlab.data.teacher_labels import LABELS_FILE, teacher_label_items
 from embedlab.data.user_pairs import user_pair_table, user_pairs_dir
 from embedlab.evaluate.beir import load_task
 
@@ -98,6 +99,17 @@ def check_training_data(
     return final
 
 
+def check_teacher_labels(
+    prepared: PreparedData, task_dir: Path, labels_dir: Path, policy: str | None,
+    progress: Callable[[str], None] = print,
+) -> list[dict]:
+    """Final-eval findings of the task among the texts a teacher scored for a trial (checked after
+    scoring, before training on the labels); raises ContaminationError if any and no policy."""
+    labels_dir = Path(labels_dir)
+    return _check_stage_set(prepared, task_dir, TEACHER_STAGE, labels_dir, labels_dir / LABELS_FILE,
+                            teacher_label_items(labels_dir), "the teacher-scored texts", policy, progress)
+
+
 def check_mined_negatives(
     prepared: PreparedData, task_dir: Path, mined_dir: Path, policy: str | None,
     progress: Callable[[str], None] = print,
@@ -105,11 +117,17 @@ def check_mined_negatives(
     """Final-eval findings of the task in one mined set's negatives (checked after mining,
     before training on them); raises ContaminationError if any and no policy."""
     mined_dir = Path(mined_dir)
-    content = stage_file_audit(prepared, task_dir, MINED_STAGE, mined_dir / NEGATIVES_FILE,
-                               mined_set_items(mined_dir), progress)
-    final = _final_eval(content)
-    refuse_unless_disclosed(final, mined_dir, policy)
+    return _check_stage_set(prepared, task_dir, MINED_STAGE, mined_dir, mined_dir / NEGATIVES_FILE,
+                            mined_set_items(mined_dir), "the mined negatives", policy, progress)
+
+
+def _check_stage_set(prepared: PreparedData, task_dir: Path, stage: str, directory: Path, path: Path, items,
+                     what: str, policy: str | None, progress: Callable[[str], None]) -> list[dict]:
+    """One saved set's final-eval findings (a `stage` audit of its file `path`), refused unless
+    disclosed."""
+    final = _final_eval(stage_file_audit(prepared, task_dir, stage, path, items, progress))
+    refuse_unless_disclosed(final, directory, policy)
     if final:
-        progress(f"audit: {len(final)} final-eval item(s) among the mined negatives in {mined_dir}; "
+        progress(f"audit: {len(final)} final-eval item(s) among {what} in {directory}; "
                  f"disclosed-overlap policy: {policy}")
     return final

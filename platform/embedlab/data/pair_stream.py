@@ -37,6 +37,7 @@ from embedlab.data.document import normalise_text
 from embedlab.data.mixture import MixtureError, Schedule, sample_schedule
 from embedlab.data.prepared_sync import node_path
 from embedlab.data.stream import WorkerSplit, cached_tokenizer, schedule_windows
+from embedlab.data.teacher_labels import teacher_score_rows
 
 
 ONE_SOURCE_SCHEDULE = "one-source-deficit/1"  # `Schedule.version` of a one-source schedule
@@ -148,17 +149,22 @@ def tokenize_pair_window(
     negatives_path: str | None,
     negatives_per_pair: int,
     given_negatives_path: str | None = None,
+    teacher_labels_path: str | None = None,
+    teacher_min_confidence: float | None = None,
 ) -> dict[str, np.ndarray]:
     """Ray Data UDF: a window of scheduled pair rows -> tokenised training rows.
 
     A pair's negatives are its given ones (`given_negatives_path`, a user source's own, screened),
     then its mined ones (`negatives_path`) whose text is no given one's, the first
-    `negatives_per_pair` of them."""
+    `negatives_per_pair` of them. With `teacher_labels_path` each row also carries
+    `teacher_scores` (1 + negatives_per_pair,): the teacher's score of its positive and of each
+    negative slot, nan where there is none (`embedlab.data.teacher_labels.teacher_score_rows`)."""
     table = _pair_rows(pairs_path)
     tokenizer = cached_tokenizer(tokenizer_path)
     rows = np.concatenate([np.asarray(r, dtype=np.int64) for r in batch["rows"]])
     builder = np.concatenate([np.asarray(b, dtype=np.int32) for b in batch["source_index"]])
     picked = table.take(pa.array(rows))
+    pair_ids = picked["pair_id"].to_pylist()
     query_ids, query_len = _encode(tokenizer, [query_prefix + q for q in picked["query"].to_pylist()], length)
     positive_ids, positive_len = _encode(
         tokenizer, [passage_prefix + p for p in picked["positive"].to_pylist()], length
@@ -171,11 +177,12 @@ def tokenize_pair_window(
         "tokens": query_len + positive_len,
     }
     if negatives_path is not None or given_negatives_path is not None:
-        given = _negatives(given_negatives_path) if given_negatives_path is not None else {}
-        mined_sets = _negatives(negatives_path) if negatives_path is not None else {}
-        texts, groups = [], []
-        for pair_id in picked["pair_id"].to_pylist():
-            mined = _given_first(given.get(pair_id, []), mined_sets.get(pair_id, []))[:negatives_per_pair]
+        composed = pair_negatives(pair_ids, negatives_path=negatives_path, given_negatives_path=given_negatives_path,
+                                  negatives_per_pair=negatives_per_pair)
+        texts, groups, slot_ids = [], [], []
+        for pair_id in pair_ids:
+            mined = composed[pair_id]
+            slot_ids.append([doc_id for doc_id, _ in mined] + [None] * (negatives_per_pair - len(mined)))
             # A pair with fewer mined negatives than slots fills the rest with empty rows,
             # which the loss masks out as ineligible by their empty length: a repeated
             # negative would count twice in the denominator.
@@ -194,7 +201,21 @@ def tokenize_pair_window(
         out["negative_len"] = negative_len.reshape(len(rows), negatives_per_pair)
         out["negative_group"] = np.array(groups, dtype=np.int64).reshape(len(rows), negatives_per_pair)
         out["tokens"] = out["tokens"] + out["negative_len"].sum(axis=1).astype(np.int32)
+        if teacher_labels_path is not None:
+            out["teacher_scores"] = teacher_score_rows(teacher_labels_path, pair_ids, slot_ids,
+                                                       min_confidence=teacher_min_confidence)
     return out
+
+
+def pair_negatives(pair_ids, *, negatives_path: str | None, given_negatives_path: str | None,
+                   negatives_per_pair: int) -> dict[str, list[tuple[str, str]]]:
+    """pair_id -> its (doc id, text) negatives as the stream gives them to training: the given
+    ones, then mined ones that repeat no given text, the first `negatives_per_pair`. What a
+    teacher scores (`embedlab.data.teacher_labels`) is exactly what a trial trains on."""
+    given = _negatives(given_negatives_path) if given_negatives_path is not None else {}
+    mined = _negatives(negatives_path) if negatives_path is not None else {}
+    return {pair_id: _given_first(given.get(pair_id, []), mined.get(pair_id, []))[:negatives_per_pair]
+            for pair_id in pair_ids}
 
 
 def _given_first(given: list[tuple[str, str]], mined: list[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -247,6 +268,8 @@ def pair_dataset(
     negatives_path: Path | None = None,
     negatives_per_pair: int = 0,
     given_negatives_path: Path | None = None,
+    teacher_labels_path: Path | None = None,
+    teacher_min_confidence: float | None = None,
     split: WorkerSplit | None = None,
 ):
     """The Ray Dataset of tokenised pairs for one trial, in schedule order: the whole stream,
@@ -265,6 +288,8 @@ def pair_dataset(
             "negatives_path": None if negatives_path is None else str(negatives_path),
             "negatives_per_pair": negatives_per_pair,
             "given_negatives_path": None if given_negatives_path is None else str(given_negatives_path),
+            "teacher_labels_path": None if teacher_labels_path is None else str(teacher_labels_path),
+            "teacher_min_confidence": teacher_min_confidence,
         },
         batch_size=1,
         batch_format="numpy",

@@ -7,6 +7,8 @@
                        user pair sources (`data.user_pairs`): every row's query and positive (a row per
                        positive) and given negatives, the texts the sweep's pre-flight audits
     mined-negatives    hard negatives of every mined set saved with the data (`mined/*/`)
+    teacher-labels     every query and candidate a teacher scored, of every teacher-labels set
+                       saved with the data (`teacher-labels/*/`, `embedlab.data.teacher_labels`)
 
 `pair_table_items` and `mined_set_items` read one frozen pairs table or one mined set: what
 a given trial trains on, for the gate before it trains (`embedlab.data.contamination`).
@@ -25,11 +27,13 @@ from embedlab.data.document import document_text
 from embedlab.data.mining import NEGATIVES_FILE
 from embedlab.data.pairs import PAIR_BUILDERS, build_pairs
 from embedlab.data.prepared import PreparedData
+from embedlab.data.teacher_labels import LABELS_FILE, teacher_label_items
 
 PAIRS_STAGE = "contrastive-pairs"
 MINED_STAGE = "mined-negatives"
+TEACHER_STAGE = "teacher-labels"
 PHASE1_STAGES = ("pretraining", "tokenizer-sample")
-ALL_STAGES = (*PHASE1_STAGES, PAIRS_STAGE, MINED_STAGE)
+ALL_STAGES = (*PHASE1_STAGES, PAIRS_STAGE, MINED_STAGE, TEACHER_STAGE)
 
 
 def _documents(prepared: PreparedData, doc_ids: set[str] | None) -> Iterator[tuple[str, str]]:
@@ -89,6 +93,11 @@ def _mined(prepared: PreparedData) -> Iterator[tuple[str, str]]:
         yield from mined_set_items(path.parent)
 
 
+def _teacher_sets(prepared: PreparedData) -> Iterator[tuple[str, str]]:
+    for path in sorted((prepared.directory / "teacher-labels").glob(f"*/{LABELS_FILE}")):
+        yield from teacher_label_items(path.parent)
+
+
 def training_stages(
     prepared: PreparedData, stages: tuple[str, ...] = PHASE1_STAGES, *,
     user_pairs: Callable[[], Iterator[tuple[str, str]]] | None = None,
@@ -105,5 +114,6 @@ def training_stages(
         "tokenizer-sample": lambda: _documents(prepared, sample_ids),
         PAIRS_STAGE: lambda: _pairs(prepared, user_pairs),
         MINED_STAGE: lambda: _mined(prepared),
+        TEACHER_STAGE: lambda: _teacher_sets(prepared),
     }
     return {name: streams[name]() for name in stages}

@@ -159,6 +159,18 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def minilm_identity() -> dict:
+    """What decides MiniLM's embeddings, without loading it: package, weights, pooling, length."""
+    return {
+        "name": MINILM,
+        "package": f"{MINILM_PACKAGE} {version(MINILM_PACKAGE)}",
+        "pooling": "mean",
+        "max_length": MINILM_MAX_LENGTH,
+        "normalise": True,
+        "weights_sha256": _sha256(minilm_path() / "model.safetensors"),
+    }
+
+
 class MiniLM:
     """all-MiniLM-L6-v2: `encode(texts)` -> (N, 384) float32 unit vectors, in input order."""
 
@@ -175,14 +187,7 @@ class MiniLM:
         self.model.to(device=self.device, dtype=torch.float32).eval()
 
     def identity(self) -> dict:
-        return {
-            "name": MINILM,
-            "package": f"{MINILM_PACKAGE} {version(MINILM_PACKAGE)}",
-            "pooling": "mean",
-            "max_length": MINILM_MAX_LENGTH,
-            "normalise": True,
-            "weights_sha256": _sha256(self.weights),
-        }
+        return minilm_identity()
 
     def encode(self, texts: list[str], batch_size: int | None = None) -> np.ndarray:
         """Unit-norm mean-pooled embeddings; batches are formed from texts of similar length."""

@@ -51,7 +51,7 @@ MINING_CODE = (
 )
 
 
-def _scheduled_rows(pairs_path: Path, schedule, offsets, columns: list[str] | None = None) -> list[dict[str, Any]]:
+def scheduled_rows(pairs_path: Path, schedule, offsets, columns: list[str] | None = None) -> list[dict[str, Any]]:
     """The distinct pairs-table rows the schedule reads, in table order."""
     rows = np.unique(np.array([offsets[n] for n in schedule.sources], dtype=np.int64)[schedule.source] + schedule.item)
     return pq.read_table(pairs_path, columns=columns).take(rows).to_pylist()
@@ -104,7 +104,7 @@ def mine_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, schedule, of
     The encoder runs on CUDA when this process sees a GPU (on a GPU cluster the sweep gives a
     mining trial's driver a GPU share: `embedlab.sweep.cluster.trial_driver_resources`).
     """
-    table = _scheduled_rows(pairs_path, schedule, offsets, PAIR_SCHEMA.names)
+    table = scheduled_rows(pairs_path, schedule, offsets, PAIR_SCHEMA.names)
     pairs = [Pair(**{**row, "doc_ids": tuple(row["doc_ids"])}) for row in table]
     outside = frozenset(p.pair_id for p in pairs if p.builder not in PAIR_BUILDERS)
     config = MiningConfig(negatives_per_query=trial.contrastive.hard_negatives,
@@ -144,7 +144,7 @@ def given_negatives_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, s
     with the counts, compute.json with the encoding cost); None when no scheduled pair has any.
     Cached by version: the parent and how it encodes (`_parent_identity`), the pairs table's
     bytes, the margin and the pairs."""
-    rows = _scheduled_rows(pairs_path, schedule, offsets, ["pair_id", "query", "positive", "negatives"])
+    rows = scheduled_rows(pairs_path, schedule, offsets, ["pair_id", "query", "positive", "negatives"])
     pairs = [GivenPair(r["pair_id"], r["query"], r["positive"], tuple(r["negatives"])) for r in rows]
     if not any(p.negatives for p in pairs):
         return None

@@ -1,0 +1,246 @@
+"""Teacher labels: a frozen teacher's scores of the (query, candidate) rows phase 3 trains on.
+
+For a phase-3 trial with a `contrastive.teacher`, every scheduled pair's query is scored by
+the teacher against its positive and against each of its negatives, exactly as the stream
+gives them to training (`embedlab.data.pair_stream.pair_negatives`). The scores are computed
+once and stored under the prepared data, in `teacher-labels/<version>/`:
+
+- `labels.parquet`: one row per (pair, candidate): `pair_id`, `doc_id` (`POSITIVE` for the
+  positive, else the negative's id), the `query` and candidate `text` as the teacher saw them
+  (prefixes excluded), its cosine `score`, and the pair's `confidence` (the teacher's
+  positive score minus its best negative score; nan without a negative) and `agrees`
+  (whether the teacher ranks the positive first, which is the label's claim).
+- `manifest.json`, written last (it marks the set complete): the set's identity and counts.
+- `compute.json`: what the teacher's encoding cost (FLOPs measured by FlopCounterMode, CPU
+  and wall seconds), outside the training budget and reported beside it as mining is.
+
+The version hashes the teacher's identity (its package and version, the sha256 of its
+weights, pooling, maximum length), the teacher's prefixes, the pairs table's bytes, the
+negative sets' versions, the slots per pair, the pair ids and this code: a changed input is a
+new set, and a set whose manifest names other inputs is refused (`load_manifest`). Labels
+are a model's judgments, not human ones: every record calls them teacher labels, with the
+teacher named. A candidate the teacher has no score for is absent from the table and masked
+in training, never filled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from embedlab.data.mining import write_text_atomically
+from embedlab.data.prepared_sync import node_path
+from embedlab.errors import UserError
+
+LABELS_FILE = "labels.parquet"
+MANIFEST_FILE = "manifest.json"
+COST_FILE = "compute.json"
+POSITIVE = ""  # the doc_id of a pair's positive in the labels table
+LABELS_FORMAT = "embedlab-teacher-labels/1"
+# The code that decides a set beyond its inputs: this module, how the teacher encodes, and how
+# the stream composes a pair's negatives (what is scored).
+TEACHER_CODE = ("data/teacher_labels.py", "evaluate/baselines.py", "data/pair_stream.py")
+LABELS_SCHEMA = pa.schema([
+    ("pair_id", pa.string()), ("doc_id", pa.string()), ("query", pa.string()), ("text", pa.string()),
+    ("score", pa.float32()), ("confidence", pa.float32()), ("agrees", pa.bool_()),
+])
+DISCLOSURE = ("teacher labels are all-MiniLM-L6-v2's judgments, not human ones; its training data (over a "
+              "billion pairs, code search among them, per its model card) cannot be audited here")
+
+
+class TeacherLabelsError(UserError, ValueError):
+    """A teacher-labels set does not match what a trial trains on."""
+
+
+@dataclass(frozen=True)
+class ScoredPair:
+    """One scheduled pair as the teacher scores it: its query, positive and (doc id, text) negatives."""
+
+    pair_id: str
+    query: str
+    positive: str
+    negatives: tuple[tuple[str, str], ...]
+
+
+def load_teacher(name: str):
+    """The named teacher (`embedlab.config.TEACHERS`), loaded once per process."""
+    # here: torch and transformers (the teacher's model), which reading a labels set does not need
+    from embedlab.evaluate.baselines import MINILM, load_minilm
+
+    if name != MINILM:
+        raise TeacherLabelsError(f"unknown teacher {name!r}; valid: [{MINILM!r}]")
+    return load_minilm()
+
+
+def labels_identity(*, teacher: dict[str, Any], query_prefix: str, passage_prefix: str, pairs_table: str,
+                    negative_sets: dict[str, str | None], negatives_per_pair: int, pair_ids: Iterable[str],
+                    code: str) -> dict[str, Any]:
+    """Everything that decides a set's bytes (module docstring); `pairs_table` the table's
+    sha256, `negative_sets` each negative set's version (None: not used)."""
+    return {"format": LABELS_FORMAT, "teacher": teacher, "query_prefix": query_prefix,
+            "passage_prefix": passage_prefix, "pairs_table": pairs_table, "negative_sets": negative_sets,
+            "negatives_per_pair": negatives_per_pair,
+            "pair_ids": hashlib.sha256("\n".join(sorted(pair_ids)).encode()).hexdigest(), "code": code}
+
+
+def labels_version(identity: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+
+
+def score_pairs(encode: Callable[[list[str]], np.ndarray], pairs: Sequence[ScoredPair], *,
+                query_prefix: str = "", passage_prefix: str = "") -> pa.Table:
+    """The labels table (`LABELS_SCHEMA`) of `pairs` under `encode` (unit rows): each distinct
+    prefixed text encoded once; a score is the cosine of the query's and the candidate's rows."""
+    queries = sorted({p.query for p in pairs})
+    passages = sorted({text for p in pairs for text in (p.positive, *(t for _, t in p.negatives))})
+    vectors = encode([query_prefix + q for q in queries] + [passage_prefix + t for t in passages])
+    if len(vectors) != len(queries) + len(passages):
+        raise TeacherLabelsError(f"the teacher returned {len(vectors)} rows for {len(queries) + len(passages)} texts")
+    query_row = {q: vectors[i] for i, q in enumerate(queries)}
+    passage_row = {t: vectors[len(queries) + i] for i, t in enumerate(passages)}
+    columns: dict[str, list] = {name: [] for name in LABELS_SCHEMA.names}
+    for pair in pairs:
+        q = query_row[pair.query]
+        candidates = [(POSITIVE, pair.positive), *pair.negatives]
+        scores = [float(np.dot(q, passage_row[text])) for _, text in candidates]
+        confidence = scores[0] - max(scores[1:]) if len(scores) > 1 else math.nan
+        for (doc_id, text), score in zip(candidates, scores):
+            for name, value in (("pair_id", pair.pair_id), ("doc_id", doc_id), ("query", pair.query),
+                                ("text", text), ("score", score), ("confidence", confidence),
+                                ("agrees", bool(confidence > 0))):
+                columns[name].append(value)
+    return pa.table(columns, schema=LABELS_SCHEMA)
+
+
+def measured_encode(teacher) -> tuple[Callable[[list[str]], np.ndarray], Callable[[], dict[str, Any]]]:
+    """`teacher.encode` under torch's FlopCounterMode, and a function returning what it has cost:
+    measured FLOPs, this thread's CPU seconds and wall seconds."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    spent = {"flops": 0.0}
+    cpu, wall = time.thread_time(), time.perf_counter()
+
+    def encode(texts: list[str]) -> np.ndarray:
+        with FlopCounterMode(display=False) as counter:
+            vectors = teacher.encode(texts)
+        spent["flops"] += float(counter.get_total_flops())
+        return vectors
+
+    def cost() -> dict[str, Any]:
+        return {"flops": spent["flops"], "seconds": time.thread_time() - cpu,
+                "wall_seconds": time.perf_counter() - wall,
+                "clock": "thread-cpu of the trial driver (the teacher's encoding)",
+                "counter": "torch.utils.flop_counter.FlopCounterMode"}
+
+    return encode, cost
+
+
+def write_labels(directory: Path, table: pa.Table, identity: dict[str, Any], cost: dict[str, Any]) -> Path:
+    """Save a set: the table and its cost first, the manifest last (it marks the set complete)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    staging = directory / f".{LABELS_FILE}.{time.time_ns()}.tmp"
+    pq.write_table(table, staging)
+    staging.rename(directory / LABELS_FILE)
+    write_text_atomically(directory / COST_FILE, json.dumps(cost, indent=2, sort_keys=True))
+    agrees = np.asarray(table.group_by("pair_id").aggregate([("agrees", "min")]).column("agrees_min").to_pylist(),
+                        dtype=bool)
+    counts = {"pairs": int(len(agrees)), "scores": table.num_rows, "teacher_agrees": int(agrees.sum()),
+              "teacher_disagrees": int((~agrees).sum())}
+    write_text_atomically(directory / MANIFEST_FILE, json.dumps(
+        {**identity, "version": labels_version(identity), "counts": counts, "labels": "teacher",
+         "disclosure": DISCLOSURE}, indent=2, sort_keys=True))
+    return directory
+
+
+def load_manifest(directory: Path, expected: dict[str, Any]) -> dict[str, Any]:
+    """A set's manifest, refused (TeacherLabelsError) unless it records exactly `expected`'s
+    identity: labels computed for another teacher, table, negatives or code are never used."""
+    path = Path(directory) / MANIFEST_FILE
+    if not path.is_file():
+        raise TeacherLabelsError(f"no teacher-labels set at {directory} (no {MANIFEST_FILE}: incomplete or absent)")
+    manifest = json.loads(path.read_text())
+    differ = sorted(key for key in expected if manifest.get(key) != expected[key])
+    if differ:
+        raise TeacherLabelsError(f"teacher labels at {directory} were computed for other inputs ({', '.join(differ)} "
+                                 "differ from this trial's): recompute them by removing the directory")
+    return manifest
+
+
+_score_maps: dict[str, tuple[dict[tuple[str, str], float], dict[str, float]]] = {}
+
+
+def _score_map(path: str) -> tuple[dict[tuple[str, str], float], dict[str, float]]:
+    if path not in _score_maps:
+        table = pq.read_table(node_path(path), columns=["pair_id", "doc_id", "score", "confidence"])
+        ids, docs = table["pair_id"].to_pylist(), table["doc_id"].to_pylist()
+        scores, confidence = table["score"].to_pylist(), table["confidence"].to_pylist()
+        _score_maps[path] = ({(p, d): s for p, d, s in zip(ids, docs, scores)},
+                             {p: c for p, c in zip(ids, confidence)})
+    return _score_maps[path]
+
+
+def below_confidence(confidence: float, minimum: float | None) -> bool:
+    """Whether a pair's teacher margin keeps it from distillation: below `minimum`, or nan (no
+    negative to compare with) when a minimum is set."""
+    return minimum is not None and not confidence >= minimum
+
+
+def teacher_score_rows(path: str, pair_ids: Sequence[str], slot_ids: Sequence[Sequence[str | None]], *,
+                       min_confidence: float | None = None) -> np.ndarray:
+    """(B, 1 + K) float32: each row's teacher score of its positive, then of each negative slot
+    (`slot_ids[b][k]`, None for an empty slot); nan where the set has no score, for an empty
+    slot, and for the whole row of a pair below `min_confidence` (`below_confidence`)."""
+    scores, confidence = _score_map(path)
+    width = 1 + max((len(s) for s in slot_ids), default=0)
+    out = np.full((len(pair_ids), width), np.nan, dtype=np.float32)
+    for row, (pair_id, slots) in enumerate(zip(pair_ids, slot_ids)):
+        if below_confidence(confidence.get(pair_id, math.nan), min_confidence):
+            continue
+        for column, doc_id in enumerate((POSITIVE, *slots)):
+            if doc_id is not None:
+                out[row, column] = scores.get((pair_id, doc_id), math.nan)
+    return out
+
+
+def pairs_below_confidence(directory: Path, pair_ids: Iterable[str], minimum: float | None) -> int:
+    """How many of `pair_ids` lose their teacher labels to `minimum` (`below_confidence`)."""
+    if minimum is None:
+        return 0
+    _, confidence = _score_map(str(Path(directory) / LABELS_FILE))
+    return sum(below_confidence(confidence.get(p, math.nan), minimum) for p in set(pair_ids))
+
+
+def teacher_compute(directory: Path | None) -> dict[str, float]:
+    """`compute/teacher_*` of a trial: what scoring its set cost (FLOPs, CPU and wall seconds).
+    A set is scored once and shared by every trial that needs it, so a sum over trials counts
+    it again."""
+    if directory is None:
+        return {}
+    path = Path(directory) / COST_FILE
+    cost = json.loads(path.read_text()) if path.is_file() else {}
+    return {"compute/teacher_flops": float(cost.get("flops", math.nan)),
+            "compute/teacher_seconds": float(cost.get("seconds", math.nan)),
+            "compute/teacher_wall_seconds": float(cost.get("wall_seconds", math.nan))}
+
+
+def teacher_label_items(directory: Path) -> Iterator[tuple[str, str]]:
+    """Every text a set's teacher scored, once each, as "<set>:<pair id>:query" and
+    "<set>:<pair id>:<doc id or positive>": the teacher-labels stage of the audit."""
+    directory = Path(directory)
+    table = pq.read_table(directory / LABELS_FILE, columns=["pair_id", "doc_id", "query", "text"])
+    seen: set[str] = set()
+    for pair_id, doc_id, query, text in zip(*(table[c].to_pylist() for c in ("pair_id", "doc_id", "query", "text"))):
+        if pair_id not in seen:
+            seen.add(pair_id)
+            yield f"{directory.name}:{pair_id}:query", query
+        yield f"{directory.name}:{pair_id}:{doc_id or 'positive'}", text
