@@ -494,6 +494,8 @@ class TrainConfig:
 
 POOLING_METHODS = ("mean", "cls")
 GIVEN_MARGIN_WORDS = ("mining_margin", "off")
+# Teachers whose scores phase 3 can distil (`embedlab.data.teacher_labels`); "" is none.
+TEACHERS = ("all-MiniLM-L6-v2",)
 # How a phase-2/3 batch draws its pairs: "mixed" (every batch mixes the builders by share) or
 # "one-source" (every batch comes from one builder, batches scheduled so the shares hold).
 BATCH_COMPOSITIONS = ("mixed", "one-source")
@@ -528,6 +530,14 @@ class ContrastiveConfig:
     loss at each listed width of the truncated, re-normalised embedding, weighted by
     `matryoshka_weights` (default 1 each; `embedlab.objectives.matryoshka`); empty: the full
     width alone. Only the listed widths are trained: list `model.width` to keep the full one.
+    Distillation (phase 3 with negatives; `embedlab.objectives.distillation`): `teacher`
+    (TEACHERS) scores every (query, candidate) of the scheduled pairs once, offline, with
+    `teacher_query_prefix` / `teacher_passage_prefix`; `kl_weight` weighs KL distillation over
+    each query's own positive and negatives (teacher scores / `kl_teacher_temperature`,
+    student cosines / `kl_student_temperature`) and `margin_mse_weight` MarginMSE over its
+    (positive, negative) margins. The InfoNCE keeps weight 1 - kl_weight - margin_mse_weight
+    (0: distillation only). Rows whose teacher margin (positive minus best negative) is below
+    `teacher_min_confidence` get no distillation label (None: every row keeps its label).
     """
 
     pairs: tuple[tuple[str, float], ...] = (
@@ -553,8 +563,32 @@ class ContrastiveConfig:
     init: str = "parent"
     matryoshka_dims: tuple[int, ...] = ()
     matryoshka_weights: tuple[float, ...] = ()
+    teacher: str = ""
+    teacher_query_prefix: str = ""
+    teacher_passage_prefix: str = ""
+    kl_weight: float = 0.0
+    margin_mse_weight: float = 0.0
+    kl_student_temperature: float = 0.05
+    kl_teacher_temperature: float = 0.05
+    teacher_min_confidence: float | None = None
 
     def __post_init__(self) -> None:
+        _check(self.teacher in ("", *TEACHERS), "contrastive.teacher", f"{self.teacher!r}; valid: {['', *TEACHERS]}")
+        for name in ("kl_weight", "margin_mse_weight"):
+            _check(0.0 <= getattr(self, name) <= 1.0, f"contrastive.{name}", f"{getattr(self, name)}: must be in [0, 1]")
+        _check(self.distillation_weight <= 1.0 + 1e-9, "contrastive.kl_weight",
+               f"kl_weight + margin_mse_weight = {self.distillation_weight:g}: must be at most 1 "
+               "(the InfoNCE keeps the rest)")
+        if self.distillation_weight > 0:
+            _check(bool(self.teacher), "contrastive.teacher",
+                   f"kl_weight / margin_mse_weight > 0 need a teacher to distil; valid: {list(TEACHERS)}")
+            _check(self.hard_negatives >= 1, "contrastive.hard_negatives",
+                   "distillation scores each query's own positive and negatives: needs hard_negatives >= 1")
+        _check(self.kl_student_temperature > 0 and self.kl_teacher_temperature > 0,
+               "contrastive.kl_student_temperature", "both KL temperatures must be positive")
+        _check(self.teacher_min_confidence is None or -2.0 <= self.teacher_min_confidence <= 2.0,
+               "contrastive.teacher_min_confidence",
+               f"{self.teacher_min_confidence}: a margin of cosines, in [-2, 2], or None")
         dims, weights = tuple(self.matryoshka_dims), tuple(self.matryoshka_weights)
         _check(all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in dims)
                and list(dims) == sorted(set(dims)), "contrastive.matryoshka_dims",
@@ -594,6 +628,11 @@ class ContrastiveConfig:
         if not self.matryoshka_dims:
             return (width,), (1.0,)
         return self.matryoshka_dims, self.matryoshka_weights or (1.0,) * len(self.matryoshka_dims)
+
+    @property
+    def distillation_weight(self) -> float:
+        """The distillation terms' total weight; the InfoNCE keeps 1 minus it."""
+        return self.kl_weight + self.margin_mse_weight
 
     @property
     def given_margin(self) -> float | None:

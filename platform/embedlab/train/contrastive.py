@@ -39,7 +39,8 @@ from typing import Any
 import torch
 
 from embedlab.config import ModelConfig, TrialConfig
-from embedlab.data.contamination import check_mined_negatives, check_training_data
+from embedlab.data.teacher_labels import LABELS_FILE
+from embedlab.data.contamination import check_mined_negatives, check_teacher_labels, check_training_data
 from embedlab.data.mixture import schedule_target
 from embedlab.data.pair_stream import pair_dataset, pair_schedule
 from embedlab.data.pairs_table import pair_table_path, recorded_pair_table
@@ -55,13 +56,14 @@ from embedlab.tokenizer.frozen import load_tokenizer
 from embedlab.train.budget import consumption, recorded_flops, schedule_units, split_lineage_budget, step_units
 from embedlab.train.checkpoint import HEAD_FILE, load_parent, local_checkpoint
 from embedlab.train.compiling import compile_blocks, resolve_compile
-from embedlab.train.contrastive_step import ContrastiveStep, local
+from embedlab.train.contrastive_step import ContrastiveStep, DistillCounts, local, local_distill_counts
 from embedlab.train.flops import FORWARD, TRAINED, FlopTally, attention_path
 from embedlab.train.launch import fit
 from embedlab.train.loop import Progress, RunOptions, TrainingLoop, run_on_ray
 from embedlab.train.mlm_step import all_reduce_gradients, no_reduce, prepare_microbatch, sum_all_reduce
 from embedlab.train.nonfinite import finite_update
 from embedlab.train.optim import build_optimizer, set_learning_rate
+from embedlab.train.phase3_teacher import teacher_compute_figures, teacher_label_record, teacher_labels_for_phase3
 from embedlab.train.phase3_negatives import given_negative_counts, given_negatives_for_phase3, mine_for_phase3, \
     mining_compute
 from embedlab.train.precision import forward_precision, half_activations, resolve_precision
@@ -159,6 +161,8 @@ class ContrastiveLoop(TrainingLoop):
         self.builder_tokens = torch.zeros(len(self.builders), dtype=torch.float64)
         self.window: list[float] = []
         self.window_mlm: list[float] = []
+        # Distillation arms: the InfoNCE's own mean and each distillation term's, per step.
+        self.window_terms: dict[str, list[float]] = {}
         self.last: dict[str, float] = {}
         self.model.train()
 
@@ -183,21 +187,35 @@ class ContrastiveLoop(TrainingLoop):
         set_learning_rate(self.optimizer, clock, budget, train)
         # Every query's own positive is a candidate, so every anchor is valid and the global
         # count is known before the forward pass (GradCache needs it up front).
-        valid = self.anchors_per_query * int(self.all_reduce(
-            torch.tensor([float(sum(len(b["group"]) for b in batches))], dtype=torch.float64)).item())
+        # Distillation's counts come from the teacher masks on the host, so they too are known
+        # before the forward pass: one all-reduce for all three.
+        distilling = self.settings.distillation_weight > 0
+        queries = torch.tensor([float(sum(len(b["group"]) for b in batches))], dtype=torch.float64)
+        known = self.all_reduce(torch.cat([queries, local_distill_counts(batches)]) if distilling else queries).tolist()
+        valid = self.anchors_per_query * int(known[0])
+        distill = DistillCounts(kl=int(known[1]), margin=int(known[2])) if distilling else None
         loss_local = torch.zeros(1, dtype=torch.float64, device=self.device)  # summed as the host summed it
+        # Distillation arms: this worker's InfoNCE, KL and MarginMSE sums.
+        parts_local = torch.zeros(3, dtype=torch.float64, device=self.device)
         terms = torch.zeros(2, dtype=torch.float64, device=self.device)  # this worker's valid anchors, candidates
         counts = torch.zeros(5, dtype=torch.float64)  # queries, pair tokens, candidates, anchors, FLOPs
         taus = []
         for batch in batches:
-            term, flops, tau = self._contrastive_backward(batch, valid)
+            term, flops, tau = self._contrastive_backward(batch, valid, distill)
             loss_local += term.loss_sum.detach().double()
+            if distilling:
+                named = dict(term.terms)
+                parts_local += torch.stack([term.infonce_sum.detach().double().reshape(())] + [
+                    named[name].loss_sum.detach().double() if name in named else
+                    torch.zeros((), dtype=torch.float64, device=self.device) for name in ("kl", "margin_mse")])
             terms += torch.stack([term.valid, term.candidate_sum]).double()
             counts += torch.tensor([float(len(batch["group"])), float(batch["tokens"].sum()), 0.0,
                                     float(term.anchors), flops], dtype=torch.float64)
             taus.append(tau)
         # The step's figures stay on the device until one read, with the gradient norm.
         figures = {"loss": self.all_reduce(loss_local), "valid": terms[0], "candidates": terms[1]}
+        if distilling:
+            figures["parts"] = self.all_reduce(parts_local)
         contrastive_grad = None
         if self.joint:
             # Each term's norm is of its global gradient (summed over workers), so the
@@ -213,7 +231,10 @@ class ContrastiveLoop(TrainingLoop):
         tau = taus[-1]
         if isinstance(tau, torch.Tensor):
             figures["tau"] = tau.detach()
+        parts = figures.pop("parts", None)
         read = dict(zip(figures, torch.cat([value.double().reshape(1) for value in figures.values()]).tolist()))
+        if parts is not None:
+            parts = parts.tolist()
         anchors = int(counts[3])
         if read["valid"] != anchors:  # before any update: every query's own positive is a candidate
             raise RuntimeError(f"worker {self.rank}: {anchors - int(read['valid'])} anchors without a positive")
@@ -237,13 +258,19 @@ class ContrastiveLoop(TrainingLoop):
         progress.flops += float(counts[4])
         if not rejected:
             self.window.append(loss_total / max(valid, 1))
+            if parts is not None:
+                # Each term over its own global count: the figures the objective weighs.
+                for name, value, count in (("contrastive", parts[0], valid), ("kl", parts[1], distill.kl),
+                                           ("margin_mse", parts[2], distill.margin)):
+                    if name == "contrastive" or count:
+                        self.window_terms.setdefault(name, []).append(value / max(count, 1))
             if self.joint:
                 self.window_mlm.append(mlm_mean)
         self.last = {"train/grad_norm": norm, "train/temperature": read.get("tau", tau),
                      **{key: value for key, value in read.items() if key.startswith("train/")}}
         self.count_rejection(rejected)
 
-    def _contrastive_backward(self, batch: dict[str, torch.Tensor], valid: int):
+    def _contrastive_backward(self, batch: dict[str, torch.Tensor], valid: int, distill: DistillCounts | None = None):
         """Backward of one microbatch's contrastive objective (`embedlab.train.contrastive_step`),
         counting its pairs and tokens per builder; returns the term, the FLOPs this worker's
         passes ran and the temperature used. The term's counts stay on the device: `step`
@@ -251,7 +278,7 @@ class ContrastiveLoop(TrainingLoop):
         self.builder_pairs += torch.bincount(batch["builder_index"], minlength=len(self.builders)).double()
         self.builder_tokens += torch.bincount(batch["builder_index"], weights=batch["tokens"].double(),
                                               minlength=len(self.builders))
-        return self.contrastive.backward(batch, valid)
+        return self.contrastive.backward(batch, valid, distill)
 
     def _mlm_backward(self, batches: list[dict[str, torch.Tensor]]) -> tuple[torch.Tensor, int, float]:
         """The joint arm's MLM term on separately corrupted copies of every microbatch's texts:
@@ -305,6 +332,7 @@ class ContrastiveLoop(TrainingLoop):
                for i, name in enumerate(self.builders)},
             "train/loss": loss,
             "train/contrastive_loss": loss,
+            **{f"train/{name}_loss": sum(values) / len(values) for name, values in self.window_terms.items()},
             **({"train/mlm_loss": sum(self.window_mlm) / len(self.window_mlm)} if self.window_mlm else {}),
             **self.last,
             "train/step": progress.steps,
@@ -324,8 +352,9 @@ class ContrastiveLoop(TrainingLoop):
                 "budget/total_flops": self.charged_flops + progress.flops}
                if self.trial.train.budget.scope == "lineage" else {}),
             **self.loop_config.get("mining_compute", {}),
+            **teacher_compute_figures(self.loop_config.get("teacher_labels")),
         }
-        self.window, self.window_mlm = [], []
+        self.window, self.window_mlm, self.window_terms = [], [], {}
         return metrics
 
     def stream_ended(self) -> Exception:
@@ -379,6 +408,15 @@ class ContrastiveLoop(TrainingLoop):
                     "mined_set": loop_config.get("mined_version"),
                     "given_negatives": loop_config.get("given_negatives"),
                     "effective_candidates": metrics["train/effective_candidates"],
+                    **({"distillation": {
+                        "kl_weight": settings.kl_weight, "margin_mse_weight": settings.margin_mse_weight,
+                        "infonce_weight": 1.0 - settings.distillation_weight,
+                        "kl_temperatures": {"student": settings.kl_student_temperature,
+                                            "teacher": settings.kl_teacher_temperature},
+                        "scores": "cosines of each query's own positive and negatives at the widest trained width",
+                        "reduction": "each term's sum / its global count (KL rows, MarginMSE pairs)",
+                        "teacher_labels": loop_config.get("teacher_labels"),
+                    }} if settings.distillation_weight > 0 else {}),
                 },
                 "optimizer_start": "optimizer state and schedule clock reset at the phase start",
                 "mixture": {
@@ -460,12 +498,22 @@ def run_contrastive(trial: TrialConfig, prepared, *, storage_path: Path, name: s
             # Mined negatives exist only now: checked here, after mining and before training.
             for task_dir in task_dirs:
                 check_mined_negatives(prepared, task_dir, mined, overlap_policy, progress)
+    labels = None
+    # A teacher without a weight is inert (a study's control arm keeps the field its arms set).
+    if trial.phase == 3 and settings.distillation_weight > 0:
+        labels = teacher_labels_for_phase3(trial, prepared, pairs_path, schedule, offsets, mined=mined, given=given,
+                                           progress=progress)
+        # What the teacher scored is training input too: checked before any step uses it.
+        for task_dir in task_dirs:
+            check_teacher_labels(prepared, task_dir, labels, overlap_policy, progress)
     streams = [pair_dataset(
         pairs_path, schedule, offsets, tokenizer_path=prepared.tokenizer_path, length=settings.pair_length,
         query_prefix=settings.query_prefix, passage_prefix=settings.passage_prefix,
         negatives_path=None if mined is None else mined / "negatives.parquet",
         negatives_per_pair=settings.hard_negatives,
         given_negatives_path=None if given is None else given / "negatives.parquet",
+        teacher_labels_path=None if labels is None else labels / LABELS_FILE,
+        teacher_min_confidence=settings.teacher_min_confidence,
         split=split,
     ) for split in worker_splits(trial.train.num_workers, trial.train.batch_rows)]
     return fit(
@@ -481,6 +529,7 @@ def run_contrastive(trial: TrialConfig, prepared, *, storage_path: Path, name: s
             "mined_version": None if mined is None else mined.name,
             "mining_compute": {**mining_compute(mined), **mining_compute(given, "compute/given_negatives")},
             "given_negatives": given_negative_counts(given),
+            "teacher_labels": teacher_label_record(labels, settings),
             "run": options.to_dict(),
         },
         trial,

@@ -17,6 +17,12 @@ microbatch with gradients and backpropagates that objective; GradCache
 (`contrastive.gradcache_chunk`, `embedlab.objectives.gradcache`) is given the same count
 and weight, so it accumulates the plain path's gradient with one chunk's activations,
 with or without a joint MLM term.
+
+With `contrastive.kl_weight` / `margin_mse_weight` (phase 3 with teacher labels) each query's
+own positive and negatives are scored once more, as one batched matmul at the widest trained
+width, and the KL and MarginMSE terms (`embedlab.objectives.distillation`) are folded into
+the term's loss sum against their global counts (`DistillCounts`, known from the teacher
+masks before the forward pass): the same single objective on both paths.
 """
 
 from __future__ import annotations
@@ -31,8 +37,10 @@ from embedlab.model.encoder import Encoder, SegmentLayout, segment_layout, to_de
 from embedlab.model.pooling import l2_normalise, mean_pool
 from embedlab.objectives.contrastive import ContrastiveLoss, LearnableTemperature, multi_positive_infonce, \
     pair_masks, pooled
+from embedlab.objectives.distillation import kl_distillation, kl_rows, margin_mse, margin_pairs, \
+    own_candidate_scores, with_distillation
 from embedlab.objectives.gradcache import gradcache_step
-from embedlab.objectives.matryoshka import matryoshka_loss
+from embedlab.objectives.matryoshka import matryoshka_loss, truncate
 from embedlab.train.flops import GRADCACHE, TRAINED, FlopTally, attention_path
 from embedlab.train.precision import forward_precision
 
@@ -75,6 +83,25 @@ def contrastive_weight(settings: ContrastiveConfig) -> float:
 
 
 @dataclass(frozen=True)
+class DistillCounts:
+    """A step's global counts for the distillation terms, summed over microbatches and workers:
+    KL rows (two or more teacher scores) and MarginMSE (positive, negative) pairs."""
+
+    kl: int
+    margin: int
+
+
+def local_distill_counts(batches: list[dict[str, torch.Tensor]]) -> torch.Tensor:
+    """(2,) float64: this worker's KL rows and MarginMSE pairs over a step's microbatches, read
+    from their `teacher_scores` (nan: no label) on the host."""
+    counts = torch.zeros(2, dtype=torch.float64)
+    for batch in batches:
+        mask = torch.isfinite(batch["teacher_scores"])
+        counts += torch.tensor([float(kl_rows(mask).sum()), float(margin_pairs(mask).sum())], dtype=torch.float64)
+    return counts
+
+
+@dataclass(frozen=True)
 class ContrastiveStep:
     """How one worker computes a microbatch's contrastive term and accumulates its gradient
     (module docstring)."""
@@ -104,10 +131,11 @@ class ContrastiveStep:
                      segment_layout((part != self.pad_id).long()).to(self.device) if varlen else None)
                 for part in (ids.split(chunk) if chunk else (ids,))]
 
-    def backward(self, batch: dict[str, torch.Tensor], valid: int):
+    def backward(self, batch: dict[str, torch.Tensor], valid: int, distill: DistillCounts | None = None):
         """Backward of one microbatch's objective (its loss sum weighted and divided by the
-        step's global valid count `valid`); returns the term, the FLOPs this worker's passes
-        ran and the temperature used."""
+        step's global valid count `valid`; with distillation, `distill` the step's global
+        counts of its terms); returns the term, the FLOPs this worker's passes ran and the
+        temperature used."""
         settings, device = self.settings, self.device
         host_sides = [batch["positive_ids"]]  # the stream's CPU tensors, read for FLOPs
         groups = [batch["group"]]
@@ -127,12 +155,40 @@ class ContrastiveStep:
 
         widths, weights = settings.trained_widths(self.model.width)
 
+        distilling = settings.distillation_weight > 0
+        if distilling:
+            if distill is None or "teacher_scores" not in batch:
+                raise ValueError("contrastive.kl_weight / margin_mse_weight need the stream's teacher_scores "
+                                 "and the step's DistillCounts")
+            teacher = to_device(batch["teacher_scores"], device)
+            teacher_mask = torch.isfinite(teacher)
+
         def contrastive_term(queries: torch.Tensor, local_candidates: torch.Tensor) -> ContrastiveLoss:
             """The term at every trained width (`embedlab.objectives.matryoshka`; the full width
-            alone unless `contrastive.matryoshka_dims` lists others)."""
+            alone unless `contrastive.matryoshka_dims` lists others), with distillation."""
             if widths == (queries.shape[1],):
-                return width_term(queries, local_candidates)
-            return matryoshka_loss(width_term, queries, local_candidates, widths, weights)
+                term = width_term(queries, local_candidates)
+            else:
+                term = matryoshka_loss(width_term, queries, local_candidates, widths, weights)
+            return distillation_terms(term, queries, local_candidates) if distilling else term
+
+        def distillation_terms(term: ContrastiveLoss, queries: torch.Tensor, local_candidates: torch.Tensor):
+            """KL and MarginMSE over each query's own candidates at the widest trained width."""
+            width = widths[-1]
+            if width != queries.shape[1]:
+                queries, local_candidates = truncate(queries, width), truncate(local_candidates, width)
+            own = own_candidate_scores(queries, local_candidates, teacher.shape[1] - 1)
+            scores.similarity(len(queries), teacher.shape[1], width)
+            parts = {}
+            if settings.kl_weight:
+                parts["kl"] = (kl_distillation(own, teacher, teacher_mask,
+                                               student_temperature=settings.kl_student_temperature,
+                                               teacher_temperature=settings.kl_teacher_temperature),
+                               settings.kl_weight, distill.kl)
+            if settings.margin_mse_weight:
+                parts["margin_mse"] = (margin_mse(own, teacher, teacher_mask), settings.margin_mse_weight,
+                                       distill.margin)
+            return with_distillation(term, parts, valid)
 
         def width_term(queries: torch.Tensor, local_candidates: torch.Tensor) -> ContrastiveLoss:
             """This worker's queries against every worker's candidates (+ the reverse direction)."""

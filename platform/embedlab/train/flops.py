@@ -189,6 +189,9 @@ def expected_step_flops(trial: TrialConfig, *, attention: bool = True) -> float:
             batch, gathered * batch * (1 + settings.hard_negatives), width)
         if settings.symmetric:
             per_microbatch += PASSES[TRAINED] * similarity_forward_flops(batch, gathered * batch, width)
+    if settings.distillation_weight > 0:  # each query's own candidates, at the widest trained width
+        per_microbatch += PASSES[TRAINED] * similarity_forward_flops(
+            batch, 1 + settings.hard_negatives, settings.trained_widths(model.width)[0][-1])
     if settings.mlm_weight > 0:
         copies = 2 * batch
         per_microbatch += encoder_flops(model, copies, length, keep * copies * length * length, mode=TRAINED,
