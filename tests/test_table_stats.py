@@ -364,3 +364,32 @@ def test_tuning_line_and_tuning_trials_without_metrics(tmp_path):
     assert "(NOT disjoint from the study seeds: 3 also reported)" in tuning_line(load_table(run_dir))
     (run_dir / "study.json").write_text(json.dumps(record))
     assert tuning_line(load_table(run_dir)) == "" and "tuning:" not in render(run_dir)
+
+
+def test_total_compute_adds_what_trials_spent_outside_the_budget(tmp_path):
+    """Mining and a teacher's labels are outside the training budget: `compute/total_flops` is each
+    row's training FLOPs plus them (a row without one adds nothing), every format says how it
+    is made, and a table of distilling trials carries the teacher's disclosure."""
+    from embedlab.data.teacher_labels import DISCLOSURE
+    from embedlab.sweep.table import TOTAL_COMPUTE, compute_outside_line
+
+    rows = _flops_rows({"base": 1e12, "wide": 1e12, "deep": 1e12})
+    for row in rows:
+        if row["arm"] != "base":
+            row["compute/mining_flops"] = 3e11 + row["seed"]
+        if row["arm"] == "deep":
+            row["compute/teacher_flops"] = 2e11
+    run_dir = write_run(tmp_path, rows, budget_unit="flops", budget_flops=1e12)
+    table = load_table(run_dir)
+    want = [r["budget/flops"] + r.get("compute/mining_flops", 0) + r.get("compute/teacher_flops", 0) for r in rows]
+    by_trial = dict(zip(table["trial_id"], table[TOTAL_COMPUTE]))
+    assert [by_trial[r["trial_id"]] for r in rows] == want
+    line = compute_outside_line(table)
+    assert line.startswith(f"{TOTAL_COMPUTE} = training FLOPs (the budget) + mining, teacher labels, outside")
+    text = render(run_dir)
+    assert line in text and DISCLOSURE in text and TOTAL_COMPUTE in text.split("\n\n")[1].splitlines()[0]
+    parsed = json.loads(render(run_dir, "json"))
+    assert parsed["compute_outside"] == line and parsed["teacher"] == DISCLOSURE
+    plain = load_table(write_run(tmp_path / "plain", _flops_rows({"base": 1e12, "wide": 1e12, "deep": 1e12}),
+                                 budget_unit="flops", budget_flops=1e12))
+    assert TOTAL_COMPUTE not in plain and compute_outside_line(plain) == ""

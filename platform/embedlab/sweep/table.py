@@ -34,6 +34,7 @@ from scipy import stats
 
 from embedlab import store
 from embedlab.config import Budget, nest_flat_budget
+from embedlab.data.teacher_labels import DISCLOSURE
 from embedlab.errors import RunRecordError, UsageError, UserError
 from embedlab.sweep import crossed, paired
 from embedlab.sweep.rundir import last_error_line, read_record, trial_records
@@ -63,6 +64,10 @@ NAMED_TRIALS = 5  # trials an error names before it counts the rest
 RETRIEVAL_METRICS = ("dev/ndcg@10", "dev/recall@100", "dev/mrr@10")
 BUDGET_COLUMNS = ("budget/tokens", "budget/pairs", "budget/flops", "budget/flops_estimate", "budget/inherited_flops",
                   "budget/total_flops")
+# Compute a trial spends outside its training budget, reported beside it: mining its hard
+# negatives, screening a source's given ones, and a teacher's labels (`compute_outside_line`).
+OUTSIDE_BUDGET_FLOPS = ("compute/mining_flops", "compute/given_negatives_flops", "compute/teacher_flops")
+TOTAL_COMPUTE = "compute/total_flops"
 NO_TRIALS = "(no finished trials)"
 CONFIDENCE = 0.95  # of the intervals `render` shows
 
@@ -152,6 +157,7 @@ def load_table(run_dir: str | Path) -> pd.DataFrame:
         table = table.reset_index(drop=True)
     else:
         table = pd.DataFrame(columns=list(SUMMARY_COLUMNS))
+    _add_total_compute(table, budget_scope(record))
     unit = budget_unit(record)
     table.attrs.update(study=record["study"]["name"], metric=record["study"]["metric"],
                        arm_order=arms, unit=unit, budget=declared_budget(record, unit),
@@ -159,6 +165,35 @@ def load_table(run_dir: str | Path) -> pd.DataFrame:
                        seeds=list(record["study"].get("seeds", [])), tuning=record.get("tuning"),
                        scope=budget_scope(record))
     return table
+
+
+def _add_total_compute(table: pd.DataFrame, scope: str) -> None:
+    """`compute/total_flops`: a row's training FLOPs (the lineage's in a lineage-scoped study)
+    plus what it spent outside the budget (`OUTSIDE_BUDGET_FLOPS`), where it spent any."""
+    outside = [c for c in OUTSIDE_BUDGET_FLOPS if c in table]
+    training = "budget/total_flops" if scope == "lineage" and "budget/total_flops" in table else "budget/flops"
+    if not outside or training not in table:
+        return
+    extra = table[outside].apply(pd.to_numeric, errors="coerce").fillna(0.0).sum(axis=1)
+    table[TOTAL_COMPUTE] = pd.to_numeric(table[training], errors="coerce") + extra
+
+
+def compute_outside_line(table: pd.DataFrame) -> str:
+    """How the table's total compute is made, for a study whose trials spent compute outside the
+    training budget; "" otherwise."""
+    if TOTAL_COMPUTE not in table:
+        return ""
+    parts = {"compute/mining_flops": "mining", "compute/given_negatives_flops": "given-negative screening",
+             "compute/teacher_flops": "teacher labels"}
+    spent = ", ".join(name for column, name in parts.items() if column in table)
+    return (f"{TOTAL_COMPUTE} = training FLOPs (the budget) + {spent}, outside the budget; a set shared by "
+            "several trials is counted in each of their rows")
+
+
+def teacher_line(table: pd.DataFrame) -> str:
+    """The disclosure a table of distilling trials carries: the labels are a model's, and what
+    that model was trained on is beyond the audit."""
+    return DISCLOSURE if "compute/teacher_flops" in table else ""
 
 
 def _checked_rows(run_dir: str | Path, record: dict, arms: list[str]) -> list[dict]:
@@ -449,7 +484,8 @@ def render(run_dir: str | Path, fmt: str = "text", metrics: Sequence[str] | None
     unit = table.attrs["unit"]
     check_equal_compute(table, unit)
     final = final_trials(table)
-    notes = [line for line in (compute_match_line(table), tuning_line(table)) if line]
+    notes = [line for line in (compute_match_line(table), compute_outside_line(table), tuning_line(table),
+                               teacher_line(table)) if line]
     try:
         comparison = paired.compare_to_control(run_dir, table)
     except ValueError as error:  # unreadable per-query files: say so, keep the seed-level table
@@ -467,6 +503,7 @@ def render(run_dir: str | Path, fmt: str = "text", metrics: Sequence[str] | None
             "control": table.attrs["arm_order"][0] if table.attrs["arm_order"] else None,
             "confidence": CONFIDENCE, "seed_level": _seed_level_note(),
             "compute_match": compute_match_line(table) or None, "tuning": tuning_line(table) or None,
+            "compute_outside": compute_outside_line(table) or None, "teacher": teacher_line(table) or None,
             "paired": _paired_json(comparison), "arms": _records(summary), "trials": _records(table),
         }, indent=2, default=_json_scalar)
     consumed_in = unit_columns(table, unit)
@@ -477,8 +514,8 @@ def render(run_dir: str | Path, fmt: str = "text", metrics: Sequence[str] | None
         parts = ("budget/inherited_flops", "budget/flops") if consumed_in == LINEAGE_COLUMNS else ()
         data_column = "budget/pairs" if "budget/pairs" in table else "budget/tokens"
         metrics = [m for m in dict.fromkeys((record["study"]["metric"], "dev/recall@100", "train/loss",
-                                             "retention/probe_accuracy", *parts, unit_column, data_column,
-                                             "compute/wall_seconds")) if m in table]
+                                             "retention/probe_accuracy", *parts, unit_column, TOTAL_COMPUTE,
+                                             data_column, "compute/wall_seconds")) if m in table]
     table_of = _text_table if fmt == "text" else _markdown_table
     blocks = ["\n".join([_header(record, unit), *notes])]
     if final.empty:
