@@ -110,6 +110,24 @@ def pair_rows(frozen, count: int, seed: int = 0) -> dict[str, np.ndarray]:
             "builder_index": np.arange(count) % 2, "tokens": query_len + positive_len}
 
 
+def hard_negative_rows(frozen, count: int = 16) -> dict[str, np.ndarray]:
+    """`pair_rows` with two negatives a pair (other rows' positives); row 0's second slot is
+    empty (length 0, masked out)."""
+    rows = pair_rows(frozen, count)
+    negatives = rows["positive_ids"][np.random.default_rng(3).permutation(count)]
+    rows["negative_ids"] = np.stack([negatives, negatives[::-1]], axis=1)  # (rows, 2, L)
+    rows["negative_group"] = np.full((count, 2), -1, dtype=np.int64)
+    rows["negative_len"] = np.full((count, 2), 8, dtype=np.int64)
+    rows["negative_len"][0, 1] = 0
+    return rows
+
+
+def phase3_trial(parent: Path, **contrastive: Any) -> TrialConfig:
+    """Phase 3 from `parent` with two hard negatives a pair (`contrastive` overrides)."""
+    settings = ContrastiveConfig(pairs=(("a", 0.5), ("b", 0.5)), pair_length=16, hard_negatives=2, **contrastive)
+    return dataclasses.replace(contrastive_trial(parent), phase=3, contrastive=settings)
+
+
 def make_loop(trial: TrialConfig, frozen, *, rank: int = 0, world: int = 1) -> TrainingLoop:
     from embedlab.train.contrastive import ContrastiveLoop
     from embedlab.train.phase1 import Phase1Loop

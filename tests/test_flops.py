@@ -6,14 +6,12 @@ from __future__ import annotations
 import dataclasses
 import time
 
-import numpy as np
 import pytest
 import torch
 from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
 import synthetic
-from embedlab.config import ContrastiveConfig
 from embedlab.data.stream import worker_rows
 from embedlab.train.budget import final_rows, trim_rows
 from embedlab.train.device_time import DeviceClock
@@ -109,16 +107,8 @@ def test_gradcache_step_matches_flop_counter_mode(frozen, parent, tmp_path):
 
 def test_hard_negative_step_matches_flop_counter_mode(frozen, parent, tmp_path):
     """Phase 3 with two mined negatives a pair (one missing, masked out), query -> candidates."""
-    trial = synthetic.contrastive_trial(parent)
-    settings = ContrastiveConfig(pairs=(("a", 0.5), ("b", 0.5)), pair_length=16, hard_negatives=2)
-    trial = dataclasses.replace(trial, phase=3, contrastive=settings)
-    rows = synthetic.pair_rows(frozen, 16)
-    generator = np.random.default_rng(3)
-    negatives = rows["positive_ids"][generator.permutation(16)]
-    rows["negative_ids"] = np.stack([negatives, negatives[::-1]], axis=1)  # (rows, 2, L)
-    rows["negative_group"] = np.full((16, 2), -1, dtype=np.int64)
-    rows["negative_len"] = np.full((16, 2), 8, dtype=np.int64)
-    rows["negative_len"][0, 1] = 0
+    trial = synthetic.phase3_trial(parent)
+    rows = synthetic.hard_negative_rows(frozen)
     counted, reference = reference_step_flops(trial, frozen, rows, tmp_path)
     assert_close(counted, reference)
 

@@ -86,19 +86,16 @@ def test_sweep_gate_refuses_final_eval_items_planted_in_the_pairs(data):
     }
 
 
-def test_phase3_refuses_a_final_eval_document_planted_in_its_mined_negatives(data, tmp_path):
-    """A phase-3 run mines its negatives, then refuses to train when they hold a test document:
-    the mined set it finds (the one it would mine) passes the gate clean and, with the
-    document planted, `run_contrastive` raises before any Ray Train run starts."""
-    from embedlab.data.contamination import check_mined_negatives
-    from embedlab.data.mining import NEGATIVE_SCHEMA, NEGATIVES_FILE
+def phase3_setup(data: PreparedData, tmp_path, **contrastive):
+    """A phase-3 trial from a random phase-2 parent (two mined negatives a pair; `contrastive`
+    adds fields), its pairs table, the schedule and offsets `run_contrastive` derives, and the
+    mined set it finds (mined here, so the run reuses it)."""
     from embedlab.data.mixture import schedule_target
     from embedlab.data.pair_stream import pair_schedule
     from embedlab.data.pairs_table import pair_table_path
     from embedlab.model.encoder import MLMModel
     from embedlab.train.budget import schedule_units
     from embedlab.train.checkpoint import save_checkpoint
-    from embedlab.train.contrastive import run_contrastive
     from embedlab.train.phase3_negatives import mine_for_phase3
     from embedlab.train.state import data_seed
 
@@ -107,14 +104,25 @@ def test_phase3_refuses_a_final_eval_document_planted_in_its_mined_negatives(dat
     model = MLMModel(base.model)
     save_checkpoint(parent, model.encoder, head=model.mlm_head, tokenizer=data.tokenizer, fields={"phase": 2})
     trial = dataclasses.replace(base, phase=3, parent=str(parent), contrastive=ContrastiveConfig(
-        pairs=((BUILDERS[0], 1.0),), pair_length=32, hard_negatives=2, mining_top_k=50))
-    # The pairs and schedule run_contrastive derives, so the set mined here is the one it finds.
+        pairs=((BUILDERS[0], 1.0),), pair_length=32, hard_negatives=2, mining_top_k=50, **contrastive))
     pairs_path = pair_table_path(data, list(BUILDERS), **QUIET)
     step_pairs = trial.train.num_workers * trial.train.batch_rows * trial.train.microbatches
     schedule, offsets = pair_schedule(pairs_path, dict(trial.contrastive.pairs),
                                       target_pairs=schedule_target(schedule_units(trial), step_pairs),
                                       max_epochs=trial.data.mixture.max_epochs, seed=data_seed(trial))
     mined = mine_for_phase3(trial, data, pairs_path, schedule, offsets, **QUIET)
+    return trial, pairs_path, schedule, offsets, mined
+
+
+def test_phase3_refuses_a_final_eval_document_planted_in_its_mined_negatives(data, tmp_path):
+    """A phase-3 run mines its negatives, then refuses to train when they hold a test document:
+    the mined set it finds (the one it would mine) passes the gate clean and, with the
+    document planted, `run_contrastive` raises before any Ray Train run starts."""
+    from embedlab.data.contamination import check_mined_negatives
+    from embedlab.data.mining import NEGATIVE_SCHEMA, NEGATIVES_FILE
+    from embedlab.train.contrastive import run_contrastive
+
+    trial, pairs_path, schedule, offsets, mined = phase3_setup(data, tmp_path)
     task_dir = data.task_dir(TASK)
     assert check_mined_negatives(data, task_dir, mined, None, **QUIET) == []
 
@@ -186,3 +194,36 @@ def test_sweep_refuses_a_pair_budget_past_the_repetition_cap_before_any_trial(da
     over = dataclasses.replace(study, budget=dataclasses.replace(study.budget, pairs=held * 4 + 1))
     with pytest.raises(UsageError, match=r"study gate, arm cold: .*'title-body' holds .*repetition cap"):
         check_pair_schedules(over, records, "/checkpoints/parent")
+
+
+def test_phase3_refuses_a_final_eval_document_planted_in_its_teacher_labels(data, tmp_path):
+    """A distilling phase-3 run scores its pairs with the teacher, then refuses to train when
+    the scored texts hold a test document: the set it finds (the one it would score) passes
+    the gate clean and, with the document planted, `run_contrastive` raises before any Ray
+    Train run starts."""
+    from embedlab.data.contamination import check_teacher_labels
+    from embedlab.data.teacher_labels import LABELS_FILE
+    from embedlab.train.contrastive import run_contrastive
+    from embedlab.train.phase3_teacher import teacher_labels_for_phase3
+
+    trial, pairs_path, schedule, offsets, mined = phase3_setup(data, tmp_path, teacher="all-MiniLM-L6-v2",
+                                                               kl_weight=0.5)
+    labels = teacher_labels_for_phase3(trial, data, pairs_path, schedule, offsets, mined=mined, given=None, **QUIET)
+    task_dir = data.task_dir(TASK)
+    assert check_teacher_labels(data, task_dir, labels, None, **QUIET) == []
+
+    _, _, doc_id, body = final_eval_items(data)
+    table = pq.read_table(labels / LABELS_FILE)
+    texts = table["text"].to_pylist()
+    planted = table["pair_id"][1].as_py(), table["doc_id"][1].as_py()  # the first pair's first negative
+    texts[1] = body
+    pq.write_table(table.set_column(table.schema.get_field_index("text"), "text", pa.array(texts)),
+                   labels / LABELS_FILE)
+
+    storage = tmp_path / "train"
+    with pytest.raises(ContaminationError, match="stages teacher-labels") as refused:
+        run_contrastive(trial, data, storage_path=storage, name="planted", **QUIET)
+    assert f"{labels.name}:{planted[0]}:{planted[1]}" in str(refused.value) and doc_id in str(refused.value)
+    assert not storage.exists()  # refused before the trainer started
+    allowed = check_teacher_labels(data, task_dir, labels, "disclosed: one planted text", **QUIET)
+    assert [(f["item_id"], f["match"]) for f in allowed] == [(doc_id, "exact")]

@@ -230,8 +230,10 @@ def test_phase2_joint_from_phase1_records_lineage(trained, phase2):
 
 
 def test_phase3_with_mined_negatives_from_phase2(phase2, prepared, tmp_path_factory):
-    """Phase 3 mines negatives with the phase-2 encoder, trains on them from the phase-2 checkpoint
-    and records the lineage; the mined set never uses dev/test documents or the pairs' own documents."""
+    """Phase 3 mines negatives with the phase-2 encoder, has MiniLM score every query's
+    candidates, trains on them (InfoNCE with KL and MarginMSE distillation, GradCache) from the
+    phase-2 checkpoint and records the lineage and the teacher labels; the mined set never uses
+    dev/test documents or the pairs' own documents."""
     import dataclasses
 
     import pyarrow.parquet as pq
@@ -243,12 +245,21 @@ def test_phase3_with_mined_negatives_from_phase2(phase2, prepared, tmp_path_fact
     trial = dataclasses.replace(
         trial2, phase=3, parent=parent.checkpoint.path,
         contrastive=dataclasses.replace(trial2.contrastive, mlm_weight=0.0, hard_negatives=2, pooling="cls",
-                                        symmetric=False, gradcache_chunk=4, mining_top_k=2000),
+                                        symmetric=False, gradcache_chunk=4, mining_top_k=2000,
+                                        teacher="all-MiniLM-L6-v2", kl_weight=0.3, margin_mse_weight=0.2),
     )
     result = run_contrastive(trial, prepared, storage_path=tmp_path_factory.mktemp("phase3"), name="phase3",
                              progress=lambda m: None)
     assert result.error is None
     manifest = verify_checkpoint(Path(result.checkpoint.path))
+    # The teacher's labels reached the workers as float scores (a long cast would zero them).
+    distilled = manifest["objective"]["distillation"]
+    assert (distilled["kl_weight"], distilled["margin_mse_weight"]) == (0.3, 0.2)
+    labels = distilled["teacher_labels"]
+    assert labels["teacher"]["name"] == "all-MiniLM-L6-v2" and labels["counts"]["pairs"] > 0
+    assert (prepared.directory / "teacher-labels" / labels["set"] / "labels.parquet").is_file()
+    assert result.metrics["compute/teacher_flops"] > 0 and result.metrics["data/teacher_pairs"] == labels["counts"]["pairs"]
+    assert 0 < result.metrics["train/kl_loss"] < 10 and 0 < result.metrics["train/margin_mse_loss"] < 10
     assert manifest["phase"] == 3 and manifest["parent_hash"] == verify_checkpoint(Path(parent.checkpoint.path))["content_hash"]
     assert manifest["objective"]["hard_negatives"] == 2 and manifest["objective"]["mined_set"]
     # Contrastive-only (mlm_weight 0): it carries its parent's MLM head unchanged, so it can be scored.
