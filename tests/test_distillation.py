@@ -418,3 +418,31 @@ def test_the_config_refuses_distillation_it_cannot_run():
 def test_termsum_mean_of_nothing_is_zero_not_nan():
     empty = TermSum(loss_sum=torch.zeros((), requires_grad=True), count=torch.zeros((), dtype=torch.long))
     assert float(empty.mean.detach()) == 0.0
+
+
+def test_scoring_in_chunks_gives_the_same_labels_and_reports_progress(monkeypatch):
+    """Encoding a few texts a call (with a progress line each) scores exactly what one call does."""
+    import embedlab.data.teacher_labels as teacher_labels
+
+    whole = teacher_labels.score_pairs(_encode, _pairs())
+    monkeypatch.setattr(teacher_labels, "ENCODE_CHUNK", 3)
+    lines: list[str] = []
+    assert_same_labels(teacher_labels.score_pairs(_encode, _pairs(), progress=lines.append), whole)
+    # 3 queries and 6 distinct passages
+    assert [line.split(" texts")[0] for line in lines] == [
+        "teacher labels: 3/9", "teacher labels: 6/9", "teacher labels: 9/9"]
+
+
+def test_one_process_at_a_time_scores_a_set(tmp_path):
+    """While one holder has a set's scoring lock, another cannot take it; after, it can."""
+    import fcntl
+
+    from embedlab.train.phase3_teacher import scoring_lock
+
+    directory = tmp_path / "teacher-labels" / "abc"
+    with scoring_lock(directory):
+        with open(directory.parent / ".abc.lock", "w") as other:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    with open(directory.parent / ".abc.lock", "w") as other:
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -97,15 +97,28 @@ def labels_version(identity: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 
 
+ENCODE_CHUNK = 4096  # texts a teacher encodes between progress lines
+
+
 def score_pairs(encode: Callable[[list[str]], np.ndarray], pairs: Sequence[ScoredPair], *,
-                query_prefix: str = "", passage_prefix: str = "") -> pa.Table:
+                query_prefix: str = "", passage_prefix: str = "",
+                progress: Callable[[str], None] | None = None) -> pa.Table:
     """The labels table (`LABELS_SCHEMA`) of `pairs` under `encode` (unit rows): each distinct
-    prefixed text encoded once; a score is the cosine of the query's and the candidate's rows."""
+    prefixed text encoded once, `ENCODE_CHUNK` texts a call (a line to `progress` after each);
+    a score is the cosine of the query's and the candidate's rows."""
     queries = sorted({p.query for p in pairs})
     passages = sorted({text for p in pairs for text in (p.positive, *(t for _, t in p.negatives))})
-    vectors = encode([query_prefix + q for q in queries] + [passage_prefix + t for t in passages])
-    if len(vectors) != len(queries) + len(passages):
-        raise TeacherLabelsError(f"the teacher returned {len(vectors)} rows for {len(queries) + len(passages)} texts")
+    texts = [query_prefix + q for q in queries] + [passage_prefix + t for t in passages]
+    parts, started = [], time.perf_counter()
+    for start in range(0, len(texts), ENCODE_CHUNK):
+        parts.append(encode(texts[start:start + ENCODE_CHUNK]))
+        if progress is not None:
+            done = min(start + ENCODE_CHUNK, len(texts))
+            progress(f"teacher labels: {done:,}/{len(texts):,} texts encoded "
+                     f"({time.perf_counter() - started:.0f} s)")
+    vectors = np.concatenate(parts) if parts else np.zeros((0, 0), dtype=np.float32)
+    if len(vectors) != len(texts):
+        raise TeacherLabelsError(f"the teacher returned {len(vectors)} rows for {len(texts)} texts")
     query_row = {q: vectors[i] for i, q in enumerate(queries)}
     passage_row = {t: vectors[len(queries) + i] for i, t in enumerate(passages)}
     columns: dict[str, list] = {name: [] for name in LABELS_SCHEMA.names}

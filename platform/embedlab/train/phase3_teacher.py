@@ -10,6 +10,8 @@ set's texts against the evaluation tasks and passes its path to the pair stream.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 from pathlib import Path
 from typing import Any
@@ -55,17 +57,37 @@ def teacher_labels_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, sc
     )
     directory = prepared.directory / "teacher-labels" / labels_version(identity)[:16]
     node_path(directory)  # on a cluster with remote storage: another node's published set, fetched
-    if not (directory / MANIFEST_FILE).is_file():
-        pairs = [ScoredPair(r["pair_id"], r["query"], r["positive"], tuple(negatives[r["pair_id"]])) for r in rows]
-        progress(f"teacher labels: scoring {len(pairs):,} pairs with {settings.teacher}")
-        encode, cost = measured_encode(load_teacher(settings.teacher))
-        table = score_pairs(encode, pairs, query_prefix=settings.teacher_query_prefix,
-                            passage_prefix=settings.teacher_passage_prefix)
-        write_labels(directory, table, identity, cost())
-        progress(f"teacher labels: {table.num_rows:,} scores in {directory}, {cost()['flops']:.3g} teacher FLOPs")
-        publish_subtree(directory)
+    with scoring_lock(directory):  # trials starting together score a set once, the rest reuse it
+        if not (directory / MANIFEST_FILE).is_file():
+            _score(trial, rows, negatives, identity, directory, progress)
     load_manifest(directory, identity)
     return directory
+
+
+@contextlib.contextmanager
+def scoring_lock(directory: Path):
+    """An exclusive lock beside `directory` for this node's processes (`fcntl.flock`), held
+    while a set is checked for and scored."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with open(directory.parent / f".{directory.name}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _score(trial: TrialConfig, rows, negatives, identity: dict, directory: Path, progress) -> None:
+    """Score the scheduled pairs' candidates with the trial's teacher and save the set."""
+    settings = trial.contrastive
+    pairs = [ScoredPair(r["pair_id"], r["query"], r["positive"], tuple(negatives[r["pair_id"]])) for r in rows]
+    progress(f"teacher labels: scoring {len(pairs):,} pairs with {settings.teacher}")
+    encode, cost = measured_encode(load_teacher(settings.teacher))
+    table = score_pairs(encode, pairs, query_prefix=settings.teacher_query_prefix,
+                        passage_prefix=settings.teacher_passage_prefix, progress=progress)
+    write_labels(directory, table, identity, cost())
+    progress(f"teacher labels: {table.num_rows:,} scores in {directory}, {cost()['flops']:.3g} teacher FLOPs")
+    publish_subtree(directory)
 
 
 def teacher_label_record(directory: Path | None, settings) -> dict[str, Any] | None:
