@@ -225,3 +225,35 @@ def test_module_class_imports_without_ray():
     code = "import sys, embedlab.st_module; print('ray' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
+
+
+def test_truncate_dim_gives_the_trained_widths_scores(tmp_path, offline):
+    """A checkpoint trained at widths 8 and 32 records them in its release, and sentence-transformers
+    loaded with truncate_dim=8 scores query-passage pairs (cosine) exactly as embedlab's truncated
+    evaluation does: the first 8 coordinates, re-normalised."""
+    import dataclasses
+
+    from sentence_transformers import SentenceTransformer
+
+    from embedlab.objectives.matryoshka import truncate
+
+    trial = tiny_trial("mean")
+    trial = dataclasses.replace(trial, contrastive=dataclasses.replace(trial.contrastive, matryoshka_dims=(8, 32),
+                                                                       matryoshka_weights=(1.0, 0.5)))
+    tokenizer = save_tokenizer(train_tokenizer(TEXTS * 10, 300), tmp_path / "tokenizer")
+    torch.manual_seed(0)
+    model = MLMModel(trial.model)
+    checkpoint = tmp_path / "checkpoint"
+    save_checkpoint(
+        checkpoint, model.encoder, head=model.mlm_head, tokenizer=tokenizer, pooling="mean",
+        prefixes={"query": "query: ", "passage": "passage: "},
+        fields={"phase": 2, "parent_hash": PARENT_HASH, "config": trial.to_dict(), "data_revision": "rev-test"})
+    manifest = export_release(checkpoint, tmp_path / "package")
+    assert manifest["matryoshka"]["trained_widths"] == [8, 32] and manifest["matryoshka"]["weights"] == [1.0, 0.5]
+    st = SentenceTransformer(str(tmp_path / "package"), device="cpu", trust_remote_code=True, local_files_only=True,
+                             truncate_dim=8)
+    queries, passages = st.encode_query(TEXTS[:3]), st.encode_document(TEXTS[:3])
+    assert queries.shape == (3, 8)
+    want = (truncate(torch.from_numpy(evaluator_embeddings(checkpoint, TEXTS[:3], "query")), 8)
+            @ truncate(torch.from_numpy(evaluator_embeddings(checkpoint, TEXTS[:3], "passage")), 8).T)
+    np.testing.assert_allclose(st.similarity(queries, passages).numpy(), want.numpy(), atol=1e-5)

@@ -121,12 +121,29 @@ def _release_manifest(checkpoint: dict[str, Any]) -> dict[str, Any]:
         "exported_from": checkpoint["content_hash"],
         "package": "release (encoder only; MLM heads dropped; loads in sentence-transformers)",
         "pooling": _embedding_contract(checkpoint["pooling"], max_length),
+        "matryoshka": _trained_widths(checkpoint),
         "sentence_transformers": {
             "module": MODULE_CLASS,
             "prompts": _prompts(checkpoint["pooling"]["prefixes"]),
             "default_prompt_name": DEFAULT_PROMPT_NAME,
             "load": "SentenceTransformer(path, trust_remote_code=True)",
         },
+    }
+
+
+def _trained_widths(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """The widths the checkpoint's phase trained its contrastive term at (`matryoshka_dims`; the
+    full width alone without them), and how a consumer reproduces a truncated width."""
+    config = checkpoint["config"]
+    width = config["model"]["width"]
+    dims = list(config.get("contrastive", {}).get("matryoshka_dims") or [width])
+    weights = list(config.get("contrastive", {}).get("matryoshka_weights") or [1.0] * len(dims))
+    return {
+        "trained_widths": dims, "weights": weights, "phase": checkpoint.get("phase"),
+        "truncate": "SentenceTransformer(path, truncate_dim=d) keeps the first d coordinates of the unit "
+                    "embedding: score them with cosine similarity (the package's similarity function) or "
+                    "re-normalise them first, as training and evaluation did; a dot product of truncated "
+                    "rows is not what was trained",
     }
 
 
