@@ -352,3 +352,45 @@ def test_display_cuts_intervals_and_mdes_to_the_range_a_difference_can_take():
     assert shown.loc["b", "corrected interval"] == "[-0.0227, +0.0108] at 95%"
     assert shown.loc["b", "MDE (80% power)"] == "0.6014"
     assert shown.loc["a", "to detect diff"] == "23 seeds"
+
+
+def test_every_scored_width_is_one_holm_family(tmp_path):
+    """A study scored at the full width and at width 8 (`eval.dims`), its metric the width-8 one:
+    each (arm, width) gets the test it would get alone (raw p), Holm runs over all four
+    (statsmodels' multipletests as the oracle), the study metric's rows stay the main table and
+    the full width's come beside them, and the header counts the family."""
+    from statsmodels.stats.multitest import multipletests
+
+    from embedlab.sweep.paired import width_family
+
+    narrow = "dev/dim8/ndcg@10"
+    full_values, narrow_values = per_query_values(1), per_query_values(2)
+    run_dir = write_run(tmp_path, full_values)
+    record = json.loads((run_dir / "study.json").read_text())
+    record["study"]["metric"] = narrow
+    (run_dir / "study.json").write_text(json.dumps(record))
+    for (arm, seed), array in full_values.items():
+        path = run_dir / PER_QUERY_DIR / f"{arm}-{seed}.json"
+        per_query = json.loads(path.read_text())
+        per_query["values"][narrow] = dict(zip(QUERIES, map(float, narrow_values[arm, seed])))
+        path.write_text(json.dumps(per_query))
+        trial = run_dir / "trials" / f"{arm}-{seed}.json"
+        trial.write_text(json.dumps({**json.loads(trial.read_text()), narrow: float(narrow_values[arm, seed].mean())}))
+    table = load_table(run_dir)
+    loaded = load_per_query(run_dir, table)
+    assert width_family(loaded, narrow) == [METRIC, narrow] == width_family(loaded, METRIC)
+    assert width_family(loaded, "dev/recall@100") == ["dev/recall@100"]
+    comparison = compare_to_control(run_dir, table)
+    alone = {metric: paired_tests(loaded, metric, list(ARMS)) for metric in (METRIC, narrow)}
+    np.testing.assert_allclose(comparison.tests["p"], alone[narrow]["p"], rtol=1e-12)
+    np.testing.assert_allclose(comparison.other_widths["p"], alone[METRIC]["p"], rtol=1e-12)
+    assert list(comparison.other_widths["metric"]) == [METRIC, METRIC]
+    raw = [*comparison.other_widths["p"], *comparison.tests["p"]]
+    holm = multipletests(raw, alpha=0.05, method="holm")
+    np.testing.assert_allclose([*comparison.other_widths["p_holm"], *comparison.tests["p_holm"]], holm[1],
+                               rtol=1e-12)
+    assert [*comparison.other_widths["significant"], *comparison.tests["significant"]] == list(holm[0])
+    assert "across 4 tested (arm, width) pairs over 2 widths" in comparison.header
+    text = render(run_dir)
+    assert "the same test at the other scored widths (one Holm family with the above):" in text
+    assert json.loads(render(run_dir, "json"))["paired"]["other_widths"][0]["metric"] == METRIC

@@ -131,7 +131,11 @@ def _paired(comparison: paired.PairedComparison) -> str:
     if comparison.tests is None:
         return header
     cells = paired.cells(comparison.tests)
-    return header + _html_table(cells, numeric=[])
+    widths = ""
+    if comparison.other_widths is not None:
+        widths = ('<p class="meta">the same test at the other scored widths (one Holm family with the above)</p>'
+                  + _html_table(paired.cells(comparison.other_widths), numeric=[]))
+    return header + _html_table(cells, numeric=[]) + widths
 
 
 def _comparison(summary: pd.DataFrame, metrics: list[str]) -> str:

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -283,8 +284,28 @@ def holm_levels(p_values: Sequence[float], alpha: float) -> tuple[list, list, li
     return holm_adjust(p_values), levels, rejected
 
 
-def paired_tests(per_query: PerQuery, metric: str, arms: Sequence[str], *, alpha: float = ALPHA) -> pd.DataFrame:
+def width_family(per_query: PerQuery, metric: str) -> list[str]:
+    """The study metric at every width the trials were scored at (`eval.dims`): the full width's
+    `<split>/<m>` first, then `<split>/dim<d>/<m>` by width, when `metric` is one of them and
+    the run holds more than one; else `[metric]` alone."""
+    match = re.fullmatch(r"([^/]+)/(?:dim\d+/)?([^/]+)", metric)
+    if not match:
+        return [metric]
+    split, measure = match.groups()
+    widths = sorted((int(found.group(1)), key) for key in per_query.values
+                    if (found := re.fullmatch(rf"{re.escape(split)}/dim(\d+)/{re.escape(measure)}", key)))
+    full = f"{split}/{measure}"
+    family = ([full] if full in per_query.values else []) + [key for _, key in widths]
+    return family if len(family) > 1 and metric in family else [metric]
+
+
+def paired_tests(per_query: PerQuery, metric: str, arms: Sequence[str], *, alpha: float = ALPHA,
+                 family: Sequence[str] | None = None) -> pd.DataFrame:
     """One row per non-control arm (`arms[0]` is the control) on `metric`: `COLUMNS`.
+
+    `family`: the metrics tested together (the study metric at every scored width,
+    `width_family`); Holm then runs across every (arm, metric) and the result has one row per
+    pair, metric by metric, with a `metric` column. Default: `metric` alone, no `metric` column.
 
     seeds / queries: the paired seeds and query ids tested; diff: Dbar; se, df: its standard
     error and Satterthwaite degrees of freedom under the crossed model (`embedlab.sweep.crossed`);
@@ -298,6 +319,36 @@ def paired_tests(per_query: PerQuery, metric: str, arms: Sequence[str], *, alpha
     either is left out of the family (m counts the arms tested)."""
     if len(arms) < 2:
         raise ValueError(f"arms: {list(arms)}; a paired test needs a control and at least one other arm")
+    metrics = list(family or [metric])
+    if metric not in metrics:
+        raise ValueError(f"family {metrics} does not hold the study metric {metric}")
+    rows, estimates = [], {}
+    for member in metrics:
+        for row, estimate in _arm_estimates(per_query, member, arms):
+            row["metric"] = member
+            rows.append(row)
+            if estimate is not None:
+                estimates[id(row)] = estimate
+    tested = [row for row in rows if id(row) in estimates]
+    raw = [crossed.p_value(estimates[id(row)]) for row in tested]
+    adjusted, levels, rejected = holm_levels(raw, alpha)
+    strictest = alpha / len(tested) if tested else alpha
+    for row, p, p_holm, level, significant in zip(tested, raw, adjusted, levels, rejected):
+        estimate = estimates[id(row)]
+        low, high = crossed.interval(estimate, level)
+        if significant != (low > 0 or high < 0):  # the module's contract; a failure here is a bug
+            raise AssertionError(f"arm {row['arm']}: Holm says {significant} but the interval is [{low}, {high}]")
+        row.update(p=p, p_holm=p_holm, ci_low=low, ci_high=high, ci_level=1 - level, significant=significant,
+                   mde=crossed.minimum_detectable_effect(estimate, strictest, POWER))
+        if not significant:
+            row.update(_rerun_size(estimate, strictest))
+    columns = list(COLUMNS) + (["metric"] if family is not None and len(metrics) > 1 else [])
+    return pd.DataFrame(rows, columns=columns)
+
+
+def _arm_estimates(per_query: PerQuery, metric: str, arms: Sequence[str]) -> list[tuple[dict, object]]:
+    """Each non-control arm's row (counts, difference, note) and crossed estimate (None: no test)
+    on one metric."""
     control = arms[0]
     strata = panel_strata(per_query, metric)
     keys = strata or [metric]  # a panel mean: one stratum per task; else the metric itself
@@ -308,8 +359,9 @@ def paired_tests(per_query: PerQuery, metric: str, arms: Sequence[str], *, alpha
         return set.intersection(*({s for a, s in by_trial if a == arm} for by_trial in by_key))
 
     control_seeds = seeds_of(control)
-    rows, estimates = [], {}
+    rows = []
     for arm in arms[1:]:
+        estimate = None
         seeds = sorted(seeds_of(arm) & control_seeds)
         row = {column: math.nan for column in COLUMNS} | {"arm": arm, "seeds": len(seeds), "queries": queries,
                                                           "significant": False, "note": ""}
@@ -322,23 +374,9 @@ def paired_tests(per_query: PerQuery, metric: str, arms: Sequence[str], *, alpha
             differences = [np.stack([by_trial[(arm, s)] - by_trial[(control, s)] for s in seeds])
                            for by_trial in by_key]
             estimate = crossed.crossed_estimate(differences)
-            estimates[arm] = estimate
             row.update(diff=estimate.mean, se=estimate.se, df=estimate.df)
-        rows.append(row)
-    tested = [row for row in rows if row["arm"] in estimates]
-    raw = [crossed.p_value(estimates[row["arm"]]) for row in tested]
-    adjusted, levels, rejected = holm_levels(raw, alpha)
-    strictest = alpha / len(tested) if tested else alpha
-    for row, p, p_holm, level, significant in zip(tested, raw, adjusted, levels, rejected):
-        estimate = estimates[row["arm"]]
-        low, high = crossed.interval(estimate, level)
-        if significant != (low > 0 or high < 0):  # the module's contract; a failure here is a bug
-            raise AssertionError(f"arm {row['arm']}: Holm says {significant} but the interval is [{low}, {high}]")
-        row.update(p=p, p_holm=p_holm, ci_low=low, ci_high=high, ci_level=1 - level, significant=significant,
-                   mde=crossed.minimum_detectable_effect(estimate, strictest, POWER))
-        if not significant:
-            row.update(_rerun_size(estimate, strictest))
-    return pd.DataFrame(rows, columns=list(COLUMNS))
+        rows.append((row, estimate))
+    return rows
 
 
 def _rerun_size(estimate: crossed.CrossedEstimate, alpha: float) -> dict:
@@ -363,6 +401,9 @@ class PairedComparison:
     unavailable: str = ""
     missing: tuple[str, ...] = ()
     strata: tuple[str, ...] = ()  # a panel mean's tasks: their seed means are averaged before the seed term
+    # The study metric at the run's other scored widths (`width_family`), tested in one Holm
+    # family with `tests`: a row per (arm, width), with a `metric` column.
+    other_widths: pd.DataFrame | None = field(default=None, repr=False)
 
     @property
     def test(self) -> str:
@@ -377,10 +418,15 @@ class PairedComparison:
         if self.tests is None:
             return f"paired per-query test: unavailable: {self.unavailable}"
         m = int(self.tests["p"].notna().sum())
+        tested = f"{m} tested arm(s)"
+        if self.other_widths is not None:
+            widths = 1 + self.other_widths["metric"].nunique()
+            m += int(self.other_widths["p"].notna().sum())
+            tested = f"{m} tested (arm, width) pairs over {widths} widths"
         missing = f"; {len(self.missing)} final trial(s) without per-query values left out" if self.missing else ""
         return (f"paired per-query test of {self.metric} vs control {self.control}: {self.test}{missing}\n"
                 f"model: {crossed.MODEL}; size shown by simulation (`embedlab stats calibrate`)\n"
-                f'"significant" = Holm-adjusted p <= {self.alpha:g} across {m} tested arm(s) (family-wise alpha '
+                f'"significant" = Holm-adjusted p <= {self.alpha:g} across {tested} (family-wise alpha '
                 f"{self.alpha:g} under the model), i.e. the corrected interval excludes 0; one seed: no test; "
                 f"MDE and seeds needed: {POWER:.0%} power at Holm's strictest level")
 
@@ -400,6 +446,13 @@ def compare_to_control(run_dir: str | Path, table: pd.DataFrame, *, alpha: float
     if not all(per_query.values.get(key) for key in strata or [metric]):
         return PairedComparison(**base, missing=per_query.missing,
                                 unavailable=f"no per-query {metric} values for the finished final trials")
+    family = width_family(per_query, metric)
+    if len(family) > 1:  # every scored width of the metric, in one Holm family
+        everything = paired_tests(per_query, metric, arms, alpha=alpha, family=family)
+        study = everything["metric"] == metric
+        return PairedComparison(**base, tests=everything[study].drop(columns="metric").reset_index(drop=True),
+                                missing=per_query.missing,
+                                other_widths=everything[~study].reset_index(drop=True))
     tests = paired_tests(per_query, metric, arms, alpha=alpha)
     return PairedComparison(**base, tests=tests, missing=per_query.missing,
                             strata=per_query.tasks if strata else ())
@@ -440,6 +493,7 @@ def cells(tests: pd.DataFrame) -> pd.DataFrame:
 
     records = tests.to_dict("records")
     return pd.DataFrame({
+        **({"metric": tests["metric"].to_list()} if "metric" in tests else {}),
         "arm": tests["arm"].to_list(),
         "seeds": tests["seeds"].astype(str).to_list(),
         "queries": tests["queries"].astype(str).to_list(),

@@ -530,6 +530,9 @@ def render(run_dir: str | Path, fmt: str = "text", metrics: Sequence[str] | None
             blocks.append(comparison.header)
         else:
             blocks.append(f"{comparison.header}\n{table_of(paired.cells(comparison.tests))}")
+            if comparison.other_widths is not None:
+                blocks.append("the same test at the other scored widths (one Holm family with the above):\n"
+                              f"{table_of(paired.cells(comparison.other_widths))}")
         excluded = _excluded(table, final)
         if excluded:
             blocks.append("\n".join([f"excluded from statistics: {excluded}", *_failures(table)]))
@@ -569,6 +572,7 @@ def _paired_json(comparison) -> dict:
         "power": paired.POWER, "significant_means": comparison.header.splitlines()[-1],
         "unavailable": comparison.unavailable or None, "missing": list(comparison.missing),
         "arms": [] if comparison.tests is None else _records(comparison.tests),
+        "other_widths": None if comparison.other_widths is None else _records(comparison.other_widths),
     }
 
 
