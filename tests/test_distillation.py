@@ -446,3 +446,33 @@ def test_one_process_at_a_time_scores_a_set(tmp_path):
                 fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
     with open(directory.parent / ".abc.lock", "w") as other:
         fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+# --- the teacher as a study's reference ----------------------------------------------------------
+
+def test_a_distilling_study_scores_its_teacher_as_a_reference(tmp_path):
+    """The teacher's reference scores are MiniLM's on the task's split, metric by metric as
+    `evaluate_baseline` computes them; the table's reference line names parent and teacher with
+    the metrics each has; a study whose teacher has no weight distils from nothing."""
+    from embedlab.evaluate.baselines import MINILM, evaluate_baseline
+    from embedlab.evaluate.beir import Task, load_task, write_task
+    from embedlab.sweep.references import distilled_teacher, reference_line, score_teacher
+
+    task = Task(name="tiny", corpus={"d1": ("", "Return a sorted list of the items."),
+                                     "d2": ("", "Open a file and return a stream."),
+                                     "d3": ("", "The tuple is an immutable sequence.")},
+                queries={"q1": "how do I sort a list", "q2": "open a file", "q3": "an immutable sequence"},
+                qrels={"dev": {"q1": {"d1": 1}, "q2": {"d2": 1}}, "test": {"q3": {"d3": 1}}})
+    write_task(task, tmp_path / "tiny")
+    got = score_teacher(MINILM, str(tmp_path / "tiny"), "dev")
+    want = evaluate_baseline(MINILM, load_task(tmp_path / "tiny"), "dev")
+    assert got["dev/ndcg@10"] == want["ndcg@10"] and got["dev/recall@100"] == want["recall@100"]
+    assert got["teacher"] == MINILM and got["eval/task_hash"] == want["task_hash"]
+    record = {"parent_scores": {"dev/ndcg@10": 0.25}, "teacher_scores": got}
+    assert reference_line(record, ["dev/ndcg@10", "train/loss"]) == (
+        "references, not trained in this study (same split and queries): parent: dev/ndcg@10 0.2500; "
+        f"teacher {MINILM}: dev/ndcg@10 {got['dev/ndcg@10']:.4f}")
+    assert reference_line({}, ["dev/ndcg@10"]) == ""
+    plain = synthetic.phase3_trial(synthetic.Path("parent"), teacher=TEACHER)
+    distilling = synthetic.phase3_trial(synthetic.Path("parent"), teacher=TEACHER, kl_weight=0.5)
+    assert distilled_teacher({"a": plain}) is None and distilled_teacher({"a": plain, "b": distilling}) == TEACHER

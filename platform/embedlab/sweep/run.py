@@ -25,6 +25,7 @@ from embedlab.sweep.driver import trial_driver, trial_params
 from embedlab.sweep.experiment import fit
 from embedlab.sweep.gate import check_contamination, check_pair_schedules
 from embedlab.sweep.preflight import preflight
+from embedlab.sweep.references import distilled_teacher, score_teacher
 from embedlab.sweep.rundir import finished_rows, new_run_dir, write_json
 from embedlab.sweep.scores import score_trial
 from embedlab.sweep.study import Study, load_study, set_path, study_origin
@@ -208,6 +209,16 @@ def run_sweep(
         record["parent_scores"] = {k: v for k, v in scored.columns.items() if not k.startswith("compute/")}
         write_json(store.join(run_dir, STUDY_FILE), record)
         progress(f"parent {store.name(parent)}: {study.metric} {record['parent_scores'][study.metric]:.4f}")
+    teacher = distilled_teacher(study.arms)
+    if teacher is not None and "teacher_scores" not in record:
+        # What the students are distilled from, on the main task's same split and queries.
+        arm = next(iter(study.arms))
+        config = study.arms[arm]
+        _, task_dir = arm_eval_tasks(config.eval, prepared[arm])[0]
+        progress(f"teacher {teacher}: scoring {config.eval.split} of the study's task as a reference")
+        record["teacher_scores"] = score_teacher(teacher, task_dir, config.eval.split)
+        write_json(store.join(run_dir, STUDY_FILE), record)
+        progress(f"teacher {teacher}: {study.metric} {record['teacher_scores'].get(study.metric, float('nan')):.4f}")
     # "code": every trial checks that it imported the code this driver runs (`driver.run_trial`).
     context = {"study": study.to_dict(), "prepared": prepared, "run_dir": run_dir, "parent": parent,
                "code": code_identity.current().to_dict()}

@@ -37,6 +37,7 @@ from embedlab.config import Budget, nest_flat_budget
 from embedlab.data.teacher_labels import DISCLOSURE
 from embedlab.errors import RunRecordError, UsageError, UserError
 from embedlab.sweep import crossed, paired
+from embedlab.sweep.references import reference_line
 from embedlab.sweep.rundir import last_error_line, read_record, trial_records
 from embedlab.sweep.trial_rows import final_trials
 
@@ -504,6 +505,7 @@ def render(run_dir: str | Path, fmt: str = "text", metrics: Sequence[str] | None
             "confidence": CONFIDENCE, "seed_level": _seed_level_note(),
             "compute_match": compute_match_line(table) or None, "tuning": tuning_line(table) or None,
             "compute_outside": compute_outside_line(table) or None, "teacher": teacher_line(table) or None,
+            "references": {"parent": record.get("parent_scores"), "teacher": record.get("teacher_scores")},
             "paired": _paired_json(comparison), "arms": _records(summary), "trials": _records(table),
         }, indent=2, default=_json_scalar)
     consumed_in = unit_columns(table, unit)
@@ -517,7 +519,8 @@ def render(run_dir: str | Path, fmt: str = "text", metrics: Sequence[str] | None
                                              "retention/probe_accuracy", *parts, unit_column, TOTAL_COMPUTE,
                                              data_column, "compute/wall_seconds")) if m in table]
     table_of = _text_table if fmt == "text" else _markdown_table
-    blocks = ["\n".join([_header(record, unit), *notes])]
+    reference = reference_line(record, list(metrics))
+    blocks = ["\n".join([_header(record, unit), *notes, *([reference] if reference else [])])]
     if final.empty:
         blocks.append(NO_TRIALS)
     else:
