@@ -32,6 +32,7 @@
     embedlab bench mfu [--preset 300m] [--sequence-length 512] [--json]   MFU on a CUDA GPU (bf16)
     embedlab bench mfu-cpu [--presets small 5m] [--threads 1] [--json]   training FLOP/s vs this CPU's matmul peak
     embedlab stats calibrate [--studies N] [--json]   the paired test's size and power, by simulation
+    embedlab stats ladder RUN_DIR RUN_DIR... [--project-to FLOPS]   a study across budgets: the trend per doubling
 
 `main(argv)` returns an exit code, so tests call it in-process. An error in what was asked
 (`embedlab.errors.UserError`, and FileNotFoundError or ConnectionError) prints one line,

@@ -1,5 +1,6 @@
 """`embedlab stats calibrate`: the paired test's false-positive rate and power, by simulation
-(`embedlab.sweep.calibration`).
+(`embedlab.sweep.calibration`); `embedlab stats ladder`: one study's comparison across runs at
+several budgets (`embedlab.sweep.ladder`).
 
 `embedlab.cli.build_parser` registers it with `add_parsers`.
 """
@@ -81,3 +82,19 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     calibrate.add_argument("--alpha", type=float, help="family-wise level [0.05]")
     calibrate.add_argument("--json", action="store_true")
     calibrate.set_defaults(func=cmd_calibrate)
+    ladder = commands.add_parser("ladder", help="one study's comparison across runs at several budgets: per-rung "
+                                                "tests, Holm across arms x rungs, the trend per doubling")
+    ladder.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories of one study, one per budget")
+    ladder.add_argument("--project-to", type=float, metavar="FLOPS",
+                        help="evaluate each trend at this many training FLOPs (labelled an extrapolation outside "
+                             "the measured range)")
+    ladder.set_defaults(func=cmd_ladder)
+
+
+def cmd_ladder(args: argparse.Namespace) -> int:
+    """Print the ladder of `args.run_dirs` (`embedlab.sweep.ladder`)."""
+    # here: pandas and scipy, which the rest of `embedlab stats` loads only when it runs
+    from embedlab.sweep.ladder import render_ladder
+
+    print(render_ladder(args.run_dirs, project_to=args.project_to), end="")
+    return 0

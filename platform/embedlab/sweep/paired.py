@@ -322,31 +322,39 @@ def paired_tests(per_query: PerQuery, metric: str, arms: Sequence[str], *, alpha
     metrics = list(family or [metric])
     if metric not in metrics:
         raise ValueError(f"family {metrics} does not hold the study metric {metric}")
-    rows, estimates = [], {}
+    pairs = []
     for member in metrics:
-        for row, estimate in _arm_estimates(per_query, member, arms):
+        for row, estimate in arm_estimates(per_query, member, arms):
             row["metric"] = member
-            rows.append(row)
-            if estimate is not None:
-                estimates[id(row)] = estimate
-    tested = [row for row in rows if id(row) in estimates]
-    raw = [crossed.p_value(estimates[id(row)]) for row in tested]
-    adjusted, levels, rejected = holm_levels(raw, alpha)
+            pairs.append((row, estimate))
+    rows = [row for row, _ in pairs]
+    tested = holm_family(pairs, alpha)
     strictest = alpha / len(tested) if tested else alpha
-    for row, p, p_holm, level, significant in zip(tested, raw, adjusted, levels, rejected):
-        estimate = estimates[id(row)]
-        low, high = crossed.interval(estimate, level)
-        if significant != (low > 0 or high < 0):  # the module's contract; a failure here is a bug
-            raise AssertionError(f"arm {row['arm']}: Holm says {significant} but the interval is [{low}, {high}]")
-        row.update(p=p, p_holm=p_holm, ci_low=low, ci_high=high, ci_level=1 - level, significant=significant,
-                   mde=crossed.minimum_detectable_effect(estimate, strictest, POWER))
-        if not significant:
+    for row, estimate in tested:
+        row.update(mde=crossed.minimum_detectable_effect(estimate, strictest, POWER))
+        if not row["significant"]:
             row.update(_rerun_size(estimate, strictest))
     columns = list(COLUMNS) + (["metric"] if family is not None and len(metrics) > 1 else [])
     return pd.DataFrame(rows, columns=columns)
 
 
-def _arm_estimates(per_query: PerQuery, metric: str, arms: Sequence[str]) -> list[tuple[dict, object]]:
+def holm_family(pairs: Sequence[tuple[dict, crossed.CrossedEstimate | None]], alpha: float = ALPHA
+                ) -> list[tuple[dict, crossed.CrossedEstimate]]:
+    """Holm across every (row, estimate) with an estimate: each such row gets its raw `p`,
+    `p_holm`, `significant` and the interval at its Holm level (`ci_low`, `ci_high`,
+    `ci_level`); returns those pairs, in order."""
+    tested = [(row, estimate) for row, estimate in pairs if estimate is not None]
+    raw = [crossed.p_value(estimate) for _, estimate in tested]
+    adjusted, levels, rejected = holm_levels(raw, alpha)
+    for (row, estimate), p, p_holm, level, significant in zip(tested, raw, adjusted, levels, rejected):
+        low, high = crossed.interval(estimate, level)
+        if significant != (low > 0 or high < 0):  # the module's contract; a failure here is a bug
+            raise AssertionError(f"{row.get('arm')}: Holm says {significant} but the interval is [{low}, {high}]")
+        row.update(p=p, p_holm=p_holm, ci_low=low, ci_high=high, ci_level=1 - level, significant=significant)
+    return tested
+
+
+def arm_estimates(per_query: PerQuery, metric: str, arms: Sequence[str]) -> list[tuple[dict, object]]:
     """Each non-control arm's row (counts, difference, note) and crossed estimate (None: no test)
     on one metric."""
     control = arms[0]

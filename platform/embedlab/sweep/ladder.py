@@ -1,0 +1,240 @@
+"""Does an answer hold as compute grows? One study's comparison read across a ladder of budgets.
+
+A ladder is the same study run at several budgets, its rungs: each rung a full, independent
+run directory whose arms were compute-matched within it (`table.check_equal_compute`, refused
+otherwise). A rung's compute is the mean measured training FLOPs (`budget/flops`) of its
+control's final trials.
+
+Per rung r and non-control arm a: the paired per-query difference D_ar from the control, its
+standard error and p under the crossed seeds x queries model (`embedlab.sweep.crossed`, the
+test `embedlab table` runs), Holm-Bonferroni across every (arm, rung) at family-wise 0.05,
+and the corrected interval at each pair's Holm level.
+
+Across rungs, per arm: the slope of D against log2(compute), a weighted least-squares line
+with weights 1 / se_r^2 (its standard error sqrt of [(X' W X)^-1]_11, no residual scale: the
+rungs' own variances are the noise model). The slope is a linear combination sum_r c_r D_r,
+so its variance is sum_r c_r^2 se_r^2, and each se_r^2 is estimated from the rung's seeds -
+1 degrees of freedom at most. The interval is Student's t at Satterthwaite's degrees of
+freedom for that combination with every rung's variance counted as seed variance (the
+smallest df the per-rung estimates allow, so the widest interval; the per-rung test's
+worst case over the seed share, in the same spirit). Its size at few seeds is not simulated
+here. Then a one-line
+reading ("same sign at every rung, shrinking by 0.012 per doubling", "crosses zero between
+rungs 2 and 3"). With two rungs the line goes through both points and its interval is what
+their standard errors allow. A projection to another budget evaluates the line there, with
+its interval, and is labelled an extrapolation outside the measured range: never a result.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from embedlab.errors import UsageError
+from embedlab.sweep import crossed
+from embedlab.sweep.paired import ALPHA, ONE_SEED, arm_estimates, holm_family, load_per_query
+from embedlab.sweep.table import check_equal_compute, load_table
+from embedlab.sweep.trial_rows import final_trials
+
+TREND_LEVEL = 0.95  # of the slope's and a projection's interval
+COLUMNS = ("rung", "flops", "arm", "seeds", "diff", "se", "df", "p", "p_holm", "significant", "ci_low", "ci_high",
+           "note")
+
+
+class LadderError(UsageError):
+    """Run directories that do not make one ladder (another study, metric or arms; one rung)."""
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One budget of the ladder: its run directory, trial table and measured compute."""
+
+    run_dir: str
+    table: pd.DataFrame = field(repr=False)
+    flops: float
+
+
+@dataclass(frozen=True)
+class Trend:
+    """An arm's weighted least-squares line of D on log2(FLOPs): D = intercept + slope * log2(F)."""
+
+    arm: str
+    rungs: int
+    slope: float
+    slope_se: float
+    intercept: float
+    cov: tuple[tuple[float, float], tuple[float, float]]
+    low: float
+    high: float
+    reading: str
+    df: float = math.inf  # of the slope's t interval (conservative Satterthwaite)
+    ses: tuple[float, ...] = ()  # per rung: what a projection's interval is built from
+    seeds: tuple[int, ...] = ()
+    flops: tuple[float, ...] = ()  # the rungs it was fitted on
+
+
+def load_rungs(run_dirs: Sequence[str | Path]) -> list[Rung]:
+    """The rungs of `run_dirs` in increasing compute, each checked compute-matched within itself;
+    LadderError unless they are at least two runs of one study's arms and metric at different budgets."""
+    if len(run_dirs) < 2:
+        raise LadderError(f"a ladder needs at least two run directories (rungs), got {len(run_dirs)}")
+    rungs, first = [], None
+    for run_dir in run_dirs:
+        table = load_table(run_dir)
+        check_equal_compute(table, table.attrs["unit"])
+        identity = (table.attrs["arm_order"], table.attrs["metric"])
+        if first is None:
+            first = (identity, run_dir)
+        elif identity != first[0]:
+            raise LadderError(f"{run_dir}: arms {identity[0]} and metric {identity[1]}, but {first[1]} has "
+                              f"arms {first[0][0]} and metric {first[0][1]}: not rungs of one ladder")
+        final = final_trials(table)
+        control = final[final["arm"] == table.attrs["arm_order"][0]]
+        flops = pd.to_numeric(control.get("budget/flops", pd.Series(dtype=float)), errors="coerce").mean()
+        if not flops > 0:
+            raise LadderError(f"{run_dir}: its control has no measured training FLOPs (budget/flops)")
+        rungs.append(Rung(str(run_dir), table, float(flops)))
+    rungs.sort(key=lambda r: r.flops)
+    for lower, upper in zip(rungs, rungs[1:]):
+        if upper.flops <= lower.flops * 1.01:
+            raise LadderError(f"{lower.run_dir} and {upper.run_dir} trained within 1% of the same FLOPs: "
+                              "one budget, not two rungs")
+    return rungs
+
+
+def ladder_tests(rungs: Sequence[Rung], *, alpha: float = ALPHA) -> pd.DataFrame:
+    """One row per (rung, non-control arm): `COLUMNS`, Holm across all of them (module docstring)."""
+    pairs = []
+    for index, rung in enumerate(rungs, start=1):
+        per_query = load_per_query(rung.run_dir, rung.table)
+        metric, arms = rung.table.attrs["metric"], rung.table.attrs["arm_order"]
+        if per_query is None or not per_query.values.get(metric):
+            raise LadderError(f"{rung.run_dir}: no per-query {metric} values to test")
+        for row, estimate in arm_estimates(per_query, metric, arms):
+            pairs.append((row | {"rung": index, "flops": rung.flops}, estimate))
+    holm_family(pairs, alpha)
+    rows = [{column: row.get(column, math.nan) for column in COLUMNS} for row, _ in pairs]
+    return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
+def fit_trend(arm: str, flops: Sequence[float], diffs: Sequence[float], ses: Sequence[float],
+              seeds: Sequence[int], level: float = TREND_LEVEL) -> Trend:
+    """The weighted least-squares line of `diffs` on log2(`flops`), weights 1/se^2, and its
+    t interval at the combination's conservative Satterthwaite df from each rung's `seeds`
+    (module docstring), with its reading."""
+    x, d, se = np.log2(np.asarray(flops, dtype=float)), np.asarray(diffs, dtype=float), np.asarray(ses, dtype=float)
+    if len(x) < 2 or not np.all(se > 0):
+        raise ValueError(f"arm {arm}: a trend needs two or more rungs with a positive standard error")
+    design = np.column_stack([np.ones_like(x), x])
+    weights = 1.0 / se**2
+    cov = np.linalg.inv(design.T @ (design * weights[:, None]))
+    intercept, slope = cov @ design.T @ (weights * d)
+    slope_se = math.sqrt(cov[1, 1])
+    df = combination_df((cov @ (design * weights[:, None]).T)[1], se, seeds)
+    t = stats.t.ppf(0.5 + level / 2, df)
+    low, high = slope - t * slope_se, slope + t * slope_se
+    return Trend(arm=arm, rungs=len(x), slope=float(slope), slope_se=slope_se, intercept=float(intercept),
+                 cov=((float(cov[0, 0]), float(cov[0, 1])), (float(cov[1, 0]), float(cov[1, 1]))),
+                 low=float(low), high=float(high), reading=reading(d, float(slope), float(low), float(high)),
+                 df=float(df), ses=tuple(map(float, se)), seeds=tuple(map(int, seeds)),
+                 flops=tuple(map(float, flops)))
+
+
+def combination_df(coefficients, ses, seeds) -> float:
+    """Satterthwaite's degrees of freedom of sum_r c_r D_r with each rung's variance se_r^2
+    estimated on k_r = seeds_r - 1 df: (sum c^2 se^2)^2 / sum (c^2 se^2)^2 / k_r."""
+    a = np.asarray(coefficients, dtype=float) ** 2 * np.asarray(ses, dtype=float) ** 2
+    k = np.asarray(seeds, dtype=float) - 1
+    return float(np.sum(a)) ** 2 / float(np.sum(a**2 / k))
+
+
+def reading(diffs: Sequence[float], slope: float, low: float, high: float) -> str:
+    """One line: the sign across rungs (or where it crosses zero) and what the slope says."""
+    signs = np.sign(np.asarray(diffs, dtype=float))
+    trend = (f"{slope:+.4f} per doubling of compute, 95% interval [{low:+.4f}, {high:+.4f}]"
+             + (": not distinguishable from flat" if low <= 0 <= high else ""))
+    changes = [i for i in range(1, len(signs)) if signs[i] != signs[i - 1]]
+    if changes:
+        i = changes[0]
+        return f"crosses zero between rungs {i} and {i + 1}; {trend}"
+    direction = "above" if signs[0] > 0 else "below"
+    moving = "growing" if slope * signs[0] > 0 else "shrinking"
+    return f"same sign at every rung ({direction} the control), {moving} by {abs(slope):.4f} per doubling; {trend}"
+
+
+def trends(tests: pd.DataFrame, level: float = TREND_LEVEL) -> list[Trend]:
+    """Each non-control arm's trend over the rungs where it was tested (two or more needed)."""
+    found = []
+    for arm, rows in tests.groupby("arm", sort=False):
+        rows = rows[rows["se"].notna() & (rows["se"] > 0)]
+        if len(rows) >= 2:
+            found.append(fit_trend(str(arm), rows["flops"], rows["diff"], rows["se"], rows["seeds"], level))
+    return found
+
+
+def project(trend: Trend, flops: float, level: float = TREND_LEVEL) -> dict:
+    """The trend evaluated at `flops`, its interval, and whether that is beyond the range of the
+    rungs it was fitted on."""
+    measured = trend.flops
+    x = math.log2(flops)
+    (c00, c01), (_, c11) = trend.cov
+    value = trend.intercept + trend.slope * x
+    se = math.sqrt(c00 + 2 * x * c01 + x * x * c11)
+    # The projection is the combination (1, x) . beta of the rungs' differences: its own df.
+    rung_x = np.log2(np.asarray(measured, dtype=float))
+    design = np.column_stack([np.ones_like(rung_x), rung_x])
+    weights = 1.0 / np.asarray(trend.ses) ** 2
+    coefficients = np.array([1.0, x]) @ np.array(trend.cov) @ (design * weights[:, None]).T
+    t = stats.t.ppf(0.5 + level / 2, combination_df(coefficients, trend.ses, trend.seeds))
+    outside = not min(measured) <= flops <= max(measured)
+    return {"arm": trend.arm, "flops": flops, "diff": value, "low": value - t * se, "high": value + t * se,
+            "extrapolation": outside}
+
+
+def render_ladder(run_dirs: Sequence[str | Path], *, project_to: float | None = None) -> str:
+    """The ladder as text: the rungs, the per-rung tests (Holm across arms x rungs), each arm's
+    trend with its reading, and (with `project_to`) the labelled projection."""
+    rungs = load_rungs(run_dirs)
+    tests = ladder_tests(rungs)
+    first = rungs[0].table.attrs
+    lines = [f"ladder of study {first['study']}: {len(rungs)} rungs, metric {first['metric']}, control "
+             f"{first['arm_order'][0]}; each rung compute-matched within itself",
+             f"test per rung: {crossed.METHOD}; Holm across {int(tests['p'].notna().sum())} (arm, rung) pairs "
+             f"at family-wise {ALPHA:g}",
+             "trend: weighted least squares of the difference on log2(training FLOPs), weights 1/se^2; 95% "
+             "interval Student's t at Satterthwaite's df, every rung's variance counted as seed variance (conservative; "
+             "not simulated)", ""]
+    for index, rung in enumerate(rungs, start=1):
+        lines.append(f"rung {index}: {rung.flops:.4g} FLOPs  {rung.run_dir}")
+    shown = pd.DataFrame({
+        "rung": tests["rung"], "arm": tests["arm"], "seeds": tests["seeds"],
+        "diff": [f"{d:+.4f}" if d == d else "n/a" for d in tests["diff"]],
+        "corrected interval": [f"[{lo:+.4f}, {hi:+.4f}]" if lo == lo else "n/a"
+                               for lo, hi in zip(tests["ci_low"], tests["ci_high"])],
+        "p": [f"{p:.4f}" if p == p else "n/a" for p in tests["p"]],
+        "Holm p": [f"{p:.4f}" if p == p else "n/a" for p in tests["p_holm"]],
+        "result": [n or ("significant" if s else "not significant") for n, s in zip(tests["note"], tests["significant"])],
+    })
+    lines += ["", shown.to_string(index=False), ""]
+    found = trends(tests)
+    for trend in found:
+        lines.append(f"{trend.arm} vs {first['arm_order'][0]} over {trend.rungs} rungs: {trend.reading} "
+                     f"(df {trend.df:.1f})")
+    missing = sorted(set(tests["arm"]) - {t.arm for t in found})
+    for arm in missing:
+        lines.append(f"{arm}: no trend (fewer than two rungs with a test: {ONE_SEED} or no paired seeds)")
+    if project_to is not None:
+        lines.append("")
+        for trend in found:
+            at = project(trend, project_to)
+            label = ("EXTRAPOLATION beyond the measured range, not a result" if at["extrapolation"]
+                     else "interpolated within the measured range")
+            lines.append(f"{trend.arm} at {project_to:.4g} FLOPs: {at['diff']:+.4f} [{at['low']:+.4f}, "
+                         f"{at['high']:+.4f}] ({label})")
+    return "\n".join(lines) + "\n"

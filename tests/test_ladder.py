@@ -1,0 +1,127 @@
+"""A study read across a ladder of budgets: per-rung paired tests equal the single-run test,
+Holm across arms x rungs equals statsmodels', the trend equals statsmodels' weighted least
+squares with known variances, the reading names the sign and a crossing, a projection is
+labelled, and directories that are not one ladder are refused."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+from statsmodels.regression.linear_model import WLS
+from statsmodels.stats.multitest import multipletests
+
+from embedlab.cli import main
+from embedlab.sweep.ladder import LadderError, fit_trend, ladder_tests, load_rungs, project, reading, render_ladder
+from embedlab.sweep.paired import load_per_query, paired_tests
+from embedlab.sweep.table import load_table
+
+from test_paired_stats import ARMS, QUERIES, SEEDS, write_run
+
+FLOPS = (1e12, 2e12, 4e12)
+EFFECTS = {"better": (-0.06, 0.01, 0.08), "same": (0.03, 0.02, 0.01)}  # one crosses zero, one shrinks
+
+
+def rung_values(rung: int) -> dict[tuple[str, int], np.ndarray]:
+    rng = np.random.default_rng(100 + rung)
+    difficulty = rng.uniform(0.2, 0.7, size=len(QUERIES))
+    effect = {"control": 0.0, **{arm: values[rung] for arm, values in EFFECTS.items()}}
+    return {(arm, s): difficulty + rng.normal(0, 0.01) + effect[arm] + rng.normal(0, 0.03, size=len(QUERIES))
+            for arm in ARMS for s in SEEDS}
+
+
+def write_ladder(root) -> list:
+    """Three rungs: the same study at 1, 2 and 4 x 10^12 training FLOPs (every trial of a rung
+    at its rung's FLOPs)."""
+    dirs = []
+    for rung, flops in enumerate(FLOPS):
+        run_dir = write_run(root / f"rung{rung}", rung_values(rung))
+        for path in (run_dir / "trials").glob("*.json"):
+            path.write_text(json.dumps({**json.loads(path.read_text()), "budget/flops": flops}))
+        dirs.append(run_dir)
+    return dirs[::-1]  # in any order: the ladder sorts by compute
+
+
+@pytest.fixture
+def ladder(tmp_path):
+    return write_ladder(tmp_path)
+
+
+def test_each_rung_is_the_single_run_test_and_holm_spans_arms_and_rungs(ladder):
+    rungs = load_rungs(ladder)
+    assert [r.flops for r in rungs] == list(FLOPS)
+    tests = ladder_tests(rungs)
+    assert list(tests["rung"]) == [1, 1, 2, 2, 3, 3] and list(tests["arm"]) == ["better", "same"] * 3
+    for index, rung in enumerate(rungs, start=1):
+        alone = paired_tests(load_per_query(rung.run_dir, rung.table), rung.table.attrs["metric"], list(ARMS))
+        mine = tests[tests["rung"] == index]
+        np.testing.assert_allclose(mine["diff"], alone["diff"], rtol=1e-12)
+        np.testing.assert_allclose(mine["se"], alone["se"], rtol=1e-12)
+        np.testing.assert_allclose(mine["p"], alone["p"], rtol=1e-12)
+    holm = multipletests(tests["p"], alpha=0.05, method="holm")
+    np.testing.assert_allclose(tests["p_holm"], holm[1], rtol=1e-12)
+    assert list(tests["significant"]) == list(holm[0])
+    for row in tests.to_dict("records"):  # the corrected interval excludes 0 exactly when significant
+        assert row["significant"] == (row["ci_low"] > 0 or row["ci_high"] < 0)
+
+
+def test_the_trend_is_statsmodels_weighted_least_squares_with_known_variances(ladder):
+    tests = ladder_tests(load_rungs(ladder))
+    for arm in ("better", "same"):
+        rows = tests[tests["arm"] == arm]
+        trend = fit_trend(arm, rows["flops"], rows["diff"], rows["se"], rows["seeds"])
+        design = np.column_stack([np.ones(3), np.log2(rows["flops"].to_numpy())])
+        se = rows["se"].to_numpy()
+        oracle = WLS(rows["diff"].to_numpy(), design, weights=1 / se**2).fit(cov_type="fixed scale")
+        assert trend.intercept == pytest.approx(oracle.params[0], rel=1e-10)
+        assert trend.slope == pytest.approx(oracle.params[1], rel=1e-10)
+        assert trend.slope_se == pytest.approx(oracle.bse[1], rel=1e-10)
+        # Satterthwaite for the slope, written out: its weights c_r on the rungs' differences,
+        # each rung's whole variance on k_r = seeds - 1 df.
+        x = design[:, 1]
+        w = 1 / se**2
+        c = w * (x - np.sum(w * x) / np.sum(w)) / np.sum(w * (x - np.sum(w * x) / np.sum(w)) ** 2)
+        assert np.sum(c * rows["diff"].to_numpy()) == pytest.approx(trend.slope, rel=1e-10)
+        k = rows["seeds"].to_numpy() - 1
+        df = np.sum(c**2 * se**2) ** 2 / np.sum((c**2 * se**2) ** 2 / k)
+        assert trend.df == pytest.approx(df, rel=1e-10) and 2 <= trend.df <= 6  # between min k and sum k
+        half = stats.t.ppf(0.975, df) * oracle.bse[1]
+        assert (trend.low, trend.high) == pytest.approx((oracle.params[1] - half, oracle.params[1] + half), rel=1e-10)
+    better = tests[tests["arm"] == "better"]
+    assert fit_trend("better", better["flops"], better["diff"], better["se"], better["seeds"]).reading.startswith("crosses zero between rungs 1 and 2")
+
+
+def test_readings_and_projections():
+    assert reading([0.05, 0.03, 0.01], -0.02, -0.03, -0.01).startswith(
+        "same sign at every rung (above the control), shrinking by 0.0200 per doubling")
+    assert reading([-0.01, -0.03], -0.02, -0.05, 0.01).endswith("not distinguishable from flat")
+    assert "growing" in reading([-0.01, -0.03], -0.02, -0.05, 0.01)
+    trend = fit_trend("a", [1e12, 4e12], [0.01, 0.05], [0.01, 0.01], [3, 3])
+    assert trend.slope == pytest.approx(0.02)  # two rungs: the line through both points
+    at = project(trend, 16e12)
+    assert at["diff"] == pytest.approx(0.09) and at["extrapolation"] and at["low"] < 0.09 < at["high"]
+    inside = project(trend, 2e12)
+    assert inside["diff"] == pytest.approx(0.03) and not inside["extrapolation"]
+    assert math.isclose(inside["high"] - inside["diff"], inside["diff"] - inside["low"])
+
+
+def test_the_command_prints_the_ladder_and_refuses_what_is_not_one(ladder, tmp_path, capsys):
+    assert main(["stats", "ladder", *map(str, ladder), "--project-to", "6.4e13"]) == 0
+    out = capsys.readouterr().out
+    assert "3 rungs" in out and "Holm across 6 (arm, rung) pairs" in out
+    assert "better vs control over 3 rungs: crosses zero between rungs 1 and 2" in out
+    assert "EXTRAPOLATION beyond the measured range, not a result" in out
+    assert render_ladder(ladder) == render_ladder(ladder[::-1])
+    with pytest.raises(LadderError, match="at least two run directories"):
+        load_rungs(ladder[:1])
+    same = write_run(tmp_path / "same", rung_values(0))
+    with pytest.raises(LadderError, match="within 1% of the same FLOPs"):
+        load_rungs([same, write_run(tmp_path / "same2", rung_values(1))])
+    other = write_run(tmp_path / "other", {k: v for k, v in rung_values(0).items() if k[0] != "same"})
+    with pytest.raises(LadderError, match="not rungs of one ladder"):
+        load_rungs([ladder[0], other])
+    assert main(["stats", "ladder", str(ladder[0])]) == 2
+    assert load_table(ladder[0]).attrs["metric"] == "dev/ndcg@10"
