@@ -15,6 +15,7 @@ from statsmodels.regression.linear_model import WLS
 from statsmodels.stats.multitest import multipletests
 
 from embedlab.cli import main
+from embedlab.errors import UsageError
 from embedlab.sweep.ladder import LadderError, fit_trend, ladder_tests, load_rungs, project, reading, render_ladder
 from embedlab.sweep.paired import load_per_query, paired_tests
 from embedlab.sweep.table import load_table
@@ -125,3 +126,72 @@ def test_the_command_prints_the_ladder_and_refuses_what_is_not_one(ladder, tmp_p
         load_rungs([ladder[0], other])
     assert main(["stats", "ladder", str(ladder[0])]) == 2
     assert load_table(ladder[0]).attrs["metric"] == "dev/ndcg@10"
+
+
+# --- running a ladder: rungs as scaled studies, finished rungs kept --------------------------------
+
+STUDY_FILE = '''
+from dataclasses import replace
+
+from embedlab import Budget, Study
+from conftest import tiny_trial
+
+
+def study():
+    base = tiny_trial()
+    return Study(name="lad", factor="masking.ratio",
+                 arms={"r15": base, "r30": replace(base, masking=replace(base.masking, ratio=0.3))},
+                 seeds=(0, 1), budget=Budget(tokens=64_000, pairs=1_000, flops=8e11))
+'''
+
+
+def test_a_rung_is_the_study_at_a_multiple_of_its_budget(tmp_path):
+    from embedlab.config import ConfigError
+    from embedlab.sweep.study import load_study
+
+    path = tmp_path / "lad.py"
+    path.write_text(STUDY_FILE)
+    whole, half = load_study(path), load_study(path, budget_scale=0.5)
+    assert half.name == "lad-x0p5" and half.arms == whole.arms and half.seeds == whole.seeds
+    assert (half.budget.tokens, half.budget.flops) == (32_000, 4e11) and half.hash != whole.hash
+    assert half.trial_config("r30", 1).train.budget == half.budget  # every arm trains to the rung's budget
+    assert load_study(path, budget_scale=1.0) == whole
+    with pytest.raises(ConfigError, match="budget scale 0.0001: .*less than one step"):
+        load_study(path, budget_scale=1e-4)
+
+
+def test_a_ladder_keeps_finished_rungs_and_resumes_a_cut_one(tmp_path):
+    """Rung x0.5 finished, rung x1 cut short (one trial of four), rung x0.25 never started, and
+    an unrelated run: the plan keeps, resumes and starts them, reading run directories only."""
+    from embedlab.sweep.ladder_run import ladder_plan, parse_scales
+    from embedlab.sweep.study import load_study
+
+    path = tmp_path / "lad.py"
+    path.write_text(STUDY_FILE)
+    storage = tmp_path / "runs"
+
+    def write(scale: float, trials: int, suffix: str, name: str | None = None) -> str:
+        study = load_study(path, budget_scale=scale)
+        run_dir = storage / f"{name or study.name}-{suffix}"
+        (run_dir / "trials").mkdir(parents=True)
+        (run_dir / "study.json").write_text(json.dumps({"study": study.to_dict(), "arm_order": list(study.arms),
+                                                        "study_hash": study.hash}))
+        for i, (arm, seed) in enumerate([(a, s) for a in study.arms for s in study.seeds][:trials]):
+            (run_dir / "trials" / f"t{i}.json").write_text(json.dumps(
+                {"trial_id": f"t{i}", "arm": arm, "seed": seed, "status": "finished", "stage": "final",
+                 "dev/ndcg@10": 0.5, "budget/tokens": study.budget.tokens, "budget/flops": study.budget.flops}))
+        return str(run_dir)
+
+    done = write(0.5, 4, "20261204-000000")
+    cut = write(1, 1, "20261204-010000")
+    write(0.3, 4, "20261204-020000", name="lad-x0p25")  # this rung's name, another study's hash: not it
+    scales = parse_scales("1,0.25,0.5")
+    assert scales == (0.25, 0.5, 1.0)
+    plan = ladder_plan(path, scales, profile=None, storage=storage)
+    assert [(f, action) for f, action, _ in plan] == [(0.25, "run"), (0.5, "done"), (1.0, "resume")]
+    assert [d for _, _, d in plan] == [None, done, cut]
+    for bad in ("1", "0.5,0.5", "0,1", "a,b"):
+        with pytest.raises(UsageError, match="--ladder"):
+            parse_scales(bad)
+    assert main(["sweep", str(path), "--ladder", "0.5,1", "--dry-run", "--storage", str(storage)]) == 0
+    assert main(["sweep", str(path), "--ladder", "0.5,1", "--resume", cut]) == 2

@@ -181,6 +181,16 @@ def list_files(location: str | Path, suffix: str) -> list[str]:
     return [join(location, n) for n in names]
 
 
+def list_dirs(location: str | Path) -> list[str]:
+    """The directories directly in a directory, sorted, as locations; hidden ones left out."""
+    fs, path = _split(location)
+    if fs.get_file_info(path).type == pafs.FileType.NotFound:
+        return []
+    infos = fs.get_file_info(pafs.FileSelector(path, recursive=False))
+    names = sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory and not i.base_name.startswith("."))
+    return [join(location, n) for n in names]
+
+
 def local_path(location: str | Path) -> Path | None:
     """The local path of a location on the local filesystem, else None."""
     if not is_uri(location):

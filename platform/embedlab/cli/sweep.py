@@ -25,13 +25,38 @@ DEMO_PROFILE = "demo"
 def cmd_sweep(args: argparse.Namespace) -> int:
     from embedlab.sweep.run import dry_run, run_sweep  # here: it loads torch
 
+    if args.ladder is not None:
+        return _ladder(args)
     if args.dry_run:
-        print(dry_run(args.study, profile=args.profile, parent=args.parent, storage=args.storage, resume=args.resume))
+        print(dry_run(args.study, profile=args.profile, parent=args.parent, storage=args.storage, resume=args.resume,
+                      budget_scale=args.budget_scale))
         return 0
     run_dir = run_sweep(args.study, storage=args.storage, address=args.address, parent=args.parent,
                         profile=args.profile, resume=args.resume, max_concurrent=args.max_concurrent,
-                        wait_for_resources=args.wait_for_resources, progress=progress)
+                        wait_for_resources=args.wait_for_resources, progress=progress, budget_scale=args.budget_scale)
     return _show_run(run_dir)
+
+
+def _ladder(args: argparse.Namespace) -> int:
+    """`embedlab sweep STUDY --ladder ...`: each rung's sweep (or what a dry run would do), then the ladder."""
+    # here: pandas and scipy, which the other subcommands' --help does not need
+    from embedlab.sweep.ladder import render_ladder
+    from embedlab.sweep.ladder_run import ladder_plan, parse_scales, run_ladder
+
+    if args.resume is not None or args.budget_scale != 1.0:
+        raise UsageError("--ladder runs its own rungs: it takes neither --resume nor --budget-scale")
+    scales = parse_scales(args.ladder)
+    if args.dry_run:
+        for factor, action, earlier in ladder_plan(args.study, scales, profile=args.profile, storage=args.storage):
+            print(f"rung x{factor:g}: {action}" + (f" ({earlier})" if earlier else ""))
+        return 0
+    run_dirs = run_ladder(args.study, scales, storage=args.storage, profile=args.profile, progress=progress,
+                          address=args.address, parent=args.parent, max_concurrent=args.max_concurrent,
+                          wait_for_resources=args.wait_for_resources)
+    failed = max(_show_run(run_dir) for run_dir in run_dirs)
+    print()
+    print(render_ladder(run_dirs), end="")
+    return failed
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -157,6 +182,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                             "seeds, budget and trials; start nothing")
     sweep.add_argument("--resume", default=None, metavar="RUN_DIR",
                        help="continue an interrupted run of the same study: finished trials are kept")
+    sweep.add_argument("--budget-scale", type=float, default=1.0, metavar="F",
+                       help="run the study at F times its budget, named <study>-x<F> (default 1)")
+    sweep.add_argument("--ladder", default=None, metavar="F,F,...",
+                       help="run the study at each budget factor (e.g. 0.25,0.5,1), one run per rung; running "
+                            "it again keeps finished rungs and resumes a cut one; ends with `embedlab stats ladder`")
     add_run_options(sweep)
     sweep.set_defaults(func=cmd_sweep)
 

@@ -35,12 +35,13 @@ from embedlab.train.checkpoint import verify_checkpoint, versions
 
 
 def dry_run(study_path: str | Path, *, profile: str | None = None, parent: str | None = None,
-            storage: str | Path | None = None, resume: str | Path | None = None, check_parent: bool = True) -> str:
+            storage: str | Path | None = None, resume: str | Path | None = None, check_parent: bool = True,
+            budget_scale: float = 1.0) -> str:
     """What `embedlab sweep` would run, without starting Ray or preparing data, after every
     check that needs neither (`embedlab.sweep.preflight`: storage, resume, arms, pair and
     document sources, evaluation tasks) and, unless not `check_parent` (a tour's later stages
     name a parent that does not exist yet), the parent checkpoint."""
-    study = load_study(study_path, profile)
+    study = load_study(study_path, profile, budget_scale)
     if parent is not None and check_parent:
         verify_checkpoint(parent)
     checked = preflight(study, storage=storage, resume=resume, parent=parent)
@@ -99,8 +100,10 @@ def run_sweep(
     max_concurrent: int | None = None,
     wait_for_resources: float = 0.0,
     progress: Callable[[str], None] = print,
+    budget_scale: float = 1.0,
 ) -> Path:
-    """Run every trial of the study file; returns the run directory.
+    """Run every trial of the study file (at `budget_scale` times its budget, `Study.scaled`);
+    returns the run directory.
 
     `parent` (phases 2-3) is the checkpoint every arm starts from, e.g. a phase-1 winner.
     `resume` is an earlier run directory of the same study: its finished trials are kept
@@ -113,7 +116,7 @@ def run_sweep(
     store.check_location(resume if resume is not None else storage)  # no credentials in a location
     storage_root = store.parent(store.resolve(resume)) if resume is not None else store.resolve(storage)
     remote = store.local_path(storage_root) is None
-    study = load_study(study_path, profile)
+    study = load_study(study_path, profile, budget_scale)
     if resume is not None:
         run_dir = store.resolve(resume)
         record = read_study_record(run_dir)

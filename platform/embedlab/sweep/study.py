@@ -336,6 +336,23 @@ class Study:
                               "(embedlab sweep --parent CKPT_DIR)")
         return config
 
+    def scaled(self, factor: float) -> Study:
+        """This study at `factor` times its budget (a rung of a budget ladder): every unit of the
+        budget scaled, the name suffixed with the factor (`rung_name`), arms and seeds unchanged;
+        ConfigError when the scaled budget falls below one step."""
+        if not factor > 0:
+            raise ConfigError(f"budget scale: {factor}: must be a positive factor")
+        if factor == 1:
+            return self
+        budget = self.budget
+        scaled = dataclasses.replace(budget, tokens=max(1, round(budget.tokens * factor)),
+                                     pairs=max(1, round(budget.pairs * factor)),
+                                     flops=budget.flops * factor, device_seconds=budget.device_seconds * factor)
+        try:
+            return dataclasses.replace(self, name=rung_name(self.name, factor), budget=scaled)
+        except ConfigError as error:
+            raise ConfigError(f"budget scale {factor:g}: {error}") from None
+
     def lineage_budgets(self, parent_manifest: dict[str, Any]) -> dict[str, dict[str, float]]:
         """Each arm's split of a lineage-scoped budget under the parent of `parent_manifest`:
         {"inherited_flops", "phase_flops"} (`embedlab.train.budget.split_lineage_budget`); empty
@@ -481,9 +498,19 @@ def _study_line(error: BaseException, path: Path) -> str:
     return f":{lines[-1]}" if lines else ""
 
 
-def load_study(path: str | Path, profile: str | None = None) -> Study:
+def rung_name(name: str, factor: float) -> str:
+    """A study's name at a budget scale: `<name>-x0p25` for 0.25."""
+    return f"{name}-x{factor:g}".replace(".", "p")
+
+
+def load_study(path: str | Path, profile: str | None = None, budget_scale: float = 1.0) -> Study:
     """Import a study file by path and call its `study()` (with `profile` when the file takes
-    one: `study(profile="demo")`); errors name the file."""
+    one: `study(profile="demo")`), at `budget_scale` times its budget (`Study.scaled`); errors
+    name the file."""
+    return _load_study(path, profile).scaled(budget_scale)
+
+
+def _load_study(path: str | Path, profile: str | None) -> Study:
     if store.is_uri(path):  # a promoted study in a remote run directory
         if not store.is_file(path):
             raise FileNotFoundError(f"study file not found: {path}")
