@@ -115,6 +115,9 @@ def test_the_command_prints_the_ladder_and_refuses_what_is_not_one(ladder, tmp_p
     assert "3 rungs" in out and "Holm across 6 (arm, rung) pairs" in out
     assert "better vs control over 3 rungs: crosses zero between rungs 1 and 2" in out
     assert "EXTRAPOLATION beyond the measured range, not a result" in out
+    # "better" is last at rung 1 (-0.06) and first at the top rung (+0.08): promotion takes the top rung
+    assert f"top rung's winner on the study metric: better (promote {load_rungs(ladder)[-1].run_dir}); another arm " \
+        "won rung 1 (same)" in out
     assert render_ladder(ladder) == render_ladder(ladder[::-1])
     with pytest.raises(LadderError, match="at least two run directories"):
         load_rungs(ladder[:1])

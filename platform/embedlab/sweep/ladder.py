@@ -197,6 +197,27 @@ def project(trend: Trend, flops: float, level: float = TREND_LEVEL) -> dict:
             "extrapolation": outside}
 
 
+def rung_winners(rungs: Sequence[Rung]) -> list[str]:
+    """Each rung's arm with the highest mean study metric over its final trials (the arm
+    `embedlab promote` would rank first on that rung), rung by rung."""
+    winners = []
+    for rung in rungs:
+        final = final_trials(rung.table)
+        means = pd.to_numeric(final[rung.table.attrs["metric"]], errors="coerce").groupby(final["arm"]).mean()
+        winners.append(str(means.idxmax()))
+    return winners
+
+
+def winner_line(rungs: Sequence[Rung]) -> str:
+    """Whether the top rung's winner (what promotion would take: promote the top rung's run)
+    also won every lower rung."""
+    winners = rung_winners(rungs)
+    top = winners[-1]
+    lost = [f"rung {i} ({arm})" for i, arm in enumerate(winners[:-1], start=1) if arm != top]
+    return (f"top rung's winner on the study metric: {top} (promote {rungs[-1].run_dir}); "
+            + ("it also won every lower rung" if not lost else f"another arm won {', '.join(lost)}"))
+
+
 def render_ladder(run_dirs: Sequence[str | Path], *, project_to: float | None = None) -> str:
     """The ladder as text: the rungs, the per-rung tests (Holm across arms x rungs), each arm's
     trend with its reading, and (with `project_to`) the labelled projection."""
@@ -226,6 +247,7 @@ def render_ladder(run_dirs: Sequence[str | Path], *, project_to: float | None = 
     for trend in found:
         lines.append(f"{trend.arm} vs {first['arm_order'][0]} over {trend.rungs} rungs: {trend.reading} "
                      f"(df {trend.df:.1f})")
+    lines.append(winner_line(rungs))
     missing = sorted(set(tests["arm"]) - {t.arm for t in found})
     for arm in missing:
         lines.append(f"{arm}: no trend (fewer than two rungs with a test: {ONE_SEED} or no paired seeds)")
