@@ -198,3 +198,16 @@ def test_a_ladder_keeps_finished_rungs_and_resumes_a_cut_one(tmp_path):
             parse_scales(bad)
     assert main(["sweep", str(path), "--ladder", "0.5,1", "--dry-run", "--storage", str(storage)]) == 0
     assert main(["sweep", str(path), "--ladder", "0.5,1", "--resume", cut]) == 2
+
+
+def test_the_report_draws_the_ladder(ladder, tmp_path):
+    """The report's ladder figure: a PNG whose caption names each rung's best arm and each arm's
+    reading, and none for runs that are not one study's rungs."""
+    from embedlab.report.collect import read_runs
+    from embedlab.report.ladder_figure import ladder_figure
+
+    figure = ladder_figure(read_runs(ladder))
+    assert figure.png.startswith(b"\x89PNG") and figure.title == "Answers across budgets"
+    assert figure.caption.observed.startswith("Best arm per rung, in budget order: same, same, better.")
+    assert "better: crosses zero between rungs 1 and 2" in figure.caption.observed
+    assert ladder_figure(read_runs(ladder[:1])) is None

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from embedlab.errors import UsageError
-from embedlab.report import collect, data_figures, html, model_figures, plotting, study_figures
+from embedlab.report import collect, data_figures, html, ladder_figure, model_figures, plotting, study_figures
 
 __all__ = ["write_report"]
 
@@ -54,6 +54,8 @@ def write_report(run_dirs: list[str | Path], out: Path, *, templates: Path = htm
         ("Phase-by-phase retrieval and retention", lambda: study_figures.phases_figure(runs)),
         ("Quality vs runtime", lambda: study_figures.runtime_figure(runs)),
     ]
+    if ladder_figure.ladder_rungs(runs):  # only a report of one study's runs at several budgets has one
+        builders.append(("Answers across budgets", lambda: ladder_figure.ladder_figure(runs)))
     threads = torch.get_num_threads()
     torch.set_num_threads(torch_threads)
     try:
