@@ -81,12 +81,14 @@ def test_preparing_data_prints_no_ray_log_line(tmp_path, ray_session, capfd):
 
 
 def test_data_audit_covers_every_stage(spec, capsys):
-    """`data audit --json` checks pretraining, tokenizer sample, contrastive pairs and mined negatives."""
+    """`data audit --json` checks pretraining, tokenizer sample, contrastive pairs, mined negatives
+    and teacher labels (none saved with this data yet)."""
     assert main(["data", "audit", str(spec), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     stages = report["checked"]["stages"]
-    assert set(stages) == {"pretraining", "tokenizer-sample", "contrastive-pairs", "mined-negatives"}
+    assert set(stages) == {"pretraining", "tokenizer-sample", "contrastive-pairs", "mined-negatives", "teacher-labels"}
     assert stages["pretraining"] > 0 and stages["contrastive-pairs"] > 0 and stages["mined-negatives"] == 0
+    assert stages["teacher-labels"] == 0
     # Every builder's pairs are audited. The one final-eval finding is the near-duplicate that
     # the cpu profile declares for lead-rest (recipes.LEAD_REST_OVERLAP); nothing else.
     final = [(f["item_id"], f["stage"], f["stage_item_id"], f["match"]) for f in report["findings"]
