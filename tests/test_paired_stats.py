@@ -319,6 +319,7 @@ def test_one_seed_is_no_test_and_says_so(tmp_path):
     assert text.count(ONE_SEED) >= 2 and "across 0 tested arm(s)" in text
     assert "significant" not in text.replace("not a significance test", "").replace('"significant" =', "")
     assert p_text(1e-7) == "1.0e-07" and p_text(0.01234) == "0.0123" and p_text(math.nan) == "n/a"
+    assert p_text(5e-324) == "< 1e-16" and p_text(2e-16) == "2.0e-16"
     assert list(cells(compare_to_control(run_dir, load_table(run_dir)).tests)["to detect diff"]) == ["2+ seeds"] * 2
 
 

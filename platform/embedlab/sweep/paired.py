@@ -60,6 +60,7 @@ RESAMPLES = 10_000
 ALPHA = 0.05  # family-wise, across the study's non-control arms
 POWER = 0.80  # of the minimum detectable effect
 ONE_SEED = "one seed: no test"
+P_FLOOR = 1e-16  # below it a printed p says only "smaller than this" (`p_text`)
 # Every per-query metric lies in [0, 1] (evaluate.metrics.METRIC_NAMES), so a mean difference
 # lies in [-1, 1]: the display cuts an interval there and calls a larger MDE out of range (at
 # two seeds a t reference with one or two degrees of freedom can give either).
@@ -467,9 +468,12 @@ def compare_to_control(run_dir: str | Path, table: pd.DataFrame, *, alpha: float
 
 
 def p_text(p: float) -> str:
-    """A p-value as printed: 4 decimals, or 2 significant digits below 0.0001 (never "0")."""
+    """A p-value as printed: 4 decimals, or 2 significant digits below 0.0001 (never "0"), and
+    "< 1e-16" below double precision's resolution of 1 - p, where more digits mean nothing."""
     if math.isnan(p):
         return "n/a"
+    if p < P_FLOOR:
+        return f"< {P_FLOOR:.0e}"
     return f"{p:.4f}" if p >= 1e-4 else f"{p:.1e}"
 
 
