@@ -384,6 +384,10 @@ def test_score_rows_mask_what_the_teacher_lacks(tmp_path):
                               min_confidence=threshold)
     assert np.isnan(kept[0]).all() and np.isnan(kept[2]).all()  # p1 below, p3 has no margin
     np.testing.assert_array_equal(np.isnan(kept[1]), [confidence["p2"] < threshold] * 2 + [True])
+    from embedlab.data.teacher_labels import pairs_below_confidence
+
+    assert pairs_below_confidence(directory, threshold) == 2 + (confidence["p2"] < threshold)
+    assert pairs_below_confidence(directory, None) == 0
 
 
 def test_the_real_teacher_scores_reproducibly():

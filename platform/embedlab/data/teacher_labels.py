@@ -225,12 +225,12 @@ def teacher_score_rows(path: str, pair_ids: Sequence[str], slot_ids: Sequence[Se
     return out
 
 
-def pairs_below_confidence(directory: Path, pair_ids: Iterable[str], minimum: float | None) -> int:
-    """How many of `pair_ids` lose their teacher labels to `minimum` (`below_confidence`)."""
+def pairs_below_confidence(directory: Path, minimum: float | None) -> int:
+    """How many of the set's pairs lose their teacher labels to `minimum` (`below_confidence`)."""
     if minimum is None:
         return 0
     _, confidence = _score_map(str(Path(directory) / LABELS_FILE))
-    return sum(below_confidence(confidence.get(p, math.nan), minimum) for p in set(pair_ids))
+    return sum(below_confidence(value, minimum) for value in confidence.values())
 
 
 def teacher_compute(directory: Path | None) -> dict[str, float]:

@@ -16,15 +16,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
-
 from embedlab.config import TrialConfig
 from embedlab.data.mining import NEGATIVES_FILE
 from embedlab.data.pair_stream import pair_negatives
 from embedlab.data.prepare import code_revision
 from embedlab.data.prepared_sync import node_path, publish_subtree
 from embedlab.data.teacher_labels import (
-    LABELS_FILE, MANIFEST_FILE, TEACHER_CODE, ScoredPair, TeacherLabelsError, labels_identity, labels_version,
+    MANIFEST_FILE, TEACHER_CODE, ScoredPair, TeacherLabelsError, labels_identity, labels_version,
     load_manifest, load_teacher, measured_encode, pairs_below_confidence, score_pairs, teacher_compute, write_labels,
 )
 from embedlab.evaluate.baselines import MINILM, minilm_identity
@@ -96,13 +94,12 @@ def teacher_label_record(directory: Path | None, settings) -> dict[str, Any] | N
     if directory is None:
         return None
     manifest = json.loads((directory / MANIFEST_FILE).read_text())
-    pair_ids = pq.read_table(directory / LABELS_FILE, columns=["pair_id"])["pair_id"].to_pylist()
     return {
         "set": directory.name, "labels": "teacher (a model's judgments, not human ones)",
         "teacher": manifest["teacher"], "query_prefix": manifest["query_prefix"],
         "passage_prefix": manifest["passage_prefix"], "counts": manifest["counts"],
         "min_confidence": settings.teacher_min_confidence,
-        "pairs_below_confidence": pairs_below_confidence(directory, pair_ids, settings.teacher_min_confidence),
+        "pairs_below_confidence": pairs_below_confidence(directory, settings.teacher_min_confidence),
         "compute": teacher_compute(directory), "disclosure": manifest["disclosure"],
     }
 
