@@ -38,7 +38,7 @@ from scipy import stats
 
 from embedlab.errors import UsageError
 from embedlab.sweep import crossed
-from embedlab.sweep.paired import ALPHA, ONE_SEED, arm_estimates, holm_family, load_per_query
+from embedlab.sweep.paired import ALPHA, ONE_SEED, arm_estimates, holm_family, load_per_query, p_text
 from embedlab.sweep.table import check_equal_compute, load_table
 from embedlab.sweep.trial_rows import final_trials
 
@@ -238,8 +238,8 @@ def render_ladder(run_dirs: Sequence[str | Path], *, project_to: float | None = 
         "diff": [f"{d:+.4f}" if d == d else "n/a" for d in tests["diff"]],
         "corrected interval": [f"[{lo:+.4f}, {hi:+.4f}]" if lo == lo else "n/a"
                                for lo, hi in zip(tests["ci_low"], tests["ci_high"])],
-        "p": [f"{p:.4f}" if p == p else "n/a" for p in tests["p"]],
-        "Holm p": [f"{p:.4f}" if p == p else "n/a" for p in tests["p_holm"]],
+        "p": [p_text(p) for p in tests["p"]],
+        "Holm p": [p_text(p) for p in tests["p_holm"]],
         "result": [n or ("significant" if s else "not significant") for n, s in zip(tests["note"], tests["significant"])],
     })
     lines += ["", shown.to_string(index=False), ""]
