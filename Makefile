@@ -24,9 +24,10 @@ test: setup debian-sources debian-test-tools
 	$(BIN)/python -m pytest --durations=25
 
 # The inner loop: every test that starts no Ray and takes under 10 s (tests/conftest.py marks
-# the Ray ones; `slow` marks the few others), with a check that no unmarked test starts Ray.
+# the Ray ones; `slow` marks the few others), with a check that no unmarked test starts Ray;
+# on two pytest-xdist workers, a module to a worker.
 test-fast: setup debian-sources
-	$(BIN)/python -m pytest -m "not ray and not slow" --durations=10
+	$(BIN)/python -m pytest -n 2 -m "not ray and not slow" --durations=10
 
 # The documentation site (mkdocs-material, API pages from the docstrings) into site/; the
 # suite builds it too, with --strict. `python docs/outputs.py` rewrites the command output

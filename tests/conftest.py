@@ -203,7 +203,11 @@ RAY_TEMP = Path("/tmp/ray")
 # test_suite_time.py; also kept in pytest's cache at the end of a whole run.
 DURATIONS: dict[str, float] = {}
 DURATIONS_CACHE_KEY = "embedlab/durations"
+# How long the suite-time check waits, with no test of the other worker finishing, before it
+# gives up and names the tests whose durations never arrived.
+DURATIONS_WAIT_S = 600.0
 _RAY_BEFORE = pytest.StashKey[set]()  # in the fast loop: Ray's session directories before a test
+_SHARED_DURATIONS: list[Path] = []  # set in an xdist worker (`_shared_durations`)
 
 
 def _ray_sessions() -> set[str]:
@@ -211,6 +215,8 @@ def _ray_sessions() -> set[str]:
 
 
 def pytest_configure(config):
+    if hasattr(config, "workerinput") and config.option.basetemp:  # an xdist worker: <run>/popen-gw<n>
+        _SHARED_DURATIONS.append(Path(config.option.basetemp).parent / "durations")
     config.addinivalue_line("markers", "ray: starts Ray (a local cluster, a rehearsal fleet or a subprocess "
                                        "that does); `make test-fast` leaves these out")
     config.addinivalue_line("markers", "slow: starts no Ray but takes over 10 s on 2 cores (torch.compile, a whole "
@@ -251,12 +257,64 @@ def pytest_runtest_makereport(item, call):
                                "`ray`: mark it (@pytest.mark.ray) or use the ray_session fixture")
 
 
+def _shared_durations() -> Path | None:
+    """Under pytest-xdist, the folder where each worker appends its tests' durations (one file
+    per worker), so the suite-time check, on whichever worker runs it, reads them all: beside
+    the workers' own base temporary folders, which pytest removes with the run's others."""
+    return _SHARED_DURATIONS[0] if _SHARED_DURATIONS else None
+
+
 def pytest_runtest_logreport(report):
     DURATIONS[report.nodeid] = DURATIONS.get(report.nodeid, 0.0) + report.duration
+    shared = _shared_durations()
+    if shared is not None:
+        import json
+        import os
+
+        shared.mkdir(exist_ok=True)
+        line = json.dumps({"test": report.nodeid, "phase": report.when, "seconds": report.duration})
+        with open(shared / f"{os.environ['PYTEST_XDIST_WORKER']}.jsonl", "a") as out:
+            out.write(line + "\n")
+
+
+def session_durations(session, exclude: str, wait_s: float = DURATIONS_WAIT_S) -> dict[str, float]:
+    """Every collected test's duration in this session, but those whose node id starts with
+    `exclude`: this process's own record, or, under pytest-xdist, every worker's, waiting until
+    each test has torn down (xdist hands out the last-collected group last, so the tests still
+    running are the other worker's). Fails naming the tests still missing after `wait_s`
+    seconds in which none finished."""
+    import json
+    import time
+
+    shared = _shared_durations()
+    if shared is None:
+        return {k: v for k, v in DURATIONS.items() if not k.startswith(exclude)}
+    expected = {item.nodeid for item in session.items if not item.nodeid.startswith(exclude)}
+    finished: set[str] = set()
+    last_progress = time.monotonic()
+    while True:
+        seconds: dict[str, float] = {}
+        done: set[str] = set()
+        for path in shared.glob("*.jsonl"):
+            for line in path.read_text().splitlines():
+                if line.endswith("}"):  # a line still being written is read next time
+                    record = json.loads(line)
+                    seconds[record["test"]] = seconds.get(record["test"], 0.0) + record["seconds"]
+                    done.update([record["test"]] if record["phase"] == "teardown" else [])
+        if expected <= done:
+            return {test: seconds[test] for test in expected}
+        if done != finished:
+            finished, last_progress = done, time.monotonic()
+        elif time.monotonic() - last_progress > wait_s:
+            missing = sorted(expected - done)
+            pytest.fail(f"no duration after {wait_s:.0f} s for {len(missing)} test(s): {', '.join(missing[:5])}")
+        time.sleep(1.0)
 
 
 def pytest_sessionfinish(session, exitstatus):
     # A whole run (no selection) is remembered: test_suite_time.py reads it when run on its own.
+    # Under xdist only the controller, to which every worker's reports come, keeps it.
     if getattr(session.config, "cache", None) is not None and not session.config.getoption("markexpr", "") and (
-            not session.config.getoption("keyword", "")) and len(DURATIONS) > 100:
+            not session.config.getoption("keyword", "")) and len(DURATIONS) > 100 and (
+            not hasattr(session.config, "workerinput")):
         session.config.cache.set(DURATIONS_CACHE_KEY, DURATIONS)

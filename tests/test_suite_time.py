@@ -1,6 +1,7 @@
 """The suite stays fast: no single test takes longer than `CEILING_S` unless `SLOW_TESTS` names
 it, with the reason it cannot be cut. Runs last (conftest orders it), reading the durations
-pytest recorded for this session's tests; run on its own, it reads the last whole run's."""
+pytest recorded for this session's tests (every xdist worker's); run on its own, it reads the
+last whole run's."""
 
 from __future__ import annotations
 
@@ -27,16 +28,18 @@ SLOW_TESTS = {
 }
 
 
-def _recorded(config) -> dict[str, float]:
-    here = {k: v for k, v in conftest.DURATIONS.items() if not k.startswith("tests/test_suite_time.py::")}
+def _recorded(session) -> dict[str, float]:
+    here = conftest.session_durations(session, exclude="tests/test_suite_time.py::")
     if len(here) > 1:
         return here
-    cache = getattr(config, "cache", None)
+    cache = getattr(session.config, "cache", None)
     return (cache.get(conftest.DURATIONS_CACHE_KEY, None) if cache is not None else None) or {}
 
 
+# Under pytest-xdist it waits for the other worker's last tests (conftest.session_durations).
+@pytest.mark.timeout(1800)
 def test_no_test_takes_longer_than_the_ceiling_unless_listed(request):
-    durations = _recorded(request.config)
+    durations = _recorded(request.session)
     if not durations:
         pytest.skip("no durations recorded: run it with other tests, or after a whole `make test`")
     over = {test: seconds for test, seconds in durations.items() if seconds > CEILING_S and test not in SLOW_TESTS}
