@@ -280,7 +280,7 @@ def pytest_runtest_logreport(report):
 def session_durations(session, exclude: str, wait_s: float = DURATIONS_WAIT_S) -> dict[str, float]:
     """Every collected test's duration in this session, but those whose node id starts with
     `exclude`: this process's own record, or, under pytest-xdist, every worker's, waiting until
-    each test has torn down (xdist hands out the last-collected group last, so the tests still
+    each test has torn down (xdist hands out the last-collected module last, so the tests still
     running are the other worker's). Fails naming the tests still missing after `wait_s`
     seconds in which none finished."""
     import json
@@ -300,7 +300,8 @@ def session_durations(session, exclude: str, wait_s: float = DURATIONS_WAIT_S) -
                 if line.endswith("}"):  # a line still being written is read next time
                     record = json.loads(line)
                     seconds[record["test"]] = seconds.get(record["test"], 0.0) + record["seconds"]
-                    done.update([record["test"]] if record["phase"] == "teardown" else [])
+                    if record["phase"] == "teardown":
+                        done.add(record["test"])
         if expected <= done:
             return {test: seconds[test] for test in expected}
         if done != finished:
