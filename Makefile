@@ -19,9 +19,10 @@ HELDOUT_SOURCES := dict-devil
 demo: setup debian-sources
 	$(BIN)/embedlab demo
 
-# The whole suite, what CI runs; it ends with the 25 slowest tests.
+# The whole suite, what CI runs, on two pytest-xdist workers: every Ray test in one lane on the
+# first, the rest on the second (tests/conftest.py, RAY_LANE); it ends with the 25 slowest tests.
 test: setup debian-sources debian-test-tools
-	$(BIN)/python -m pytest --durations=25
+	$(BIN)/python -m pytest -n 2 --durations=25
 
 # The inner loop: every test that starts no Ray and takes under 10 s (tests/conftest.py marks
 # the Ray ones; `slow` marks the few others), with a check that no unmarked test starts Ray;

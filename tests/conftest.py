@@ -167,9 +167,10 @@ def s3_server(monkeypatch_session, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def ray_session(s3_server):
+def ray_session(s3_server, cache_dir):
     """One local Ray cluster for every test that is about Ray (its processes reach the
-    session's S3 server)."""
+    session's S3 server and use the session's cache: both are set before Ray starts, whose
+    processes keep the environment they started with)."""
     import ray
 
     from embedlab.sweep.cluster import connect
@@ -217,6 +218,10 @@ def _ray_sessions() -> set[str]:
 def pytest_configure(config):
     if hasattr(config, "workerinput") and config.option.basetemp:  # an xdist worker: <run>/popen-gw<n>
         _SHARED_DURATIONS.append(Path(config.option.basetemp).parent / "durations")
+    if getattr(config, "workerinput", {}).get("workerid", RAY_LANE_WORKER) != RAY_LANE_WORKER:
+        import os
+
+        os.nice(10)  # the Ray lane's worker first (see RAY_LANE)
     config.addinivalue_line("markers", "ray: starts Ray (a local cluster, a rehearsal fleet or a subprocess "
                                        "that does); `make test-fast` leaves these out")
     config.addinivalue_line("markers", "slow: starts no Ray but takes over 10 s on 2 cores (torch.compile, a whole "
@@ -229,8 +234,89 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "ray_session" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.ray)
-    last = [item for item in items if item.nodeid.startswith("tests/test_suite_time.py::")]
+    last = [item for item in items if item.nodeid.startswith(SUITE_TIME)]
     items[:] = [item for item in items if item not in last] + last
+    _write_ray_lane(config, items)
+
+
+# --- two workers (pytest-xdist): one lane for the Ray tests -----------------------------------
+
+# Whole-suite runs on two workers put every Ray test on the first worker (gw0), in one lane,
+# while the others take the rest module by module at a lower CPU priority (nice 10): two Ray
+# clusters on two cores would each run at half speed and near their start-up time-outs, and
+# the lane is the run's critical path, the other tests fill its idle cycles. Within the lane
+# the modules of the tests that start clusters of their own (a rehearsal fleet, an S3 study)
+# run last, then the suite-time check, which so finds every other test done. The workers tell
+# the scheduler, which collects nothing itself, which tests are Ray's.
+RAY_LANE = "ray-lane"
+RAY_LANE_WORKER = "gw0"
+RAY_LANE_LAST = ("tests/test_object_storage.py", "tests/test_multinode.py")
+SUITE_TIME = "tests/test_suite_time.py::"
+_RAY_LANE_FILES = "embedlab_ray_lane"  # workerinput key: the folder the workers write into
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    import tempfile
+
+    config = node.config
+    if not hasattr(config, "_embedlab_ray_lane"):
+        config._embedlab_ray_lane = Path(tempfile.mkdtemp(prefix="embedlab-ray-lane-"))
+    node.workerinput[_RAY_LANE_FILES] = str(config._embedlab_ray_lane)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class RayLaneScheduling(LoadFileScheduling):
+        """`--dist loadfile`, but every `ray`-marked test (then the suite-time check) in one
+        work unit, which goes to `RAY_LANE_WORKER`."""
+
+        _ray: set[str] | None = None
+
+        def _ray_tests(self) -> set[str]:
+            if self._ray is None:
+                folder = getattr(config, "_embedlab_ray_lane", None)
+                self._ray = set()
+                for path in (folder.glob("*.txt") if folder else ()):
+                    self._ray.update(path.read_text().splitlines())
+            return self._ray
+
+        def _split_scope(self, nodeid: str) -> str:
+            ray = self._ray_tests()
+            if nodeid in ray or (ray and nodeid.startswith(SUITE_TIME)):
+                return RAY_LANE
+            return super()._split_scope(nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            if RAY_LANE in self.workqueue:
+                lane = self.workqueue[RAY_LANE]
+                rank = lambda test: 2 if test.startswith(SUITE_TIME) else 1 if test.startswith(RAY_LANE_LAST) else 0
+                self.workqueue[RAY_LANE] = {test: lane[test] for test in sorted(lane, key=rank)}  # stable
+                mine = node.gateway.id == RAY_LANE_WORKER or len(self.workqueue) == 1
+                self.workqueue.move_to_end(RAY_LANE, last=not mine)
+            super()._assign_work_unit(node)
+
+    return RayLaneScheduling(config, log)
+
+
+def _write_ray_lane(config, items) -> None:
+    """In an xdist worker: the node ids of the `ray` tests, for the scheduler."""
+    folder = getattr(config, "workerinput", {}).get(_RAY_LANE_FILES)
+    if folder:
+        ray = [item.nodeid for item in items if item.get_closest_marker("ray")]
+        (Path(folder) / f"{config.workerinput['workerid']}.txt").write_text("\n".join(ray))
+
+
+def pytest_unconfigure(config):
+    import shutil
+
+    folder = getattr(config, "_embedlab_ray_lane", None)
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _fast_loop(config) -> bool:
