@@ -218,10 +218,8 @@ def _ray_sessions() -> set[str]:
 def pytest_configure(config):
     if hasattr(config, "workerinput") and config.option.basetemp:  # an xdist worker: <run>/popen-gw<n>
         _SHARED_DURATIONS.append(Path(config.option.basetemp).parent / "durations")
-    if getattr(config, "workerinput", {}).get("workerid", RAY_LANE_WORKER) != RAY_LANE_WORKER:
-        import os
-
-        os.nice(10)  # the Ray lane's worker first (see RAY_LANE)
+    if _RAY_LANE_FILES in getattr(config, "workerinput", {}):
+        config.pluginmanager.register(_RayLaneWorker(), "embedlab-ray-lane")
     config.addinivalue_line("markers", "ray: starts Ray (a local cluster, a rehearsal fleet or a subprocess "
                                        "that does); `make test-fast` leaves these out")
     config.addinivalue_line("markers", "slow: starts no Ray but takes over 10 s on 2 cores (torch.compile, a whole "
@@ -236,19 +234,21 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.ray)
     last = [item for item in items if item.nodeid.startswith(SUITE_TIME)]
     items[:] = [item for item in items if item not in last] + last
-    _write_ray_lane(config, items)
 
 
 # --- two workers (pytest-xdist): one lane for the Ray tests -----------------------------------
 
 # Whole-suite runs on two workers put every Ray test on the first worker (gw0), in one lane,
-# while the others take the rest module by module at a lower CPU priority (nice 10): two Ray
+# while the others take the rest module by module at the lowest CPU priority: two Ray
 # clusters on two cores would each run at half speed and near their start-up time-outs, and
 # the lane is the run's critical path, the other tests fill its idle cycles. Within the lane
 # the modules of the tests that start clusters of their own (a rehearsal fleet, an S3 study)
-# run last, then the suite-time check, which so finds every other test done. The workers tell
-# the scheduler, which collects nothing itself, which tests are Ray's.
+# run last. The suite-time check is a unit of its own, handed out only when nothing else is
+# left, so nothing can queue behind it on its worker while it waits for the other's
+# durations. The workers tell the scheduler, which collects nothing itself, which of the
+# selected tests are Ray's.
 RAY_LANE = "ray-lane"
+SUITE_TIME_UNIT = "suite-time"
 RAY_LANE_WORKER = "gw0"
 RAY_LANE_LAST = ("tests/test_object_storage.py", "tests/test_multinode.py")
 SUITE_TIME = "tests/test_suite_time.py::"
@@ -272,8 +272,8 @@ def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadFileScheduling
 
     class RayLaneScheduling(LoadFileScheduling):
-        """`--dist loadfile`, but every `ray`-marked test (then the suite-time check) in one
-        work unit, which goes to `RAY_LANE_WORKER`."""
+        """`--dist loadfile`, but every `ray`-marked test in one work unit, which goes to
+        `RAY_LANE_WORKER`, and the suite-time check in the last unit handed out."""
 
         _ray: set[str] | None = None
 
@@ -286,29 +286,42 @@ def pytest_xdist_make_scheduler(config, log):
             return self._ray
 
         def _split_scope(self, nodeid: str) -> str:
-            ray = self._ray_tests()
-            if nodeid in ray or (ray and nodeid.startswith(SUITE_TIME)):
+            if nodeid.startswith(SUITE_TIME):
+                return SUITE_TIME_UNIT
+            if nodeid in self._ray_tests():
                 return RAY_LANE
             return super()._split_scope(nodeid)
 
         def _assign_work_unit(self, node) -> None:
             if RAY_LANE in self.workqueue:
                 lane = self.workqueue[RAY_LANE]
-                rank = lambda test: 2 if test.startswith(SUITE_TIME) else 1 if test.startswith(RAY_LANE_LAST) else 0
+                rank = lambda test: test.startswith(RAY_LANE_LAST)
                 self.workqueue[RAY_LANE] = {test: lane[test] for test in sorted(lane, key=rank)}  # stable
-                mine = node.gateway.id == RAY_LANE_WORKER or len(self.workqueue) == 1
-                self.workqueue.move_to_end(RAY_LANE, last=not mine)
+                self.workqueue.move_to_end(RAY_LANE, last=node.gateway.id != RAY_LANE_WORKER)
+            if SUITE_TIME_UNIT in self.workqueue:
+                self.workqueue.move_to_end(SUITE_TIME_UNIT)
             super()._assign_work_unit(node)
 
     return RayLaneScheduling(config, log)
 
 
-def _write_ray_lane(config, items) -> None:
-    """In an xdist worker: the node ids of the `ray` tests, for the scheduler."""
-    folder = getattr(config, "workerinput", {}).get(_RAY_LANE_FILES)
-    if folder:
+class _RayLaneWorker:
+    """In an xdist worker, after deselection: tells the scheduler the node ids of the selected
+    `ray` tests, and, when there are some and this is not the lane's worker, drops to the
+    lowest CPU priority and one torch thread, taking the cycles the lane leaves idle."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config, items):
+        import os
+
+        import torch
+
         ray = [item.nodeid for item in items if item.get_closest_marker("ray")]
-        (Path(folder) / f"{config.workerinput['workerid']}.txt").write_text("\n".join(ray))
+        workerid = config.workerinput["workerid"]
+        (Path(config.workerinput[_RAY_LANE_FILES]) / f"{workerid}.txt").write_text("\n".join(ray))
+        if ray and workerid != RAY_LANE_WORKER:
+            os.nice(19)
+            torch.set_num_threads(1)
 
 
 def pytest_unconfigure(config):
