@@ -131,10 +131,10 @@ def test_counts_and_checked(setup, report):
     """Counts give one item per planted kind, zeros for the clean stage; checked sizes are right."""
     counts = report.counts[TASK]
     for stage in STAGES:
-        assert counts["test"][stage] == {"exact": 1, "contained": 0, "near": 1}
-        assert counts["dev"][stage] == {"exact": 0, "contained": 1, "near": 0}
+        assert counts["test"][stage] == {"exact": 1, "contained": 0, "near": 1, "shared-window": 0}
+        assert counts["dev"][stage] == {"exact": 0, "contained": 1, "near": 0, "shared-window": 0}
     for split in ("test", "dev"):
-        assert counts[split]["clean"] == {"exact": 0, "contained": 0, "near": 0}
+        assert counts[split]["clean"] == {"exact": 0, "contained": 0, "near": 0, "shared-window": 0}
     assert report.checked["eval"][TASK] == {
         "test": {"query": 8, "document": 8}, "dev": {"query": 8, "document": 8}
     }
@@ -171,6 +171,7 @@ def test_dev_only_findings_do_not_raise(setup):
 def test_markdown_and_dict(report):
     """to_markdown shows the per-cell counts and examples; to_dict is JSON-serialisable."""
     text = report.to_markdown(examples_per_cell=1)
+    assert "| split | stage | queries | documents | exact | contained | near | shared-window |\n" in text
     assert "| test | pretraining | 8 | 8 | 1 | 0 | 1 |" in text
     assert "| dev | mined-negatives | 8 | 8 | 0 | 1 | 0 |" in text
     assert "| test | clean | 8 | 8 | 0 | 0 | 0 |" in text
@@ -179,8 +180,9 @@ def test_markdown_and_dict(report):
     assert json.loads(json.dumps(report.to_dict()))["counts"] == report.counts
 
 
-def test_containment_needs_eight_words():
-    """A short query inside a stage text is not flagged; an 8-word one is, whatever its quoting."""
+def test_containment_needs_four_words():
+    """A 3-word query inside a stage text is not flagged (too common to mean a copy); a 9-word
+    one is, whatever its quoting."""
     task = Task(
         name="mini",
         corpus={"d": ("", "An unrelated document about the weather in spring and autumn.")},
@@ -201,5 +203,5 @@ def test_empty_stage_and_no_findings(setup):
     """An empty stage is audited as zero items with zero counts, and enforce passes."""
     report = audit([setup.task], {"empty": []}, progress=None)
     assert report.findings == () and report.checked["stages"] == {"empty": 0}
-    assert report.counts[TASK]["test"]["empty"] == {"exact": 0, "contained": 0, "near": 0}
+    assert report.counts[TASK]["test"]["empty"] == {"exact": 0, "contained": 0, "near": 0, "shared-window": 0}
     enforce(report, None)

@@ -26,6 +26,35 @@ def test_no_near_duplicate_cluster_spans_two_splits(prepared):
     assert prepared.corpus.manifest["dedup"]["multi_document_clusters"] > 0
 
 
+def test_split_groups_join_clusters_and_source_groups_transitively():
+    """a and b come from one page, b and c are near-duplicates, d is alone, e and f share a
+    module: three split groups, each named by its smallest id, as the connected components."""
+    from embedlab.data.corpus import split_groups
+    from embedlab.data.document import Document
+
+    groups = {"a": "page1", "b": "page1", "c": "", "d": "", "e": "mod", "f": "mod"}
+    docs = [Document(doc_id=d, source="s", title="", text=f"text {d}", group=g) for d, g in groups.items()]
+    clusters = {"a": "a", "b": "b", "c": "b", "d": "d", "e": "e", "f": "f"}
+    assert split_groups(docs, clusters) == {"a": "a", "b": "a", "c": "a", "d": "d", "e": "e", "f": "e"}
+
+
+def test_the_docstrings_of_one_module_share_a_split(prepared):
+    """Source groups reach the splits: every python-docstrings module (the reader's
+    `Document.group`) lies in one split, and the corpus does have modules of several documents."""
+    from embedlab.data.builtin import iter_documents
+
+    table = prepared.corpus.read()
+    split_of = dict(zip(table["doc_id"].to_pylist(), table["split"].to_pylist()))
+    splits_per_module: dict[str, set[str]] = {}
+    for document in iter_documents("python-docstrings"):
+        if document.doc_id in split_of:
+            splits_per_module.setdefault(document.group, set()).add(split_of[document.doc_id])
+    assert sum(1 for s in splits_per_module.values() if s) > 100
+    assert all(len(s) == 1 for s in splits_per_module.values())
+    assert len(set.union(*splits_per_module.values())) == 3
+    assert prepared.corpus.manifest["split_groups"]["multi_document_split_groups"] > 100
+
+
 def test_planted_near_duplicates_join_their_original_and_exact_copies_are_dropped(prepared):
     """Near-copies from another source share their original's group (hence split); exact copies are excluded and counted."""
     table = prepared.corpus.read().to_pydict()

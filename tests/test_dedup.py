@@ -11,12 +11,15 @@ import numpy as np
 import pytest
 
 from embedlab.data.builtin import iter_documents
+from embedlab.data import dedup
 from embedlab.data.dedup import (
     EMPTY,
     MinHasher,
     NearDuplicateIndex,
+    collision_probability,
     estimated_jaccard,
     lsh_params,
+    matching_words,
     near_duplicate_clusters,
     shingle_hashes,
     shingle_words,
@@ -126,23 +129,67 @@ def test_seed_changes_permutations():
     assert not np.array_equal(MinHasher(seed=1).signature(text), MinHasher(seed=2).signature(text))
 
 
-def test_lsh_params_match_datasketch():
-    """Bands and rows are the ones datasketch's MinHashLSH picks for the same threshold."""
-    datasketch = pytest.importorskip("datasketch")
-    for threshold in (0.5, 0.7, 0.8, 0.9, 0.95):
-        for num_perm in (64, 128, 256):
-            lsh = datasketch.MinHashLSH(threshold=threshold, num_perm=num_perm)
-            assert lsh_params(threshold, num_perm) == (lsh.b, lsh.r)
+@pytest.mark.parametrize("num_perm", [64, 128, 256])
+@pytest.mark.parametrize("threshold", [0.5, 0.7, 0.8, 0.9, 0.95])
+def test_lsh_params_reach_the_target_recall_with_the_most_rows(threshold, num_perm):
+    """At the threshold a pair shares a bucket with probability >= TARGET_RECALL; one row more
+    (with the bands the permutations then allow) would fall below it."""
+    bands, rows = lsh_params(threshold, num_perm)
+    assert bands == num_perm // rows
+    assert collision_probability(threshold, bands, rows) >= dedup.TARGET_RECALL
+    more = rows + 1
+    assert collision_probability(threshold, num_perm // more, more) < dedup.TARGET_RECALL
+    assert lsh_params(0.8, 128) == (18, 7)
 
 
-def test_decisions_agree_with_datasketch(long_texts):
-    """On pairs clearly above or below the threshold, we and datasketch's LSH decide alike."""
+def test_collision_probability_is_the_banding_curve_by_simulation():
+    """The formula against the frequency with which random signatures agreeing entry by entry
+    with probability s share a band: 20,000 draws at s = 0.8 for 18 bands of 7 rows."""
+    rng = np.random.default_rng(0)
+    agree = rng.random((20_000, 18, 7)) < 0.8
+    observed = agree.all(axis=2).any(axis=1).mean()
+    expected = collision_probability(0.8, 18, 7)
+    assert abs(observed - expected) < 4 * np.sqrt(expected * (1 - expected) / 20_000)
+
+
+def test_exact_jaccard_is_the_python_set_jaccard(docstrings):
+    """The vectorised set Jaccard equals Python's set arithmetic on the shingle tuples, over
+    pairs from identical to disjoint, empty and one-word texts included, across chunks."""
+    rng = random.Random(5)
+    texts = [text for _, text in docstrings[:300]] + ["", "one", "one two"]
+    texts += [mutate(t, rng.choice([0.01, 0.05, 0.2]), rng) for t in texts[:100]]
+    _, sets = MinHasher().signatures_and_sets(texts)
+    left = np.array([rng.randrange(len(texts)) for _ in range(3000)] + [0, len(texts) - 103, 300])
+    right = np.array([rng.randrange(len(texts)) for _ in range(3000)] + [0, 301, 300])
+    left[:100] = np.arange(100)
+    right[:100] = np.arange(len(texts) - 100, len(texts))
+    original_chunk = dedup._PAIR_CHUNK_VALUES
+    try:
+        dedup._PAIR_CHUNK_VALUES = 5000  # many chunks, and pairs larger than a chunk
+        ours = dedup.exact_jaccard(sets, left, sets, right)
+    finally:
+        dedup._PAIR_CHUNK_VALUES = original_chunk
+    reference = [exact_jaccard(texts[i], texts[j]) if shingle_set(texts[i]) | shingle_set(texts[j]) else 0.0
+                 for i, j in zip(left, right)]
+    assert ours.tolist() == pytest.approx(reference, abs=1e-12)
+    assert 0.0 < min(x for x in reference if x > 0) < 0.5 and max(reference) == 1.0
+
+
+def test_matching_words_fold_case_punctuation_spacing_width_and_accents():
+    assert matching_words("  Café, naïve — RÉSUMÉ!  ｆｕｌｌ\twidth ") == ["cafe", "naive", "resume", "full", "width"]
+    assert matching_words("it's x_1") == ["it", "s", "x_1"]
+
+
+def test_decisions_agree_with_datasketch_verified_by_exact_jaccard(long_texts):
+    """Our index finds exactly datasketch's LSH candidates (the same bands and rows) whose
+    exact Jaccard reaches the threshold, on pairs not within a few hundredths of it."""
     datasketch = pytest.importorskip("datasketch")
     rng = random.Random(1)
-    pairs = [(a, mutate(a, rng.choice([0, 0.003, 0.3, 0.6]), rng)) for a in long_texts[:40]]
-    pairs += [(a, b) for a, b in zip(long_texts[40:50], long_texts[50:60])]
-    clear = [(a, b) for a, b in pairs if not 0.6 <= exact_jaccard(a, b) <= 0.95]
-    assert len(clear) >= 30
+    pairs = [(a, mutate(a, rng.choice([0, 0.003, 0.02, 0.05, 0.3, 0.6]), rng)) for a in long_texts[:60]]
+    pairs += [(a, b) for a, b in zip(long_texts[60:70], long_texts[70:80])]
+    # Away from the threshold, where two sets of permutations decide alike but by a rare draw.
+    pairs = [(a, b) for a, b in pairs if not 0.77 <= exact_jaccard(a, b) <= 0.87]
+    assert len(pairs) >= 40
 
     def minhash(text: str):
         m = datasketch.MinHash(num_perm=128, seed=1)
@@ -150,12 +197,12 @@ def test_decisions_agree_with_datasketch(long_texts):
         return m
 
     index = NearDuplicateIndex(threshold=0.8)
-    lsh = datasketch.MinHashLSH(threshold=0.8, num_perm=128)
-    for i, (a, _) in enumerate(clear):
+    lsh = datasketch.MinHashLSH(num_perm=128, params=lsh_params(0.8, 128))
+    for i, (a, _) in enumerate(pairs):
         index.add([i], [a])
         lsh.insert(i, minhash(a))
-    ours = [i in dict(found) for i, found in enumerate(index.query_many([b for _, b in clear]))]
-    theirs = [i in lsh.query(minhash(b)) for i, (_, b) in enumerate(clear)]
+    ours = [i in dict(found) for i, found in enumerate(index.query_many([b for _, b in pairs]))]
+    theirs = [i in lsh.query(minhash(b)) and exact_jaccard(a, b) >= 0.8 for i, (a, b) in enumerate(pairs)]
     assert ours == theirs
     assert any(ours) and not all(ours)
 

@@ -18,7 +18,7 @@ from embedlab.data.builtin import available_sources, SOURCE_NAMES
 from embedlab.evaluate import heldout
 from embedlab.evaluate.beir import load_task
 from embedlab.evaluate.heldout import (
-    HELDOUT_TASKS, SHARED_WINDOW, SOURCES, HeldoutSourceMissing, SharedWindows, TrainingText, build_heldout,
+    HELDOUT_TASKS, SHARED_WINDOW, SOURCES, HeldoutSourceMissing, TrainingText, build_heldout,
     build_heldout_tasks, builtin_training_text, read_dpkg_status, read_provenance,
 )
 
@@ -321,13 +321,15 @@ def test_an_item_found_in_training_text_is_removed_recorded_and_reaudit_is_clean
     assert audit([cleaned], {"training": training.pairs()}, progress=None).findings == ()
 
 
-def test_a_shortened_quote_the_audit_misses_is_removed_as_a_shared_window(tmp_path):
-    """Training text quoting 10+ words of a definition (not all of it) is no audit finding, but removes the item."""
+def test_a_shortened_quote_is_a_shared_window_finding_and_removes_the_item(tmp_path):
+    """Training text quoting 10+ words of a definition (not all of it: neither contained nor a
+    near-duplicate) is found by the audit's window rule, and the build removes the item."""
     source = fixture_sources(tmp_path)["devils-dictionary"]
     quote = ("fortunes:definitions:2", "Babe, n.: A misshapen creature of no particular age, sex, or condition.")
     training = TrainingText({"what": "fixture"}, lambda: [quote])
     uncleaned = load_task(build_heldout("devils-dictionary", tmp_path / "raw", source=source, training=UNRELATED))
-    assert audit([uncleaned], {"training": training.pairs()}, progress=None).findings == ()
+    findings = audit([uncleaned], {"training": training.pairs()}, progress=None).findings
+    assert [(f.item_id, f.match, f.stage_item_id) for f in findings] == [("devil:babe", SHARED_WINDOW, quote[0])]
 
     path = build_heldout("devils-dictionary", tmp_path / "clean", source=source, training=training)
     removed = json.loads((path / heldout.DECONTAMINATION_FILE).read_text())["removed"]
@@ -432,6 +434,5 @@ def test_real_tasks_have_zero_findings_against_the_builtin_corpus(tmp_path):
     tasks = [load_task(path) for path in built.values()]
     for task in tasks:
         assert 200 <= len(task.queries) <= 1000 and len(task.corpus) > len(task.queries)
-    shared = SharedWindows(tasks)
-    report = audit(tasks, {"training": heldout._observed(iter(documents), shared.observe)}, progress=None)
-    assert report.findings == () and shared.findings() == []
+    report = audit(tasks, {"training": iter(documents)}, progress=None)
+    assert report.findings == ()

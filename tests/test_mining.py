@@ -283,3 +283,120 @@ def test_a_pair_short_of_mined_negatives_masks_the_missing_ones(tmp_path):
     assert out["negative_len"][1].tolist() == [0, 0]
     texts = [(out[side] != frozen.pad_id).sum(axis=1) for side in ("query_ids", "positive_ids")]
     assert out["tokens"].tolist() == (texts[0] + texts[1] + out["negative_len"][:, 0]).tolist()
+
+
+@pytest.fixture(scope="module")
+def long_target(pairs) -> Pair:
+    """The pair whose query is closest to its positive among positives of 60+ words: one word
+    changed leaves a 5-gram Jaccard of at least (60 - 9) / (60 + 1) > 0.8."""
+    return max((p for p in pairs if len(p.positive.split()) >= 60), key=lambda p: similarity(p.query, p.positive))
+
+
+def _edited_copy(pair: Pair) -> str:
+    """The positive with one of its words that the query shares replaced: no longer containing
+    the positive, scoring below it under the toy encoder, and a near-duplicate of it."""
+    words = pair.positive.split()
+    query_words = set(re.findall(r"[a-z0-9]+", pair.query.lower()))
+    for k in range(len(words) // 3, len(words)):
+        if set(re.findall(r"[a-z0-9]+", words[k].lower())) & query_words:
+            edited = " ".join([*words[:k], "zzyzx", *words[k + 1:]])
+            if similarity(pair.query, edited) < similarity(pair.query, pair.positive):
+                return edited
+    raise AssertionError("no query word to replace in the positive's second two thirds")
+
+
+def test_an_edited_copy_of_the_positive_is_dropped_as_near_positive(base, long_target):
+    """One word changed: containment misses it and its score is under the positive's (the margin,
+    0 here, passes it), but the dedup matcher finds it; the same words reversed (same score, no
+    shared 5-gram) are mined, so it is the near-duplicate rule that drops the copy."""
+    from embedlab.data.dedup import NearDuplicateIndex
+
+    edited = _edited_copy(long_target)
+    index = NearDuplicateIndex(0.8)
+    index.add(["positive"], [long_target.positive])
+    assert index.query(edited) and not index.query(" ".join(edited.split()[::-1]))
+    near = mine([long_target], [*base, row("planted:edited", edited)])
+    assert "planted:edited" not in mined_ids(near, long_target)
+    assert near.counts["dropped"]["near-positive"] == 1
+    reversed_ = mine([long_target], [*base, row("planted:edited", " ".join(edited.split()[::-1]))])
+    assert "planted:edited" in mined_ids(reversed_, long_target)
+
+
+def test_an_edited_copy_of_a_user_positive_is_dropped_too(base, long_target):
+    """A user's own pair (no corpus document: known-positive and same-group cannot apply) gets
+    the near-positive rule all the same."""
+    own = dataclasses.replace(long_target, pair_id="mine:1", doc_ids=("mine:1:positive",), builder="user-pairs",
+                              positive_group="mine:1")
+    mined = mine_hard_negatives([own], pa.Table.from_pylist([*base, row("planted:edited", _edited_copy(long_target))],
+                                                            schema=SCHEMA),
+                                encode, config=EVERYTHING, progress=lambda message: None, encoder_id="toy",
+                                corpus_revision="test", outside_corpus=frozenset({"mine:1"}))
+    assert "planted:edited" not in mined_ids(mined, own)
+    assert mined.counts["dropped"]["near-positive"] == 1
+
+
+def test_queries_are_encoded_with_the_query_encoder_and_documents_with_the_passage_one(base, pairs):
+    """With `encode_query`, every score is encode_query(query) . encode(document): a prefix the
+    parent was trained with reaches its queries only, as in evaluation."""
+    prefixed = lambda texts: encode([f"query: search for {t}" for t in texts])  # noqa: E731
+    some = pairs[:5]
+    table = pa.Table.from_pylist(base, schema=SCHEMA)
+    mined = mine_hard_negatives(some, table, encode, encode_query=prefixed, config=EVERYTHING,
+                                progress=lambda message: None, encoder_id="toy", corpus_revision="test")
+    text_of = {r["doc_id"]: document_text(r["title"], r["text"]) for r in base}
+    for pair in some:
+        query = prefixed([pair.query])[0]
+        for negative in mined.negatives[pair.pair_id][:5]:
+            assert negative.score == pytest.approx(float(query @ encode([text_of[negative.doc_id]])[0]), abs=1e-6)
+        assert mined.negatives[pair.pair_id][0].positive_score == pytest.approx(
+            float(query @ encode([pair.positive])[0]), abs=1e-6)
+
+
+def test_given_negatives_that_copy_the_positive_are_dropped_by_the_text_rules(long_target, base):
+    """A user's file that lists the positive (re-punctuated) or an edited copy of it as a
+    negative: both dropped, each under its rule, with no encoder and no margin; a real
+    negative is kept."""
+    from embedlab.data.mining import GivenPair, screen_given_negatives
+
+    other = next(r["text"] for r in base if r["split"] == "train" and r["doc_id"] not in long_target.doc_ids)
+    quoted = f"“{long_target.positive.upper()}”"
+    given = GivenPair("mine:1", long_target.query, long_target.positive, (quoted, _edited_copy(long_target), other))
+    table, counts = screen_given_negatives([given], None, margin=None)
+    assert table["negative"].to_pylist() == [other] and table["rank"].to_pylist() == [3]
+    assert counts["dropped"] == {"positive-text": 1, "near-positive": 1, "false-negative-margin": 0}
+
+
+def test_the_parent_encoder_of_mining_encodes_as_evaluation_does(tmp_path):
+    """Mining's parent encoder (`phase3_negatives._parent_encoder`) gives queries the query
+    prefix and passages the passage prefix the parent was trained with, read by the one rule
+    evaluation reads them by (`checkpoint_eval.checkpoint_prefixes`); its identity records them."""
+    import torch
+
+    import synthetic
+    from conftest import tiny_trial
+    from embedlab.config import ContrastiveConfig
+    from embedlab.evaluate.checkpoint_eval import checkpoint_prefixes
+    from embedlab.evaluate.encode import encode_texts
+    from embedlab.model.encoder import MLMModel
+    from embedlab.train.checkpoint import load_encoder, save_checkpoint
+    from embedlab.train.phase3_negatives import _parent_encoder, _parent_identity
+
+    frozen = synthetic.tokenizer(tmp_path / "tokenizer")
+    torch.manual_seed(3)
+    prefixes = {"query": "query: ", "passage": "passage: "}
+    save_checkpoint(tmp_path / "parent", MLMModel(synthetic.MODEL).encoder, head=None, tokenizer=frozen,
+                    fields={"phase": 2}, pooling="cls", prefixes=prefixes)
+    trial = dataclasses.replace(tiny_trial(), phase=3, parent=str(tmp_path / "parent"),
+                                contrastive=ContrastiveConfig(pair_length=32))
+    parent = _parent_encoder(trial, lambda message: None, "test")
+    encoder, tokenizer, manifest = load_encoder(tmp_path / "parent")
+    assert checkpoint_prefixes(manifest) == prefixes
+    texts = ["Return the absolute value of a number.", "Open a file and return a stream."]
+
+    def evaluation(prefix: str) -> np.ndarray:
+        return encode_texts(encoder, tokenizer, texts, max_length=32, pooling="cls", prefix=prefix)
+
+    assert np.array_equal(parent.encode_query(texts), evaluation("query: "))
+    assert np.array_equal(parent.encode(texts), evaluation("passage: "))
+    assert not np.allclose(parent.encode_query(texts), evaluation(""))
+    assert _parent_identity(trial)[1]["prefixes"] == prefixes

@@ -35,10 +35,12 @@ from embedlab.data.prepared import PreparedData
 from test_pair_sources import RIGHTS, longest_paragraph, summary_and_body, write_beir, write_jsonl
 
 QUIET = {"progress": lambda line: None}
-# Corpus documents (phase-1 text), evaluation-task items and user pairs come from different functions.
+# Corpus documents (phase-1 text), evaluation-task items and user pairs come from different
+# functions, chosen to share no run of ten words (tempfile.mkstemp's and mkdtemp's docstrings
+# do, as do os.replace's and shutil.rmtree's): the audit would rightly find those.
 CORPUS_FUNCTIONS = (json.dumps, json.loads, shutil.copyfile, shutil.copytree, textwrap.wrap, textwrap.dedent,
                     glob.glob, heapq.merge, collections.namedtuple, os.makedirs)
-TASK_FUNCTIONS = (subprocess.run, subprocess.check_output, tempfile.mkdtemp, os.walk, shutil.rmtree,
+TASK_FUNCTIONS = (subprocess.run, subprocess.check_output, shutil.make_archive, os.walk, shutil.chown,
                   textwrap.fill)
 USER_FUNCTIONS = (shutil.move, shutil.which, shutil.disk_usage, tempfile.mkstemp, os.listdir, os.replace,
                   heapq.nsmallest, heapq.nlargest, collections.Counter.most_common, textwrap.indent,
@@ -214,10 +216,13 @@ def test_the_audit_finds_a_user_pair_holding_an_eval_query_and_the_preflight_ref
 
     with pytest.raises(ContaminationError, match="stages contrastive-pairs") as refused:
         check_contamination(study, records, QUIET["progress"])
-    assert "3 final-eval finding(s)" in str(refused.value) and "training refused" in str(refused.value)
+    # Four: the three planted, and d0 (subprocess.run's docstring) sharing a run of ten words with
+    # the planted copy of d1 (check_output's, which repeats part of run's).
+    assert "4 final-eval finding(s)" in str(refused.value) and "training refused" in str(refused.value)
     findings = check_contamination(dataclasses.replace(study, disclosed_overlap="disclosed: three planted"),
                                     records, QUIET["progress"])
     assert sorted((f["item_kind"], f["item_id"], f["stage_item_id"], f["match"]) for f in findings) == [
+        ("document", "d0", "mine:u2:positive", "shared-window"),
         ("document", "d1", "mine:u2:positive", "contained"),
         ("document", "d2", "mine:u3:negative:0", "exact"),
         ("query", "q0", "mine:u1:query", "exact"),
@@ -267,8 +272,9 @@ def test_given_negatives_reach_the_phase3_batch_and_the_margin_drops_a_close_one
     pairs_path = pair_table_path(prepared, ["mine"], data=data, **QUIET)
     schedule, offsets = trial_pair_schedule(trial, pairs_path)
     given = given_negatives_for_phase3(trial, prepared, pairs_path, schedule, offsets, **QUIET)
-    assert given_negative_counts(given) == {"pairs": 1, "pairs_with_given": 1, "given": 2, "kept": 1,
-                                            "dropped": {"false-negative-margin": 1}, "margin": margin}
+    assert given_negative_counts(given) == {
+        "pairs": 1, "pairs_with_given": 1, "given": 2, "kept": 1, "margin": margin,
+        "dropped": {"positive-text": 0, "near-positive": 0, "false-negative-margin": 1}}
     kept = pq.read_table(given / "negatives.parquet").to_pylist()
     assert [(r["doc_id"], r["rank"], r["negative"]) for r in kept] == [(given_doc_id("mine:p", 0), 1, far)]
     assert kept[0]["score"] == pytest.approx(float(scores[0]), abs=1e-5)
@@ -294,7 +300,7 @@ def test_given_negatives_reach_the_phase3_batch_and_the_margin_drops_a_close_one
 
     off = dataclasses.replace(trial, contrastive=dataclasses.replace(trial.contrastive, given_negative_margin="off"))
     kept_all = given_negatives_for_phase3(off, prepared, pairs_path, schedule, offsets, **QUIET)
-    assert given_negative_counts(kept_all)["dropped"] == {"false-negative-margin": 0}
+    assert given_negative_counts(kept_all)["dropped"] == {"positive-text": 0, "near-positive": 0, "false-negative-margin": 0}
     assert [r["negative"] for r in pq.read_table(kept_all / "negatives.parquet").to_pylist()] == [far, close]
 
 

@@ -1,5 +1,6 @@
-"""`embedlab data build|audit` and `embedlab tokenizer compare`: prepare the training data, audit
-it for contamination, compare tokenizer candidates on it.
+"""`embedlab data build|audit|audit-recall` and `embedlab tokenizer compare`: prepare the training
+data, audit it for contamination, measure the audit's recall on planted copies, compare tokenizer
+candidates on it.
 
 Each command prepares (or reuses) the data of every config its spec names (`embedlab.data.spec`)
 and calls the library on it. `embedlab.cli.build_parser` registers them with `add_parsers`.
@@ -12,6 +13,7 @@ import json
 
 from embedlab.cli.common import add_spec, stderr
 from embedlab.data.spec import load_data_configs
+from embedlab.errors import UsageError
 
 
 def cmd_data_build(args: argparse.Namespace) -> int:
@@ -42,6 +44,22 @@ def cmd_data_audit(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_data_audit_recall(args: argparse.Namespace) -> int:
+    # here: the audit, numpy and the built-in readers, which parsing the command line does not need
+    from embedlab.data.audit_recall import measure
+
+    if args.items < 1:
+        raise UsageError(f"--items: must be at least 1, got {args.items}")
+    table = measure(per_kind=args.items)
+    if args.json:
+        print(json.dumps({"settings": table.settings, "controls": table.controls,
+                          "false_positives": table.false_positives,
+                          "rows": [{**vars(row), "recall": row.recall} for row in table.rows]}, sort_keys=True))
+    else:
+        print(table.to_markdown(), end="")
+    return 0
+
+
 def cmd_tokenizer_compare(args: argparse.Namespace) -> int:
     # here: torch (sweep.run) and tokenizers (data.prepare, tokenizer.compare)
     from embedlab.data.prepare import prepare_data
@@ -57,7 +75,7 @@ def cmd_tokenizer_compare(args: argparse.Namespace) -> int:
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    """Register `embedlab data build|audit` and `embedlab tokenizer compare` on the main parser's subcommands."""
+    """Register `embedlab data build|audit|audit-recall` and `embedlab tokenizer compare` on the main parser's subcommands."""
     data = sub.add_parser("data", help="build and audit training data")
     data_sub = data.add_subparsers(dest="data_command", required=True)
     build = data_sub.add_parser("build", help="corpus, dedup, group-aware splits, tokenizer, pieces and a data card")
@@ -68,6 +86,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     audit.add_argument("--task", action="append", default=[], help="an extra BEIR task directory (repeatable)")
     audit.add_argument("--json", action="store_true")
     audit.set_defaults(func=cmd_data_audit)
+    recall = data_sub.add_parser(
+        "audit-recall", help="how often the audit finds edited copies of evaluation items (planted in real text)")
+    recall.add_argument("--items", type=int, default=100, help="planted items per kind (default 100)")
+    recall.add_argument("--json", action="store_true")
+    recall.set_defaults(func=cmd_data_audit_recall)
 
     tokenizer = sub.add_parser("tokenizer", help="tokenizer candidates")
     tokenizer_sub = tokenizer.add_subparsers(dest="tokenizer_command", required=True)

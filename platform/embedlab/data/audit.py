@@ -8,33 +8,44 @@ document is checked as its body text and, when it has a title, also as "title. b
 Stages. A stage is any iterable of (stage item id, text) pairs, read once, in chunks of
 `CHUNK_ITEMS`; the audit gives no meaning to stage names. Every stage item is compared with
 every evaluation item, and each (evaluation item, stage item) pair that matches gives one
-`Finding`, with the strongest of three kinds:
+`Finding`, with the strongest of four kinds. Words are `dedup.matching_words`: the `\\w+`
+runs of the normalised, accent-folded, lower-cased text, so case, punctuation, spacing,
+compatibility forms and accents never hide a copy.
 
-    exact      equal `content_hash` (NFKC, whitespace-collapsed text); similarity 1.0
-    contained  the evaluation text, of at least `CONTAINED_MIN_WORDS` words, occurs inside
-               the stage text; similarity 1.0, the share of the evaluation text found
-    near       MinHash LSH near-duplicate (`NearDuplicateIndex`): estimated Jaccard of word
-               5-gram shingles >= threshold; similarity is that estimate
+    exact          the same words (as a whole: the two texts are one text); similarity 1.0
+    contained      the evaluation item's whole word sequence, of at least `SHORT_MIN_WORDS`
+                   words, occurs inside the stage text's; similarity 1.0
+    near           near-duplicate (`dedup.NearDuplicateIndex`): exact Jaccard of word 5-gram
+                   shingles >= threshold, candidates from LSH banded for 0.95 recall at the
+                   threshold; similarity is that Jaccard
+    shared-window  an item of at least `WINDOW_WORDS` words shares a run of `WINDOW_WORDS`
+                   consecutive words with the stage text; similarity is the share of the
+                   item's windows found in that stage text
 
-"contained" exists because queries are short: a 6-word query has two 5-gram shingles, so a
-stage sentence that quotes it inside a paragraph shares a tiny fraction of its shingles
-and is never a near-duplicate. For containment, words are the `\\w+` runs of the
-lower-cased normalised text, so punctuation and quoting around the copied text do not hide
-it, and the match is word-aligned. It is found without comparing every pair: the first
-8-word window of each evaluation text is its anchor; every 8-word window of every stage
-text is hashed (vectorised, `ngram_hashes`) and looked up among the anchors; only the rare
-anchor hits are verified by a substring test on the joined words. That is linear in the
-stage's words, not in stage items x evaluation items.
+Why four. A short query has few shingles, so a stage paragraph that quotes it is never a
+near-duplicate of it: containment finds it, for items shorter than a window as well (an
+item of 4 to 9 words must occur whole). An edited copy (a word substituted, inserted or
+swapped) is no longer contained: a 75-word document with one word changed keeps a Jaccard
+of about 0.87, which the near rule finds; with several words changed, runs of ten words
+survive and the window rule finds them (GPT-3's contamination check used 13-word runs;
+ten suits the shorter items of retrieval tasks). What no rule here finds: an item under 10
+words with any word changed, and a longer item edited at least every ten words. The
+planted-copy recall of each rule is measured by `embedlab.data.audit_recall` and asserted in
+the suite.
+
+All of it is linear in the stage's words, not in stage items x evaluation items: each
+window size the items need is hashed over every stage text (vectorised, one extension per
+size, `dedup.ngram_hashes_by_size`) and looked up among the items' windows; containment hits
+are verified by a substring test on the joined words, window hits counted per item.
 
 Counts. `AuditReport.counts[task][split][stage]` gives, per match kind, how many distinct
-evaluation items have that kind as their strongest match in the stage (so the three numbers
-add up to the contaminated items); `findings` lists every matching pair. Split "test" is the
+evaluation items have that kind as their strongest match in the stage (so the numbers add
+up to the contaminated items); `findings` lists every matching pair. Split "test" is the
 final evaluation: `enforce` refuses its findings unless a disclosed-overlap policy is given.
 """
 
 from __future__ import annotations
 
-import re
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
@@ -43,17 +54,18 @@ from itertools import islice
 
 import numpy as np
 
-from embedlab.data.dedup import NearDuplicateIndex, ngram_hashes, word_hashes
-from embedlab.data.document import content_hash, normalise_text
+from embedlab.data.dedup import (NearDuplicateIndex, TARGET_RECALL, run_positions, lsh_params, matching_words,
+                                  ngram_hashes_by_size, word_hashes)
 from embedlab.errors import UserError
 from embedlab.evaluate.beir import REQUIRED_SPLIT, Task
 
 FINAL_EVAL_SPLIT = REQUIRED_SPLIT
-MATCH_KINDS = ("exact", "contained", "near")  # strongest first
-CONTAINED_MIN_WORDS = 8
+SHARED_WINDOW = "shared-window"
+MATCH_KINDS = ("exact", "contained", "near", SHARED_WINDOW)  # strongest first
+WINDOW_WORDS = 10  # the shared-window rule's run of words
+SHORT_MIN_WORDS = 4  # shorter items are only found whole (exact)
 CHUNK_ITEMS = 20_000
 SNIPPET_CHARS = 80
-_WORD = re.compile(r"\w+")
 
 
 class ContaminationError(UserError, RuntimeError):
@@ -73,7 +85,7 @@ class Finding:
     item_id: str
     stage: str
     stage_item_id: str
-    match: str  # "exact" | "contained" | "near"
+    match: str  # one of MATCH_KINDS
     similarity: float
     item_snippet: str = ""
     stage_snippet: str = ""
@@ -83,8 +95,8 @@ class Finding:
 class AuditReport:
     """Findings, per-cell counts and how much was checked.
 
-    `counts`: task -> split -> stage -> {"exact": n, "contained": n, "near": n}, every cell
-    present, zeros included. `checked`: {"stages": stage -> stage items read, "eval": task ->
+    `counts`: task -> split -> stage -> {kind: n for kind in MATCH_KINDS}, every cell present,
+    zeros included. `checked`: {"stages": stage -> stage items read, "eval": task ->
     split -> {"query": n, "document": n}}. `settings`: the parameters the audit ran with.
     """
 
@@ -113,8 +125,8 @@ class AuditReport:
         lines += [f"| {_cell(stage)} | {n} |" for stage, n in self.checked["stages"].items()]
         for task, splits in self.counts.items():
             lines += ["", f"## Task {_cell(task)}", ""]
-            lines += ["| split | stage | queries | documents | exact | contained | near |"]
-            lines += ["|---|---|---:|---:|---:|---:|---:|"]
+            lines += ["| split | stage | queries | documents | " + " | ".join(MATCH_KINDS) + " |"]
+            lines += ["|---|---|---:|---:|" + "---:|" * len(MATCH_KINDS)]
             for split, stages in splits.items():
                 checked = self.checked["eval"][task][split]
                 for stage, counts in stages.items():
@@ -129,10 +141,12 @@ class AuditReport:
 
 def _settings_line(settings: dict[str, float | int]) -> str:
     return (
-        f"exact: equal content hash; contained: the whole evaluation text "
-        f"(>= {settings.get('contained_min_words')} words) inside a stage item; near: "
-        f"MinHash estimated Jaccard >= {settings.get('threshold')} "
-        f"({settings.get('num_perm')} permutations, seed {settings.get('seed')})."
+        f"Words: accent-folded, lower-cased \\w+ runs. exact: the same words; contained: the whole "
+        f"evaluation item (>= {settings.get('short_min_words')} words) inside a stage item; near: exact "
+        f"Jaccard of word 5-grams >= {settings.get('threshold')} (LSH {settings.get('bands')} bands x "
+        f"{settings.get('rows')} rows of {settings.get('num_perm')} permutations, seed {settings.get('seed')}: "
+        f"recall {settings.get('target_recall')} at the threshold); shared-window: a run of "
+        f"{settings.get('window_words')} words in common."
     )
 
 
@@ -190,29 +204,41 @@ def _eval_items(tasks: Iterable[Task]) -> list[_EvalItem]:
 
 
 def containment_words(text: str) -> list[str]:
-    """The words a containment match compares (normalised, lower-cased). A text with at least
-    CONTAINED_MIN_WORDS of them is found inside any text that holds it."""
-    return _WORD.findall(normalise_text(text).lower())
+    """The words the window rules compare (`dedup.matching_words`)."""
+    return matching_words(text)
 
 
 class _Matcher:
-    """All evaluation items, indexed for the three kinds of match."""
+    """All evaluation items' forms, indexed for the four kinds of match."""
 
     def __init__(self, items: list[_EvalItem], threshold: float, num_perm: int, seed: int) -> None:
         forms = [(number, text) for number, item in enumerate(items) for text in item.texts]
-        self.by_hash: dict[str, set[int]] = defaultdict(set)
-        for number, text in forms:
-            self.by_hash[content_hash(text)].add(number)
+        self.form_item = np.array([number for number, _ in forms], dtype=np.int64)
+        words = [matching_words(text) for _, text in forms]
+        self.by_words: dict[str, set[int]] = defaultdict(set)
+        for (number, _), form_words in zip(forms, words):
+            if form_words:
+                self.by_words[" ".join(form_words)].add(number)
         self.index = NearDuplicateIndex(threshold, num_perm, seed)
         self.index.add([number for number, _ in forms], [text for _, text in forms])
-        self.anchors: dict[int, list[tuple[int, str]]] = defaultdict(list)
-        words = [containment_words(text) for _, text in forms]
-        hashes, counts = _window_hashes(words)
-        firsts = np.cumsum(counts) - counts
-        for (number, _), form_words, count, first in zip(forms, words, counts, firsts):
-            if count:
-                self.anchors[int(hashes[first])].append((number, " ".join(form_words)))
-        self.anchor_keys = np.array(sorted(self.anchors), dtype=np.uint64)
+        # Containment anchors: an item's first window, or the whole item when shorter than one.
+        self.anchors: dict[int, dict[int, list[tuple[int, str]]]] = defaultdict(lambda: defaultdict(list))
+        tokens, lengths = word_hashes(words)
+        sizes = {min(len(w), WINDOW_WORDS) for w in words if len(w) >= SHORT_MIN_WORDS}
+        window_parts: list[tuple[np.ndarray, np.ndarray]] = []
+        for n, hashes, counts in ngram_hashes_by_size(tokens, lengths, sizes):
+            firsts = np.cumsum(counts) - counts
+            for form, (form_words, count, first) in enumerate(zip(words, counts, firsts)):
+                if count and min(len(form_words), WINDOW_WORDS) == n:
+                    self.anchors[n][int(hashes[first])].append((forms[form][0], " ".join(form_words)))
+            if n == WINDOW_WORDS:
+                window_parts.append((hashes, np.repeat(np.arange(len(forms)), counts)))
+        self.anchor_keys = {n: np.array(sorted(keys), dtype=np.uint64) for n, keys in self.anchors.items()}
+        # The shared-window table: every distinct window of every form, sorted by hash.
+        hashes, owners = window_parts[0] if window_parts else (np.zeros(0, np.uint64), np.zeros(0, np.int64))
+        distinct = np.unique(np.stack((hashes, owners.astype(np.uint64))), axis=1)
+        self.window_keys, self.window_forms = distinct[0], distinct[1].astype(np.int64)
+        self.form_windows = np.bincount(self.window_forms, minlength=len(forms))
 
     def match(self, texts: list[str]) -> dict[tuple[int, int], tuple[str, float]]:
         """(eval item, position in `texts`) -> (kind, similarity) for every matching pair."""
@@ -220,14 +246,24 @@ class _Matcher:
 
         def record(item: int, position: int, kind: str, similarity: float) -> None:
             old = found.get((item, position))
-            if old is None or MATCH_KINDS.index(kind) < MATCH_KINDS.index(old[0]):
+            if old is None or MATCH_KINDS.index(kind) < MATCH_KINDS.index(old[0]) or (
+                    kind == old[0] and similarity > old[1]):
                 found[item, position] = (kind, similarity)
 
-        for position, text in enumerate(texts):
-            for item in self.by_hash.get(content_hash(text), ()):
+        words = [matching_words(text) for text in texts]
+        for position, text_words in enumerate(words):
+            for item in self.by_words.get(" ".join(text_words), ()) if text_words else ():
                 record(item, position, "exact", 1.0)
-        for item, position in self._contained(texts):
-            record(item, position, "contained", 1.0)
+        tokens, lengths = word_hashes(words)
+        sizes = set(self.anchor_keys) | ({WINDOW_WORDS} if len(self.window_keys) else set())
+        for n, hashes, counts in ngram_hashes_by_size(tokens, lengths, sizes):
+            owners = np.repeat(np.arange(len(texts)), counts)
+            if n in self.anchor_keys:
+                for item, position in self._contained(n, hashes, owners, words):
+                    record(item, position, "contained", 1.0)
+            if n == WINDOW_WORDS:
+                for item, position, share in self._shared(hashes, owners):
+                    record(item, position, SHARED_WINDOW, share)
         for position, matches in enumerate(self.index.query_many(texts)):
             best: dict[int, float] = {}
             for item, similarity in matches:  # best first: keep each item's first
@@ -236,14 +272,12 @@ class _Matcher:
                 record(item, position, "near", similarity)
         return found
 
-    def _contained(self, texts: list[str]) -> set[tuple[int, int]]:
+    def _contained(self, n: int, hashes: np.ndarray, owners: np.ndarray, words: list[list[str]]
+                   ) -> set[tuple[int, int]]:
         """(eval item, position) pairs where the item's words occur inside the text's words."""
-        words = [containment_words(text) for text in texts]
-        hashes, counts = _window_hashes(words)
-        hits = np.flatnonzero(np.isin(hashes, self.anchor_keys))
-        owners = np.repeat(np.arange(len(texts)), counts)[hits]
+        hits = np.flatnonzero(np.isin(hashes, self.anchor_keys[n]))
         anchors_in: dict[int, set[int]] = defaultdict(set)
-        for key, position in zip(hashes[hits].tolist(), owners.tolist()):
+        for key, position in zip(hashes[hits].tolist(), owners[hits].tolist()):
             anchors_in[position].add(key)
         pairs: set[tuple[int, int]] = set()
         for position, keys in anchors_in.items():
@@ -251,16 +285,25 @@ class _Matcher:
             pairs.update(
                 (item, position)
                 for key in keys
-                for item, phrase in self.anchors[key]
+                for item, phrase in self.anchors[n][key]
                 if f" {phrase} " in joined
             )
         return pairs
 
-
-def _window_hashes(word_lists: list[list[str]]) -> tuple[np.ndarray, np.ndarray]:
-    """Hashes of every CONTAINED_MIN_WORDS-word window of each word list; windows per list."""
-    tokens, lengths = word_hashes(word_lists)
-    return ngram_hashes(tokens, lengths, CONTAINED_MIN_WORDS, whole_if_shorter=False)
+    def _shared(self, hashes: np.ndarray, owners: np.ndarray) -> list[tuple[int, int, float]]:
+        """(eval item, position, share of the item's windows in that text) for every text that
+        shares a window with an item (the best of the item's forms)."""
+        hits = np.flatnonzero(np.isin(hashes, self.window_keys))
+        if len(hits) == 0:
+            return []
+        lo = np.searchsorted(self.window_keys, hashes[hits], side="left")
+        many = np.searchsorted(self.window_keys, hashes[hits], side="right") - lo
+        forms = self.window_forms[np.repeat(lo, many) + run_positions(many)]
+        triples = np.unique(np.stack((forms, np.repeat(owners[hits], many), np.repeat(hashes[hits], many).view(np.int64))),
+                            axis=1)
+        (forms, positions), shared = np.unique(triples[:2], axis=1, return_counts=True)
+        shares = shared / self.form_windows[forms]
+        return [(int(self.form_item[f]), int(p), float(x)) for f, p, x in zip(forms, positions, shares)]
 
 
 # --- the audit ---------------------------------------------------------------------------
@@ -278,6 +321,7 @@ def audit(
     """Check every stage item against every evaluation item of `tasks` (see the module doc)."""
     items = _eval_items(tasks)
     matcher = _Matcher(items, threshold, num_perm, seed)
+    bands, rows = lsh_params(threshold, num_perm)
     findings: list[Finding] = []
     stage_sizes: dict[str, int] = {}
     for stage, pairs in stages.items():
@@ -311,7 +355,11 @@ def audit(
             "threshold": threshold,
             "num_perm": num_perm,
             "seed": seed,
-            "contained_min_words": CONTAINED_MIN_WORDS,
+            "bands": bands,
+            "rows": rows,
+            "target_recall": TARGET_RECALL,
+            "short_min_words": SHORT_MIN_WORDS,
+            "window_words": WINDOW_WORDS,
         },
     )
 

@@ -287,7 +287,8 @@ def _read_python_docstrings(name: str, stdlib: Path) -> Iterator[Document]:
         for qualname, docstring in _docstrings(tree, module):
             text = _tidy(inspect.cleandoc(docstring))
             if len(text) >= MIN_DOCSTRING_CHARS:
-                yield Document(doc_id=f"{name}:{qualname}", source=name, title=qualname, text=text)
+                yield Document(doc_id=f"{name}:{qualname}", source=name, title=qualname, text=text,
+                               group=f"{name}:{module}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -539,7 +540,8 @@ def _read_handbook(name: str, root: Path) -> Iterator[Document]:
         for section in sections:
             if len(section.body) >= MIN_SECTION_CHARS:
                 doc_id = f"{name}:{path.name}#{section.locator}"
-                yield Document(doc_id=doc_id, source=name, title=section.heading, text=section.body)
+                yield Document(doc_id=doc_id, source=name, title=section.heading, text=section.body,
+                               group=f"{name}:{path.name}")
 
 
 def _group(items: list[_T], size: Callable[[_T], int], max_size: int) -> Iterator[list[_T]]:
@@ -581,7 +583,8 @@ def _read_postgres(name: str, root: Path) -> Iterator[Document]:
             own_title = first is pieces[0] or first.heading.startswith(page_title)
             title = first.heading if own_title else f"{page_title}: {first.heading}"
             if len(text) >= MIN_SECTION_CHARS:
-                yield Document(doc_id=f"{name}:{path.name}#{first.locator}", source=name, title=title, text=text)
+                yield Document(doc_id=f"{name}:{path.name}#{first.locator}", source=name, title=title, text=text,
+                               group=f"{name}:{path.name}")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -6,13 +6,19 @@ Order of operations (the recipe's "deduplicate before splitting/chunking"):
 2. exact dedup: documents whose normalised-text hash was already seen are dropped
    (first occurrence kept, in source order) and counted in the exclusion report;
 3. near-duplicate clustering (MinHash + LSH over word 5-grams, `data.dedup`): every
-   document gets a `group_id`, the smallest doc id of its cluster;
-4. split by group: train / dev (recipe-dev) / test (final-eval) is a pure function of
-   the group id and the split seed, so no cluster straddles two splits and the same
-   group always lands in the same split whatever else is read.
+   document gets a `group_id`, the smallest doc id of its cluster (mining's same-group rule
+   reads it);
+4. split groups: near-duplicate clusters joined with source groups (the documents a source
+   cut from one page, one module: `Document.group`) into connected components, each named
+   `split_group` by its smallest doc id;
+5. split by split group: train / dev (recipe-dev) / test (final-eval) is a pure function
+   of the split group and the split seed, so no cluster, page or module straddles two
+   splits. A document in no cluster and no source group is its own split group, so its
+   split does not depend on what else is read.
 
 Output directory:
-    documents.parquet   doc_id, source, title, text, hash, group_id, split, language, domain
+    documents.parquet   doc_id, source, title, text, hash, group_id, split_group, split,
+                        language, domain
     sources.parquet     one provenance row per source
     manifest.json       provenance, dedup versions, retained counts, exclusions, corpus hash
 """
@@ -26,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -33,7 +40,7 @@ from embedlab.errors import UsageError
 from embedlab.code_identity import VERSION
 from embedlab.config import DataConfig
 from embedlab.data import builtin
-from embedlab.data.dedup import near_duplicate_clusters
+from embedlab.data.dedup import connected_components, near_duplicate_clusters
 from embedlab.data.document import Document
 from embedlab.data.external import HFDataset, LocalFiles, ReadStats, external_provenance, iter_external
 from embedlab.data.mixture import PHASE1_FAMILIES
@@ -42,12 +49,14 @@ from embedlab.data.rights import rights_for_builtin
 SPLITS = ("train", "dev", "test")
 FORMAT = "embedlab-corpus/2"
 EXACT_DEDUP_VERSION = "exact/1: sha256 of NFKC, whitespace-collapsed text; first occurrence kept"
-NEAR_DEDUP_VERSION = "minhash-lsh/1: word 5-grams, 128 permutations, verified estimated Jaccard"
+NEAR_DEDUP_VERSION = ("minhash-lsh/2: accent-folded word 5-grams, 128 permutations, bands for recall 0.95 at the "
+                      "threshold, verified by exact Jaccard")
+SPLIT_GROUP_VERSION = "split-groups/1: near-duplicate clusters joined with source groups (page, module)"
 BUILTIN_FILTERING = (
     f"builtin-readers/{VERSION}: docstrings >= {builtin.MIN_DOCSTRING_CHARS} characters; HTML sections "
     f">= {builtin.MIN_SECTION_CHARS} characters, pages split above {builtin.MAX_PAGE_CHARS}; empty entries skipped"
 )
-COLUMNS = ("doc_id", "source", "title", "text", "hash", "group_id", "split", "language", "domain")
+COLUMNS = ("doc_id", "source", "title", "text", "hash", "group_id", "split_group", "split", "language", "domain")
 
 
 def split_of(group_id: str, config: DataConfig) -> str:
@@ -178,7 +187,8 @@ def build_corpus(
             "near_duplicate_threshold": config.near_duplicate_threshold,
         },
         "dedup": {"exact": EXACT_DEDUP_VERSION, "near": NEAR_DEDUP_VERSION, **cluster_stats},
-        "split_rule": "sha256(split_seed:group_id) -> uniform; < dev_fraction dev, < dev+test test, else train",
+        "split_groups": {"rule": SPLIT_GROUP_VERSION, **_split_group_stats(rows)},
+        "split_rule": "sha256(split_seed:split_group) -> uniform; < dev_fraction dev, < dev+test test, else train",
         "sources": provenance,
         "exclusions": exclusions,
         "unavailable_sources": {n: why for n, why in builtin.source_status().items() if why is not None},
@@ -219,8 +229,26 @@ def load_corpus(directory: Path) -> Corpus:
     return Corpus(directory=directory, manifest=json.loads(manifest_path.read_text()))
 
 
+def split_groups(documents: list[Document], clusters: dict[str, str]) -> dict[str, str]:
+    """doc id -> its split group: the smallest doc id of its connected component when
+    documents sharing a near-duplicate cluster (`clusters`) or a source group are linked."""
+    ids = sorted(d.doc_id for d in documents)
+    row = {doc_id: k for k, doc_id in enumerate(ids)}
+    left, right = [], []
+    first_of: dict[str, int] = {}
+    for doc in documents:
+        left.append(row[doc.doc_id])
+        right.append(row[clusters[doc.doc_id]])
+        if doc.group:
+            left.append(row[doc.doc_id])
+            right.append(first_of.setdefault(doc.group, row[doc.doc_id]))
+    label = connected_components(len(ids), np.array(left, dtype=np.int64), np.array(right, dtype=np.int64))
+    return {doc_id: ids[label[k]] for k, doc_id in enumerate(ids)}
+
+
 def _rows(documents: list[Document], groups: dict[str, str], config: DataConfig) -> dict[str, list]:
     rows: dict[str, list] = {column: [] for column in COLUMNS}
+    split_group = split_groups(documents, groups)
     for doc in documents:
         group = groups[doc.doc_id]
         rows["doc_id"].append(doc.doc_id)
@@ -229,7 +257,8 @@ def _rows(documents: list[Document], groups: dict[str, str], config: DataConfig)
         rows["text"].append(doc.text)
         rows["hash"].append(doc.hash)
         rows["group_id"].append(group)
-        rows["split"].append(split_of(group, config))
+        rows["split_group"].append(split_group[doc.doc_id])
+        rows["split"].append(split_of(split_group[doc.doc_id], config))
         rows["language"].append("en")
         rows["domain"].append(domain_of(doc.source))
     return rows
@@ -250,9 +279,17 @@ def _cluster_stats(rows: dict[str, list]) -> dict[str, int]:
     }
 
 
+def _split_group_stats(rows: dict[str, list]) -> dict[str, int]:
+    sizes: dict[str, int] = {}
+    for group in rows["split_group"]:
+        sizes[group] = sizes.get(group, 0) + 1
+    return {"split_groups": len(sizes), "multi_document_split_groups": sum(1 for n in sizes.values() if n > 1),
+            "largest_split_group": max(sizes.values(), default=0)}
+
+
 def _corpus_hash(rows: dict[str, list]) -> str:
     digest = hashlib.sha256()
-    for key in sorted(zip(rows["doc_id"], rows["hash"], rows["group_id"], rows["split"])):
+    for key in sorted(zip(rows["doc_id"], rows["hash"], rows["group_id"], rows["split_group"], rows["split"])):
         digest.update("\t".join(key).encode())
         digest.update(b"\n")
     return digest.hexdigest()

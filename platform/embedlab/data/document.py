@@ -35,6 +35,8 @@ class Document:
     `doc_id` is stable across runs and machines: it is derived from the source name and a
     locator inside the source (a verse reference, a file path and section, an object's
     qualified name), never from iteration order. `title` may be empty; `text` is the body.
+    `group` names what the document was cut from (a page, a module, a book) when a source
+    cuts one into several documents; documents of one group always share a split.
     """
 
     doc_id: str
@@ -42,6 +44,7 @@ class Document:
     title: str
     text: str
     hash: str = field(default="")
+    group: str = field(default="")
 
     def __post_init__(self) -> None:
         if not self.doc_id:

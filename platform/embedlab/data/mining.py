@@ -18,6 +18,10 @@ in order, and a dropped candidate is counted under the first rule that drops it:
                            hide it and a short positive ("dog") does not match inside a
                            longer word ("dogma"); contained-in, so a corpus copy of a
                            labelled positive without its title ("title. text") is caught too
+    near-positive          a near-duplicate of one of those positives (`dedup.NearDuplicateIndex`:
+                           word 5-gram Jaccard >= `NEAR_POSITIVE_THRESHOLD`, the dedup rule):
+                           an edited copy of a positive, which containment misses and which
+                           the margin alone would judge by score
     false-negative-margin  score > positive_score - margin, where positive_score is
                            sim(query, positive): too close to the positive to trust as a
                            negative, so more likely an unlabelled positive
@@ -52,13 +56,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from embedlab.data.dedup import NearDuplicateIndex
 from embedlab.data.document import document_text
 from embedlab.data.document import normalise_text
 from embedlab.data.pairs import Pair
 from embedlab.evaluate.retrieval import search
 
 FORMAT = "embedlab-mined-negatives/4"  # 2: positive-text over the positive group, both ways; 3: pairs_digest; 4: encoding
-RULES = ("known-positive", "same-group", "positive-text", "false-negative-margin", "skip-top")
+RULES = ("known-positive", "same-group", "positive-text", "near-positive", "false-negative-margin", "skip-top")
+NEAR_POSITIVE_THRESHOLD = 0.8  # the corpus dedup's default threshold
 TRAIN_SPLIT = "train"
 CORPUS_COLUMNS = ("doc_id", "title", "text", "group_id", "split")
 NEGATIVES_FILE = "negatives.parquet"
@@ -330,6 +336,19 @@ def _overlaps(document: str, positives: Iterable[str]) -> bool:
     return any(positive in document or (document.strip() and document in positive) for positive in positives)
 
 
+def _near_positive_groups(positives: Mapping[str, Iterable[str]], candidates: Mapping[Any, str]) -> dict[Any, set[str]]:
+    """candidate key -> the positive groups one of whose positives it is a near-duplicate of."""
+    index = NearDuplicateIndex(NEAR_POSITIVE_THRESHOLD)
+    for group, texts in positives.items():
+        texts = sorted(texts)
+        index.add([group] * len(texts), texts)
+    if not len(index) or not candidates:
+        return {}
+    keys = list(candidates)
+    found = index.query_many([candidates[key] for key in keys])
+    return {key: {group for group, _ in matches} for key, matches in zip(keys, found) if matches}
+
+
 def _unit_rows(vectors: np.ndarray, count: int, what: str) -> np.ndarray:
     """encode's output as float32 unit rows (zero rows stay zero), checked to have one row per text."""
     array = np.asarray(vectors, dtype=np.float32)
@@ -351,8 +370,11 @@ def mine_hard_negatives(
     outside_corpus: frozenset[str] = frozenset(),
     group_positives: Mapping[str, Iterable[str]] | None = None,
     encoding: Mapping[str, Any] | None = None,
+    encode_query: Callable[[list[str]], np.ndarray] | None = None,
 ) -> MinedSet:
-    """Negatives for every pair from the training split of `corpus`, found with `encode(texts) -> (N, d)`.
+    """Negatives for every pair from the training split of `corpus`, found with `encode(texts) -> (N, d)`
+    for documents and positives and `encode_query` (default `encode`) for queries: an encoder
+    trained with query and passage prefixes is searched as it is trained and evaluated.
 
     `corpus` is the corpus table (at least doc_id, title, text, group_id, split) of every
     split: the dev and test rows are never indexed, but the pairs' documents are looked up
@@ -391,7 +413,7 @@ def mine_hard_negatives(
     progress(f"mining: encoding {len(texts):,} training documents ({corpus.num_rows - len(texts):,} dev/test "
              f"documents left out) and {len(pairs):,} pairs with {encoder_id}")
     doc_vectors = _unit_rows(encode(texts), len(texts), "documents")
-    query_vectors = _unit_rows(encode([pair.query for pair in pairs]), len(pairs), "queries")
+    query_vectors = _unit_rows((encode_query or encode)([pair.query for pair in pairs]), len(pairs), "queries")
     positive_vectors = _unit_rows(encode([pair.positive for pair in pairs]), len(pairs), "positives")
     positive_scores = np.einsum("ij,ij->i", query_vectors, positive_vectors)
     scores, rows = search(doc_vectors, query_vectors, config.top_k)
@@ -404,10 +426,15 @@ def mine_hard_negatives(
         return _words(texts[row])
 
     positives_of: dict[str, set[str]] = {}  # positive group -> its positives' words
+    positive_texts: dict[str, set[str]] = {}  # positive group -> its positives
     for group, extra in (group_positives or {}).items():
-        positives_of.setdefault(group, set()).update(_words(text) for text in extra)
+        positive_texts.setdefault(group, set()).update(extra)
     for pair in pairs:
-        positives_of.setdefault(pair.positive_group, set()).add(_words(pair.positive))
+        positive_texts.setdefault(pair.positive_group, set()).add(pair.positive)
+    for group, group_texts in positive_texts.items():
+        positives_of[group] = {_words(text) for text in group_texts}
+    near_groups = _near_positive_groups(positive_texts, {row: texts[row] for row in np.unique(rows).tolist()
+                                                         if row >= 0})
 
     mined: dict[str, tuple[MinedNegative, ...]] = {}
     for i, pair in enumerate(pairs):
@@ -424,6 +451,8 @@ def mine_hard_negatives(
                 dropped["same-group"] += 1
             elif _overlaps(document_words(row), positives):
                 dropped["positive-text"] += 1
+            elif pair.positive_group in near_groups.get(row, ()):
+                dropped["near-positive"] += 1
             elif score > ceiling:
                 dropped["false-negative-margin"] += 1
             else:
@@ -469,8 +498,9 @@ def mine_hard_negatives(
 # ---------------------------------------------------------------------------------------------
 # Given negatives (a user's own pairs)
 
-GIVEN_FORMAT = "embedlab-given-negatives/2"  # 2: the encoding in the identity
+GIVEN_FORMAT = "embedlab-given-negatives/3"  # 2: the encoding in the identity; 3: the text rules
 GIVEN_RULE = "false-negative-margin"
+GIVEN_RULES = ("positive-text", "near-positive", GIVEN_RULE)
 
 
 @dataclass(frozen=True)
@@ -490,31 +520,47 @@ def given_doc_id(pair_id: str, index: int) -> str:
 
 def screen_given_negatives(
     pairs: list[GivenPair], encode: Callable[[list[str]], np.ndarray] | None, *, margin: float | None,
+    encode_query: Callable[[list[str]], np.ndarray] | None = None,
 ) -> tuple[pa.Table, dict[str, Any]]:
-    """The given negatives that pass the false-negative margin under `encode`, as a table of
-    `NEGATIVE_SCHEMA` (rank: the place in the source's list, from 1), and the counts.
+    """The given negatives that pass the text rules and the false-negative margin under
+    `encode` (`encode_query`, default `encode`, for queries), as a table of `NEGATIVE_SCHEMA`
+    (rank: the place in the source's list, from 1), and the counts.
 
-    The mining rule, applied to texts the user labelled as negatives: a negative scoring above
-    sim(query, positive) - `margin` is too close to the positive to trust, so it is dropped
-    and counted. `margin` None keeps every given negative, unscored (`encode` is not called).
+    The mining rules, applied to texts the user labelled as negatives. positive-text and
+    near-positive (as in mining, against the pair's own positive) always apply: a copy of
+    the positive, verbatim or edited, is no negative whatever the user's file says. Then a
+    negative scoring above sim(query, positive) - `margin` is too close to the positive to
+    trust. Each drop is counted under its rule. `margin` None applies the text rules only,
+    unscored (`encode` is not called).
     """
     rows: list[dict[str, Any]] = []
-    dropped = 0
+    dropped: Counter[str] = Counter()
     given = [(row, i, text) for row, pair in enumerate(pairs) for i, text in enumerate(pair.negatives)]
+    near = _near_positive_groups({str(row): [pair.positive] for row, pair in enumerate(pairs)},
+                                 {k: text for k, (_, _, text) in enumerate(given)})
+    copies: dict[int, str] = {}  # given negative -> the text rule that drops it
+    for k, (row, _, text) in enumerate(given):
+        if _overlaps(_words(text), [_words(pairs[row].positive)]):
+            copies[k] = "positive-text"
+        elif str(row) in near.get(k, ()):
+            copies[k] = "near-positive"
     owners = np.array([row for row, _, _ in given], dtype=np.int64)
     positive_scores, scores = np.full(len(pairs), np.nan), np.full(len(given), np.nan)
     if given and margin is not None:
         if encode is None:
             raise ValueError("screening given negatives needs an encoder")
-        queries = _unit_rows(encode([p.query for p in pairs]), len(pairs), "queries")
+        queries = _unit_rows((encode_query or encode)([p.query for p in pairs]), len(pairs), "queries")
         positives = _unit_rows(encode([p.positive for p in pairs]), len(pairs), "positives")
         negatives = _unit_rows(encode([text for _, _, text in given]), len(given), "given negatives")
         positive_scores = np.einsum("ij,ij->i", queries, positives)
         scores = np.einsum("ij,ij->i", queries[owners], negatives)
-    for (row, index, text), score in zip(given, scores.tolist()):
+    for k, ((row, index, text), score) in enumerate(zip(given, scores.tolist())):
         pair, positive_score = pairs[row], float(positive_scores[row])
+        if k in copies:
+            dropped[copies[k]] += 1
+            continue
         if margin is not None and score > positive_score - margin:
-            dropped += 1
+            dropped[GIVEN_RULE] += 1
             continue
         rows.append({"pair_id": pair.pair_id, "doc_id": given_doc_id(pair.pair_id, index), "rank": index + 1,
                      "score": score, "positive_score": positive_score, "query": pair.query,
@@ -524,7 +570,7 @@ def screen_given_negatives(
         "pairs_with_given": sum(1 for pair in pairs if pair.negatives),
         "given": len(given),
         "kept": len(rows),
-        "dropped": {GIVEN_RULE: dropped},
+        "dropped": {rule: dropped[rule] for rule in GIVEN_RULES},
         "margin": margin,
     }
     return pa.Table.from_pylist(rows, schema=NEGATIVE_SCHEMA), counts

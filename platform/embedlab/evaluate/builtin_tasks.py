@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Iterable
 
 from embedlab.errors import UsageError
-from embedlab.data.audit import Finding
+from embedlab.data.audit import MATCH_KINDS, Finding
 from embedlab.data.corpus import Corpus
 from embedlab.evaluate.beir import Task
 
@@ -59,7 +59,7 @@ def decontaminate(task: Task, findings: Iterable[Finding]) -> tuple[Task, dict]:
         qrels=qrels,
     )
     summary = {
-        "rule": "remove queries and labelled documents found (exact, contained, near) in training-split text",
+        "rule": f"remove queries and labelled documents found ({', '.join(MATCH_KINDS)}) in training-split text",
         "documents_removed": sorted(bad_docs),
         "queries_removed": sorted(set(task.queries) - kept_queries),
         "queries_kept": {split: len(judged) for split, judged in qrels.items()},

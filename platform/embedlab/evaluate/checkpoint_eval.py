@@ -48,7 +48,7 @@ def evaluate_checkpoint(
     device = "cuda" if torch.cuda.is_available() else "cpu"
     encoder.to(device)
     pooling = manifest["pooling"]
-    prefixes = pooling.get("prefixes", {"query": "", "passage": ""})
+    prefixes = checkpoint_prefixes(manifest)
     encode = partial(
         encode_texts, encoder, tokenizer, batch_size=batch_size, max_length=max_length, device=device,
         pooling=pooling["method"], progress=progress, tally=tally,
@@ -66,6 +66,12 @@ def evaluate_checkpoint(
     return {**metrics, "checkpoint_hash": manifest["content_hash"], "eval_flops": tally.flops,
             "eval_seconds": time.thread_time() - started_thread,
             "eval_wall_seconds": time.perf_counter() - started_wall}
+
+
+def checkpoint_prefixes(manifest: dict) -> dict[str, str]:
+    """The query and passage prefixes a checkpoint was trained with (its manifest's pooling
+    record), as evaluation and phase-3 mining encode with them: none for a phase-1 checkpoint."""
+    return manifest["pooling"].get("prefixes", {"query": "", "passage": ""})
 
 
 def resolve_task(name_or_path: str, prepared_dir: Path | None = None) -> Path:

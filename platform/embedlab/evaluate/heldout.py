@@ -22,12 +22,11 @@ Construction, the same for every task and deterministic for the same input files
    items (case-insensitively) would have an arbitrary answer, so neither becomes a query.
 2. Every candidate, query and document, is audited against the training text (the built-in
    corpus's documents, every split: all of it is training-adjacent) with the repository's
-   contamination audit (exact, contained, near), and also checked for any word 10-gram it
-   shares with the training text ("shared-window"). The second rule exists because the
-   audit's "contained" needs the whole item inside one training text and "near" needs
-   Jaccard >= 0.8: `fortunes` quotes Bierce's definitions shortened or lightly edited,
-   which neither catches. An item with any finding is removed whole, query and document,
-   and the removal is recorded in `decontamination.json`.
+   contamination audit (exact, contained, near, shared-window: `embedlab.data.audit`). Its
+   shared-window rule (any run of 10 words in common) matters here: `fortunes` quotes
+   Bierce's definitions shortened or lightly edited, which whole-item containment and
+   near-duplicate Jaccard miss. An item with any finding is removed whole, query and
+   document, and the removal (its strongest finding) is recorded in `decontamination.json`.
 3. Of the clean items with a usable query, the `max_queries` with the smallest
    sha256(task:item id) become queries, each with its own document as the one relevant
    document of split "test"; every other clean item's document stays as a distractor.
@@ -54,14 +53,12 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import numpy as np
 
 from embedlab.code_identity import VERSION
 from embedlab.config import DataConfig
 from embedlab.data import builtin
-from embedlab.data.audit import Finding, audit
+from embedlab.data.audit import MATCH_KINDS, SHARED_WINDOW, WINDOW_WORDS, Finding, audit
 from embedlab.data.builtin import read_dictd
-from embedlab.data.dedup import ngram_hashes, word_hashes
 from embedlab.data.document import document_text, normalise_text
 from embedlab.data.prepare import code_revision
 from embedlab.errors import UsageError, UserError
@@ -80,8 +77,6 @@ INFO_MANUALS = (
 
 MAX_QUERIES = 500
 MIN_QUERIES = 200
-SHARED_WINDOW_WORDS = 10
-SHARED_WINDOW = "shared-window"
 SOURCES_FILE = "sources.json"
 DECONTAMINATION_FILE = "decontamination.json"
 # The package's files whose code decides a task's bytes (see `embedlab.data.prepare.code_revision`).
@@ -441,72 +436,14 @@ def candidate_task(name: str, items: Sequence[Item]) -> tuple[Task, dict[str, st
     return task, usable
 
 
-class SharedWindows:
-    """Finds the evaluation items that share a word `SHARED_WINDOW_WORDS`-gram with training text.
-
-    Words are the `\\w+` runs of the lower-cased normalised text, as in the audit's
-    containment. `observe` takes training (id, text) pairs in chunks; `findings()` gives one
-    `Finding` per item, naming the first training item that shares a window with it and, as
-    its similarity, the share of the item's windows found in the training text so far.
-    """
-
-    def __init__(self, tasks: Sequence[Task]) -> None:
-        self.items: list[tuple[str, str, str, str]] = []  # (task, kind, id, text)
-        for task in tasks:
-            for qid, judged in task.qrels[REQUIRED_SPLIT].items():
-                self.items.append((task.name, "query", qid, task.queries[qid]))
-                self.items += [(task.name, "document", d, task.corpus[d][1]) for d in judged]
-        hashes, counts = _windows([text for *_, text in self.items])
-        self.owners = np.repeat(np.arange(len(self.items)), counts)
-        self.hashes, self.counts = hashes, counts
-        self.seen = np.zeros(len(hashes), dtype=bool)
-        self.first: dict[int, str] = {}  # item number -> first training id sharing a window
-
-    def observe(self, chunk: Sequence[tuple[str, str]]) -> None:
-        hashes, counts = _windows([text for _, text in chunk])
-        hit = np.isin(self.hashes, hashes)
-        for window in np.flatnonzero(hit & ~self.seen):
-            owner = int(self.owners[window])
-            if owner not in self.first:
-                training = np.flatnonzero(hashes == self.hashes[window])[0]
-                self.first[owner] = chunk[int(np.searchsorted(np.cumsum(counts), training, side="right"))][0]
-        self.seen |= hit
-
-    def findings(self) -> list[Finding]:
-        shares = np.bincount(self.owners[self.seen], minlength=len(self.items)) / np.maximum(self.counts, 1)
-        return [
-            Finding(task=task, split=REQUIRED_SPLIT, item_kind=kind, item_id=item_id, stage="training",
-                    stage_item_id=self.first[number], match=SHARED_WINDOW, similarity=float(shares[number]),
-                    item_snippet=" ".join(text.split())[:80])
-            for number, (task, kind, item_id, text) in enumerate(self.items) if number in self.first
-        ]
-
-
-def _windows(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    words = [re.findall(r"\w+", normalise_text(text).lower()) for text in texts]
-    return ngram_hashes(*word_hashes(words), SHARED_WINDOW_WORDS, whole_if_shorter=False)
-
-
-def _observed(pairs: Iterable[tuple[str, str]], observe: Callable[[list], None], size: int = 20_000
-              ) -> Iterator[tuple[str, str]]:
-    """`pairs` unchanged, each chunk of `size` shown to `observe` first: one pass serves two checks."""
-    chunk: list[tuple[str, str]] = []
-    for pair in pairs:
-        chunk.append(pair)
-        if len(chunk) == size:
-            observe(chunk)
-            yield from chunk
-            chunk = []
-    if chunk:
-        observe(chunk)
-        yield from chunk
-
-
 def decontaminated_task(
     source: HeldoutSource, candidates: Task, usable: dict[str, str], findings: Iterable[Finding]
 ) -> tuple[Task, dict]:
     """The task after step 2 and 3 of the module doc, and the record of what was removed."""
-    findings = list(findings)
+    strongest: dict[tuple[str, str], Finding] = {}
+    for f in sorted(findings, key=lambda f: (MATCH_KINDS.index(f.match), -f.similarity, f.stage_item_id)):
+        strongest.setdefault((f.item_kind, f.item_id), f)
+    findings = sorted(strongest.values(), key=lambda f: (f.item_kind, f.item_id))
     found = {_item_of(f) for f in findings}
     clean = sorted(d for d in candidates.corpus if d not in found)
     order = {d: hashlib.sha256(f"{source.name}:{d}".encode()).hexdigest() for d in clean}
@@ -519,8 +456,8 @@ def decontaminated_task(
     )
     record = {
         "rule": "remove every candidate item (query and document) the contamination audit finds "
-                f"(exact, contained, near) in the training text, or that shares a word "
-                f"{SHARED_WINDOW_WORDS}-gram with it ({SHARED_WINDOW})",
+                f"in the training text ({', '.join(MATCH_KINDS)}: {SHARED_WINDOW} is a run of "
+                f"{WINDOW_WORDS} words in common); each removal lists the item's strongest finding",
         "candidates": len(candidates.corpus),
         "items_removed": len(found & set(candidates.corpus)),
         "removed": [
@@ -570,10 +507,9 @@ def build_heldout_tasks(
     say(f"heldout: auditing {sum(len(t.corpus) for t, _ in candidates.values()):,} candidate items "
         f"of {', '.join(readings)} against the training text")
     tasks = [task for task, _ in candidates.values()]
-    shared = SharedWindows(tasks)
-    report = audit(tasks, {"training": _observed(training.pairs(), shared.observe)},
-                   threshold=DataConfig().near_duplicate_threshold, progress=progress)
-    findings = [*report.findings, *shared.findings()]
+    report = audit(tasks, {"training": training.pairs()}, threshold=DataConfig().near_duplicate_threshold,
+                   progress=progress)
+    findings = report.findings
     out_dir = Path(out_dir)
     built = {}
     for source in sources:
@@ -584,7 +520,7 @@ def build_heldout_tasks(
             raise UserError(f"held-out task {source.name!r}: only {len(task.queries)} queries after cleaning "
                             f"(at least {source.min_queries} needed) from {', '.join(map(str, source.paths))}")
         record = {**record, "items_read": len(readings[source.name].items), "training_text": training.description,
-                  "audit_settings": {**report.settings, "shared_window_words": SHARED_WINDOW_WORDS}}
+                  "audit_settings": report.settings}
         built[source.name] = _write(source, task, readings[source.name], record, out_dir)
         say(f"heldout: {source.name}: {len(task.queries)} queries, {len(task.corpus)} documents "
             f"({record['items_removed']} of {record['candidates']} candidates removed: found in training text)")

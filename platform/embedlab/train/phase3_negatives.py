@@ -34,6 +34,7 @@ from embedlab.data.pairs_table import group_positive_texts
 from embedlab.data.prepare import code_revision
 from embedlab.data.pairs import PAIR_BUILDERS, PAIR_SCHEMA, Pair
 from embedlab.data.prepared_sync import node_path, publish_subtree
+from embedlab.evaluate.checkpoint_eval import checkpoint_prefixes
 from embedlab.evaluate.encode import encode_texts
 from embedlab.store import file_sha256
 from embedlab.train.checkpoint import load_encoder, verify_checkpoint
@@ -59,9 +60,11 @@ def scheduled_rows(pairs_path: Path, schedule, offsets, columns: list[str] | Non
 
 @dataclass
 class _ParentEncoder:
-    """The parent encoder as an `encode(texts)` for mining and screening, with its FLOPs and clocks."""
+    """The parent encoder as `encode(texts)` (passages) and `encode_query(texts)` for mining and
+    screening, each with the parent's prefix, with its FLOPs and clocks."""
 
     encode: Any
+    encode_query: Any
     manifest: dict[str, Any]
     device: str
     tally: FlopTally
@@ -79,10 +82,13 @@ def _parent_encoder(trial: TrialConfig, progress, label: str) -> _ParentEncoder:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     encoder.to(device)
     tally = FlopTally()
+    prefixes = checkpoint_prefixes(manifest)
     encode = partial(encode_texts, encoder, tokenizer, max_length=trial.contrastive.pair_length,
-                     pooling=manifest["pooling"]["method"], progress=progress, label=label,
-                     tally=tally, device=device)
-    return _ParentEncoder(encode=encode, manifest=manifest, device=device, tally=tally)
+                     pooling=manifest["pooling"]["method"], progress=progress, tally=tally, device=device)
+    return _ParentEncoder(encode=partial(encode, prefix=prefixes["passage"], label=f"{label} passages"),
+                          encode_query=partial(encode, prefix=prefixes["query"], label=f"{label} queries"),
+                          manifest=manifest, device=device, tally=tally)
+
 
 
 def _parent_identity(trial: TrialConfig) -> tuple[str, dict[str, Any]]:
@@ -90,7 +96,7 @@ def _parent_identity(trial: TrialConfig) -> tuple[str, dict[str, Any]]:
     the sets' versions record them: the encode length, the parent's pooling and the code."""
     manifest = verify_checkpoint(trial.parent)
     encoding = {"max_length": trial.contrastive.pair_length, "pooling": manifest["pooling"]["method"],
-                "code": code_revision(sources=MINING_CODE)}
+                "prefixes": checkpoint_prefixes(manifest), "code": code_revision(sources=MINING_CODE)}
     return manifest["content_hash"], encoding
 
 
@@ -119,7 +125,8 @@ def mine_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, schedule, of
     node_path(directory)  # on a cluster with remote storage: another node's published set, fetched
     if not (directory / "manifest.json").is_file():
         parent = _parent_encoder(trial, progress, "mining: encoding")
-        mined = mine_hard_negatives(pairs, prepared.corpus.read(), parent.encode, config=config,
+        mined = mine_hard_negatives(pairs, prepared.corpus.read(), parent.encode, encode_query=parent.encode_query,
+                                    config=config,
                                     encoder_id=encoder_id, corpus_revision=prepared.data_revision,
                                     progress=progress, outside_corpus=outside, group_positives=group_positives,
                                     encoding=encoding)
@@ -151,13 +158,15 @@ def given_negatives_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, s
     margin = trial.contrastive.given_margin
     encoder_id, encoding = (None, None) if margin is None else _parent_identity(trial)
     identity = {"format": GIVEN_FORMAT, "encoder_id": encoder_id, "encoding": encoding,
+                "code": code_revision(sources=MINING_CODE),
                 "pairs_table": file_sha256(Path(pairs_path)), "margin": margin, "pair_ids": sorted(p.pair_id for p in pairs)}
     version = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
     directory = prepared.directory / "given-negatives" / version[:16]
     node_path(directory)
     if not (directory / GIVEN_MANIFEST).is_file():
         parent = None if margin is None else _parent_encoder(trial, progress, "given negatives: encoding")
-        table, counts = screen_given_negatives(pairs, None if parent is None else parent.encode, margin=margin)
+        table, counts = screen_given_negatives(pairs, None if parent is None else parent.encode, margin=margin,
+                                               encode_query=None if parent is None else parent.encode_query)
         directory.mkdir(parents=True, exist_ok=True)
         staging = directory / f".{NEGATIVES_FILE}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"
         pq.write_table(table, staging)
