@@ -30,6 +30,18 @@ def test_the_readme_is_a_front_door():
         assert (REPO / target).is_file(), target
 
 
+def test_no_page_holds_a_placeholder_or_a_todo():
+    """A page written before its numbers existed (`@AFTER_TIME@`, `TODO`, `TBD`, `XXX`) is
+    caught before it lands."""
+    import re
+
+    pattern = re.compile(r"@[A-Z][A-Z_]+@|\bTODO\b|\bTBD\b|\bXXX\b")
+    pages = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+    found = [f"{page.relative_to(REPO)}:{n}: {line.strip()}" for page in pages
+             for n, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1) if pattern.search(line)]
+    assert not found, "\n".join(found)
+
+
 def test_the_site_builds_strictly(tmp_path):
     """`mkdocs build --strict`: a broken link or anchor, a page missing from the nav, or an API
     object mkdocstrings cannot find fails the build."""

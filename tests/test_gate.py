@@ -6,6 +6,7 @@ planted into a copy of the session's prepared data."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import shutil
 
 import pyarrow as pa
@@ -35,12 +36,25 @@ def data(prepared, tmp_path) -> PreparedData:
 
 
 def final_eval_items(data: PreparedData) -> tuple[str, str, str, str]:
-    """A test-split query (id, text) and a test-split labelled document of 8+ words (id, body)."""
+    """A test-split query (id, text) and a test-split labelled document of 8+ words (id, body)
+    that contains no other test item."""
     task = load_task(data.task_dir(TASK))
     judged = task.qrels["test"]
     query_id = sorted(judged)[0]
     labelled = sorted(d for grades in judged.values() for d, grade in grades.items() if grade > 0)
-    doc_id = next(d for d in labelled if len(task.corpus[d][1].split()) >= 8)
+    # A body that quotes no other test item (a query's words in a row, or a 10-word run of
+    # another document: written here in plain Python), so planting it leaks exactly one item.
+    words = lambda text: re.findall(r"\w+", text.lower())
+    runs = lambda seq, n: {tuple(seq[i:i + n]) for i in range(len(seq) - n + 1)}
+    others = [words(task.queries[q]) for q in judged]
+
+    def quotes_nothing_else(doc: str) -> bool:
+        body = words(task.corpus[doc][1])
+        windows = runs(body, 10)
+        return not any(len(q) >= 4 and tuple(q) in runs(body, len(q)) for q in others) and not any(
+            windows & runs(words(task.corpus[d][1]), 10) for d in labelled if d != doc)
+
+    doc_id = next(d for d in labelled if len(task.corpus[d][1].split()) >= 8 and quotes_nothing_else(d))
     return query_id, task.queries[query_id], doc_id, task.corpus[doc_id][1]
 
 

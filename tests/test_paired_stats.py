@@ -100,7 +100,7 @@ def reference_test(differences: np.ndarray, alpha: float) -> dict:
 
     def size(level: float, rho: float) -> float:
         scaled = rho * w + 1 - rho
-        critical = stats.t.ppf(1 - level / 2, k / (rho * w / scaled) ** 2) * np.sqrt(scaled)
+        critical = stats.t.isf(level / 2, k / (rho * w / scaled) ** 2) * np.sqrt(scaled)
         return float(np.mean(2 * stats.norm.sf(critical)))
 
     rhos = np.linspace(0, 1, 201)
@@ -159,6 +159,37 @@ def test_the_test_equals_the_plain_numpy_reference(run):
     assert crossed.worst_case_size(crossed.calibrated_level(k, 0.05), k) == pytest.approx(0.05, abs=1e-6)
     again = paired_tests(load_per_query(run_dir, table), METRIC, ARMS)
     pd.testing.assert_frame_equal(again, ours.reset_index())
+
+
+def _size_by_quadrature(level: float, seed_df: int, rho: float) -> float:
+    """P(p_S <= level) under the null at true seed share `rho`, integrated by scipy's adaptive
+    quadrature over W = chi2_k / k (in log W, where the mass of a tiny level sits)."""
+    from scipy import integrate
+
+    def integrand(log_w: float) -> float:
+        w = math.exp(log_w)
+        scaled = rho * w + (1 - rho)  # (1 - rho) first: rho * w + 1 - rho is 0 at rho = 1, w < 1e-16
+        share = rho * w / scaled
+        critical = stats.t.isf(level / 2, seed_df / share ** 2) * math.sqrt(scaled)
+        return 2 * stats.norm.sf(critical) * stats.chi2.pdf(w * seed_df, seed_df) * seed_df * w
+
+    return integrate.quad(integrand, -80, 6, limit=500, points=[-40, -20, -10, 0])[0]
+
+
+@pytest.mark.parametrize("level", [1e-3, 1e-17, 1e-20])
+def test_a_tiny_satterthwaite_p_keeps_its_worst_case_p(level):
+    """At 2 seeds the worst-case p of a p_S is the quadrature's maximum over the seed share (to
+    1e-3), never below p_S: `1 - level / 2` rounding to 1 once made every p_S under about 1e-16
+    a p of 0 (the quadrature gives 0.0126 at 1e-17)."""
+    from scipy import optimize
+
+    grid = np.linspace(0.9, 1, 41)  # the worst share sits near 1 at 2 seeds
+    best = int(np.argmax([_size_by_quadrature(level, 1, rho) for rho in grid]))
+    found = optimize.minimize_scalar(lambda rho: -_size_by_quadrature(level, 1, rho), method="bounded",
+                                     bounds=(grid[max(best - 1, 0)], grid[min(best + 1, len(grid) - 1)]))
+    ours = crossed.worst_case_size(level, 1)
+    assert ours >= level
+    assert ours == pytest.approx(-found.fun, rel=1e-3)
 
 
 def test_a_panel_of_one_task_is_the_task_and_a_panel_shares_its_seeds():

@@ -33,14 +33,6 @@ BUILTIN_PHASE3_PAIRS = (("title-body", 0.6), ("synonyms", 0.25), ("same-source-s
 # same rate relative to title-body, its other target-like builder.
 CPU_PHASE2_PAIRS = (("same-source-spans", 0.3), ("title-body", 0.3), ("term-definition", 0.2), ("lead-rest", 0.2))
 CPU_PHASE3_PAIRS = (("title-body", 0.45), ("lead-rest", 0.15), ("synonyms", 0.25), ("same-source-spans", 0.15))
-# What the contamination audit finds when lead-rest is in the mixture, declared so the studies
-# train with it printed in every table (embedlab.data.contamination): one near-duplicate.
-LEAD_REST_OVERLAP = ("lead-rest: one final-eval document of python-docstrings (email.parser.BytesParser.__init__, "
-                     "1 of 486) is a near-duplicate (0.84) of a lead-rest positive, the body of the training "
-                     "docstring email.parser.Parser.__init__; the release's final-eval score is also reported "
-                     "without that document's query")
-
-
 @dataclass(frozen=True, kw_only=True)
 class Profile:
     """The sizes a study runs at. Budgets are per trial, summed over workers."""
@@ -137,7 +129,6 @@ PROFILES: dict[str, Profile] = {
         # The built-in corpus has 5,562 title-body and 3,182 lead-rest pairs; phase 2's 75,000
         # pairs read them about 4x and 5x.
         max_epochs=8.0, phase2_pair_shares=CPU_PHASE2_PAIRS, phase3_pair_shares=CPU_PHASE3_PAIRS,
-        disclosed_overlap=LEAD_REST_OVERLAP,
     ),
     "full": Profile(
         name="full", summary="a GPU cluster; the study files' default",

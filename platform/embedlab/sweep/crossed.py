@@ -208,7 +208,9 @@ def _rejection(level: float, seed_df: int, noncentrality: float, shares: np.ndar
     # The t critical value depends on the share alone and smoothly (df = k / share^2): tabled
     # on a fine grid of shares and interpolated, a few hundred t quantiles instead of one per point.
     table = np.linspace(0, 1, SHARE_TABLE_POINTS)
-    critical = np.interp(share, table, stats.t.ppf(1 - level / 2, satterthwaite_df(table, seed_df))) * np.sqrt(scaled)
+    # isf, not ppf(1 - level / 2): below about 1e-16, 1 - level / 2 rounds to 1 and ppf to inf,
+    # which would make a tiny p_S a p of 0.
+    critical = np.interp(share, table, stats.t.isf(level / 2, satterthwaite_df(table, seed_df))) * np.sqrt(scaled)
     reject = stats.norm.sf(critical - noncentrality) + stats.norm.cdf(-critical - noncentrality)
     return reject.mean(axis=1)
 
