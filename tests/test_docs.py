@@ -119,3 +119,27 @@ def test_the_readme_study_loads_as_printed(tmp_path):
     study = load_study(tmp_path / "my_study.py", "cpu")
     assert list(study.arms) == ["in-batch", "mined-2"] and study.factor == "contrastive.hard_negatives"
     assert study.budget.flops is not None and study.budget.flops > 0
+
+
+def test_the_readme_pandas_block_runs_as_printed_on_a_saved_run():
+    """The README's pandas block, its run directory replaced by a run kept under
+    docs/results/runs, runs as printed: one row per trial, and the groupby gives each arm its
+    seed count and the same mean as summarize."""
+    import re
+
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    (code,) = [block for block in re.findall(r"```python\n(.*?)```", text, re.S) if "load_table(" in block]
+    run = sorted((REPO / "docs" / "results" / "runs").glob("dual-heads-*"))[-1]
+    lines = code.replace("runs/dual-heads-YYYYMMDD-HHMMSS", str(run)).strip().splitlines()
+    # The last two lines are expressions a notebook would show: kept as values here.
+    namespace: dict = {}
+    exec("\n".join(lines[:-2]), namespace)
+    by_arm = eval(lines[-2].split("#")[0], namespace)
+    summary = eval(lines[-1].split("#")[0], namespace)
+    table = namespace["table"]
+    assert len(table) == len(list((run / "trials").glob("*.json")))
+    assert set(by_arm.index) == set(table["arm"]) and (by_arm["count"] >= 1).all()
+    means = summary.set_index("arm")["dev/ndcg@10:mean"]
+    assert dict(summary.set_index("arm")["seeds"]) == dict(by_arm["count"])
+    for arm, mean in by_arm["mean"].items():
+        assert means[arm] == pytest.approx(mean, rel=1e-12)
