@@ -9,8 +9,8 @@ the teacher's (teacher temperature 0.05). Every arm names the teacher; the contr
 no weight, so it trains on nothing the teacher made.
 
 Teacher-cost policy: as mining, the teacher's encoding is reported beside the training
-budget, not inside it (`compute/teacher_flops`, `compute/teacher_seconds`), once per set and
-shared by every seed. all-MiniLM-L6-v2's own training data (over a billion pairs, code search
+budget, not inside it (`compute/teacher_flops`, `compute/teacher_seconds`), once per label
+set: each seed schedules its own pairs, so each seed's set is scored (and charged) on its own. all-MiniLM-L6-v2's own training data (over a billion pairs, code search
 among them) cannot be audited here; the audit covers every text it scored.
 
 Run:  embedlab sweep ablations/distillation.py --parent PHASE2_CHECKPOINT_DIR [--profile cpu]
