@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,26 @@ def tiny_trial(**train) -> TrialConfig:
             TrainConfig(budget=tiny_budget(), batch_rows=8, report_every_steps=5), **train
         ),
     )
+
+
+def plain_words(text: str) -> list[str]:
+    """Lower-cased \\w+ runs: the audit's words, written in plain Python (no NFKC or accent
+    folding) for tests that pick text the audit must not find."""
+    return re.findall(r"\w+", text.lower())
+
+
+def word_runs(words: list[str], n: int) -> set[tuple[str, ...]]:
+    """Every run of `n` consecutive words."""
+    return {tuple(words[i:i + n]) for i in range(len(words) - n + 1)}
+
+
+def audit_would_find(item: list[str], stage: list[list[str]], window: int = 10, whole_from: int = 4) -> bool:
+    """The audit's shared-window and contained rules for one evaluation item (its words) against
+    stage texts (word lists): a `window`-word run in common with one, or the whole item, when
+    it has `whole_from` words or more, inside one."""
+    windows = word_runs(item, window)
+    return any(windows & word_runs(text, window) or (len(item) >= whole_from and tuple(item) in word_runs(text, len(item)))
+               for text in stage)
 
 
 STUDY_TEMPLATE = """

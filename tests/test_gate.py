@@ -6,7 +6,6 @@ planted into a copy of the session's prepared data."""
 from __future__ import annotations
 
 import dataclasses
-import re
 import shutil
 
 import pyarrow as pa
@@ -18,7 +17,7 @@ from embedlab.data.audit import ContaminationError
 from embedlab.data.prepared import PreparedData
 from embedlab.evaluate.beir import load_task
 
-from conftest import tiny_budget, tiny_trial
+from conftest import audit_would_find, plain_words, tiny_budget, tiny_trial
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -42,17 +41,14 @@ def final_eval_items(data: PreparedData) -> tuple[str, str, str, str]:
     judged = task.qrels["test"]
     query_id = sorted(judged)[0]
     labelled = sorted(d for grades in judged.values() for d, grade in grades.items() if grade > 0)
-    # A body that quotes no other test item (a query's words in a row, or a 10-word run of
-    # another document: written here in plain Python), so planting it leaks exactly one item.
-    words = lambda text: re.findall(r"\w+", text.lower())
-    runs = lambda seq, n: {tuple(seq[i:i + n]) for i in range(len(seq) - n + 1)}
-    others = [words(task.queries[q]) for q in judged]
+    # A body that quotes no other test item (conftest's plain-Python audit rules), so planting
+    # it leaks exactly one item.
+    queries = [plain_words(task.queries[q]) for q in judged]
 
     def quotes_nothing_else(doc: str) -> bool:
-        body = words(task.corpus[doc][1])
-        windows = runs(body, 10)
-        return not any(len(q) >= 4 and tuple(q) in runs(body, len(q)) for q in others) and not any(
-            windows & runs(words(task.corpus[d][1]), 10) for d in labelled if d != doc)
+        body = [plain_words(task.corpus[doc][1])]
+        others = queries + [plain_words(task.corpus[d][1]) for d in labelled if d != doc]
+        return not any(audit_would_find(other, body) for other in others)
 
     doc_id = next(d for d in labelled if len(task.corpus[d][1].split()) >= 8 and quotes_nothing_else(d))
     return query_id, task.queries[query_id], doc_id, task.corpus[doc_id][1]

@@ -366,19 +366,14 @@ def test_phase3_on_user_pairs_ends_in_a_table_and_a_release(phase2, prepared, tm
     # the first 120 packages as the user's pairs, the next 60 that quote none of them (related
     # packages share boilerplate paragraphs: a 10-word run in common, or a whole query, is a
     # leak the gate refuses) as the user's evaluation task.
-    import re
+    from conftest import audit_would_find, plain_words
 
     items = read_dpkg_status(DPKG_STATUS).items
     train = items[:120]
-    words = lambda text: re.findall(r"\w+", text.lower())
-    runs = lambda seq, n: {tuple(seq[i:i + n]) for i in range(len(seq) - n + 1)}
-    train_texts = [words(t) for it in train for t in (it.query, it.document)]
-    train_windows = set().union(*(runs(t, 10) for t in train_texts))
+    train_texts = [plain_words(t) for it in train for t in (it.query, it.document)]
 
     def quotes_training(text: str) -> bool:
-        mine = words(text)
-        return bool(runs(mine, 10) & train_windows) or (
-            len(mine) >= 4 and any(tuple(mine) in runs(t, len(mine)) for t in train_texts))
+        return audit_would_find(plain_words(text), train_texts)
 
     held = [it for it in items[120:] if not quotes_training(it.query) and not quotes_training(it.document)][:60]
     assert len(held) == 60
