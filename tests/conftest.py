@@ -262,20 +262,16 @@ def pytest_collection_modifyitems(config, items):
 # Whole-suite runs on two workers put every Ray test on the first worker (gw0), in one lane,
 # while the others take the rest module by module at the lowest CPU priority: two Ray
 # clusters on two cores would each run at half speed and near their start-up time-outs, and
-# the lane is the run's critical path, the other tests fill its idle cycles. One exception:
-# the rehearsal fleet (`OWN_CLUSTER_FIRST`), which starts a cluster of its own and would be
-# the lane's longest test, is the other worker's first unit, run at normal priority while
-# the lane is still in its lighter tests (measured in docs/contributing.md); that worker
-# drops its priority after it. Within the lane the S3 study runs last. The suite-time check
-# is a unit of its own, handed out only when nothing else is left, so nothing can queue
-# behind it on its worker while it waits for the other's durations. The workers tell the
-# scheduler, which collects nothing itself, which of the selected tests are Ray's.
+# the lane is the run's critical path, the other tests fill its idle cycles. Within the lane
+# the modules of the tests that start clusters of their own (a rehearsal fleet, an S3 study)
+# run last. The suite-time check is a unit of its own, handed out only when nothing else is
+# left, so nothing can queue behind it on its worker while it waits for the other's
+# durations. The workers tell the scheduler, which collects nothing itself, which of the
+# selected tests are Ray's.
 RAY_LANE = "ray-lane"
 SUITE_TIME_UNIT = "suite-time"
-OWN_CLUSTER_UNIT = "own-cluster"
 RAY_LANE_WORKER = "gw0"
-RAY_LANE_LAST = ("tests/test_object_storage.py",)
-OWN_CLUSTER_FIRST = ("tests/test_multinode.py::test_a_fleet_without_a_shared_disk_grows_and_takes_sweeps_by_address_and_by_job",)
+RAY_LANE_LAST = ("tests/test_object_storage.py", "tests/test_multinode.py")
 SUITE_TIME = "tests/test_suite_time.py::"
 _RAY_LANE_FILES = "embedlab_ray_lane"  # workerinput key: the folder the workers write into
 
@@ -313,8 +309,6 @@ def pytest_xdist_make_scheduler(config, log):
         def _split_scope(self, nodeid: str) -> str:
             if nodeid.startswith(SUITE_TIME):
                 return SUITE_TIME_UNIT
-            if nodeid in OWN_CLUSTER_FIRST:
-                return OWN_CLUSTER_UNIT
             if nodeid in self._ray_tests():
                 return RAY_LANE
             return super()._split_scope(nodeid)
@@ -325,8 +319,6 @@ def pytest_xdist_make_scheduler(config, log):
                 rank = lambda test: test.startswith(RAY_LANE_LAST)
                 self.workqueue[RAY_LANE] = {test: lane[test] for test in sorted(lane, key=rank)}  # stable
                 self.workqueue.move_to_end(RAY_LANE, last=node.gateway.id != RAY_LANE_WORKER)
-            if OWN_CLUSTER_UNIT in self.workqueue:
-                self.workqueue.move_to_end(OWN_CLUSTER_UNIT, last=node.gateway.id == RAY_LANE_WORKER)
             if SUITE_TIME_UNIT in self.workqueue:
                 self.workqueue.move_to_end(SUITE_TIME_UNIT)
             super()._assign_work_unit(node)
@@ -337,27 +329,18 @@ def pytest_xdist_make_scheduler(config, log):
 class _RayLaneWorker:
     """In an xdist worker, after deselection: tells the scheduler the node ids of the selected
     `ray` tests, and, when there are some and this is not the lane's worker, drops to the
-    lowest CPU priority and one torch thread before its first test that is not in
-    `OWN_CLUSTER_FIRST`, taking the cycles the lane leaves idle. (A priority once lowered
-    cannot be raised again, and a cluster started at the lowest one would be starved.)"""
-
-    lower = False
+    lowest CPU priority and one torch thread, taking the cycles the lane leaves idle."""
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, config, items):
-        ray = [item.nodeid for item in items if item.get_closest_marker("ray")]
-        workerid = config.workerinput["workerid"]
-        (Path(config.workerinput[_RAY_LANE_FILES]) / f"{workerid}.txt").write_text("\n".join(ray))
-        self.lower = bool(ray) and workerid != RAY_LANE_WORKER
-
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_runtest_setup(self, item):
         import os
 
         import torch
 
-        if self.lower and item.nodeid not in OWN_CLUSTER_FIRST:
-            self.lower = False
+        ray = [item.nodeid for item in items if item.get_closest_marker("ray")]
+        workerid = config.workerinput["workerid"]
+        (Path(config.workerinput[_RAY_LANE_FILES]) / f"{workerid}.txt").write_text("\n".join(ray))
+        if ray and workerid != RAY_LANE_WORKER:
             os.nice(19)
             torch.set_num_threads(1)
 
