@@ -116,13 +116,13 @@ PROFILES: dict[str, Profile] = {
         num_workers=2, cpus_per_worker=0.5, use_gpu=False, phase1_batch_rows=8, contrastive_batch_rows=16,
         sequence_length=128, all_arms=False,
     ),
-    # Sized for a 2-core CPU machine: a three-phase tour within an hour that ends with a usable
-    # model. One worker with two torch threads (no all-gather between processes on two cores).
-    # Phases 2-3 were 100,000 / 50,000 pairs until a tour on a slow day took 63 minutes (its
+    # Sized for a 2-core CPU machine: a three-phase tour within an hour that ends with a released
+    # model (below BM25 on the built-in task: docs/results/cpu-tour.md). One worker with two torch threads (no all-gather between processes on two cores).
+    # Phases 2-3 were 100,000 / 50,000 pairs until a tour on a busy machine took 63 minutes (its
     # 12 trials trained for 50 of them, phase 2 for 28); 75,000 / 40,000 leave about 9 minutes
-    # of that day's training as margin.
+    # of that run's training as margin.
     "cpu": Profile(
-        name="cpu", summary="2-core CPU, an hour, a usable model",
+        name="cpu", summary="2-core CPU, under an hour, a small released model",
         model="small", seeds=(0, 1), phase1_tokens=3_000_000, phase2_pairs=75_000, phase3_pairs=40_000,
         num_workers=1, cpus_per_worker=1.0, use_gpu=False, phase1_batch_rows=32, contrastive_batch_rows=64,
         sequence_length=128, all_arms=False, torch_threads=2, phase2_learning_rate=5e-4, phase3_learning_rate=2e-4,
