@@ -412,3 +412,31 @@ def test_a_seed_with_a_nan_metric_blocks_promotion_unless_told_and_is_never_coun
         path.write_text(json.dumps({**json.loads(path.read_text()), "dev/ndcg@10": None}))
     with pytest.raises(PromotionError, match="mixed-dual-heads"):
         promote(run_dir, allow_missing_seeds=True, replace=True, progress=lambda m: None)
+
+
+def test_a_ladder_promotes_from_its_top_rung_and_says_whether_its_winner_won_every_rung(tmp_path, tokenizer):
+    """Two rungs of one study beside each other (`<study>-x0p5-...` and `<study>-...`): promoting
+    the lower rung is refused, naming the top one, and writes nothing; promoting the top rung
+    records each rung's winner and says the winner lost the lower rung."""
+    storage = tmp_path / "runs"
+    storage.mkdir()
+    rungs = {}
+    for index, (name, flops, dev) in enumerate((("s-x0p5", 5e11, {"a": [0.5, 0.52], "b": [0.6, 0.61]}),
+                                                 ("s", 1e12, {"a": [0.7, 0.71], "b": [0.6, 0.62]}))):
+        run_dir = _run_dir(tmp_path / name, tokenizer, dev, flops={"a": flops, "b": flops})
+        record = json.loads((run_dir / "study.json").read_text())
+        record["study"]["name"] = name
+        (run_dir / "study.json").write_text(json.dumps(record))
+        rungs[name] = run_dir.rename(storage / f"{name}-20261206-00000{index}")
+    with pytest.raises(PromotionError, match=r"a lower rung of a budget ladder \(2 rungs beside it\).*top rung.*s-2026"):
+        promote(rungs["s-x0p5"], progress=lambda line: None)
+    assert not (rungs["s-x0p5"] / PROMOTION_FILE).exists()
+    lines = []
+    promotion = promote(rungs["s"], progress=lines.append)
+    assert promotion["winner"]["arm"] == "a"
+    assert [(r["winner"], r["flops"]) for r in promotion["ladder"]["rungs"]] == [("b", 5e11), ("a", 1e12)]
+    assert promotion["ladder"]["won_every_rung"] is False
+    assert f"promote: top rung of a 2-rung budget ladder; a did not win rung 1 (b, {rungs['s-x0p5']})" in lines
+    # A study with no rung beside it is no ladder.
+    lonely = _run_dir(tmp_path / "alone", tokenizer, {"a": [0.7, 0.71], "b": [0.6, 0.62]})
+    assert "ladder" not in promote(lonely, progress=lambda line: None)

@@ -28,6 +28,7 @@ its interval, and is labelled an extrapolation outside the measured range: never
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,10 +37,11 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from embedlab import store
 from embedlab.errors import UsageError
 from embedlab.sweep import crossed
 from embedlab.sweep.paired import ALPHA, ONE_SEED, arm_estimates, holm_family, load_per_query, p_text
-from embedlab.sweep.table import check_equal_compute, load_table
+from embedlab.sweep.table import STUDY_FILE, check_equal_compute, load_table, read_study_record
 from embedlab.sweep.trial_rows import final_trials
 
 TREND_LEVEL = 0.95  # of the slope's and a projection's interval
@@ -216,6 +218,33 @@ def winner_line(rungs: Sequence[Rung]) -> str:
     lost = [f"rung {i} ({arm})" for i, arm in enumerate(winners[:-1], start=1) if arm != top]
     return (f"top rung's winner on the study metric: {top} (promote {rungs[-1].run_dir}); "
             + ("it also won every lower rung" if not lost else f"another arm won {', '.join(lost)}"))
+
+
+_RUNG_SUFFIX = re.compile(r"-x[0-9]+(?:p[0-9]+)?(?:e[-+]?[0-9]+)?$")  # `study.rung_name`'s suffix
+_SAME_STUDY = ("factor", "arms", "seeds", "metric", "profile")  # what rungs of one ladder share
+
+
+def ladder_of(run_dir: str | Path) -> list[str]:
+    """The rungs of the budget ladder that `run_dir` is one rung of: beside it (the same storage
+    folder), the latest run directory of each other budget of its study (named `<study>` or
+    `<study>-x<F>`, with the same factor, arms, seeds, metric, profile and parent) that has
+    finished trials, and `run_dir` itself; `[run_dir]` alone when it is no rung of a ladder."""
+    run_dir = store.resolve(run_dir)
+    record = read_study_record(run_dir)
+    base = _RUNG_SUFFIX.sub("", record["study"]["name"])
+    identity = ({k: record["study"].get(k) for k in _SAME_STUDY}, record.get("parent"))
+    latest: dict[str, str] = {}
+    for other in sorted(store.list_dirs(store.parent(run_dir))):
+        if store.resolve(other) == run_dir or not store.exists(store.join(other, STUDY_FILE)):
+            continue
+        theirs = read_study_record(other)
+        name = theirs["study"]["name"]
+        if (name == record["study"]["name"] or _RUNG_SUFFIX.sub("", name) != base
+                or ({k: theirs["study"].get(k) for k in _SAME_STUDY}, theirs.get("parent")) != identity):
+            continue
+        if len(final_trials(load_table(other))):
+            latest[name] = other  # sorted: the timestamped names put the latest last
+    return [run_dir, *latest.values()]
 
 
 def render_ladder(run_dirs: Sequence[str | Path], *, project_to: float | None = None) -> str:

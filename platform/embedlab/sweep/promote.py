@@ -107,6 +107,38 @@ def rank_arms(table: pd.DataFrame, metric: str, arm_order: list[str]) -> pd.Data
     return grouped.sort_values(["mean", "order"], ascending=[False, True]).drop(columns="order")
 
 
+def _ladder_rungs(run_dir: str) -> list | None:
+    """The rungs of the budget ladder `run_dir` tops (`ladder.load_rungs`), None when it is no
+    rung of one; PromotionError when it is a lower rung: a ladder promotes from its top rung."""
+    from embedlab.sweep.ladder import LadderError, ladder_of, load_rungs
+
+    dirs = ladder_of(run_dir)
+    if len(dirs) < 2:
+        return None
+    try:
+        rungs = load_rungs(dirs)
+    except LadderError as error:
+        raise PromotionError(f"{run_dir}: a rung of a budget ladder whose rungs do not read together: {error}") from None
+    if store.resolve(rungs[-1].run_dir) != run_dir:
+        raise PromotionError(f"{run_dir}: a lower rung of a budget ladder ({len(rungs)} rungs beside it); a ladder "
+                             f"promotes from its top rung, the largest budget: {rungs[-1].run_dir}")
+    return rungs
+
+
+def _ladder_record(rungs: list, winner: str) -> dict[str, Any]:
+    """What promotion.json says of the ladder: each rung's winner on the study metric, and
+    whether the promoted arm also won every lower rung."""
+    from embedlab.sweep.ladder import rung_winners
+
+    winners = rung_winners(rungs)
+    lost = [f"rung {i} ({arm}, {rung.run_dir})" for i, (arm, rung) in enumerate(zip(winners[:-1], rungs), start=1)
+            if arm != winner]
+    return {"rungs": [{"run_dir": rung.run_dir, "flops": rung.flops, "winner": arm} for rung, arm in zip(rungs, winners)],
+            "won_every_rung": not lost,
+            "line": (f"top rung of a {len(rungs)}-rung budget ladder; {winner} "
+                     + ("also won every lower rung" if not lost else f"did not win {', '.join(lost)}"))}
+
+
 def parent_retention(parent_scores: dict[str, Any]) -> dict[str, float]:
     """The parent's retention metrics that hold a number (a panel part it could not score is None)."""
     return {k: float(v) for k, v in parent_scores.items()
@@ -214,6 +246,7 @@ def promote(
             f"{run_dir}: already promoted ({winner.get('arm')} seed {winner.get('seed')}, {PROMOTION_FILE}); "
             "promoting again would read the final-eval split again, which selection must never see twice: "
             "pass --replace to replace that decision (the new record says the split was read again)")
+    rungs = _ladder_rungs(run_dir)
     table = load_table(run_dir)
     if table.empty:
         raise PromotionError(f"{run_dir}: no finished trials to promote")
@@ -286,6 +319,9 @@ def promote(
         "promoted": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "final_eval_reads": 1 + (int(previous.get("final_eval_reads", 1)) if previous else 0),
     }
+    if rungs:
+        promotion["ladder"] = _ladder_record(rungs, winner)
+        progress(f"promote: {promotion['ladder']['line']}")
     if previous is not None:
         promotion["replaces"] = {k: previous.get(k) for k in ("winner", "final_eval", "promoted")}
         progress(f"promote: --replace: this run's final-eval split has now been read "
