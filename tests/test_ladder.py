@@ -1,7 +1,8 @@
 """A study read across a ladder of budgets: per-rung paired tests equal the single-run test,
-Holm across arms x rungs equals statsmodels', the trend equals statsmodels' weighted least
-squares with known variances, the reading names the sign and a crossing, a projection is
-labelled, and directories that are not one ladder are refused."""
+Holm across arms x rungs equals statsmodels', the trend equals statsmodels' least squares with
+the rungs' own variances, its interval holds its size in simulation, the reading names the
+sign and a crossing, a projection is labelled, and directories that are not one ladder are
+refused."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import math
 import numpy as np
 import pytest
 from scipy import stats
-from statsmodels.regression.linear_model import WLS
+from statsmodels.regression.linear_model import OLS
 from statsmodels.stats.multitest import multipletests
 
 from embedlab.cli import main
@@ -69,27 +70,26 @@ def test_each_rung_is_the_single_run_test_and_holm_spans_arms_and_rungs(ladder):
         assert row["significant"] == (row["ci_low"] > 0 or row["ci_high"] < 0)
 
 
-def test_the_trend_is_statsmodels_weighted_least_squares_with_known_variances(ladder):
+def test_the_trend_is_statsmodels_least_squares_with_the_rungs_variances(ladder):
     tests = ladder_tests(load_rungs(ladder))
     for arm in ("better", "same"):
         rows = tests[tests["arm"] == arm]
         trend = fit_trend(arm, rows["flops"], rows["diff"], rows["se"], rows["seeds"])
         design = np.column_stack([np.ones(3), np.log2(rows["flops"].to_numpy())])
         se = rows["se"].to_numpy()
-        oracle = WLS(rows["diff"].to_numpy(), design, weights=1 / se**2).fit(cov_type="fixed scale")
+        oracle = OLS(rows["diff"].to_numpy(), design).fit()
         assert trend.intercept == pytest.approx(oracle.params[0], rel=1e-10)
         assert trend.slope == pytest.approx(oracle.params[1], rel=1e-10)
-        assert trend.slope_se == pytest.approx(oracle.bse[1], rel=1e-10)
-        # Satterthwaite for the slope, written out: its weights c_r on the rungs' differences,
-        # each rung's whole variance on k_r = seeds - 1 df.
-        x = design[:, 1]
-        w = 1 / se**2
-        c = w * (x - np.sum(w * x) / np.sum(w)) / np.sum(w * (x - np.sum(w * x) / np.sum(w)) ** 2)
+        # The slope's coefficients c_r on the rungs' differences: statsmodels' slope of each unit
+        # vector. Its variance: sum c_r^2 se_r^2; Satterthwaite, each rung's variance on
+        # k_r = seeds - 1 df.
+        c = np.array([OLS(unit, design).fit().params[1] for unit in np.eye(3)])
         assert np.sum(c * rows["diff"].to_numpy()) == pytest.approx(trend.slope, rel=1e-10)
+        assert trend.slope_se == pytest.approx(math.sqrt(np.sum(c**2 * se**2)), rel=1e-10)
         k = rows["seeds"].to_numpy() - 1
         df = np.sum(c**2 * se**2) ** 2 / np.sum((c**2 * se**2) ** 2 / k)
         assert trend.df == pytest.approx(df, rel=1e-10) and 2 <= trend.df <= 6  # between min k and sum k
-        half = stats.t.ppf(0.975, df) * oracle.bse[1]
+        half = stats.t.ppf(0.975, df) * math.sqrt(np.sum(c**2 * se**2))
         assert (trend.low, trend.high) == pytest.approx((oracle.params[1] - half, oracle.params[1] + half), rel=1e-10)
     better = tests[tests["arm"] == "better"]
     assert fit_trend("better", better["flops"], better["diff"], better["se"], better["seeds"]).reading.startswith("crosses zero between rungs 1 and 2")
@@ -211,3 +211,50 @@ def test_the_report_draws_the_ladder(ladder, tmp_path):
     assert figure.caption.observed.startswith("Best arm per rung, in budget order: same, same, better.")
     assert "better: crosses zero between rungs 1 and 2" in figure.caption.observed
     assert ladder_figure(read_runs(ladder[:1])) is None
+
+
+def simulated_ladders(seeds: int, seed_sd: float, ladders: int, rng: np.random.Generator):
+    """Per ladder: three rungs' crossed estimates (1, 2 and 4 x 10^12 FLOPs) of a difference
+    that is the same at every rung (slope 0): `seeds` seeds x 200 queries of differences =
+    0.02 + seed x arm term (SD `seed_sd`) + query term (SD 0.05) + noise (SD 0.05), every rung
+    independent."""
+    from embedlab.sweep.crossed import crossed_estimate
+
+    for _ in range(ladders):
+        yield [crossed_estimate([0.02 + rng.normal(0, seed_sd, (seeds, 1)) + rng.normal(0, 0.05, (1, 200))
+                                 + rng.normal(0, 0.05, (seeds, 200))]) for _ in FLOPS]
+
+
+def bound(ladders: int, alpha: float = 0.05) -> float:
+    return alpha + 3 * math.sqrt(alpha * (1 - alpha) / ladders)
+
+
+@pytest.mark.parametrize("seeds, seed_sd", [(2, 0.0), (2, 0.02), (3, 0.05), (4, 0.02), (4, 0.05)])
+def test_the_slope_interval_holds_its_size_at_few_seeds(seeds, seed_sd):
+    """The slope's 95% interval, sized by simulation (`simulated_ladders`): over 1,000 flat
+    ladders it excludes 0 at most 5% plus three Monte-Carlo standard errors of the time."""
+    rng = np.random.default_rng(20261206 + seeds * 100 + round(seed_sd * 1000))
+    excluded = 0
+    for estimates in simulated_ladders(seeds, seed_sd, 1_000, rng):
+        trend = fit_trend("arm", FLOPS, [e.mean for e in estimates], [e.se for e in estimates], [seeds] * len(FLOPS))
+        excluded += not trend.low <= 0 <= trend.high
+    assert excluded / 1_000 <= bound(1_000), excluded / 1_000
+
+
+def test_weighting_rungs_by_their_estimated_variances_would_fail_the_size_check():
+    """Why the line weighs rungs equally: the same simulation (3 seeds, the seed term dominant)
+    with weights 1/se^2, the interval otherwise built the same way, excludes a flat trend more
+    often than the bound allows: the check can fail."""
+    from embedlab.sweep.ladder import combination_df
+
+    rng = np.random.default_rng(20261206)
+    x = np.log2(np.asarray(FLOPS))
+    design = np.column_stack([np.ones(3), x])
+    ladders, excluded = 2_000, 0
+    for estimates in simulated_ladders(3, 0.05, ladders, rng):
+        d, se = np.array([e.mean for e in estimates]), np.array([e.se for e in estimates])
+        weights = 1 / se**2
+        c = (np.linalg.inv(design.T @ (design * weights[:, None])) @ (design * weights[:, None]).T)[1]
+        half = stats.t.ppf(0.975, combination_df(c, se, [3] * 3)) * math.sqrt(np.sum(c**2 * se**2))
+        excluded += abs(c @ d) > half
+    assert excluded / ladders > bound(ladders), excluded / ladders

@@ -10,15 +10,17 @@ standard error and p under the crossed seeds x queries model (`embedlab.sweep.cr
 test `embedlab table` runs), Holm-Bonferroni across every (arm, rung) at family-wise 0.05,
 and the corrected interval at each pair's Holm level.
 
-Across rungs, per arm: the slope of D against log2(compute), a weighted least-squares line
-with weights 1 / se_r^2 (its standard error sqrt of [(X' W X)^-1]_11, no residual scale: the
-rungs' own variances are the noise model). The slope is a linear combination sum_r c_r D_r,
-so its variance is sum_r c_r^2 se_r^2, and each se_r^2 is estimated from the rung's seeds -
-1 degrees of freedom at most. The interval is Student's t at Satterthwaite's degrees of
-freedom for that combination with every rung's variance counted as seed variance (the
-smallest df the per-rung estimates allow, so the widest interval; the per-rung test's
-worst case over the seed share, in the same spirit). Its size at few seeds is not simulated
-here. Then a one-line
+Across rungs, per arm: the slope of D against log2(compute), an ordinary least-squares line
+(every rung weighs the same). The slope is a linear combination sum_r c_r D_r whose
+coefficients depend on the rungs' budgets only, so its variance is sum_r c_r^2 se_r^2 with
+each se_r^2 the rung's own estimate, on its seeds - 1 degrees of freedom at most. The interval
+is Student's t at Satterthwaite's degrees of freedom for that combination with every rung's
+variance counted as seed variance (the smallest df the per-rung estimates allow, so the
+widest interval; the per-rung test's worst case over the seed share, in the same spirit).
+Weighting the rungs by 1/se_r^2 instead would let the estimated variances choose the
+coefficients: simulated at 3 seeds with the seed term dominant, that interval excludes a
+flat trend more often than 5% plus three Monte-Carlo standard errors; the equal-weight one
+stays within it (`tests/test_ladder.py` simulates both). Then a one-line
 reading ("same sign at every rung, shrinking by 0.012 per doubling", "crosses zero between
 rungs 2 and 3"). With two rungs the line goes through both points and its interval is what
 their standard errors allow. A projection to another budget evaluates the line there, with
@@ -64,7 +66,7 @@ class Rung:
 
 @dataclass(frozen=True)
 class Trend:
-    """An arm's weighted least-squares line of D on log2(FLOPs): D = intercept + slope * log2(F)."""
+    """An arm's least-squares line of D on log2(FLOPs): D = intercept + slope * log2(F)."""
 
     arm: str
     rungs: int
@@ -127,25 +129,32 @@ def ladder_tests(rungs: Sequence[Rung], *, alpha: float = ALPHA) -> pd.DataFrame
 
 def fit_trend(arm: str, flops: Sequence[float], diffs: Sequence[float], ses: Sequence[float],
               seeds: Sequence[int], level: float = TREND_LEVEL) -> Trend:
-    """The weighted least-squares line of `diffs` on log2(`flops`), weights 1/se^2, and its
-    t interval at the combination's conservative Satterthwaite df from each rung's `seeds`
-    (module docstring), with its reading."""
-    x, d, se = np.log2(np.asarray(flops, dtype=float)), np.asarray(diffs, dtype=float), np.asarray(ses, dtype=float)
-    if len(x) < 2 or not np.all(se > 0):
+    """The least-squares line of `diffs` on log2(`flops`), every rung weighing the same, its
+    covariance from the rungs' standard errors `ses`, and the slope's t interval at the
+    combination's conservative Satterthwaite df from each rung's `seeds` (module docstring),
+    with its reading."""
+    d, se = np.asarray(diffs, dtype=float), np.asarray(ses, dtype=float)
+    if len(d) < 2 or not np.all(se > 0):
         raise ValueError(f"arm {arm}: a trend needs two or more rungs with a positive standard error")
-    design = np.column_stack([np.ones_like(x), x])
-    weights = 1.0 / se**2
-    cov = np.linalg.inv(design.T @ (design * weights[:, None]))
-    intercept, slope = cov @ design.T @ (weights * d)
+    hat = _hat(flops)
+    intercept, slope = hat @ d
+    cov = hat @ np.diag(se**2) @ hat.T
     slope_se = math.sqrt(cov[1, 1])
-    df = combination_df((cov @ (design * weights[:, None]).T)[1], se, seeds)
+    df = combination_df(hat[1], se, seeds)
     t = stats.t.ppf(0.5 + level / 2, df)
     low, high = slope - t * slope_se, slope + t * slope_se
-    return Trend(arm=arm, rungs=len(x), slope=float(slope), slope_se=slope_se, intercept=float(intercept),
+    return Trend(arm=arm, rungs=len(d), slope=float(slope), slope_se=slope_se, intercept=float(intercept),
                  cov=((float(cov[0, 0]), float(cov[0, 1])), (float(cov[1, 0]), float(cov[1, 1]))),
                  low=float(low), high=float(high), reading=reading(d, float(slope), float(low), float(high)),
                  df=float(df), ses=tuple(map(float, se)), seeds=tuple(map(int, seeds)),
                  flops=tuple(map(float, flops)))
+
+
+def _hat(flops: Sequence[float]) -> np.ndarray:
+    """(2, R): the least-squares (intercept, slope) of any rungs' values y on log2(`flops`) is `_hat(flops) @ y`."""
+    x = np.log2(np.asarray(flops, dtype=float))
+    design = np.column_stack([np.ones_like(x), x])
+    return np.linalg.inv(design.T @ design) @ design.T
 
 
 def combination_df(coefficients, ses, seeds) -> float:
@@ -189,10 +198,7 @@ def project(trend: Trend, flops: float, level: float = TREND_LEVEL) -> dict:
     value = trend.intercept + trend.slope * x
     se = math.sqrt(c00 + 2 * x * c01 + x * x * c11)
     # The projection is the combination (1, x) . beta of the rungs' differences: its own df.
-    rung_x = np.log2(np.asarray(measured, dtype=float))
-    design = np.column_stack([np.ones_like(rung_x), rung_x])
-    weights = 1.0 / np.asarray(trend.ses) ** 2
-    coefficients = np.array([1.0, x]) @ np.array(trend.cov) @ (design * weights[:, None]).T
+    coefficients = np.array([1.0, x]) @ _hat(measured)
     t = stats.t.ppf(0.5 + level / 2, combination_df(coefficients, trend.ses, trend.seeds))
     outside = not min(measured) <= flops <= max(measured)
     return {"arm": trend.arm, "flops": flops, "diff": value, "low": value - t * se, "high": value + t * se,
@@ -257,9 +263,9 @@ def render_ladder(run_dirs: Sequence[str | Path], *, project_to: float | None = 
              f"{first['arm_order'][0]}; each rung compute-matched within itself",
              f"test per rung: {crossed.METHOD}; Holm across {int(tests['p'].notna().sum())} (arm, rung) pairs "
              f"at family-wise {ALPHA:g}",
-             "trend: weighted least squares of the difference on log2(training FLOPs), weights 1/se^2; 95% "
-             "interval Student's t at Satterthwaite's df, every rung's variance counted as seed variance (conservative; "
-             "not simulated)", ""]
+             "trend: least squares of the difference on log2(training FLOPs), rungs weighed equally, variance "
+             "from the rungs' own; 95% interval Student's t at Satterthwaite's df, every rung's variance counted as "
+             "seed variance (its size simulated in the test suite)", ""]
     for index, rung in enumerate(rungs, start=1):
         lines.append(f"rung {index}: {rung.flops:.4g} FLOPs  {rung.run_dir}")
     shown = pd.DataFrame({
