@@ -258,3 +258,39 @@ def test_weighting_rungs_by_their_estimated_variances_would_fail_the_size_check(
         half = stats.t.ppf(0.975, combination_df(c, se, [3] * 3)) * math.sqrt(np.sum(c**2 * se**2))
         excluded += abs(c @ d) > half
     assert excluded / ladders > bound(ladders), excluded / ladders
+
+
+def test_plan_projects_the_trend_to_a_studys_budget_labelled_as_extrapolation(ladder, tmp_path, capsys):
+    """`embedlab plan STUDY --trend-from RUNG...`: no pilots; each arm's trend evaluated at the
+    study's training FLOPs (as `project` computes it), labelled an extrapolation beyond the
+    rungs; a study of other arms, or one not budgeted in FLOPs, is refused in one line."""
+    from conftest import tiny_trial
+
+    def study_file(name: str, arms: tuple[str, ...], budget: str) -> str:
+        path = tmp_path / f"{name}.py"
+        path.write_text(
+            "from dataclasses import replace\nfrom embedlab import Budget, Study\nfrom embedlab.config import TrialConfig\n"
+            f"def study(profile=None):\n    base = TrialConfig.from_dict({tiny_trial().to_dict()!r})\n"
+            f"    return Study(name={name!r}, factor='masking.ratio', seeds=(0,), budget={budget},\n"
+            "                 arms={" + ", ".join(f"{arm!r}: replace(base, masking=replace(base.masking, ratio={0.1 + i / 10}))"
+                                         for i, arm in enumerate(arms)) + "})\n")
+        return str(path)
+
+    target = study_file("at-scale", ARMS, "Budget(tokens=4_000, pairs=64, flops=3.2e13)")
+    assert main(["plan", target, "--trend-from", *map(str, ladder)]) == 0
+    out = capsys.readouterr().out
+    tests = ladder_tests(load_rungs(ladder))
+    assert out.splitlines()[0] == ("projected from a 3-rung ladder measured at 1e+12 to 4e+12 training FLOPs, to "
+                                   "study at-scale's 3.2e+13 (95% intervals):")
+    for arm in ("better", "same"):
+        rows = tests[tests["arm"] == arm]
+        at = project(fit_trend(arm, rows["flops"], rows["diff"], rows["se"], rows["seeds"]), 3.2e13)
+        assert (f"{arm} at 3.2e+13 FLOPs: {at['diff']:+.4f} [{at['low']:+.4f}, {at['high']:+.4f}] "
+                "(EXTRAPOLATION beyond the measured range, not a result)") in out.splitlines()
+    other = study_file("other", ("control", "better"), "Budget(tokens=4_000, pairs=64, flops=3.2e13)")
+    assert main(["plan", other, "--trend-from", *map(str, ladder)]) == 2
+    assert "are not study other's ['control', 'better']: a trend projects only to the same comparison" in (
+        capsys.readouterr().err)
+    tokens = study_file("tokens", ARMS, "Budget(tokens=4_000, pairs=64)")
+    assert main(["plan", tokens, "--trend-from", *map(str, ladder)]) == 2
+    assert "its budget is not in training FLOPs" in capsys.readouterr().err

@@ -64,7 +64,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     plan = plan_study(args.study, profile=args.profile, parent=args.parent, address=args.address,
                       reports=args.pilot_reports, throughput=args.throughput, seeds_from=args.seeds_from,
-                      progress=stderr)
+                      trend_from=args.trend_from or (), progress=stderr)
     print(json.dumps(plan, sort_keys=True) if args.json else format_plan(plan))
     return 0
 
@@ -203,6 +203,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     plan.add_argument("--seeds-from", default=None, metavar="RUN_DIR",
                       help="a finished run of the study: plan it at the seeds that run's paired test says would "
                            "detect its observed differences at 80%% power")
+    plan.add_argument("--trend-from", nargs="+", default=None, metavar="RUN_DIR",
+                      help="no pilots: the rungs of a budget ladder of the same comparison (embedlab sweep --ladder); "
+                           "project each arm's trend to this study's training FLOPs at --profile, labelled an "
+                           "extrapolation beyond the rungs, never a result")
     plan.add_argument("--json", action="store_true")
     plan.set_defaults(func=cmd_plan)
 

@@ -288,10 +288,34 @@ def render_ladder(run_dirs: Sequence[str | Path], *, project_to: float | None = 
         lines.append(f"{arm}: no trend (fewer than two rungs with a test: {ONE_SEED} or no paired seeds)")
     if project_to is not None:
         lines.append("")
-        for trend in found:
-            at = project(trend, project_to)
-            label = ("EXTRAPOLATION beyond the measured range, not a result" if at["extrapolation"]
-                     else "interpolated within the measured range")
-            lines.append(f"{trend.arm} at {project_to:.4g} FLOPs: {at['diff']:+.4f} [{at['low']:+.4f}, "
-                         f"{at['high']:+.4f}] ({label})")
+        lines.extend(projection_line(project(trend, project_to)) for trend in found)
     return "\n".join(lines) + "\n"
+
+
+def projection_line(at: dict) -> str:
+    """One projection (`project`) as a line, labelled an extrapolation outside the measured rungs."""
+    label = ("EXTRAPOLATION beyond the measured range, not a result" if at["extrapolation"]
+             else "interpolated within the measured range")
+    return (f"{at['arm']} at {at['flops']:.4g} FLOPs: {at['diff']:+.4f} [{at['low']:+.4f}, {at['high']:+.4f}] "
+            f"({label})")
+
+
+def project_study(run_dirs: Sequence[str | Path], arms: Sequence[str], flops: float, study: str) -> dict:
+    """Each arm's ladder trend (from the rungs `run_dirs`) projected to `flops`, the training
+    budget of `study` whose arms are `arms` (control first): what `embedlab plan --trend-from`
+    prints. LadderError when the rungs hold other arms, or when the study's budget is not in FLOPs."""
+    rungs = load_rungs(run_dirs)
+    ladder_arms = list(rungs[0].table.attrs["arm_order"])
+    if list(arms) != ladder_arms:
+        raise LadderError(f"the ladder's arms {ladder_arms} are not study {study}'s {list(arms)}: "
+                          "a trend projects only to the same comparison")
+    if not flops > 0:
+        raise LadderError(f"study {study}: its budget is not in training FLOPs, so there is no compute to "
+                          "project the trend to")
+    found = trends(ladder_tests(rungs))
+    projections = [project(trend, flops) for trend in found]
+    return {"study": study, "flops": flops, "rungs": [r.run_dir for r in rungs],
+            "measured_flops": [rungs[0].flops, rungs[-1].flops], "projections": projections,
+            "lines": [f"projected from a {len(rungs)}-rung ladder measured at {rungs[0].flops:.4g} to "
+                      f"{rungs[-1].flops:.4g} training FLOPs, to study {study}'s {flops:.4g} (95% intervals):",
+                      *(projection_line(at) for at in projections)]}

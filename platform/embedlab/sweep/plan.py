@@ -51,7 +51,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -395,14 +395,17 @@ def measured_plan(study: Study, measurement: Measurement, *, gpu_here: bool) -> 
 
 def plan_study(study_path: str | Path, *, profile: str | None = None, parent: str | None = None,
                address: str | None = None, reports: int = PILOT_REPORTS, throughput: str | Path | None = None,
-               seeds_from: str | Path | None = None, progress: Callable[[str], None] = print) -> dict[str, Any]:
+               seeds_from: str | Path | None = None, trend_from: Sequence[str | Path] = (),
+               progress: Callable[[str], None] = print) -> dict[str, Any]:
     """Pilot every arm of the study on the cluster and return the plan (`make_plan`); for a
     tour file, a plan per stage, each stage's pilots starting from the previous stage's
     pilot checkpoint (`{"tour": name, "phases": [plan, ...], "wall_seconds": ...}`). With
     `throughput` (a `bench mfu --json` file), no pilots: every stage from that measurement
     (`measured_plan`). With `seeds_from` (a finished run of the study), the study at the seeds
     that run's paired test says a rerun needs (`sweep.rerun`), and the plan says why under
-    `"rerun"`. A GPU study here without a GPU, `throughput` or `address` is refused before
+    `"rerun"`. With `trend_from` (the rungs of a budget ladder of the same comparison), no
+    pilots: each arm's trend projected to the study's training budget (`ladder.project_study`),
+    labelled an extrapolation where it lies beyond the rungs. A GPU study here without a GPU, `throughput` or `address` is refused before
     anything starts."""
     import torch
 
@@ -413,6 +416,14 @@ def plan_study(study_path: str | Path, *, profile: str | None = None, parent: st
     tour = load_tour(path, profile) if path.is_file() and "def tour(" in path.read_text() else None
     studies = [load_study(stage_path(path, stage), tour.profile) for stage in tour.stages] if tour else [
         load_study(path, profile)]
+    if trend_from:
+        from embedlab.sweep.ladder import project_study
+
+        if tour:
+            raise UsageError("--trend-from projects one study's comparison: give the stage's study file, not the tour")
+        study = studies[0]
+        return {"projection": project_study(trend_from, list(study.arms), study.budget.flops, study.name),
+                "profile": study.profile}
     rerun = None
     if seeds_from is not None:
         if tour:
@@ -532,6 +543,8 @@ def format_measured_plan(plan: dict[str, Any]) -> str:
 
 def format_plan(plan: dict[str, Any]) -> str:
     """The plan as the table `embedlab plan` prints (a tour: one table per phase, then the total)."""
+    if "projection" in plan:
+        return "\n".join(plan["projection"]["lines"]) + "\n"
     if "rerun" in plan:
         return f"{plan['rerun']['line']}\n" + format_plan({key: v for key, v in plan.items() if key != "rerun"})
     if plan.get("estimate") == "measured":
