@@ -7,6 +7,7 @@ refused."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import math
 
 import numpy as np
@@ -198,6 +199,38 @@ def test_a_ladder_keeps_finished_rungs_and_resumes_a_cut_one(tmp_path):
             parse_scales(bad)
     assert main(["sweep", str(path), "--ladder", "0.5,1", "--dry-run", "--storage", str(storage)]) == 0
     assert main(["sweep", str(path), "--ladder", "0.5,1", "--resume", cut]) == 2
+
+
+def test_a_rung_that_ends_short_stops_the_ladder(tmp_path, monkeypatch, capsys):
+    """A rung's sweep that returns with trials missing (Ctrl-C: Tune stops in order and the
+    sweep returns its run directory) stops the ladder there, in one line that says how to
+    resume; the next rung is never started."""
+    import embedlab.sweep.run
+    from embedlab.sweep.study import load_study
+
+    path = tmp_path / "lad.py"
+    path.write_text(STUDY_FILE)
+    storage = tmp_path / "runs"
+    started = []
+
+    def interrupted_sweep(study_path, *, storage, profile, budget_scale, resume, progress, **_):
+        study = load_study(study_path, profile, budget_scale)
+        started.append(budget_scale)
+        run_dir = Path(storage) / f"{study.name}-20261206-000000"
+        (run_dir / "trials").mkdir(parents=True)
+        (run_dir / "study.json").write_text(json.dumps({"study": study.to_dict(), "arm_order": list(study.arms),
+                                                        "study_hash": study.hash}))
+        (run_dir / "trials" / "t0.json").write_text(json.dumps(  # one trial of four, then the interrupt
+            {"trial_id": "t0", "arm": next(iter(study.arms)), "seed": study.seeds[0], "status": "finished",
+             "stage": "final", "dev/ndcg@10": 0.5, "budget/tokens": study.budget.tokens,
+             "budget/flops": study.budget.flops}))
+        return run_dir
+
+    monkeypatch.setattr(embedlab.sweep.run, "run_sweep", interrupted_sweep)
+    assert main(["sweep", str(path), "--ladder", "0.5,1", "--storage", str(storage)]) == 2
+    assert started == [0.5]
+    err = capsys.readouterr().err
+    assert "ladder: rung x0.5 ended with 1 of 4 trials" in err and "run the same command again to resume it" in err
 
 
 def test_the_report_draws_the_ladder(ladder, tmp_path):

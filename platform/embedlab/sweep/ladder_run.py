@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from embedlab import store
-from embedlab.errors import UsageError
+from embedlab.errors import UsageError, UserError
 from embedlab.sweep.study import load_study
 from embedlab.sweep.summary import expected_trials
 from embedlab.sweep.table import STUDY_FILE, load_table, read_study_record
@@ -46,9 +46,6 @@ def rung_runs(storage: str, study) -> list[str]:
 def ladder_plan(study_path: str | Path, scales: Sequence[float], *, profile: str | None, storage: str | Path
                 ) -> list[tuple[float, str, str | None]]:
     """Per rung: (factor, "done" | "resume" | "run", its latest earlier run directory or None)."""
-    def finished(run_dir: str) -> bool:
-        return len(final_trials(load_table(run_dir))) >= expected_trials(read_study_record(run_dir))
-
     plan = []
     for factor in scales:
         earlier = rung_runs(store.resolve(storage), load_study(study_path, profile, factor))
@@ -56,8 +53,14 @@ def ladder_plan(study_path: str | Path, scales: Sequence[float], *, profile: str
             plan.append((factor, "run", None))
             continue
         latest = earlier[-1]
-        plan.append((factor, "done" if finished(latest) else "resume", latest))
+        done, expected = trial_counts(latest)
+        plan.append((factor, "done" if done >= expected else "resume", latest))
     return plan
+
+
+def trial_counts(run_dir: str) -> tuple[int, int]:
+    """(finished final trials, trials the study declares) of a rung's run directory."""
+    return len(final_trials(load_table(run_dir))), expected_trials(read_study_record(run_dir))
 
 
 def run_ladder(study_path: str | Path, scales: Sequence[float], *, storage: str | Path = "runs",
@@ -73,6 +76,18 @@ def run_ladder(study_path: str | Path, scales: Sequence[float], *, storage: str 
             run_dirs.append(earlier)
             continue
         progress(f"ladder: rung x{factor:g}: " + (f"resuming {earlier}" if action == "resume" else "starting"))
-        run_dirs.append(str(run_sweep(study_path, storage=storage, profile=profile, budget_scale=factor,
-                                      resume=earlier if action == "resume" else None, progress=progress, **sweep)))
+        run_dir = str(run_sweep(study_path, storage=storage, profile=profile, budget_scale=factor,
+                                resume=earlier if action == "resume" else None, progress=progress, **sweep))
+        run_dirs.append(run_dir)
+        # A rung that ended short (Ctrl-C, which Tune turns into an orderly stop, or failed
+        # trials) stops the ladder: the next rung would start behind the user's back.
+        done, expected = trial_counts(run_dir)
+        if done < expected:
+            raise LadderStopped(f"ladder: rung x{factor:g} ended with {done} of {expected} trials ({run_dir}), "
+                                "interrupted or failed; later rungs not started: run the same command again to "
+                                "resume it")
     return run_dirs
+
+
+class LadderStopped(UserError):
+    """A rung ended with trials missing; the ladder stopped there."""
