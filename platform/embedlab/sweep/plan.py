@@ -64,6 +64,7 @@ from embedlab.recipes import PROFILES
 from embedlab.sweep.arm_data import prepare_arms
 from embedlab.sweep.cluster import connect, gpu_shares, study_concurrency, trial_driver_resources
 from embedlab.sweep.driver import train_trial
+from embedlab.sweep.ladder import project_study
 from embedlab.sweep.rerun import RerunSize, rerun_size, with_seeds
 from embedlab.sweep.study import Study, load_study
 from embedlab.sweep.tour import load_tour, stage_path
@@ -417,8 +418,6 @@ def plan_study(study_path: str | Path, *, profile: str | None = None, parent: st
     studies = [load_study(stage_path(path, stage), tour.profile) for stage in tour.stages] if tour else [
         load_study(path, profile)]
     if trend_from:
-        from embedlab.sweep.ladder import project_study
-
         if tour:
             raise UsageError("--trend-from projects one study's comparison: give the stage's study file, not the tour")
         study = studies[0]

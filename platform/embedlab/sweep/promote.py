@@ -42,6 +42,7 @@ from embedlab.data.prepared_sync import local_directory
 from embedlab.evaluate import beir
 from embedlab.errors import UserError
 from embedlab.evaluate.hub_tasks import materialise_hub_task
+from embedlab.sweep.ladder import LadderError, ladder_of, load_rungs, rung_winners
 from embedlab.sweep.rundir import last_error_line
 from embedlab.sweep.study import load_study
 from embedlab.sweep.table import budget_unit, check_equal_compute, compute_match_line, load_table, read_study_record
@@ -110,8 +111,6 @@ def rank_arms(table: pd.DataFrame, metric: str, arm_order: list[str]) -> pd.Data
 def _ladder_rungs(run_dir: str) -> list | None:
     """The rungs of the budget ladder `run_dir` tops (`ladder.load_rungs`), None when it is no
     rung of one; PromotionError when it is a lower rung: a ladder promotes from its top rung."""
-    from embedlab.sweep.ladder import LadderError, ladder_of, load_rungs
-
     dirs = ladder_of(run_dir)
     if len(dirs) < 2:
         return None
@@ -128,8 +127,6 @@ def _ladder_rungs(run_dir: str) -> list | None:
 def _ladder_record(rungs: list, winner: str) -> dict[str, Any]:
     """What promotion.json says of the ladder: each rung's winner on the study metric, and
     whether the promoted arm also won every lower rung."""
-    from embedlab.sweep.ladder import rung_winners
-
     winners = rung_winners(rungs)
     lost = [f"rung {i} ({arm}, {rung.run_dir})" for i, (arm, rung) in enumerate(zip(winners[:-1], rungs), start=1)
             if arm != winner]
