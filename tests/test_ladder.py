@@ -201,6 +201,14 @@ def test_a_ladder_keeps_finished_rungs_and_resumes_a_cut_one(tmp_path):
     assert main(["sweep", str(path), "--ladder", "0.5,1", "--resume", cut]) == 2
 
 
+def test_rung_base_undoes_rung_name():
+    from embedlab.sweep.study import rung_base, rung_name
+
+    for factor in (0.125, 0.25, 0.5, 2, 1e-05):
+        assert rung_base(rung_name("hard-negatives-4-seeds", factor)) == "hard-negatives-4-seeds"
+    assert rung_base("dual-heads") == "dual-heads" and rung_base("box-x") == "box-x"
+
+
 def test_a_rung_that_ends_short_stops_the_ladder(tmp_path, monkeypatch, capsys):
     """A rung's sweep that returns with trials missing (Ctrl-C: Tune stops in order and the
     sweep returns its run directory) stops the ladder there, in one line that says how to

@@ -30,7 +30,6 @@ its interval, and is labelled an extrapolation outside the measured range: never
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +42,7 @@ from embedlab import store
 from embedlab.errors import UsageError
 from embedlab.sweep import crossed
 from embedlab.sweep.paired import ALPHA, ONE_SEED, arm_estimates, holm_family, load_per_query, p_text
+from embedlab.sweep.study import rung_base
 from embedlab.sweep.table import STUDY_FILE, check_equal_compute, load_table, read_study_record
 from embedlab.sweep.trial_rows import final_trials
 
@@ -226,7 +226,6 @@ def winner_line(rungs: Sequence[Rung]) -> str:
             + ("it also won every lower rung" if not lost else f"another arm won {', '.join(lost)}"))
 
 
-_RUNG_SUFFIX = re.compile(r"-x[0-9]+(?:p[0-9]+)?(?:e[-+]?[0-9]+)?$")  # `study.rung_name`'s suffix
 _SAME_STUDY = ("factor", "arms", "seeds", "metric", "profile")  # what rungs of one ladder share
 
 
@@ -237,7 +236,7 @@ def ladder_of(run_dir: str | Path) -> list[str]:
     finished trials, and `run_dir` itself; `[run_dir]` alone when it is no rung of a ladder."""
     run_dir = store.resolve(run_dir)
     record = read_study_record(run_dir)
-    base = _RUNG_SUFFIX.sub("", record["study"]["name"])
+    base = rung_base(record["study"]["name"])
     identity = ({k: record["study"].get(k) for k in _SAME_STUDY}, record.get("parent"))
     latest: dict[str, str] = {}
     for other in sorted(store.list_dirs(store.parent(run_dir))):
@@ -245,7 +244,7 @@ def ladder_of(run_dir: str | Path) -> list[str]:
             continue
         theirs = read_study_record(other)
         name = theirs["study"]["name"]
-        if (name == record["study"]["name"] or _RUNG_SUFFIX.sub("", name) != base
+        if (name == record["study"]["name"] or rung_base(name) != base
                 or ({k: theirs["study"].get(k) for k in _SAME_STUDY}, theirs.get("parent")) != identity):
             continue
         if len(final_trials(load_table(other))):

@@ -503,6 +503,14 @@ def rung_name(name: str, factor: float) -> str:
     return f"{name}-x{factor:g}".replace(".", "p")
 
 
+_RUNG_SUFFIX = re.compile(r"-x[0-9]+(?:p[0-9]+)?(?:e[-+]?[0-9]+)?$")  # what `rung_name` appends
+
+
+def rung_base(name: str) -> str:
+    """The study name a `rung_name` was made from (`<name>-x0p25` -> `<name>`); other names unchanged."""
+    return _RUNG_SUFFIX.sub("", name)
+
+
 def load_study(path: str | Path, profile: str | None = None, budget_scale: float = 1.0) -> Study:
     """Import a study file by path and call its `study()` (with `profile` when the file takes
     one: `study(profile="demo")`), at `budget_scale` times its budget (`Study.scaled`); errors
