@@ -23,6 +23,8 @@ from conftest import tiny_trial, write_study
 
 @pytest.mark.timeout(420)
 def test_killed_driver_resumes_without_loss_or_duplicates(ray_session, prepared, tmp_path, cache_dir, capsys):
+    import ray
+
     study_file = write_study(tmp_path / "resumable.py", tiny_trial(num_workers=1), name="resumable",
                              extra="budget=replace(DEFAULT_BUDGET, tokens=3_000)")
     storage = tmp_path / "runs"
@@ -32,12 +34,16 @@ def test_killed_driver_resumes_without_loss_or_duplicates(ray_session, prepared,
     # One trial at a time: when the first trial's record appears the second has just started.
     # Side by side, on an idle machine, the second could finish in the moment before Ray's
     # processes follow their killed driver, and write a second record.
+    # The driver joins the session's cluster (--address), as a driver on a cluster's head
+    # would: its death ends its Ray job, whose trial actors Ray then kills, and the resume
+    # below runs on that same cluster. (A local cluster of its own would cost a Ray start.)
+    address = ray.get_runtime_context().gcs_address
     with open(log, "wb") as out:
         driver = subprocess.Popen(
             # A filesystem URI (any pyarrow filesystem) as the storage: the run's records and Ray's
             # state are written through it, and --resume reads them back.
             [sys.executable, "-m", "embedlab.cli", "sweep", str(study_file), "--storage", f"file://{storage}",
-             "--max-concurrent", "1"],
+             "--max-concurrent", "1", "--address", address],
             env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )
     try:
@@ -49,8 +55,7 @@ def test_killed_driver_resumes_without_loss_or_duplicates(ray_session, prepared,
                 + log.read_text(errors="replace")[-3000:])
             time.sleep(0.5)
     finally:
-        # SIGKILL the driver and everything it started (its local Ray cluster): nothing gets
-        # to clean up, as when a node is preempted.
+        # SIGKILL the driver: nothing gets to clean up, as when its node is preempted.
         os.killpg(driver.pid, signal.SIGKILL)
         driver.wait()
     run_dir = next(storage.iterdir())
