@@ -201,6 +201,20 @@ def ray_session(s3_server, cache_dir):
     ray.shutdown()
 
 
+@pytest.fixture(scope="session")
+def two_worker_phase1(ray_session, prepared, tmp_path_factory):
+    """A phase-1 run of `tiny_trial` on two Ray Train workers, reporting every step and
+    checkpointing every second one: the uninterrupted reference of test_faults' killed-worker
+    run, and the checkpoint test_ray_end_to_end scores and starts phase 2 from (one fit, each
+    costing a worker group's start, serves both). (trial, result, the run's metrics log)."""
+    from embedlab.train.phase1 import run_phase1
+
+    trial = tiny_trial(num_workers=2, report_every_steps=1, checkpoint_every_steps=2)
+    storage = tmp_path_factory.mktemp("two-workers")
+    result = run_phase1(trial, prepared, storage_path=storage, name="full")
+    return trial, result, storage / "full" / "metrics.jsonl"
+
+
 # The in-process training oracles (test_resume, test_faults): a frozen tokenizer and a parent.
 @pytest.fixture(scope="module")
 def frozen(tmp_path_factory):

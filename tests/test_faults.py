@@ -177,7 +177,7 @@ def test_driver_raises_the_error_that_stopped_the_workers():
 # Real Ray: a worker killed with SIGKILL mid-trial.
 
 @pytest.mark.timeout(400)
-def test_killed_worker_restarts_and_ends_as_uninterrupted(ray_session, prepared, tmp_path):
+def test_killed_worker_restarts_and_ends_as_uninterrupted(two_worker_phase1, prepared, tmp_path):
     """Phase 1 on 2 Ray Train workers: rank 1 SIGKILLs itself after step 3; Ray Train restarts the
     worker group, which restores the step-2 checkpoint, replays step 3 with the same loss, and
     ends with the weights and optimizer state of an uninterrupted run, bitwise."""
@@ -189,10 +189,7 @@ def test_killed_worker_restarts_and_ends_as_uninterrupted(ray_session, prepared,
     from embedlab.train.phase1 import run_phase1
     from embedlab.train.session import FaultDrill
 
-    from conftest import tiny_trial
-
-    trial = tiny_trial(num_workers=2, report_every_steps=1, checkpoint_every_steps=2)
-    full = run_phase1(trial, prepared, storage_path=tmp_path, name="full")
+    trial, full, full_metrics = two_worker_phase1  # the uninterrupted run, the same trial
     marker = tmp_path / "drill-fired"
     killed = run_phase1(trial, prepared, storage_path=tmp_path, name="killed",
                         options=RunOptions(fault_drill=FaultDrill(rank=1, step=3, marker=str(marker))))
@@ -200,7 +197,7 @@ def test_killed_worker_restarts_and_ends_as_uninterrupted(ray_session, prepared,
     assert marker.read_text().startswith("pid ")
     full_log, killed_log = (
         [{k: v for k, v in r.items() if k != "checkpoint"} for r in deterministic(read_metrics(path))]
-        for path in (tmp_path / "full" / "metrics.jsonl", tmp_path / "killed" / "metrics.jsonl")
+        for path in (full_metrics, tmp_path / "killed" / "metrics.jsonl")
     )
     steps = len(full_log)
     assert steps >= 5 and [r["train/step"] for r in full_log] == list(range(1, steps + 1))

@@ -43,11 +43,8 @@ def in_process(checkpoint, task_dir, split: str, **settings) -> dict:
 
 
 @pytest.fixture(scope="module")
-def trained(ray_session, prepared, tmp_path_factory):
-    from embedlab.train.phase1 import run_phase1
-
-    trial = tiny_trial(num_workers=2)
-    result = run_phase1(trial, prepared, storage_path=tmp_path_factory.mktemp("train"), name="two-workers")
+def trained(two_worker_phase1):
+    trial, result, _ = two_worker_phase1
     return trial, result
 
 
