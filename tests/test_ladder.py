@@ -254,6 +254,22 @@ def test_the_report_draws_the_ladder(ladder, tmp_path):
     assert ladder_figure(read_runs(ladder[:1])) is None
 
 
+def test_report_figures_are_the_images_the_page_embeds(ladder, tmp_path, capsys):
+    """`embedlab report --figures DIR` writes each drawn figure as DIR/<id>.png, byte for byte the
+    image the page embeds under that figure's id."""
+    import base64
+    import re
+
+    page, figures = tmp_path / "report.html", tmp_path / "figures"
+    assert main(["report", *map(str, ladder), "--out", str(page), "--figures", str(figures)]) == 0
+    embedded = dict(re.findall(r'<figure class="report-figure" id="figure-([^"]+)">.*?'
+                               r'<img src="data:image/png;base64,([^"]+)"', page.read_text(), re.S))
+    assert "ladder" in embedded
+    assert {path.stem: path.read_bytes() for path in figures.glob("*.png")} == {
+        key: base64.b64decode(data) for key, data in embedded.items()}
+    assert f"figures: {figures}/<figure id>.png" in capsys.readouterr().out
+
+
 def simulated_ladders(seeds: int, seed_sd: float, ladders: int, rng: np.random.Generator):
     """Per ladder: three rungs' crossed estimates (1, 2 and 4 x 10^12 FLOPs) of a difference
     that is the same at every rung (slope 0): `seeds` seeds x 200 queries of differences =

@@ -144,7 +144,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.out is None and store.local_path(args.run_dirs[-1]) is None:
         raise UsageError(f"{args.run_dirs[-1]} is on object storage: name a local file with --out")
     out = args.out or Path(args.run_dirs[-1]) / "report.html"
-    print(write_report(args.run_dirs, out, progress=stderr))
+    print(write_report(args.run_dirs, out, figures_dir=args.figures, progress=stderr))
+    if args.figures is not None:
+        print(f"figures: {args.figures}/<figure id>.png")
     return 0
 
 
@@ -251,4 +253,6 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     report = sub.add_parser("report", help="the study report: one self-contained HTML page for one or more runs")
     report.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="a study's run directory, or a tour's, in order")
     report.add_argument("--out", type=Path, default=None, help="HTML file (default: LAST_RUN_DIR/report.html)")
+    report.add_argument("--figures", type=Path, default=None, metavar="DIR",
+                        help="also write each figure as DIR/<figure id>.png (the image the page embeds)")
     report.set_defaults(func=cmd_report)

@@ -29,14 +29,15 @@ __all__ = ["write_report"]
 
 
 def write_report(run_dirs: list[str | Path], out: Path, *, templates: Path = html.TEMPLATES, torch_threads: int = 1,
-                 progress: Callable[[str], None] = lambda message: print(message, file=sys.stderr)) -> Path:
+                 figures_dir: Path | None = None, progress: Callable[[str], None] = lambda message: print(message, file=sys.stderr)) -> Path:
     """Write the report of `run_dirs` to `out` (an .html file) and return its path.
 
     `torch_threads` is torch's intra-op thread count while checkpoints are scored (restored
     afterwards): one thread suits small models on a shared machine, where busy-waiting
     worker threads cost more than they gain. A figure that cannot be drawn (e.g. a prepared
     data directory deleted since the run) is replaced by a note saying why, and `progress`
-    is told; the rest of the page stands.
+    is told; the rest of the page stands. `figures_dir`, if given, also gets each drawn figure
+    as `<key>.png` (the bytes the page embeds), for a paper or a docs page.
     """
     if not run_dirs:
         raise UsageError("write_report: no run directories given")
@@ -66,6 +67,12 @@ def write_report(run_dirs: list[str | Path], out: Path, *, templates: Path = htm
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(html.page(runs, figures, templates), encoding="utf-8")
+    if figures_dir is not None:
+        figures_dir = Path(figures_dir)
+        figures_dir.mkdir(parents=True, exist_ok=True)
+        for figure in figures:
+            if isinstance(figure, plotting.Figure):
+                (figures_dir / f"{figure.key}.png").write_bytes(figure.png)
     return out
 
 

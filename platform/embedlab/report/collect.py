@@ -141,8 +141,9 @@ def best_trials(run: Run) -> list[dict[str, Any]]:
     final = run.final
     for arm in run.arms:
         rows = final[final["arm"] == arm]
-        if "checkpoint" in rows:
-            rows = rows[rows["checkpoint"].map(lambda c: isinstance(c, str) and Path(c).is_dir())]
+        if "checkpoint" not in rows:  # records kept without their checkpoints: nothing to measure
+            continue
+        rows = rows[rows["checkpoint"].map(lambda c: isinstance(c, str) and Path(c).is_dir())]
         if rows.empty or run.metric not in rows:
             continue
         best.append(rows.loc[rows[run.metric].astype(float).idxmax()].to_dict())
