@@ -441,10 +441,10 @@ def test_one_process_at_a_time_scores_a_set(tmp_path):
     """While one holder has a set's scoring lock, another cannot take it; after, it can."""
     import fcntl
 
-    from embedlab.train.phase3_teacher import scoring_lock
+    from embedlab.train.phase3_negatives import directory_lock
 
     directory = tmp_path / "teacher-labels" / "abc"
-    with scoring_lock(directory):
+    with directory_lock(directory):
         with open(directory.parent / ".abc.lock", "w") as other:
             with pytest.raises(BlockingIOError):
                 fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -447,6 +447,45 @@ def test_a_changed_encode_length_or_mining_code_mines_a_new_set(prepared, tmp_pa
     assert recoded[0] not in (first[0], longer[0]) and recoded[1] not in (first[1], longer[1])
 
 
+def test_corpus_vectors_are_encoded_once_and_a_reusing_set_equals_one_mined_without_them(prepared, tmp_path):
+    """Trials of other seeds (other scheduled pairs) from one parent mine against the training
+    documents' vectors encoded once (`corpus_vectors`); the set that reuses them holds the
+    negatives and the recorded cost of the same set mined from scratch."""
+    import json
+    import shutil
+
+    from embedlab.data.mining import MinedSet
+    from embedlab.data.pairs_table import pair_table_path
+    from embedlab.train.contrastive import trial_pair_schedule
+    from embedlab.train.phase3_negatives import CORPUS_VECTORS_DIR, MINING_COST_FILE, mine_for_phase3
+
+    trial = _mining_trial(tmp_path)
+    other = dataclasses.replace(trial, train=dataclasses.replace(trial.train, seed=trial.train.seed + 1))
+    path = pair_table_path(prepared, ["mine", "title-body"], data=trial.data, **QUIET)
+
+    def mine(trial, lines):
+        return mine_for_phase3(trial, prepared, path, *trial_pair_schedule(trial, path), progress=lines.append)
+
+    first_lines, second_lines, fresh_lines = [], [], []
+    first, second = mine(trial, first_lines), mine(other, second_lines)
+    assert second != first  # other pairs: a set of its own
+    assert len(list((prepared.directory / CORPUS_VECTORS_DIR).iterdir())) == 1 + 1  # the set and its lock
+    assert not any("reused" in line for line in first_lines)
+    assert any(line.startswith("mining: ") and "vectors reused from" in line for line in second_lines)
+    reused = json.loads((second / MINING_COST_FILE).read_text())
+    assert reused["corpus_vectors"]["reused"] is True
+    reused_negatives = MinedSet.load(second).negatives
+    assert any(reused_negatives.values())
+
+    shutil.rmtree(prepared.directory / CORPUS_VECTORS_DIR)
+    shutil.rmtree(second)
+    fresh = mine(other, fresh_lines)
+    assert fresh == second and not any("reused" in line for line in fresh_lines)
+    assert MinedSet.load(fresh).negatives == reused_negatives
+    from_scratch = json.loads((fresh / MINING_COST_FILE).read_text())
+    assert reused["flops"] == from_scratch["flops"] > 0
+
+
 def test_every_positive_of_a_multi_positive_beir_query_is_a_row_of_its_group_and_is_scheduled(prepared, tmp_path):
     """A BEIR query with three relevant documents is three rows of the frozen pairs table, one per
     (query, positive), best grade first, ids "<pair id>#<i>", one positive group (never each

@@ -371,6 +371,7 @@ def mine_hard_negatives(
     group_positives: Mapping[str, Iterable[str]] | None = None,
     encoding: Mapping[str, Any] | None = None,
     encode_query: Callable[[list[str]], np.ndarray] | None = None,
+    encode_corpus: Callable[[list[str]], np.ndarray] | None = None,
 ) -> MinedSet:
     """Negatives for every pair from the training split of `corpus`, found with `encode(texts) -> (N, d)`
     for documents and positives and `encode_query` (default `encode`) for queries: an encoder
@@ -385,7 +386,9 @@ def mine_hard_negatives(
     `group_positives` (positive group -> texts, `pairs_table.group_positive_texts`) adds the
     positives of group members that are not among `pairs` (rows the schedule does not read).
     `encoding` says how `encode` embeds text (JSON values: encode length, pooling, code); it
-    joins the set's version, so an encoder run differently is a new set.
+    joins the set's version, so an encoder run differently is a new set. `encode_corpus`
+    (default `encode`) embeds the training-split documents: the same passage encoding, which a
+    caller may serve from a cache of the corpus's vectors (`embedlab.train.phase3_negatives`).
     """
     if not pairs:
         raise ValueError("no pairs to mine negatives for")
@@ -412,7 +415,7 @@ def mine_hard_negatives(
 
     progress(f"mining: encoding {len(texts):,} training documents ({corpus.num_rows - len(texts):,} dev/test "
              f"documents left out) and {len(pairs):,} pairs with {encoder_id}")
-    doc_vectors = _unit_rows(encode(texts), len(texts), "documents")
+    doc_vectors = _unit_rows((encode_corpus or encode)(texts), len(texts), "documents")
     query_vectors = _unit_rows((encode_query or encode)([pair.query for pair in pairs]), len(pairs), "queries")
     positive_vectors = _unit_rows(encode([pair.positive for pair in pairs]), len(pairs), "positives")
     positive_scores = np.einsum("ij,ij->i", query_vectors, positive_vectors)

@@ -1,7 +1,8 @@
 """Phase 3's negatives, made on the trial driver before its workers start.
 
 Mined ones (`mine_for_phase3`: the parent encoder over the prepared corpus's training
-split) and a user source's given ones screened under the parent encoder
+split, whose vectors are encoded once per parent and encoding and reused by every set mined
+with them, `corpus_vectors`) and a user source's given ones screened under the parent encoder
 (`given_negatives_for_phase3`), each set cached by version under the prepared data and
 published to every node; what making a set cost is read back by `mining_compute`, the
 screened set's counts by `given_negative_counts`. `embedlab.train.contrastive.run_contrastive`
@@ -10,6 +11,8 @@ calls them and passes the sets' paths to the pair stream; the workers only read 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import math
@@ -44,6 +47,9 @@ from embedlab.train.flops import FlopTally
 # needs a set looks for the one a trial before it wrote, under these names.
 GIVEN_MANIFEST = "manifest.json"  # a screened set's identity and counts, written last: it marks the set complete
 MINING_COST_FILE = "compute.json"  # what encoding a set cost, in mined and screened sets (`mining_compute`)
+CORPUS_VECTORS_DIR = "corpus-vectors"  # under the prepared data: <version>/vectors.npy + manifest.json
+CORPUS_VECTORS_FILE = "vectors.npy"
+CORPUS_VECTORS_FORMAT = "embedlab-corpus-vectors/1"
 # The code that decides a mined or screened set beyond its inputs: the rules, the encoding
 # (tokenising, the encoder's forward, pooling) and the search. Hashed into the sets' versions.
 MINING_CODE = (
@@ -91,6 +97,63 @@ def _parent_encoder(trial: TrialConfig, progress, label: str) -> _ParentEncoder:
 
 
 
+@contextlib.contextmanager
+def directory_lock(directory: Path):
+    """An exclusive lock beside `directory` for this node's processes (`fcntl.flock`), held while
+    a cached set is checked for and made: trials starting together make it once, the rest reuse it."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with open(directory.parent / f".{directory.name}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def corpus_vectors(prepared, encoder_id: str, encoding: dict[str, Any], parent: "_ParentEncoder",
+                   progress=print) -> tuple[Any, dict[str, Any]]:
+    """`encode_corpus(texts)` for `mine_hard_negatives`: the training-split documents' passage
+    vectors under the parent, encoded once per (parent, encoding, corpus revision) into
+    `corpus-vectors/<version>/` and read back by every later set (each seed and each rung of a
+    ladder mines its own pairs against the same documents); and a record that, once called,
+    says which set it used, whether it was reused, and what encoding it cost when it was made.
+    The texts' digest is checked, so a set is only ever read for the texts it was made from."""
+    identity = {"format": CORPUS_VECTORS_FORMAT, "encoder_id": encoder_id, "encoding": encoding,
+                "corpus_revision": prepared.data_revision}
+    version = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+    directory = prepared.directory / CORPUS_VECTORS_DIR / version[:16]
+    record: dict[str, Any] = {"set": directory.name}
+
+    def encode_corpus(texts: list[str]) -> np.ndarray:
+        digest = hashlib.sha256("\0".join(texts).encode()).hexdigest()
+        node_path(directory)  # on a cluster with remote storage: another node's published set, fetched
+        with directory_lock(directory):
+            manifest = directory / "manifest.json"
+            if manifest.is_file():
+                made = json.loads(manifest.read_text())
+                if (made["identity"], made["texts_digest"], made["texts"]) != (identity, digest, len(texts)):
+                    raise ValueError(f"{directory}: corpus vectors of other inputs than this mining's")
+                progress(f"mining: {len(texts):,} training documents' vectors reused from {directory}")
+                record.update(reused=True, cost=made["cost"])
+                return np.load(directory / CORPUS_VECTORS_FILE)
+            flops, cpu, wall = parent.tally.flops, time.thread_time(), time.perf_counter()
+            vectors = np.ascontiguousarray(parent.encode(texts), dtype=np.float32)
+            cost = {"flops": parent.tally.flops - flops, "seconds": time.thread_time() - cpu,
+                    "wall_seconds": time.perf_counter() - wall}
+            directory.mkdir(parents=True, exist_ok=True)
+            staging = directory / f".{CORPUS_VECTORS_FILE}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"
+            with open(staging, "wb") as out:
+                np.save(out, vectors)
+            staging.rename(directory / CORPUS_VECTORS_FILE)
+            write_text_atomically(manifest, json.dumps({"identity": identity, "texts_digest": digest,
+                                                        "texts": len(texts), "cost": cost}, indent=2, sort_keys=True))
+            publish_subtree(directory)
+            record.update(reused=False, cost=cost)
+            return vectors
+
+    return encode_corpus, record
+
+
 def _parent_identity(trial: TrialConfig) -> tuple[str, dict[str, Any]]:
     """The parent's content hash and how mining and screening run it (`_parent_encoder`), as
     the sets' versions record them: the encode length, the parent's pooling and the code."""
@@ -125,8 +188,9 @@ def mine_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, schedule, of
     node_path(directory)  # on a cluster with remote storage: another node's published set, fetched
     if not (directory / "manifest.json").is_file():
         parent = _parent_encoder(trial, progress, "mining: encoding")
+        encode_corpus, corpus = corpus_vectors(prepared, encoder_id, encoding, parent, progress)
         mined = mine_hard_negatives(pairs, prepared.corpus.read(), parent.encode, encode_query=parent.encode_query,
-                                    config=config,
+                                    encode_corpus=encode_corpus, config=config,
                                     encoder_id=encoder_id, corpus_revision=prepared.data_revision,
                                     progress=progress, outside_corpus=outside, group_positives=group_positives,
                                     encoding=encoding)
@@ -135,12 +199,24 @@ def mine_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, schedule, of
         # writer's own name, as trials needing the same set may mine it at once.
         directory.mkdir(parents=True, exist_ok=True)
         write_text_atomically(directory / "report.md", mined.report())
-        write_text_atomically(directory / MINING_COST_FILE, json.dumps(parent.cost(), indent=2, sort_keys=True))
+        write_text_atomically(directory / MINING_COST_FILE, json.dumps(_mining_cost(parent, corpus), indent=2,
+                                                                       sort_keys=True))
         mined.save(directory)
         progress(f"mining: {len(pairs):,} pairs, negatives in {directory} (version {version[:16]}) on "
                  f"{parent.device}, {parent.tally.flops:.3g} encode FLOPs")
         publish_subtree(directory)  # every node's trials read the same set
     return directory
+
+
+def _mining_cost(parent: "_ParentEncoder", corpus: dict[str, Any]) -> dict[str, Any]:
+    """What a mined set cost: its own encoding and search, plus the corpus vectors' encoding
+    when they were reused (counted in every set that uses them, as a shared set is counted in
+    each trial's row), so a set's recorded cost does not depend on which trial mined first."""
+    cost = parent.cost()
+    if corpus.get("reused"):
+        for key in ("flops", "seconds", "wall_seconds"):
+            cost[key] += corpus["cost"][key]
+    return {**cost, "corpus_vectors": corpus}
 
 
 def given_negatives_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, schedule, offsets,

@@ -10,8 +10,6 @@ set's texts against the evaluation tasks and passes its path to the pair stream.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 from pathlib import Path
 from typing import Any
@@ -27,7 +25,7 @@ from embedlab.data.teacher_labels import (
 )
 from embedlab.evaluate.baselines import MINILM, minilm_identity
 from embedlab.store import file_sha256
-from embedlab.train.phase3_negatives import scheduled_rows
+from embedlab.train.phase3_negatives import directory_lock, scheduled_rows
 
 
 def teacher_identity(name: str) -> dict:
@@ -55,24 +53,11 @@ def teacher_labels_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, sc
     )
     directory = prepared.directory / "teacher-labels" / labels_version(identity)[:16]
     node_path(directory)  # on a cluster with remote storage: another node's published set, fetched
-    with scoring_lock(directory):  # trials starting together score a set once, the rest reuse it
+    with directory_lock(directory):  # trials starting together score a set once, the rest reuse it
         if not (directory / MANIFEST_FILE).is_file():
             _score(trial, rows, negatives, identity, directory, progress)
     load_manifest(directory, identity)
     return directory
-
-
-@contextlib.contextmanager
-def scoring_lock(directory: Path):
-    """An exclusive lock beside `directory` for this node's processes (`fcntl.flock`), held
-    while a set is checked for and scored."""
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    with open(directory.parent / f".{directory.name}.lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _score(trial: TrialConfig, rows, negatives, identity: dict, directory: Path, progress) -> None:
