@@ -33,6 +33,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -216,14 +217,24 @@ def rung_winners(rungs: Sequence[Rung]) -> list[str]:
     return winners
 
 
+def rung_record(rungs: Sequence[Rung], winner: str | None = None) -> dict[str, Any]:
+    """Each rung's winner on the study metric and the rungs (1-based, below the top) that
+    `winner` (default: the top rung's) did not win: what `winner_line` prints and promotion
+    records."""
+    winners = rung_winners(rungs)
+    winner = winners[-1] if winner is None else winner
+    lost = [(i, arm, rung.run_dir) for i, (arm, rung) in enumerate(zip(winners[:-1], rungs), start=1) if arm != winner]
+    return {"winner": winner, "won_every_rung": not lost, "lost": lost,
+            "rungs": [{"run_dir": rung.run_dir, "flops": rung.flops, "winner": arm} for rung, arm in zip(rungs, winners)]}
+
+
 def winner_line(rungs: Sequence[Rung]) -> str:
     """Whether the top rung's winner (what promotion would take: promote the top rung's run)
     also won every lower rung."""
-    winners = rung_winners(rungs)
-    top = winners[-1]
-    lost = [f"rung {i} ({arm})" for i, arm in enumerate(winners[:-1], start=1) if arm != top]
-    return (f"top rung's winner on the study metric: {top} (promote {rungs[-1].run_dir}); "
-            + ("it also won every lower rung" if not lost else f"another arm won {', '.join(lost)}"))
+    record = rung_record(rungs)
+    return (f"top rung's winner on the study metric: {record['winner']} (promote {rungs[-1].run_dir}); "
+            + ("it also won every lower rung" if record["won_every_rung"] else
+               "another arm won " + ", ".join(f"rung {i} ({arm})" for i, arm, _ in record["lost"])))
 
 
 _SAME_STUDY = ("factor", "arms", "seeds", "metric", "profile")  # what rungs of one ladder share

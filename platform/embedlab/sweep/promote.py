@@ -42,7 +42,7 @@ from embedlab.data.prepared_sync import local_directory
 from embedlab.evaluate import beir
 from embedlab.errors import UserError
 from embedlab.evaluate.hub_tasks import materialise_hub_task
-from embedlab.sweep.ladder import LadderError, ladder_of, load_rungs, rung_winners
+from embedlab.sweep.ladder import LadderError, ladder_of, load_rungs, rung_record
 from embedlab.sweep.rundir import last_error_line
 from embedlab.sweep.study import load_study
 from embedlab.sweep.table import budget_unit, check_equal_compute, compute_match_line, load_table, read_study_record
@@ -127,11 +127,9 @@ def _ladder_rungs(run_dir: str) -> list | None:
 def _ladder_record(rungs: list, winner: str) -> dict[str, Any]:
     """What promotion.json says of the ladder: each rung's winner on the study metric, and
     whether the promoted arm also won every lower rung."""
-    winners = rung_winners(rungs)
-    lost = [f"rung {i} ({arm}, {rung.run_dir})" for i, (arm, rung) in enumerate(zip(winners[:-1], rungs), start=1)
-            if arm != winner]
-    return {"rungs": [{"run_dir": rung.run_dir, "flops": rung.flops, "winner": arm} for rung, arm in zip(rungs, winners)],
-            "won_every_rung": not lost,
+    record = rung_record(rungs, winner)
+    lost = [f"rung {i} ({arm}, {run_dir})" for i, arm, run_dir in record["lost"]]
+    return {"rungs": record["rungs"], "won_every_rung": record["won_every_rung"],
             "line": (f"top rung of a {len(rungs)}-rung budget ladder; {winner} "
                      + ("also won every lower rung" if not lost else f"did not win {', '.join(lost)}"))}
 
