@@ -1,11 +1,11 @@
 """Phase 1, a single 15% ratio vs 5% and 50% mixed 4:1 with a head per ratio (`dual_heads.py`),
 with four seeds: the study sized for a budget ladder. The tour's answer at the `cpu` profile
 (single 15% ahead) comes from two seeds; four give the calibrated test a chance to say
-something at each rung. Rungs of 0.125, 0.25 and 0.5 of the budget span 4x compute and, with
-four seeds, cost what the tour's two seeds at 0.25, 0.5 and 1 would; the top rung's winner is a
-phase-1 parent at half the tour's budget.
+something at each rung. Rungs of 0.125, 0.25, 0.5 and 1 of the budget span 8x compute; the
+top rung is the tour's own budget, so its winner is a phase-1 parent like the tour's. The
+three lower rungs alone (`--ladder 0.125,0.25,0.5`, 4x) cost less than half as much.
 
-Run:  embedlab sweep ablations/dual_heads_ladder.py --profile cpu --ladder 0.125,0.25,0.5
+Run:  embedlab sweep ablations/dual_heads_ladder.py --profile cpu --ladder 0.125,0.25,0.5,1
 """
 
 from dataclasses import replace
