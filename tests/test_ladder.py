@@ -120,6 +120,15 @@ def test_the_command_prints_the_ladder_and_refuses_what_is_not_one(ladder, tmp_p
     assert f"top rung's winner on the study metric: better (promote {load_rungs(ladder)[-1].run_dir}); another arm " \
         "won rung 1 (same)" in out
     assert render_ladder(ladder) == render_ladder(ladder[::-1])
+    # each arm's mean per rung: the trials' own metric averaged over seeds, by hand
+    block = out[out.index("mean dev/ndcg@10 over each arm's seeds:"):].split("\n\n")[0].splitlines()
+    header, rows = block[1].split(), [line.split() for line in block[2:]]
+    for row, rung in zip(rows, load_rungs(ladder)):
+        trials = [json.loads(path.read_text()) for path in (Path(rung.run_dir) / "trials").glob("*.json")]
+        for arm, shown in zip(header[2:], row[2:]):
+            values = [t["dev/ndcg@10"] for t in trials if t["arm"] == arm and t.get("stage", "final") == "final"]
+            assert shown == f"{sum(values) / len(values):.4f}"
+    assert len(rows) == 3 and header[:2] == ["rung", "FLOPs"]
     with pytest.raises(LadderError, match="at least two run directories"):
         load_rungs(ladder[:1])
     same = write_run(tmp_path / "same", rung_values(0))

@@ -206,15 +206,17 @@ def project(trend: Trend, flops: float, level: float = TREND_LEVEL) -> dict:
             "extrapolation": outside}
 
 
+def rung_means(rung: Rung) -> pd.Series:
+    """Each arm's mean study metric over its final trials on one rung, in the study's arm order."""
+    final = final_trials(rung.table)
+    means = pd.to_numeric(final[rung.table.attrs["metric"]], errors="coerce").groupby(final["arm"]).mean()
+    return means.reindex([arm for arm in rung.table.attrs["arm_order"] if arm in means.index])
+
+
 def rung_winners(rungs: Sequence[Rung]) -> list[str]:
     """Each rung's arm with the highest mean study metric over its final trials (the arm
     `embedlab promote` would rank first on that rung), rung by rung."""
-    winners = []
-    for rung in rungs:
-        final = final_trials(rung.table)
-        means = pd.to_numeric(final[rung.table.attrs["metric"]], errors="coerce").groupby(final["arm"]).mean()
-        winners.append(str(means.idxmax()))
-    return winners
+    return [str(rung_means(rung).idxmax()) for rung in rungs]
 
 
 def rung_record(rungs: Sequence[Rung], winner: str | None = None) -> dict[str, Any]:
@@ -278,6 +280,10 @@ def render_ladder(run_dirs: Sequence[str | Path], *, project_to: float | None = 
              "seed variance (its size simulated in the test suite)", ""]
     for index, rung in enumerate(rungs, start=1):
         lines.append(f"rung {index}: {rung.flops:.4g} FLOPs  {rung.run_dir}")
+    means = pd.DataFrame([{"rung": index, "FLOPs": f"{rung.flops:.4g}",
+                           **{arm: f"{mean:.4f}" for arm, mean in rung_means(rung).items()}}
+                          for index, rung in enumerate(rungs, start=1)])
+    lines += ["", f"mean {first['metric']} over each arm's seeds:", means.to_string(index=False)]
     shown = pd.DataFrame({
         "rung": tests["rung"], "arm": tests["arm"], "seeds": tests["seeds"],
         "diff": [f"{d:+.4f}" if d == d else "n/a" for d in tests["diff"]],
