@@ -45,12 +45,16 @@ SLOW_TESTS = {
 }
 
 
+SELF = "tests/test_suite_time.py::"  # this file's tests: the check's own time is its wait for the others
+
+
 def _recorded(session) -> dict[str, float]:
-    here = conftest.session_durations(session, exclude="tests/test_suite_time.py::")
+    here = conftest.session_durations(session, exclude=SELF)
     if len(here) > 1:
         return here
     cache = getattr(session.config, "cache", None)
-    return (cache.get(conftest.DURATIONS_CACHE_KEY, None) if cache is not None else None) or {}
+    last = (cache.get(conftest.DURATIONS_CACHE_KEY, None) if cache is not None else None) or {}
+    return {test: seconds for test, seconds in last.items() if not test.startswith(SELF)}
 
 
 def slowdown(durations: dict[str, float], reference: dict[str, float]) -> float:
@@ -108,7 +112,7 @@ def test_the_reference_is_a_whole_run_of_the_suite():
 def write_reference() -> None:
     """The last whole run's durations (pytest's cache, written by conftest) become the reference."""
     cache = Path(__file__).resolve().parent.parent / ".pytest_cache" / "v" / conftest.DURATIONS_CACHE_KEY
-    seconds = json.loads(cache.read_text())
+    seconds = json.loads(cache.read_text()) if cache.is_file() else {}
     if len(seconds) < 500:
         raise SystemExit(f"{cache} holds {len(seconds)} tests: run the whole suite (make test) first")
     REFERENCE.write_text(json.dumps({
