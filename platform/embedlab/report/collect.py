@@ -158,6 +158,8 @@ def probes(runs: list[Run]) -> list[Probe]:
     trial_checkpoints = {store.resolve(row["checkpoint"]) for run in runs for row in best_trials(run)}
     for run in runs:
         first_arm = run.arms[0]
+        if first_arm not in run.prepared:  # records kept without prepared.json: no data to measure with
+            continue
         parent = run.record.get("parent")
         # A checkpoint is a directory or a URI (fetched, verified, when measured).
         if parent and store.exists(parent) and store.resolve(parent) not in trial_checkpoints | seen:
@@ -166,7 +168,7 @@ def probes(runs: list[Run]) -> list[Probe]:
                               phase=run.phase - 1))
         for row in best_trials(run):
             key = store.resolve(row["checkpoint"])
-            if key in seen:
+            if key in seen or row["arm"] not in run.prepared:
                 continue
             seen.add(key)
             out.append(_probe(run, row["arm"], row["checkpoint"], row,
