@@ -245,8 +245,11 @@ def test_a_tuned_panel_study_on_s3_from_sweep_to_release(ray_session, prepared, 
     assert main(["table", run_dir, "--format", "markdown"]) == 0
 
     # Promote on the panel mean into a phase-2 study of one's own (--next), and run it.
+    # Scored at a truncated width too: the parent must be scored at it as well (a study ranked
+    # on a truncated width's metric once stopped on the parent's missing score).
+    tiny = tiny_trial(num_workers=1)
     child_base = dataclasses.replace(
-        tiny_trial(num_workers=1), phase=2,
+        tiny, phase=2, eval=dataclasses.replace(tiny.eval, dims=(tiny.model.width // 2,)),
         contrastive=ContrastiveConfig(pairs=(("title-body", 0.5), ("same-source-spans", 0.5)), pair_length=48))
     next_file = write_study(tmp_path / "tiny_pool.py", child_base, name="tiny-s3-pool", arms=("mean", "cls"),
                             change="contrastive.pooling='cls'", extra="budget=Budget(tokens=4_000, pairs=32)")
@@ -270,6 +273,8 @@ def test_a_tuned_panel_study_on_s3_from_sweep_to_release(ray_session, prepared, 
     assert child["budget/pairs"].nunique() == 1 and child["budget/pairs"].iloc[0] >= 32
     child_record = json.loads(store.read_text(store.join(child_dir, "study.json")))
     assert child_record["parent_scores"]["dev/ndcg@10"] == pytest.approx(winner["dev/ndcg@10"])
+    truncated = {column for column in child.columns if column.startswith(f"dev/dim{tiny.model.width // 2}/")}
+    assert "dev/dim%d/ndcg@10" % (tiny.model.width // 2) in truncated <= set(child_record["parent_scores"])
     assert "parent (same evaluator)" in capsys.readouterr().out
     # The child's trials read the pair table its driver froze and published (recorded per arm).
     child_prepared = json.loads(store.read_text(store.join(child_dir, "prepared.json")))["mean"]

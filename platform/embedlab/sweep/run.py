@@ -206,7 +206,7 @@ def run_sweep(
         scored = score_trial(
             lambda task_dir, retention_dir: ray.get(evaluator.evaluate.remote(
                 parent, task_dir, config.eval.split, config.eval.index, retention_dir,
-                max_length=config.eval.max_length)),
+                max_length=config.eval.max_length, dims=config.eval.dims)),
             arm_eval_tasks(config.eval, prepared[arm]), config.eval.split, str(directory / "retention"))
         # Score columns only, as before panels: the evaluation's cost is the parent's, not a trial's.
         record["parent_scores"] = {k: v for k, v in scored.columns.items() if not k.startswith("compute/")}
