@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import shutil
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -237,3 +238,54 @@ def test_phase3_refuses_a_final_eval_document_planted_in_its_teacher_labels(data
     assert not storage.exists()  # refused before the trainer started
     allowed = check_teacher_labels(data, task_dir, labels, "disclosed: one planted text", **QUIET)
     assert [(f["item_id"], f["match"]) for f in allowed] == [(doc_id, "exact")]
+
+
+def test_embedding_distillation_refuses_a_final_eval_document_planted_in_its_teacher_documents(data, tmp_path):
+    """A trial with `embedding_mse_weight` gives each scheduled pair a training-split document
+    and encodes it with the real teacher: the set is reproducible (reused, and the teacher's
+    projected vector of a stored text is its stored target), the stream carries each row's
+    document and target, the set passes the gate clean, and with a test document planted in
+    it `run_contrastive` raises before any Ray Train run starts."""
+    from embedlab.data import teacher_embeddings as te
+    from embedlab.data.contamination import check_teacher_embeddings
+    from embedlab.data.pair_stream import pair_windows, tokenize_pair_window
+    from embedlab.evaluate.baselines import load_minilm
+    from embedlab.train.contrastive import run_contrastive
+    from embedlab.train.phase3_teacher import teacher_embeddings_for_trial
+
+    trial, pairs_path, schedule, offsets, _ = phase3_setup(data, tmp_path, teacher="all-MiniLM-L6-v2",
+                                                           embedding_mse_weight=0.5)
+    documents = teacher_embeddings_for_trial(trial, data, pairs_path, schedule, offsets, **QUIET)
+    assert teacher_embeddings_for_trial(trial, data, pairs_path, schedule, offsets, **QUIET) == documents
+    table = pq.read_table(documents / te.EMBEDDINGS_FILE)
+    train_ids = set(data.corpus.read(split="train")["doc_id"].to_pylist())
+    assert set(table["doc_id"].to_pylist()) <= train_ids and table.num_rows == len(set(table["doc_id"].to_pylist()))
+    texts = table["text"].to_pylist()[:3]
+    again = te.project(load_minilm().encode(texts), trial.model.width)
+    stored = np.stack(table["target"].to_pylist()[:3])
+    np.testing.assert_allclose(again, stored, atol=1e-5)
+
+    window = {key: [value] for key, value in pair_windows(schedule, offsets)[0].items()}  # a batch of one window
+    row = tokenize_pair_window(window, pairs_path=str(pairs_path), tokenizer_path=str(data.tokenizer_path),
+                               length=32, query_prefix="", passage_prefix="passage: ", negatives_path=None,
+                               negatives_per_pair=0, teacher_embeddings_path=str(documents / te.EMBEDDINGS_FILE))
+    first = pq.read_table(pairs_path).take(pa.array(np.asarray(window["rows"][0][:1], dtype=np.int64)))
+    at = table["pair_id"].to_pylist().index(first["pair_id"][0].as_py())
+    tokens = data.tokenizer.encode_batch(["passage: " + table["text"][at].as_py()])[0]
+    assert len(tokens) <= 30 and list(row["distill_ids"][0][:len(tokens) + 2]) == [
+        data.tokenizer.cls_id, *tokens, data.tokenizer.sep_id]
+    np.testing.assert_array_equal(row["teacher_embedding"][0], np.asarray(table["target"][at].as_py(), dtype=np.float32))
+
+    task_dir = data.task_dir(TASK)
+    assert check_teacher_embeddings(data, task_dir, documents, None, **QUIET) == []
+    _, _, doc_id, body = final_eval_items(data)
+    planted = table["pair_id"][1].as_py(), table["doc_id"][1].as_py()
+    all_texts = table["text"].to_pylist()
+    all_texts[1] = body
+    pq.write_table(table.set_column(table.schema.get_field_index("text"), "text", pa.array(all_texts)),
+                   documents / te.EMBEDDINGS_FILE)
+    storage = tmp_path / "train"
+    with pytest.raises(ContaminationError, match="stages teacher-labels") as refused:
+        run_contrastive(trial, data, storage_path=storage, name="planted", **QUIET)
+    assert f"{documents.name}:{planted[0]}:{planted[1]}" in str(refused.value) and doc_id in str(refused.value)
+    assert not storage.exists()

@@ -538,6 +538,11 @@ class ContrastiveConfig:
     (positive, negative) margins. The InfoNCE keeps weight 1 - kl_weight - margin_mse_weight
     (0: distillation only). Rows whose teacher margin (positive minus best negative) is below
     `teacher_min_confidence` get no distillation label (None: every row keeps its label).
+    `embedding_mse_weight` (phase 2 or 3) regresses the student's unit embedding of one
+    unlabelled training-split document per scheduled pair onto the teacher's embedding of the
+    same text, projected to the student's width by a fixed orthonormal projection when the
+    widths differ (`embedlab.data.teacher_embeddings`); it too takes its weight from the
+    InfoNCE's share.
     """
 
     pairs: tuple[tuple[str, float], ...] = (
@@ -568,20 +573,23 @@ class ContrastiveConfig:
     teacher_passage_prefix: str = ""
     kl_weight: float = 0.0
     margin_mse_weight: float = 0.0
+    embedding_mse_weight: float = 0.0
     kl_student_temperature: float = 0.05
     kl_teacher_temperature: float = 0.05
     teacher_min_confidence: float | None = None
 
     def __post_init__(self) -> None:
         _check(self.teacher in ("", *TEACHERS), "contrastive.teacher", f"{self.teacher!r}; valid: {['', *TEACHERS]}")
-        for name in ("kl_weight", "margin_mse_weight"):
+        for name in ("kl_weight", "margin_mse_weight", "embedding_mse_weight"):
             _check(0.0 <= getattr(self, name) <= 1.0, f"contrastive.{name}", f"{getattr(self, name)}: must be in [0, 1]")
         _check(self.distillation_weight <= 1.0 + 1e-9, "contrastive.kl_weight",
-               f"kl_weight + margin_mse_weight = {self.distillation_weight:g}: must be at most 1 "
-               "(the InfoNCE keeps the rest)")
+               f"kl_weight + margin_mse_weight + embedding_mse_weight = {self.distillation_weight:g}: "
+               "must be at most 1 (the InfoNCE keeps the rest)")
         if self.distillation_weight > 0:
             _check(bool(self.teacher), "contrastive.teacher",
-                   f"kl_weight / margin_mse_weight > 0 need a teacher to distil; valid: {list(TEACHERS)}")
+                   "kl_weight / margin_mse_weight / embedding_mse_weight > 0 need a teacher to distil; "
+                   f"valid: {list(TEACHERS)}")
+        if self.score_distillation_weight > 0:
             _check(self.hard_negatives >= 1, "contrastive.hard_negatives",
                    "distillation scores each query's own positive and negatives: needs hard_negatives >= 1")
         _check(self.kl_student_temperature > 0 and self.kl_teacher_temperature > 0,
@@ -632,6 +640,11 @@ class ContrastiveConfig:
     @property
     def distillation_weight(self) -> float:
         """The distillation terms' total weight; the InfoNCE keeps 1 minus it."""
+        return self.kl_weight + self.margin_mse_weight + self.embedding_mse_weight
+
+    @property
+    def score_distillation_weight(self) -> float:
+        """The weight of the terms that read teacher labels (KL and MarginMSE: phase 3 with negatives)."""
         return self.kl_weight + self.margin_mse_weight
 
     @property

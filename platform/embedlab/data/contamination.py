@@ -33,6 +33,7 @@ from embedlab.data.saved_audits import audit_stages, stage_file_audit, task_audi
 from embedlab.data.stages import (
     MINED_STAGE, NEGATIVES_FILE, PAIRS_STAGE, PHASE1_STAGES, TEACHER_STAGE, mined_set_items, pair_table_items, table_items,
 )
+from embedlab.data.teacher_embeddings import EMBEDDINGS_FILE, teacher_embedding_items
 from embedlab.data.teacher_labels import LABELS_FILE, teacher_label_items
 from embedlab.data.user_pairs import user_pair_table, user_pairs_dir
 from embedlab.evaluate.beir import load_task
@@ -108,6 +109,19 @@ def check_teacher_labels(
     labels_dir = Path(labels_dir)
     return _check_stage_set(prepared, task_dir, TEACHER_STAGE, labels_dir, labels_dir / LABELS_FILE,
                             teacher_label_items(labels_dir), "the teacher-scored texts", policy, progress)
+
+
+def check_teacher_embeddings(
+    prepared: PreparedData, task_dir: Path, embeddings_dir: Path, policy: str | None,
+    progress: Callable[[str], None] = print,
+) -> list[dict]:
+    """Final-eval findings of the task among the documents a teacher encoded for a trial's
+    embedding distillation (checked after encoding, before training on them); raises
+    ContaminationError if any and no policy."""
+    embeddings_dir = Path(embeddings_dir)
+    return _check_stage_set(prepared, task_dir, TEACHER_STAGE, embeddings_dir, embeddings_dir / EMBEDDINGS_FILE,
+                            teacher_embedding_items(embeddings_dir), "the teacher-encoded documents", policy,
+                            progress)
 
 
 def check_mined_negatives(

@@ -8,7 +8,9 @@ tokens: each row, one (query, positive), is one unit, so a user pair with three 
 shares and budgets. Each stream row is one pair: `[CLS] prefix + query [SEP]`
 and `[CLS] prefix + positive [SEP]`, truncated and padded to `pair_length`, its positive
 group as an int64 hash, its builder index and its non-padding token counts; phase 3 adds
-`hard_negatives` mined negatives per pair. Workers train on their rows of each global batch
+`hard_negatives` mined negatives per pair; with embedding distillation each row also carries
+its pair's training-split document and the teacher's target for it
+(`embedlab.data.teacher_embeddings`). Workers train on their rows of each global batch
 as in phase 1 (`embedlab.data.stream.worker_rows`); a row is a draw of the schedule, so worker
 r's Dataset holds the draws at positions r, r + W, ... of the whole global batches
 (`embedlab.data.stream.WorkerSplit`) and tokenises only those (`pair_dataset`'s `split`).
@@ -37,6 +39,7 @@ from embedlab.data.document import normalise_text
 from embedlab.data.mixture import MixtureError, Schedule, sample_schedule
 from embedlab.data.prepared_sync import node_path
 from embedlab.data.stream import WorkerSplit, cached_tokenizer, schedule_windows
+from embedlab.data.teacher_embeddings import embedding_rows
 from embedlab.data.teacher_labels import teacher_score_rows
 
 
@@ -151,6 +154,7 @@ def tokenize_pair_window(
     given_negatives_path: str | None = None,
     teacher_labels_path: str | None = None,
     teacher_min_confidence: float | None = None,
+    teacher_embeddings_path: str | None = None,
 ) -> dict[str, np.ndarray]:
     """Ray Data UDF: a window of scheduled pair rows -> tokenised training rows.
 
@@ -158,7 +162,11 @@ def tokenize_pair_window(
     then its mined ones (`negatives_path`) whose text is no given one's, the first
     `negatives_per_pair` of them. With `teacher_labels_path` each row also carries
     `teacher_scores` (1 + negatives_per_pair,): the teacher's score of its positive and of each
-    negative slot, nan where there is none (`embedlab.data.teacher_labels.teacher_score_rows`)."""
+    negative slot, nan where there is none (`embedlab.data.teacher_labels.teacher_score_rows`).
+    With `teacher_embeddings_path` each row carries `distill_ids` (length,): its pair's document,
+    `[CLS] passage_prefix + text [SEP]`, and `teacher_embedding` (d,): the teacher's projected
+    vector of that text, nan where the set has none
+    (`embedlab.data.teacher_embeddings.embedding_rows`)."""
     table = _pair_rows(pairs_path)
     tokenizer = cached_tokenizer(tokenizer_path)
     rows = np.concatenate([np.asarray(r, dtype=np.int64) for r in batch["rows"]])
@@ -204,6 +212,11 @@ def tokenize_pair_window(
         if teacher_labels_path is not None:
             out["teacher_scores"] = teacher_score_rows(teacher_labels_path, pair_ids, slot_ids,
                                                        min_confidence=teacher_min_confidence)
+    if teacher_embeddings_path is not None:
+        texts, targets = embedding_rows(teacher_embeddings_path, pair_ids)
+        out["distill_ids"], distill_len = _encode(tokenizer, [passage_prefix + t for t in texts], length)
+        out["teacher_embedding"] = targets
+        out["tokens"] = out["tokens"] + distill_len
     return out
 
 
@@ -270,6 +283,7 @@ def pair_dataset(
     given_negatives_path: Path | None = None,
     teacher_labels_path: Path | None = None,
     teacher_min_confidence: float | None = None,
+    teacher_embeddings_path: Path | None = None,
     split: WorkerSplit | None = None,
 ):
     """The Ray Dataset of tokenised pairs for one trial, in schedule order: the whole stream,
@@ -290,6 +304,7 @@ def pair_dataset(
             "given_negatives_path": None if given_negatives_path is None else str(given_negatives_path),
             "teacher_labels_path": None if teacher_labels_path is None else str(teacher_labels_path),
             "teacher_min_confidence": teacher_min_confidence,
+            "teacher_embeddings_path": None if teacher_embeddings_path is None else str(teacher_embeddings_path),
         },
         batch_size=1,
         batch_format="numpy",

@@ -8,7 +8,9 @@
                        positive) and given negatives, the texts the sweep's pre-flight audits
     mined-negatives    hard negatives of every mined set saved with the data (`mined/*/`)
     teacher-labels     every query and candidate a teacher scored, of every teacher-labels set
-                       saved with the data (`teacher-labels/*/`, `embedlab.data.teacher_labels`)
+                       saved with the data (`teacher-labels/*/`, `embedlab.data.teacher_labels`),
+                       and every document a teacher encoded for embedding distillation
+                       (`teacher-embeddings/*/`, `embedlab.data.teacher_embeddings`)
 
 `pair_table_items` and `mined_set_items` read one frozen pairs table or one mined set: what
 a given trial trains on, for the gate before it trains (`embedlab.data.contamination`).
@@ -27,6 +29,7 @@ from embedlab.data.document import document_text
 from embedlab.data.mining import NEGATIVES_FILE
 from embedlab.data.pairs import PAIR_BUILDERS, build_pairs
 from embedlab.data.prepared import PreparedData
+from embedlab.data.teacher_embeddings import EMBEDDINGS_FILE, teacher_embedding_items
 from embedlab.data.teacher_labels import LABELS_FILE, teacher_label_items
 
 PAIRS_STAGE = "contrastive-pairs"
@@ -96,6 +99,8 @@ def _mined(prepared: PreparedData) -> Iterator[tuple[str, str]]:
 def _teacher_sets(prepared: PreparedData) -> Iterator[tuple[str, str]]:
     for path in sorted((prepared.directory / "teacher-labels").glob(f"*/{LABELS_FILE}")):
         yield from teacher_label_items(path.parent)
+    for path in sorted((prepared.directory / "teacher-embeddings").glob(f"*/{EMBEDDINGS_FILE}")):
+        yield from teacher_embedding_items(path.parent)
 
 
 def training_stages(

@@ -158,13 +158,19 @@ def measured_encode(teacher) -> tuple[Callable[[list[str]], np.ndarray], Callabl
     return encode, cost
 
 
+def write_table_and_cost(directory: Path, name: str, table: pa.Table, cost: dict[str, Any]) -> None:
+    """A set's table (staged under its own name, then renamed) and its `COST_FILE`: what a set
+    writes before its manifest (teacher embeddings share it)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    staging = directory / f".{name}.{time.time_ns()}.tmp"
+    pq.write_table(table, staging)
+    staging.rename(directory / name)
+    write_text_atomically(directory / COST_FILE, json.dumps(cost, indent=2, sort_keys=True))
+
+
 def write_labels(directory: Path, table: pa.Table, identity: dict[str, Any], cost: dict[str, Any]) -> Path:
     """Save a set: the table and its cost first, the manifest last (it marks the set complete)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    staging = directory / f".{LABELS_FILE}.{time.time_ns()}.tmp"
-    pq.write_table(table, staging)
-    staging.rename(directory / LABELS_FILE)
-    write_text_atomically(directory / COST_FILE, json.dumps(cost, indent=2, sort_keys=True))
+    write_table_and_cost(directory, LABELS_FILE, table, cost)
     agrees = np.asarray(table.group_by("pair_id").aggregate([("agrees", "min")]).column("agrees_min").to_pylist(),
                         dtype=bool)
     counts = {"pairs": int(len(agrees)), "scores": table.num_rows, "teacher_agrees": int(agrees.sum()),
@@ -175,16 +181,17 @@ def write_labels(directory: Path, table: pa.Table, identity: dict[str, Any], cos
     return directory
 
 
-def load_manifest(directory: Path, expected: dict[str, Any]) -> dict[str, Any]:
+def load_manifest(directory: Path, expected: dict[str, Any], what: str = "teacher labels") -> dict[str, Any]:
     """A set's manifest, refused (TeacherLabelsError) unless it records exactly `expected`'s
-    identity: labels computed for another teacher, table, negatives or code are never used."""
+    identity: labels computed for another teacher, table, negatives or code are never used.
+    `what` names the kind of set in the message (teacher embeddings share the rule)."""
     path = Path(directory) / MANIFEST_FILE
     if not path.is_file():
-        raise TeacherLabelsError(f"no teacher-labels set at {directory} (no {MANIFEST_FILE}: incomplete or absent)")
+        raise TeacherLabelsError(f"no {what} set at {directory} (no {MANIFEST_FILE}: incomplete or absent)")
     manifest = json.loads(path.read_text())
     differ = sorted(key for key in expected if manifest.get(key) != expected[key])
     if differ:
-        raise TeacherLabelsError(f"teacher labels at {directory} were computed for other inputs ({', '.join(differ)} "
+        raise TeacherLabelsError(f"{what} at {directory} were computed for other inputs ({', '.join(differ)} "
                                  "differ from this trial's): recompute them by removing the directory")
     return manifest
 

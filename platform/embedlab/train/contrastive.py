@@ -40,7 +40,9 @@ import torch
 
 from embedlab.config import ModelConfig, TrialConfig
 from embedlab.data.teacher_labels import LABELS_FILE
-from embedlab.data.contamination import check_mined_negatives, check_teacher_labels, check_training_data
+from embedlab.data.contamination import check_mined_negatives, check_teacher_embeddings, check_teacher_labels, \
+    check_training_data
+from embedlab.data.teacher_embeddings import EMBEDDINGS_FILE
 from embedlab.data.mixture import schedule_target
 from embedlab.data.pair_stream import pair_dataset, pair_schedule
 from embedlab.data.pairs_table import pair_table_path, recorded_pair_table
@@ -56,14 +58,16 @@ from embedlab.tokenizer.frozen import load_tokenizer
 from embedlab.train.budget import consumption, recorded_flops, schedule_units, split_lineage_budget, step_units
 from embedlab.train.checkpoint import HEAD_FILE, load_parent, local_checkpoint
 from embedlab.train.compiling import compile_blocks, resolve_compile
-from embedlab.train.contrastive_step import ContrastiveStep, DistillCounts, local, local_distill_counts
+from embedlab.train.contrastive_step import DISTILLATION_TERMS, ContrastiveStep, DistillCounts, local, \
+    local_distill_counts
 from embedlab.train.flops import FORWARD, TRAINED, FlopTally, attention_path
 from embedlab.train.launch import fit
 from embedlab.train.loop import Progress, RunOptions, TrainingLoop, run_on_ray
 from embedlab.train.mlm_step import all_reduce_gradients, no_reduce, prepare_microbatch, sum_all_reduce
 from embedlab.train.nonfinite import finite_update
 from embedlab.train.optim import build_optimizer, set_learning_rate
-from embedlab.train.phase3_teacher import teacher_compute_figures, teacher_label_record, teacher_labels_for_phase3
+from embedlab.train.phase3_teacher import teacher_compute_figures, teacher_embedding_record, teacher_embeddings_for_trial, \
+    teacher_label_record, teacher_labels_for_phase3
 from embedlab.train.phase3_negatives import given_negative_counts, given_negatives_for_phase3, mine_for_phase3, \
     mining_compute
 from embedlab.train.precision import forward_precision, half_activations, resolve_precision
@@ -193,10 +197,10 @@ class ContrastiveLoop(TrainingLoop):
         queries = torch.tensor([float(sum(len(b["group"]) for b in batches))], dtype=torch.float64)
         known = self.all_reduce(torch.cat([queries, local_distill_counts(batches)]) if distilling else queries).tolist()
         valid = self.anchors_per_query * int(known[0])
-        distill = DistillCounts(kl=int(known[1]), margin=int(known[2])) if distilling else None
+        distill = DistillCounts(kl=int(known[1]), margin=int(known[2]), embedding=int(known[3])) if distilling else None
         loss_local = torch.zeros(1, dtype=torch.float64, device=self.device)  # summed as the host summed it
-        # Distillation arms: this worker's InfoNCE, KL and MarginMSE sums.
-        parts_local = torch.zeros(3, dtype=torch.float64, device=self.device)
+        # Distillation arms: this worker's InfoNCE, KL, MarginMSE and embedding MSE sums.
+        parts_local = torch.zeros(1 + len(DISTILLATION_TERMS), dtype=torch.float64, device=self.device)
         terms = torch.zeros(2, dtype=torch.float64, device=self.device)  # this worker's valid anchors, candidates
         counts = torch.zeros(5, dtype=torch.float64)  # queries, pair tokens, candidates, anchors, FLOPs
         taus = []
@@ -207,7 +211,7 @@ class ContrastiveLoop(TrainingLoop):
                 named = dict(term.terms)
                 parts_local += torch.stack([term.infonce_sum.detach().double().reshape(())] + [
                     named[name].loss_sum.detach().double() if name in named else
-                    torch.zeros((), dtype=torch.float64, device=self.device) for name in ("kl", "margin_mse")])
+                    torch.zeros((), dtype=torch.float64, device=self.device) for name in DISTILLATION_TERMS])
             terms += torch.stack([term.valid, term.candidate_sum]).double()
             counts += torch.tensor([float(len(batch["group"])), float(batch["tokens"].sum()), 0.0,
                                     float(term.anchors), flops], dtype=torch.float64)
@@ -261,7 +265,8 @@ class ContrastiveLoop(TrainingLoop):
             if parts is not None:
                 # Each term over its own global count: the figures the objective weighs.
                 for name, value, count in (("contrastive", parts[0], valid), ("kl", parts[1], distill.kl),
-                                           ("margin_mse", parts[2], distill.margin)):
+                                           ("margin_mse", parts[2], distill.margin),
+                                           ("embedding_mse", parts[3], distill.embedding)):
                     if name == "contrastive" or count:
                         self.window_terms.setdefault(name, []).append(value / max(count, 1))
             if self.joint:
@@ -352,7 +357,8 @@ class ContrastiveLoop(TrainingLoop):
                 "budget/total_flops": self.charged_flops + progress.flops}
                if self.trial.train.budget.scope == "lineage" else {}),
             **self.loop_config.get("mining_compute", {}),
-            **teacher_compute_figures(self.loop_config.get("teacher_labels")),
+            **teacher_compute_figures(self.loop_config.get("teacher_labels"),
+                                      self.loop_config.get("teacher_embeddings")),
         }
         self.window, self.window_mlm, self.window_terms = [], [], {}
         return metrics
@@ -410,12 +416,17 @@ class ContrastiveLoop(TrainingLoop):
                     "effective_candidates": metrics["train/effective_candidates"],
                     **({"distillation": {
                         "kl_weight": settings.kl_weight, "margin_mse_weight": settings.margin_mse_weight,
+                        "embedding_mse_weight": settings.embedding_mse_weight,
                         "infonce_weight": 1.0 - settings.distillation_weight,
                         "kl_temperatures": {"student": settings.kl_student_temperature,
                                             "teacher": settings.kl_teacher_temperature},
                         "scores": "cosines of each query's own positive and negatives at the widest trained width",
-                        "reduction": "each term's sum / its global count (KL rows, MarginMSE pairs)",
+                        "embedding_mse": "the unit embedding of one training-split document per pair, at the "
+                                         "full width, regressed onto the teacher's projected vector of it",
+                        "reduction": "each term's sum / its global count (KL rows, MarginMSE pairs, "
+                                     "embedding rows)",
                         "teacher_labels": loop_config.get("teacher_labels"),
+                        "teacher_embeddings": loop_config.get("teacher_embeddings"),
                     }} if settings.distillation_weight > 0 else {}),
                 },
                 "optimizer_start": "optimizer state and schedule clock reset at the phase start",
@@ -498,14 +509,18 @@ def run_contrastive(trial: TrialConfig, prepared, *, storage_path: Path, name: s
             # Mined negatives exist only now: checked here, after mining and before training.
             for task_dir in task_dirs:
                 check_mined_negatives(prepared, task_dir, mined, overlap_policy, progress)
-    labels = None
+    labels = documents = None
     # A teacher without a weight is inert (a study's control arm keeps the field its arms set).
-    if trial.phase == 3 and settings.distillation_weight > 0:
+    if trial.phase == 3 and settings.score_distillation_weight > 0:
         labels = teacher_labels_for_phase3(trial, prepared, pairs_path, schedule, offsets, mined=mined, given=given,
                                            progress=progress)
         # What the teacher scored is training input too: checked before any step uses it.
         for task_dir in task_dirs:
             check_teacher_labels(prepared, task_dir, labels, overlap_policy, progress)
+    if settings.embedding_mse_weight > 0:
+        documents = teacher_embeddings_for_trial(trial, prepared, pairs_path, schedule, offsets, progress=progress)
+        for task_dir in task_dirs:
+            check_teacher_embeddings(prepared, task_dir, documents, overlap_policy, progress)
     streams = [pair_dataset(
         pairs_path, schedule, offsets, tokenizer_path=prepared.tokenizer_path, length=settings.pair_length,
         query_prefix=settings.query_prefix, passage_prefix=settings.passage_prefix,
@@ -514,6 +529,7 @@ def run_contrastive(trial: TrialConfig, prepared, *, storage_path: Path, name: s
         given_negatives_path=None if given is None else given / "negatives.parquet",
         teacher_labels_path=None if labels is None else labels / LABELS_FILE,
         teacher_min_confidence=settings.teacher_min_confidence,
+        teacher_embeddings_path=None if documents is None else documents / EMBEDDINGS_FILE,
         split=split,
     ) for split in worker_splits(trial.train.num_workers, trial.train.batch_rows)]
     return fit(
@@ -530,6 +546,7 @@ def run_contrastive(trial: TrialConfig, prepared, *, storage_path: Path, name: s
             "mining_compute": {**mining_compute(mined), **mining_compute(given, "compute/given_negatives")},
             "given_negatives": given_negative_counts(given),
             "teacher_labels": teacher_label_record(labels, settings),
+            "teacher_embeddings": teacher_embedding_record(documents),
             "run": options.to_dict(),
         },
         trial,

@@ -23,6 +23,13 @@ own positive and negatives are scored once more, as one batched matmul at the wi
 width, and the KL and MarginMSE terms (`embedlab.objectives.distillation`) are folded into
 the term's loss sum against their global counts (`DistillCounts`, known from the teacher
 masks before the forward pass): the same single objective on both paths.
+
+With `contrastive.embedding_mse_weight` each row also brings its pair's training-split
+document (`distill_ids`) and the teacher's target for it (`teacher_embedding`). The documents
+are encoded as a third group appended to the candidates' passes, so GradCache chunks and
+recomputes them like any candidate; they are split off before the InfoNCE (they are nobody's
+candidates) and regressed onto their targets at the full width (`embedding_mse`), folded in
+against their global count like the other terms.
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ from embedlab.model.encoder import Encoder, SegmentLayout, segment_layout, to_de
 from embedlab.model.pooling import l2_normalise, mean_pool
 from embedlab.objectives.contrastive import ContrastiveLoss, LearnableTemperature, multi_positive_infonce, \
     pair_masks, pooled
-from embedlab.objectives.distillation import kl_distillation, kl_rows, margin_mse, margin_pairs, \
+from embedlab.objectives.distillation import embedding_mse, kl_distillation, kl_rows, margin_mse, margin_pairs, \
     own_candidate_scores, with_distillation
 from embedlab.objectives.gradcache import gradcache_step
 from embedlab.objectives.matryoshka import matryoshka_loss, truncate
@@ -82,22 +89,37 @@ def contrastive_weight(settings: ContrastiveConfig) -> float:
     return 1.0 - settings.mlm_weight
 
 
+DISTILLATION_TERMS = ("kl", "margin_mse", "embedding_mse")  # the names `with_distillation` folds in, in order
+
+
 @dataclass(frozen=True)
 class DistillCounts:
     """A step's global counts for the distillation terms, summed over microbatches and workers:
-    KL rows (two or more teacher scores) and MarginMSE (positive, negative) pairs."""
+    KL rows (two or more teacher scores), MarginMSE (positive, negative) pairs and embedding
+    rows with a teacher target."""
 
     kl: int
     margin: int
+    embedding: int = 0
+
+
+def embedding_mask(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """(B,) bool: the rows whose document has a teacher target (a nan row has none)."""
+    return torch.isfinite(batch["teacher_embedding"]).all(dim=1)
 
 
 def local_distill_counts(batches: list[dict[str, torch.Tensor]]) -> torch.Tensor:
-    """(2,) float64: this worker's KL rows and MarginMSE pairs over a step's microbatches, read
-    from their `teacher_scores` (nan: no label) on the host."""
-    counts = torch.zeros(2, dtype=torch.float64)
+    """(3,) float64: this worker's KL rows, MarginMSE pairs and embedding rows over a step's
+    microbatches, read from their `teacher_scores` and `teacher_embedding` (nan: no label) on
+    the host (0 for a term whose column the stream does not carry)."""
+    counts = torch.zeros(3, dtype=torch.float64)
     for batch in batches:
-        mask = torch.isfinite(batch["teacher_scores"])
-        counts += torch.tensor([float(kl_rows(mask).sum()), float(margin_pairs(mask).sum())], dtype=torch.float64)
+        if "teacher_scores" in batch:
+            mask = torch.isfinite(batch["teacher_scores"])
+            counts[0] += float(kl_rows(mask).sum())
+            counts[1] += float(margin_pairs(mask).sum())
+        if "teacher_embedding" in batch:
+            counts[2] += float(embedding_mask(batch).sum())
     return counts
 
 
@@ -156,30 +178,49 @@ class ContrastiveStep:
         widths, weights = settings.trained_widths(self.model.width)
 
         distilling = settings.distillation_weight > 0
-        if distilling:
-            if distill is None or "teacher_scores" not in batch:
-                raise ValueError("contrastive.kl_weight / margin_mse_weight need the stream's teacher_scores "
-                                 "and the step's DistillCounts")
+        if distilling and distill is None:
+            raise ValueError("contrastive distillation weights need the step's DistillCounts")
+        if settings.score_distillation_weight > 0:
+            if "teacher_scores" not in batch:
+                raise ValueError("contrastive.kl_weight / margin_mse_weight need the stream's teacher_scores")
             teacher = to_device(batch["teacher_scores"], device)
             teacher_mask = torch.isfinite(teacher)
+        documents = 0  # the embedding-distillation rows appended to the candidates' passes
+        if settings.embedding_mse_weight > 0:
+            if "distill_ids" not in batch or "teacher_embedding" not in batch:
+                raise ValueError("contrastive.embedding_mse_weight needs the stream's distill_ids and teacher_embedding")
+            host_sides.append(batch["distill_ids"])
+            documents = len(batch["distill_ids"])
+            targets = to_device(batch["teacher_embedding"], device)
+            target_mask = to_device(embedding_mask(batch), device)
 
         def contrastive_term(queries: torch.Tensor, local_candidates: torch.Tensor) -> ContrastiveLoss:
             """The term at every trained width (`embedlab.objectives.matryoshka`; the full width
             alone unless `contrastive.matryoshka_dims` lists others), with distillation."""
+            # The documents are no one's candidates: split off before the InfoNCE sees them.
+            candidates, document_rows = ((local_candidates[:-documents], local_candidates[-documents:]) if documents
+                                         else (local_candidates, None))
             if widths == (queries.shape[1],):
-                term = width_term(queries, local_candidates)
+                term = width_term(queries, candidates)
             else:
-                term = matryoshka_loss(width_term, queries, local_candidates, widths, weights)
-            return distillation_terms(term, queries, local_candidates) if distilling else term
+                term = matryoshka_loss(width_term, queries, candidates, widths, weights)
+            return distillation_terms(term, queries, candidates, document_rows) if distilling else term
 
-        def distillation_terms(term: ContrastiveLoss, queries: torch.Tensor, local_candidates: torch.Tensor):
-            """KL and MarginMSE over each query's own candidates at the widest trained width."""
+        def distillation_terms(term: ContrastiveLoss, queries: torch.Tensor, local_candidates: torch.Tensor,
+                               document_rows: torch.Tensor | None):
+            """KL and MarginMSE over each query's own candidates at the widest trained width;
+            embedding MSE of the documents at the full width."""
+            parts = {}
+            if document_rows is not None:
+                parts["embedding_mse"] = (embedding_mse(document_rows, targets, target_mask),
+                                          settings.embedding_mse_weight, distill.embedding)
+            if not settings.score_distillation_weight:
+                return with_distillation(term, parts, valid)
             width = widths[-1]
             if width != queries.shape[1]:
                 queries, local_candidates = truncate(queries, width), truncate(local_candidates, width)
             own = own_candidate_scores(queries, local_candidates, teacher.shape[1] - 1)
             scores.similarity(len(queries), teacher.shape[1], width)
-            parts = {}
             if settings.kl_weight:
                 parts["kl"] = (kl_distillation(own, teacher, teacher_mask,
                                                student_temperature=settings.kl_student_temperature,

@@ -179,7 +179,8 @@ def expected_step_flops(trial: TrialConfig, *, attention: bool = True) -> float:
     length, batch = settings.pair_length, train.batch_rows
     kernel = attention_path(model, device=device, half=half, length=length, training=True)
     mode = GRADCACHE if settings.gradcache_chunk else TRAINED
-    texts = batch * (2 + settings.hard_negatives)
+    # Queries, positives, negatives and, with embedding distillation, one document a pair.
+    texts = batch * (2 + settings.hard_negatives + (1 if settings.embedding_mse_weight > 0 else 0))
     # GradCache cuts each side into chunks: the dense area is the same, B * L^2 either way.
     per_microbatch = encoder_flops(model, texts, length, keep * texts * length * length, mode=mode,
                                    recomputes=kernel.recomputes)
@@ -189,7 +190,7 @@ def expected_step_flops(trial: TrialConfig, *, attention: bool = True) -> float:
             batch, gathered * batch * (1 + settings.hard_negatives), width)
         if settings.symmetric:
             per_microbatch += PASSES[TRAINED] * similarity_forward_flops(batch, gathered * batch, width)
-    if settings.distillation_weight > 0:  # each query's own candidates, at the widest trained width
+    if settings.score_distillation_weight > 0:  # each query's own candidates, at the widest trained width
         per_microbatch += PASSES[TRAINED] * similarity_forward_flops(
             batch, 1 + settings.hard_negatives, settings.trained_widths(model.width)[0][-1])
     if settings.mlm_weight > 0:

@@ -6,6 +6,10 @@ trial's `contrastive.teacher`, once per version under the prepared data
 (`embedlab.data.teacher_labels`), publishes the set to every node and refuses a set whose
 manifest names other inputs. `embedlab.train.contrastive.run_contrastive` calls it, audits the
 set's texts against the evaluation tasks and passes its path to the pair stream.
+
+`teacher_embeddings_for_trial` does the same for embedding distillation (phase 2 or 3): one
+training-split document per scheduled pair, cut to the student's pair length, encoded by the
+teacher and projected to the student's width (`embedlab.data.teacher_embeddings`).
 """
 
 from __future__ import annotations
@@ -23,9 +27,12 @@ from embedlab.data.teacher_labels import (
     MANIFEST_FILE, TEACHER_CODE, ScoredPair, TeacherLabelsError, labels_identity, labels_version,
     load_manifest, load_teacher, measured_encode, pairs_below_confidence, score_pairs, teacher_compute, write_labels,
 )
+from embedlab.data import teacher_embeddings as embeddings
+from embedlab.data.mining import CORPUS_COLUMNS, TRAIN_SPLIT
 from embedlab.evaluate.baselines import MINILM, minilm_identity
 from embedlab.store import file_sha256
 from embedlab.train.phase3_negatives import directory_lock, scheduled_rows
+from embedlab.train.state import data_seed
 
 
 def teacher_identity(name: str) -> dict:
@@ -89,11 +96,78 @@ def teacher_label_record(directory: Path | None, settings) -> dict[str, Any] | N
     }
 
 
-def teacher_compute_figures(record: dict[str, Any] | None) -> dict[str, float]:
-    """A distilling trial's `compute/teacher_*` metrics and `data/teacher_*` counts (none without)."""
-    if record is None:
-        return {}
-    counts = record["counts"]
-    return {**record["compute"], "data/teacher_pairs": counts["pairs"],
-            "data/teacher_disagrees": counts["teacher_disagrees"],
-            "data/teacher_pairs_below_confidence": record["pairs_below_confidence"]}
+def teacher_compute_figures(record: dict[str, Any] | None,
+                            embedding_record: dict[str, Any] | None = None) -> dict[str, float]:
+    """A distilling trial's `compute/teacher_*` metrics (its labels' and its embeddings' encoding,
+    summed: what the teacher cost in all) and `data/teacher_*` counts (none without either)."""
+    figures: dict[str, float] = {}
+    if record is not None:
+        counts = record["counts"]
+        figures.update({**record["compute"], "data/teacher_pairs": counts["pairs"],
+                        "data/teacher_disagrees": counts["teacher_disagrees"],
+                        "data/teacher_pairs_below_confidence": record["pairs_below_confidence"]})
+    if embedding_record is not None:
+        for key, value in embedding_record["compute"].items():
+            name = f"compute/teacher_{key}"
+            figures[name] = figures.get(name, 0.0) + value
+        figures["data/teacher_embedding_texts"] = embedding_record["counts"]["pairs"]
+    return figures
+
+
+def teacher_embeddings_for_trial(trial: TrialConfig, prepared, pairs_path: Path, schedule, offsets, *,
+                                 progress=print) -> Path:
+    """The trial's teacher-embeddings set (module docstring), encoded now if no trial encoded it."""
+    settings = trial.contrastive
+    pair_ids = [r["pair_id"] for r in scheduled_rows(pairs_path, schedule, offsets, ["pair_id"])]
+    tokenizer = prepared.tokenizer
+    identity = embeddings.embeddings_identity(
+        teacher=teacher_identity(settings.teacher), passage_prefix=settings.teacher_passage_prefix,
+        student_prefix=settings.passage_prefix, corpus_revision=prepared.data_revision,
+        tokenizer_hash=tokenizer.hash, pair_length=settings.pair_length, student_width=trial.model.width,
+        seed=data_seed(trial), pair_ids=pair_ids, code=code_revision(sources=embeddings.EMBEDDINGS_CODE),
+    )
+    directory = prepared.directory / "teacher-embeddings" / embeddings.embeddings_version(identity)[:16]
+    node_path(directory)  # on a cluster with remote storage: another node's published set, fetched
+    with directory_lock(directory):  # trials starting together encode a set once, the rest reuse it
+        if not (directory / embeddings.MANIFEST_FILE).is_file():
+            _encode_documents(trial, prepared, tokenizer, sorted(set(pair_ids)), identity, directory, progress)
+    embeddings.load_manifest(directory, identity)
+    return directory
+
+
+def _encode_documents(trial: TrialConfig, prepared, tokenizer, pair_ids: list[str], identity: dict,
+                      directory: Path, progress) -> None:
+    """Assign, cut and encode each pair's training-split document; save the set."""
+    import pyarrow.compute as pc
+
+    settings = trial.contrastive
+    corpus = prepared.corpus.read()
+    train = corpus.filter(pc.equal(corpus["split"], TRAIN_SPLIT)).select(list(CORPUS_COLUMNS))
+    doc_ids = train["doc_id"].to_pylist()
+    text_of = {d: embeddings.document_text(title, text) for d, title, text in
+               zip(doc_ids, train["title"].to_pylist(), train["text"].to_pylist())}
+    assigned = embeddings.assign_documents(pair_ids, doc_ids, data_seed(trial))
+    progress(f"teacher embeddings: cutting {len(pair_ids):,} training-split documents to "
+             f"{settings.pair_length} tokens and encoding them with {settings.teacher}")
+    texts = [embeddings.cut_to_tokens(tokenizer, text_of[assigned[p]], prefix=settings.passage_prefix,
+                                      max_tokens=settings.pair_length - 2) for p in pair_ids]
+    encode, cost = measured_encode(load_teacher(settings.teacher))
+    vectors = embeddings.encode_texts(encode, texts, prefix=settings.teacher_passage_prefix, progress=progress)
+    table = embeddings.embeddings_table(pair_ids, [assigned[p] for p in pair_ids], texts,
+                                        embeddings.project(vectors, trial.model.width))
+    embeddings.write_embeddings(directory, table, identity, cost())
+    progress(f"teacher embeddings: {table.num_rows:,} targets in {directory}, {cost()['flops']:.3g} teacher FLOPs")
+    publish_subtree(directory)
+
+
+def teacher_embedding_record(directory: Path | None) -> dict[str, Any] | None:
+    """What a trial's checkpoint and metrics record of its teacher embeddings: the set, its
+    teacher, prefixes, projection, counts and what encoding cost."""
+    if directory is None:
+        return None
+    manifest = json.loads((directory / embeddings.MANIFEST_FILE).read_text())
+    return {"set": directory.name, "labels": manifest["labels"], "teacher": manifest["teacher"],
+            "passage_prefix": manifest["passage_prefix"], "student_prefix": manifest["student_prefix"],
+            "texts": "one training-split document per scheduled pair, cut to the pair length",
+            "projection": manifest["projection"], "counts": manifest["counts"],
+            "compute": embeddings.teacher_embedding_compute(directory), "disclosure": manifest["disclosure"]}

@@ -59,7 +59,7 @@ def train_dataset_name(rank: int) -> str:
 
 # Stream columns that hold real numbers (a teacher's scores, nan where it has none); every
 # other column is ids, lengths or counts, and a step reads those as long tensors.
-FLOAT_COLUMNS = frozenset({"teacher_scores"})
+FLOAT_COLUMNS = frozenset({"teacher_scores", "teacher_embedding"})
 
 
 def batch_tensor(name: str, column) -> torch.Tensor:
