@@ -228,9 +228,10 @@ def test_phase2_joint_from_phase1_records_lineage(trained, phase2):
 
 def test_phase3_with_mined_negatives_from_phase2(phase2, prepared, tmp_path_factory):
     """Phase 3 mines negatives with the phase-2 encoder, has MiniLM score every query's
-    candidates, trains on them (InfoNCE with KL and MarginMSE distillation, GradCache) from the
-    phase-2 checkpoint and records the lineage and the teacher labels; the mined set never uses
-    dev/test documents or the pairs' own documents."""
+    candidates and encode a training-split document per pair, trains on them (InfoNCE with KL,
+    MarginMSE and embedding distillation, GradCache) from the phase-2 checkpoint and records the
+    lineage, the teacher labels and the teacher embeddings; the mined set never uses dev/test
+    documents or the pairs' own documents."""
     import dataclasses
 
     import pyarrow.parquet as pq
@@ -243,7 +244,8 @@ def test_phase3_with_mined_negatives_from_phase2(phase2, prepared, tmp_path_fact
         trial2, phase=3, parent=parent.checkpoint.path,
         contrastive=dataclasses.replace(trial2.contrastive, mlm_weight=0.0, hard_negatives=2, pooling="cls",
                                         symmetric=False, gradcache_chunk=4, mining_top_k=2000,
-                                        teacher="all-MiniLM-L6-v2", kl_weight=0.3, margin_mse_weight=0.2),
+                                        teacher="all-MiniLM-L6-v2", kl_weight=0.3, margin_mse_weight=0.2,
+                                        embedding_mse_weight=0.2),
     )
     result = run_contrastive(trial, prepared, storage_path=tmp_path_factory.mktemp("phase3"), name="phase3",
                              progress=lambda m: None)
@@ -257,6 +259,14 @@ def test_phase3_with_mined_negatives_from_phase2(phase2, prepared, tmp_path_fact
     assert (prepared.directory / "teacher-labels" / labels["set"] / "labels.parquet").is_file()
     assert result.metrics["compute/teacher_flops"] > 0 and result.metrics["data/teacher_pairs"] == labels["counts"]["pairs"]
     assert 0 < result.metrics["train/kl_loss"] < 10 and 0 < result.metrics["train/margin_mse_loss"] < 10
+    # The documents' targets reached the workers as floats too; their set and cost are recorded.
+    documents = distilled["teacher_embeddings"]
+    assert distilled["embedding_mse_weight"] == 0.2 and documents["projection"]["student_width"] == trial.model.width
+    assert (prepared.directory / "teacher-embeddings" / documents["set"] / "embeddings.parquet").is_file()
+    assert result.metrics["data/teacher_embedding_texts"] == documents["counts"]["pairs"] > 0
+    assert result.metrics["compute/teacher_flops"] == pytest.approx(
+        labels["compute"]["compute/teacher_flops"] + documents["compute"]["flops"])
+    assert 0 < result.metrics["train/embedding_mse_loss"] < 1
     assert manifest["phase"] == 3 and manifest["parent_hash"] == verify_checkpoint(Path(parent.checkpoint.path))["content_hash"]
     assert manifest["objective"]["hard_negatives"] == 2 and manifest["objective"]["mined_set"]
     # Contrastive-only (mlm_weight 0): it carries its parent's MLM head unchanged, so it can be scored.
