@@ -1,16 +1,12 @@
-"""Phase 3: InfoNCE alone vs InfoNCE plus KL distillation from all-MiniLM-L6-v2 vs KL alone vs
-InfoNCE plus embedding distillation, at equal measured training FLOPs.
+"""Phase 3: InfoNCE alone vs InfoNCE plus KL distillation from all-MiniLM-L6-v2 vs KL alone,
+at equal measured training FLOPs.
 
 The teacher scores each scheduled query against its own positive and mined negatives once,
 before training (teacher labels: a model's judgments, not human ones, stored with the
 prepared data and versioned by the teacher, its prefixes, the pairs and the negatives). The
 KL term pulls the student's softmax over those candidates (student temperature 0.05) toward
-the teacher's (teacher temperature 0.05). The embedding arm instead regresses the student's
-embedding of one unlabelled training-split document per pair onto the teacher's (projected
-from 384 to the student's width by a fixed orthonormal map) at weight 0.5: a third text per
-pair, so at equal FLOPs it reads fewer pairs. Every arm names the teacher; the control gives
-it no weight, so it trains on nothing the teacher made. The factor is the `contrastive`
-section: the arms differ in `kl_weight` and `embedding_mse_weight` only.
+the teacher's (teacher temperature 0.05). Every arm names the teacher; the control gives it
+no weight, so it trains on nothing the teacher made.
 
 Teacher-cost policy: as mining, the teacher's encoding is reported beside the training
 budget, not inside it (`compute/teacher_flops`, `compute/teacher_seconds`), once per label
@@ -34,18 +30,16 @@ def study(profile: str = recipes.DEFAULT_PROFILE) -> Study:
     control = replace(base, contrastive=replace(base.contrastive, kl_weight=0.0))
     return Study(
         name="distillation",
-        factor="contrastive",
+        factor="contrastive.kl_weight",
         arms={
             "infonce": control,
             "infonce-kl": replace(base, contrastive=replace(base.contrastive, kl_weight=0.5)),
             "kl-only": replace(base, contrastive=replace(base.contrastive, kl_weight=1.0)),
-            "infonce-embedding": replace(base, contrastive=replace(base.contrastive, embedding_mse_weight=0.5)),
         },
         seeds=p.seeds,
         budget=recipes.budget_for(p, phase=3, control=control),
         metric="dev/ndcg@10",
         profile=p.name,
         disclosed_overlap=p.disclosed_overlap,  # what the audit finds in this profile's pairs, if anything
-        description="Does distilling MiniLM (its scores over each query's candidates, or its embeddings of "
-                    "unlabelled documents) beat InfoNCE alone?",
+        description="Does distilling MiniLM's scores over each query's candidates beat InfoNCE alone?",
     )

@@ -1,0 +1,45 @@
+"""Phase 3: InfoNCE alone vs InfoNCE plus embedding distillation from all-MiniLM-L6-v2, at
+equal measured training FLOPs.
+
+The embedding arm gives each scheduled pair one unlabelled training-split document, cut to
+the pair length, and regresses the student's embedding of it onto the teacher's (projected
+from 384 to the student's width by a fixed orthonormal map: `embedlab.data.teacher_embeddings`)
+at weight 0.5 beside the InfoNCE. Unlike KL and MarginMSE it reads no labels over the
+target task's candidates: it carries the teacher's geometry of plain text, the knowledge a
+student trained from scratch on a small corpus lacks. A third text a pair costs FLOPs, so
+at the equal budget this arm reads fewer pairs. The control names the teacher with no
+weight, so it trains on nothing the teacher made (it is the same trial as the control of
+`distillation.py` and `margin_mse.py`).
+
+Teacher-cost policy: as teacher labels, the teacher's encoding of the documents is reported
+beside the training budget, not inside it (`compute/teacher_flops`), once per seed's set.
+
+Run:  embedlab sweep ablations/embedding_distillation.py --parent PHASE2_CHECKPOINT_DIR [--profile cpu]
+"""
+
+from dataclasses import replace
+
+from embedlab import Study, recipes
+
+TEACHER = "all-MiniLM-L6-v2"
+
+
+def study(profile: str = recipes.DEFAULT_PROFILE) -> Study:
+    p = recipes.profile(profile)
+    base = recipes.phase3_baseline(profile)
+    base = replace(base, contrastive=replace(base.contrastive, teacher=TEACHER))
+    control = replace(base, contrastive=replace(base.contrastive, embedding_mse_weight=0.0))
+    return Study(
+        name="embedding-distillation",
+        factor="contrastive.embedding_mse_weight",
+        arms={
+            "infonce": control,
+            "infonce-embedding": replace(base, contrastive=replace(base.contrastive, embedding_mse_weight=0.5)),
+        },
+        seeds=p.seeds,
+        budget=recipes.budget_for(p, phase=3, control=control),
+        metric="dev/ndcg@10",
+        profile=p.name,
+        disclosed_overlap=p.disclosed_overlap,  # what the audit finds in this profile's pairs, if anything
+        description="Does regressing MiniLM's embeddings of unlabelled training documents beat InfoNCE alone?",
+    )
