@@ -393,3 +393,8 @@ def test_total_compute_adds_what_trials_spent_outside_the_budget(tmp_path):
     plain = load_table(write_run(tmp_path / "plain", _flops_rows({"base": 1e12, "wide": 1e12, "deep": 1e12}),
                                  budget_unit="flops", budget_flops=1e12))
     assert TOTAL_COMPUTE not in plain and compute_outside_line(plain) == ""
+    for row in rows:  # a teacher that scored candidates and encoded documents: both named
+        if row["arm"] == "deep":
+            row.update({"data/teacher_pairs": 40, "data/teacher_embedding_texts": 40})
+    both = load_table(write_run(tmp_path / "both", rows, budget_unit="flops", budget_flops=1e12))
+    assert "mining, teacher labels and documents, outside" in compute_outside_line(both)

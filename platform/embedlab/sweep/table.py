@@ -184,8 +184,12 @@ def compute_outside_line(table: pd.DataFrame) -> str:
     training budget; "" otherwise."""
     if TOTAL_COMPUTE not in table:
         return ""
+    # The teacher's FLOPs are its labels' (queries and candidates) and its documents' (embedding
+    # distillation), whichever the trials used.
+    teacher = " and ".join(name for column, name in (("data/teacher_pairs", "labels"),
+                                                    ("data/teacher_embedding_texts", "documents")) if column in table)
     parts = {"compute/mining_flops": "mining", "compute/given_negatives_flops": "given-negative screening",
-             "compute/teacher_flops": "teacher labels"}
+             "compute/teacher_flops": f"teacher {teacher or 'labels'}"}
     spent = ", ".join(name for column, name in parts.items() if column in table)
     return (f"{TOTAL_COMPUTE} = training FLOPs (the budget) + {spent}, outside the budget; a set shared by "
             "several trials is counted in each of their rows")
