@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -49,7 +48,7 @@ import pyarrow.parquet as pq
 from embedlab.data.mining import write_text_atomically
 from embedlab.data.prepared_sync import node_path
 from embedlab.data import teacher_labels
-from embedlab.data.teacher_labels import DISCLOSURE, ENCODE_CHUNK, TeacherLabelsError
+from embedlab.data.teacher_labels import DISCLOSURE, TeacherLabelsError
 
 EMBEDDINGS_FILE = "embeddings.parquet"
 MANIFEST_FILE = "manifest.json"
@@ -127,24 +126,14 @@ def embeddings_identity(*, teacher: dict[str, Any], passage_prefix: str, student
             "pair_ids": hashlib.sha256("\n".join(sorted(set(pair_ids))).encode()).hexdigest(), "code": code}
 
 
-def embeddings_version(identity: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+embeddings_version = teacher_labels.labels_version  # the sha256 of the identity's JSON, as for labels
 
 
 def encode_texts(encode: Callable[[list[str]], np.ndarray], texts: Sequence[str], *, prefix: str = "",
                  progress: Callable[[str], None] | None = None) -> np.ndarray:
-    """(N, teacher width) unit rows of `prefix + text` under `encode`, `ENCODE_CHUNK` texts a call
-    (a line to `progress` after each)."""
-    parts, started = [], time.perf_counter()
-    for start in range(0, len(texts), ENCODE_CHUNK):
-        parts.append(encode([prefix + t for t in texts[start:start + ENCODE_CHUNK]]))
-        if progress is not None:
-            progress(f"teacher embeddings: {min(start + ENCODE_CHUNK, len(texts)):,}/{len(texts):,} texts "
-                     f"encoded ({time.perf_counter() - started:.0f} s)")
-    vectors = np.concatenate(parts) if parts else np.zeros((0, 0), dtype=np.float32)
-    if len(vectors) != len(texts):
-        raise TeacherLabelsError(f"the teacher returned {len(vectors)} rows for {len(texts)} texts")
-    return vectors
+    """(N, teacher width) unit rows of `prefix + text` under `encode`, in chunks with progress
+    (`teacher_labels.encode_in_chunks`)."""
+    return teacher_labels.encode_in_chunks(encode, [prefix + t for t in texts], "teacher embeddings", progress)
 
 
 def embeddings_table(pair_ids: Sequence[str], doc_ids: Sequence[str], texts: Sequence[str],

@@ -100,6 +100,22 @@ def labels_version(identity: dict[str, Any]) -> str:
 ENCODE_CHUNK = 4096  # texts a teacher encodes between progress lines
 
 
+def encode_in_chunks(encode: Callable[[list[str]], np.ndarray], texts: Sequence[str], what: str,
+                     progress: Callable[[str], None] | None = None) -> np.ndarray:
+    """(N, d) rows of `texts` under `encode`, `ENCODE_CHUNK` texts a call, a line to `progress`
+    after each (`what` names the set); refused when the teacher returns another row count."""
+    parts, started = [], time.perf_counter()
+    for start in range(0, len(texts), ENCODE_CHUNK):
+        parts.append(encode(list(texts[start:start + ENCODE_CHUNK])))
+        if progress is not None:
+            done = min(start + ENCODE_CHUNK, len(texts))
+            progress(f"{what}: {done:,}/{len(texts):,} texts encoded ({time.perf_counter() - started:.0f} s)")
+    vectors = np.concatenate(parts) if parts else np.zeros((0, 0), dtype=np.float32)
+    if len(vectors) != len(texts):
+        raise TeacherLabelsError(f"the teacher returned {len(vectors)} rows for {len(texts)} texts")
+    return vectors
+
+
 def score_pairs(encode: Callable[[list[str]], np.ndarray], pairs: Sequence[ScoredPair], *,
                 query_prefix: str = "", passage_prefix: str = "",
                 progress: Callable[[str], None] | None = None) -> pa.Table:
@@ -109,16 +125,7 @@ def score_pairs(encode: Callable[[list[str]], np.ndarray], pairs: Sequence[Score
     queries = sorted({p.query for p in pairs})
     passages = sorted({text for p in pairs for text in (p.positive, *(t for _, t in p.negatives))})
     texts = [query_prefix + q for q in queries] + [passage_prefix + t for t in passages]
-    parts, started = [], time.perf_counter()
-    for start in range(0, len(texts), ENCODE_CHUNK):
-        parts.append(encode(texts[start:start + ENCODE_CHUNK]))
-        if progress is not None:
-            done = min(start + ENCODE_CHUNK, len(texts))
-            progress(f"teacher labels: {done:,}/{len(texts):,} texts encoded "
-                     f"({time.perf_counter() - started:.0f} s)")
-    vectors = np.concatenate(parts) if parts else np.zeros((0, 0), dtype=np.float32)
-    if len(vectors) != len(texts):
-        raise TeacherLabelsError(f"the teacher returned {len(vectors)} rows for {len(texts)} texts")
+    vectors = encode_in_chunks(encode, texts, "teacher labels", progress)
     query_row = {q: vectors[i] for i, q in enumerate(queries)}
     passage_row = {t: vectors[len(queries) + i] for i, t in enumerate(passages)}
     columns: dict[str, list] = {name: [] for name in LABELS_SCHEMA.names}

@@ -28,7 +28,7 @@ from embedlab.data.teacher_labels import (
     load_manifest, load_teacher, measured_encode, pairs_below_confidence, score_pairs, teacher_compute, write_labels,
 )
 from embedlab.data import teacher_embeddings as embeddings
-from embedlab.data.mining import CORPUS_COLUMNS, TRAIN_SPLIT
+from embedlab.data.mining import TRAIN_SPLIT
 from embedlab.evaluate.baselines import MINILM, minilm_identity
 from embedlab.store import file_sha256
 from embedlab.train.phase3_negatives import directory_lock, scheduled_rows
@@ -138,11 +138,8 @@ def teacher_embeddings_for_trial(trial: TrialConfig, prepared, pairs_path: Path,
 def _encode_documents(trial: TrialConfig, prepared, tokenizer, pair_ids: list[str], identity: dict,
                       directory: Path, progress) -> None:
     """Assign, cut and encode each pair's training-split document; save the set."""
-    import pyarrow.compute as pc
-
     settings = trial.contrastive
-    corpus = prepared.corpus.read()
-    train = corpus.filter(pc.equal(corpus["split"], TRAIN_SPLIT)).select(list(CORPUS_COLUMNS))
+    train = prepared.corpus.read(split=TRAIN_SPLIT)
     doc_ids = train["doc_id"].to_pylist()
     text_of = {d: embeddings.document_text(title, text) for d, title, text in
                zip(doc_ids, train["title"].to_pylist(), train["text"].to_pylist())}
