@@ -306,7 +306,9 @@ def _identity(**changed):
 
     fields = dict(teacher={"name": TEACHER, "weights_sha256": "ab" * 32}, query_prefix="", passage_prefix="",
                   pairs_table="cd" * 32, negative_sets={"mined": "m1", "given": None}, negatives_per_pair=2,
-                  pair_ids=["p1", "p2", "p3"], code="code-1")
+                  pair_ids=["p1", "p2", "p3"], code="code-1",
+                  student_view={"tokenizer": "t" * 64, "pair_length": 64, "query_prefix": "query: ",
+                                "passage_prefix": "passage: "})
     return labels_identity(**{**fields, **changed})
 
 
@@ -358,6 +360,8 @@ def test_labels_are_refused_for_other_inputs(tmp_path):
         load_manifest(directory, _identity(pairs_table="ef" * 32))
     with pytest.raises(TeacherLabelsError, match="negative_sets differ"):
         load_manifest(directory, _identity(negative_sets={"mined": "m2", "given": None}))
+    with pytest.raises(TeacherLabelsError, match="student_view differ"):
+        load_manifest(directory, _identity(student_view={**_identity()["student_view"], "pair_length": 32}))
     (directory / MANIFEST_FILE).unlink()
     with pytest.raises(TeacherLabelsError, match="incomplete or absent"):
         load_manifest(directory, _identity())
@@ -388,6 +392,30 @@ def test_score_rows_mask_what_the_teacher_lacks(tmp_path):
 
     assert pairs_below_confidence(directory, threshold) == 2 + (confidence["p2"] < threshold)
     assert pairs_below_confidence(directory, None) == 0
+
+
+def test_the_teacher_scores_each_text_as_the_student_sees_it(frozen):
+    """Every query and candidate is cut to the longest start (at a token boundary) whose
+    student prefix + text fits the pair length with [CLS] and [SEP]: its student tokens are the
+    start of the student's tokens of the whole text, and a text that fits is kept whole."""
+    from embedlab.data.teacher_labels import ScoredPair
+    from embedlab.train.phase3_teacher import as_student_sees
+    from test_embedding_distillation import TEXTS, _brute_force_cut
+
+    settings = ContrastiveConfig(pair_length=24)  # "query: short text" is 13 tokens here, the long texts ~70
+    pairs = [ScoredPair("p1", TEXTS[1], TEXTS[0], (("d1", TEXTS[3]), ("d2", TEXTS[2]))),
+             ScoredPair("p2", TEXTS[2], TEXTS[3], ())]
+    seen = as_student_sees(pairs, settings, frozen)
+    assert [p.pair_id for p in seen] == ["p1", "p2"] and [d for d, _ in seen[0].negatives] == ["d1", "d2"]
+    for whole, cut in zip(pairs, seen):
+        for prefix, text, part in ((settings.query_prefix, whole.query, cut.query),
+                                   (settings.passage_prefix, whole.positive, cut.positive),
+                                   *((settings.passage_prefix, t, c) for (_, t), (_, c) in
+                                     zip(whole.negatives, cut.negatives))):
+            assert part == _brute_force_cut(frozen, text, prefix, settings.pair_length - 2)
+            ids = frozen.encode_batch([prefix + part])[0]
+            assert ids == frozen.encode_batch([prefix + text])[0][:len(ids)]
+    assert seen[0].positive != TEXTS[0] and seen[1].query == TEXTS[2]  # a long text cut, a short one whole
 
 
 def test_the_real_teacher_scores_reproducibly():

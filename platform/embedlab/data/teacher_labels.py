@@ -7,20 +7,26 @@ once and stored under the prepared data, in `teacher-labels/<version>/`:
 
 - `labels.parquet`: one row per (pair, candidate): `pair_id`, `doc_id` (`POSITIVE` for the
   positive, else the negative's id), the `query` and candidate `text` as the teacher saw them
-  (prefixes excluded), its cosine `score`, and the pair's `confidence` (the teacher's
-  positive score minus its best negative score; nan without a negative) and `agrees`
-  (whether the teacher ranks the positive first, which is the label's claim).
+  (prefixes excluded; cut to the student's view, below), its cosine `score`, and the pair's
+  `confidence` (the teacher's positive score minus its best negative score; nan without a
+  negative) and `agrees` (whether the teacher ranks the positive first, the label's claim).
 - `manifest.json`, written last (it marks the set complete): the set's identity and counts.
 - `compute.json`: what the teacher's encoding cost (FLOPs measured by FlopCounterMode, CPU
   and wall seconds), outside the training budget and reported beside it as mining is.
 
-The version hashes the teacher's identity (its package and version, the sha256 of its
-weights, pooling, maximum length), the teacher's prefixes, the pairs table's bytes, the
-negative sets' versions, the slots per pair, the pair ids and this code: a changed input is a
-new set, and a set whose manifest names other inputs is refused (`load_manifest`). Labels
-are a model's judgments, not human ones: every record calls them teacher labels, with the
-teacher named. A candidate the teacher has no score for is absent from the table and masked
-in training, never filled.
+The teacher scores each text as the student sees it: cut at a token boundary of the student's
+tokenizer so that the student's prefix plus the text fits `contrastive.pair_length` with [CLS]
+and [SEP] (`embedlab.data.teacher_embeddings.cut_to_tokens`). A label then judges the text the
+student is trained to rank, not a longer one the student never reads, and the teacher's cost
+follows the student's length rather than its own maximum (256 tokens for all-MiniLM-L6-v2).
+
+The version hashes the teacher's identity (its package and version, the sha256 of its weights,
+pooling, maximum length), the teacher's prefixes, the pairs table's bytes, the negative sets'
+versions, the slots per pair, the pair ids, the student's view (its tokenizer, prefixes and
+pair length) and this code: a changed input is a new set, and a set whose manifest names other
+inputs is refused (`load_manifest`). Labels are a model's judgments, not human ones: every
+record calls them teacher labels, with the teacher named. A candidate the teacher has no score
+for is absent from the table and masked in training, never filled.
 """
 
 from __future__ import annotations
@@ -46,10 +52,12 @@ LABELS_FILE = "labels.parquet"
 MANIFEST_FILE = "manifest.json"
 COST_FILE = "compute.json"
 POSITIVE = ""  # the doc_id of a pair's positive in the labels table
-LABELS_FORMAT = "embedlab-teacher-labels/1"
-# The code that decides a set beyond its inputs: this module, how the teacher encodes, and how
-# the stream composes a pair's negatives (what is scored).
-TEACHER_CODE = ("data/teacher_labels.py", "evaluate/baselines.py", "data/pair_stream.py")
+LABELS_FORMAT = "embedlab-teacher-labels/2"
+# The code that decides a set beyond its inputs: this module, the cut to the student's view, how
+# the teacher encodes, and how the stream composes a pair's negatives (what is scored).
+TEACHER_CODE = (
+    "data/teacher_labels.py", "data/teacher_embeddings.py", "evaluate/baselines.py", "data/pair_stream.py",
+)
 LABELS_SCHEMA = pa.schema([
     ("pair_id", pa.string()), ("doc_id", pa.string()), ("query", pa.string()), ("text", pa.string()),
     ("score", pa.float32()), ("confidence", pa.float32()), ("agrees", pa.bool_()),
@@ -84,12 +92,13 @@ def load_teacher(name: str):
 
 def labels_identity(*, teacher: dict[str, Any], query_prefix: str, passage_prefix: str, pairs_table: str,
                     negative_sets: dict[str, str | None], negatives_per_pair: int, pair_ids: Iterable[str],
-                    code: str) -> dict[str, Any]:
+                    student_view: dict[str, Any], code: str) -> dict[str, Any]:
     """Everything that decides a set's bytes (module docstring); `pairs_table` the table's
-    sha256, `negative_sets` each negative set's version (None: not used)."""
+    sha256, `negative_sets` each negative set's version (None: not used), `student_view` what
+    decides the cut (the student's tokenizer hash, prefixes and pair length)."""
     return {"format": LABELS_FORMAT, "teacher": teacher, "query_prefix": query_prefix,
             "passage_prefix": passage_prefix, "pairs_table": pairs_table, "negative_sets": negative_sets,
-            "negatives_per_pair": negatives_per_pair,
+            "negatives_per_pair": negatives_per_pair, "student_view": student_view,
             "pair_ids": hashlib.sha256("\n".join(sorted(pair_ids)).encode()).hexdigest(), "code": code}
 
 

@@ -1,8 +1,8 @@
 """Phase 3's teacher labels, made on the trial driver after its negatives and before training.
 
 `teacher_labels_for_phase3` scores the scheduled pairs' queries against their positives and
-the negatives the stream gives them (`embedlab.data.pair_stream.pair_negatives`) with the
-trial's `contrastive.teacher`, once per version under the prepared data
+the negatives the stream gives them (`embedlab.data.pair_stream.pair_negatives`), each text cut
+as the student sees it (`as_student_sees`), with the trial's `contrastive.teacher`, once per version under the prepared data
 (`embedlab.data.teacher_labels`), publishes the set to every node and refuses a set whose
 manifest names other inputs. `embedlab.train.contrastive.run_contrastive` calls it, audits the
 set's texts against the evaluation tasks and passes its path to the pair stream.
@@ -56,22 +56,48 @@ def teacher_labels_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, sc
         passage_prefix=settings.teacher_passage_prefix, pairs_table=file_sha256(Path(pairs_path)),
         negative_sets={"mined": None if mined is None else mined.name, "given": None if given is None else given.name},
         negatives_per_pair=settings.hard_negatives, pair_ids=[r["pair_id"] for r in rows],
-        code=code_revision(sources=TEACHER_CODE),
+        student_view=student_view(settings, prepared.tokenizer), code=code_revision(sources=TEACHER_CODE),
     )
     directory = prepared.directory / "teacher-labels" / labels_version(identity)[:16]
     node_path(directory)  # on a cluster with remote storage: another node's published set, fetched
     with directory_lock(directory):  # trials starting together score a set once, the rest reuse it
         if not (directory / MANIFEST_FILE).is_file():
-            _score(trial, rows, negatives, identity, directory, progress)
+            _score(trial, prepared.tokenizer, rows, negatives, identity, directory, progress)
     load_manifest(directory, identity)
     return directory
 
 
-def _score(trial: TrialConfig, rows, negatives, identity: dict, directory: Path, progress) -> None:
-    """Score the scheduled pairs' candidates with the trial's teacher and save the set."""
+def student_view(settings, tokenizer) -> dict[str, Any]:
+    """What decides the text the student sees of a pair, and so the teacher's cut."""
+    return {"tokenizer": tokenizer.hash, "pair_length": settings.pair_length,
+            "query_prefix": settings.query_prefix, "passage_prefix": settings.passage_prefix}
+
+
+def as_student_sees(pairs: list[ScoredPair], settings, tokenizer) -> list[ScoredPair]:
+    """`pairs` with every query and candidate cut as the stream gives it to the student: the
+    student's prefix plus the text within `pair_length` tokens with [CLS] and [SEP]
+    (`embeddings.cut_to_tokens`); each distinct text cut once."""
+    cuts: dict[tuple[str, str], str] = {}
+
+    def cut(text: str, prefix: str) -> str:
+        if (prefix, text) not in cuts:
+            cuts[prefix, text] = embeddings.cut_to_tokens(tokenizer, text, prefix=prefix,
+                                                         max_tokens=settings.pair_length - 2)
+        return cuts[prefix, text]
+
+    query, passage = settings.query_prefix, settings.passage_prefix
+    return [ScoredPair(p.pair_id, cut(p.query, query), cut(p.positive, passage),
+                       tuple((doc_id, cut(text, passage)) for doc_id, text in p.negatives)) for p in pairs]
+
+
+def _score(trial: TrialConfig, tokenizer, rows, negatives, identity: dict, directory: Path, progress) -> None:
+    """Score the scheduled pairs' candidates, as the student sees them, with the trial's teacher
+    and save the set."""
     settings = trial.contrastive
     pairs = [ScoredPair(r["pair_id"], r["query"], r["positive"], tuple(negatives[r["pair_id"]])) for r in rows]
-    progress(f"teacher labels: scoring {len(pairs):,} pairs with {settings.teacher}")
+    progress(f"teacher labels: cutting {len(pairs):,} pairs' texts to the student's {settings.pair_length} "
+             f"tokens and scoring them with {settings.teacher}")
+    pairs = as_student_sees(pairs, settings, tokenizer)
     encode, cost = measured_encode(load_teacher(settings.teacher))
     table = score_pairs(encode, pairs, query_prefix=settings.teacher_query_prefix,
                         passage_prefix=settings.teacher_passage_prefix, progress=progress)
