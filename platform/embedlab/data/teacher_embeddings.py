@@ -200,8 +200,4 @@ def teacher_embedding_items(directory: Path) -> Iterator[tuple[str, str]]:
 
 def teacher_embedding_compute(directory: Path | None) -> dict[str, float]:
     """What encoding a set cost: FLOPs, CPU and wall seconds (empty without a set)."""
-    if directory is None:
-        return {}
-    path = Path(directory) / COST_FILE
-    cost = json.loads(path.read_text()) if path.is_file() else {}
-    return {key: float(cost.get(key, float("nan"))) for key in ("flops", "seconds", "wall_seconds")}
+    return teacher_labels.set_cost(directory)

@@ -256,17 +256,20 @@ def pairs_below_confidence(directory: Path, minimum: float | None) -> int:
     return sum(below_confidence(value, minimum) for value in confidence.values())
 
 
-def teacher_compute(directory: Path | None) -> dict[str, float]:
-    """`compute/teacher_*` of a trial: what scoring its set cost (FLOPs, CPU and wall seconds).
-    A set is scored once and shared by every trial that needs it, so a sum over trials counts
-    it again."""
+def set_cost(directory: Path | None) -> dict[str, float]:
+    """What computing a teacher set (labels or embeddings) cost, from its `COST_FILE`: FLOPs,
+    CPU and wall seconds (nan where the file lacks one; empty without a set)."""
     if directory is None:
         return {}
     path = Path(directory) / COST_FILE
     cost = json.loads(path.read_text()) if path.is_file() else {}
-    return {"compute/teacher_flops": float(cost.get("flops", math.nan)),
-            "compute/teacher_seconds": float(cost.get("seconds", math.nan)),
-            "compute/teacher_wall_seconds": float(cost.get("wall_seconds", math.nan))}
+    return {key: float(cost.get(key, math.nan)) for key in ("flops", "seconds", "wall_seconds")}
+
+
+def teacher_compute(directory: Path | None) -> dict[str, float]:
+    """`compute/teacher_*` of a trial: what scoring its set cost (`set_cost`). A set is scored
+    once and shared by every trial that needs it, so a sum over trials counts it again."""
+    return {f"compute/teacher_{key}": value for key, value in set_cost(directory).items()}
 
 
 def teacher_label_items(directory: Path) -> Iterator[tuple[str, str]]:
