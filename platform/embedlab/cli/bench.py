@@ -170,7 +170,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                        help="instead: tokens/s vs sequence length and evaluation time vs corpus size")
     bench.add_argument("--spec", default=None, help="a data spec or study file (default: the built-in corpus)")
     bench.add_argument("--no-compile", action="store_true", help="skip the torch.compile row (it compiles ~1 min)")
-    bench.add_argument("--address", default=None, help="an existing Ray cluster (default: start a local one)")
+    bench.add_argument("--address", default=None, help="an existing Ray cluster (default: the one RAY_ADDRESS names, else start a new local one)")
     bench.add_argument("--json", action="store_true", help="one JSON object: {comparison: {embedlab, reference, ratio, unit, ...}}")
     add_scaling_options(bench)
     bench.set_defaults(func=cmd_bench_all)

@@ -35,4 +35,4 @@ def add_spec(p: argparse.ArgumentParser) -> None:
     """The optional data spec and Ray cluster of `embedlab data`, `tokenizer` and `bench` subcommands."""
     p.add_argument("spec", nargs="?", default=None,
                    help="a study file (.py: every arm's data), a data spec (.toml/.json), or none for the defaults")
-    p.add_argument("--address", default=None, help="an existing Ray cluster (default: start a local one)")
+    p.add_argument("--address", default=None, help="an existing Ray cluster (default: the one RAY_ADDRESS names, else start a new local one)")

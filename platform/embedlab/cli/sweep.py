@@ -155,7 +155,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
     def add_run_options(p: argparse.ArgumentParser) -> None:
         p.add_argument("--storage", default="runs", help="where run directories go (default ./runs)")
-        p.add_argument("--address", default=None, help="an existing Ray cluster (default: start a local one)")
+        p.add_argument("--address", default=None, help="an existing Ray cluster (default: the one RAY_ADDRESS names, else start a new local one)")
         p.add_argument("--max-concurrent", type=int, default=None, metavar="N",
                        help="trials Tune runs at once (default: as many as the cluster's resources hold when "
                             "the sweep starts)")

@@ -52,8 +52,10 @@ MINING_GPU_SHARE = 0.25
 
 
 def connect(address: str | None, progress: Callable[[str], None] = print, job_env: dict[str, str] | None = None) -> None:
-    """Join the cluster at `address`, or start a local one (the embedded default); `job_env`
-    is set for every process of this job (not for this driver process).
+    """Join the cluster at `address` (None: the one RAY_ADDRESS names, if set), or start a
+    local one (the embedded default); `job_env` is set for every process of this job (not for
+    this driver process). The local cluster is always a new one: never a cluster `ray start`
+    left running on this machine, which `ray.init()` without an address would join.
 
     Refuses a Ray outside `ray_compat.SUPPORTED_RAY` with `ray_compat.RayIncompatible`;
     with EMBEDLAB_ALLOW_UNTESTED_RAY=1 it prints a warning line and goes on.
@@ -70,8 +72,10 @@ def connect(address: str | None, progress: Callable[[str], None] = print, job_en
     # The job's processes on every node: Ray's settings, and `job_env` (the run's remote
     # storage root, `embedlab.data.prepared_sync`); never a credential.
     runtime_env = {"env_vars": {**RAY_ENV, **(job_env or {})}}
+    named = "" if address or not os.environ.get("RAY_ADDRESS") else " (RAY_ADDRESS)"
+    address = address or os.environ.get("RAY_ADDRESS") or None
     if address:
-        progress(f"ray: connecting to {address}")
+        progress(f"ray: connecting to {address}{named}")
         _check_reachable(address)
         # Ray uses ~/.ray/auth_token by itself only for a cluster it finds locally; for an
         # explicit address the token must be switched on before connecting.
@@ -95,7 +99,7 @@ def connect(address: str | None, progress: Callable[[str], None] = print, job_en
         runtime_env["env_vars"].update(local)
         # WARNING: Ray's own INFO lines ("Started a local Ray instance") stay off the console,
         # which has embedlab's progress lines (the dashboard's address among them).
-        context = ray.init(runtime_env=runtime_env, log_to_driver=False, include_dashboard=True,
+        context = ray.init(address="local", runtime_env=runtime_env, log_to_driver=False, include_dashboard=True,
                            dashboard_host=LOCAL_HOST, logging_level=logging.WARNING)
         if context.dashboard_url:
             progress(f"ray: dashboard at http://{context.dashboard_url}")
