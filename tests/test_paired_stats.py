@@ -390,7 +390,7 @@ def test_every_scored_width_is_one_holm_family(tmp_path):
     """A study scored at the full width and at width 8 (`eval.dims`), its metric the width-8 one:
     each (arm, width) gets the test it would get alone (raw p), Holm runs over all four
     (statsmodels' multipletests as the oracle), the study metric's rows stay the main table and
-    the full width's come beside them, and the header counts the family."""
+    the full width's come beside them (in the seed-level table too), and the header counts the family."""
     from statsmodels.stats.multitest import multipletests
 
     from embedlab.sweep.paired import width_family
@@ -425,4 +425,6 @@ def test_every_scored_width_is_one_holm_family(tmp_path):
     assert "across 4 tested (arm, width) pairs over 2 widths" in comparison.header
     text = render(run_dir)
     assert "the same test at the other scored widths (one Holm family with the above):" in text
+    header = next(line for line in text.splitlines() if line.startswith("arm ") and "seeds" in line)
+    assert header.split()[2:4] == [narrow, METRIC]  # the study metric, its full width's beside it
     assert json.loads(render(run_dir, "json"))["paired"]["other_widths"][0]["metric"] == METRIC
