@@ -340,7 +340,8 @@ def test_labels_table_records_each_score_confidence_and_agreement(tmp_path):
     assert [r["score"] for r in first] == pytest.approx(want, abs=1e-6)
     assert first[0]["confidence"] == pytest.approx(want[0] - max(want[1:]), abs=1e-6)
     assert first[0]["agrees"] == (want[0] > max(want[1:]))
-    assert math.isnan([r for r in rows if r["pair_id"] == "p3"][0]["confidence"])
+    third = [r for r in rows if r["pair_id"] == "p3"][0]
+    assert math.isnan(third["confidence"]) and third["agrees"] is None  # no negative: nothing to rank
     assert_same_labels(score_pairs(_encode, _pairs()), score_pairs(_encode, _pairs()))
 
 
@@ -353,9 +354,10 @@ def test_labels_are_refused_for_other_inputs(tmp_path):
 
     directory = write_labels(tmp_path / "set", score_pairs(_encode, _pairs()), _identity(), {"flops": 1.0})
     manifest = load_manifest(directory, _identity())
+    agrees = manifest["counts"]["teacher_agrees"]
     assert manifest["labels"] == "teacher" and manifest["counts"] == {
-        "pairs": 3, "scores": 6, "teacher_agrees": manifest["counts"]["teacher_agrees"],
-        "teacher_disagrees": 3 - manifest["counts"]["teacher_agrees"]}
+        "pairs": 3, "scores": 6, "teacher_agrees": agrees, "teacher_disagrees": 2 - agrees,
+        "pairs_without_negatives": 1}  # p3 has no negative: neither agreement nor disagreement
     with pytest.raises(TeacherLabelsError, match="pairs_table differ"):
         load_manifest(directory, _identity(pairs_table="ef" * 32))
     with pytest.raises(TeacherLabelsError, match="negative_sets differ"):

@@ -9,8 +9,11 @@ once and stored under the prepared data, in `teacher-labels/<version>/`:
   positive, else the negative's id), the `query` and candidate `text` as the teacher saw them
   (prefixes excluded; cut to the student's view, below), its cosine `score`, and the pair's
   `confidence` (the teacher's positive score minus its best negative score; nan without a
-  negative) and `agrees` (whether the teacher ranks the positive first, the label's claim).
-- `manifest.json`, written last (it marks the set complete): the set's identity and counts.
+  negative) and `agrees` (whether the teacher ranks the positive above every negative, the
+  label's claim; null without a negative, where there is nothing to rank).
+- `manifest.json`, written last (it marks the set complete): the set's identity and counts
+  (pairs, scores, and the pairs the teacher agrees with, disagrees with, and has no negative
+  to judge).
 - `compute.json`: what the teacher's encoding cost (FLOPs measured by FlopCounterMode, CPU
   and wall seconds), outside the training budget and reported beside it as mining is.
 
@@ -52,7 +55,7 @@ LABELS_FILE = "labels.parquet"
 MANIFEST_FILE = "manifest.json"
 COST_FILE = "compute.json"
 POSITIVE = ""  # the doc_id of a pair's positive in the labels table
-LABELS_FORMAT = "embedlab-teacher-labels/2"
+LABELS_FORMAT = "embedlab-teacher-labels/3"
 # The code that decides a set beyond its inputs: this module, the cut to the student's view, how
 # the teacher encodes, and how the stream composes a pair's negatives (what is scored).
 TEACHER_CODE = (
@@ -146,7 +149,7 @@ def score_pairs(encode: Callable[[list[str]], np.ndarray], pairs: Sequence[Score
         for (doc_id, text), score in zip(candidates, scores):
             for name, value in (("pair_id", pair.pair_id), ("doc_id", doc_id), ("query", pair.query),
                                 ("text", text), ("score", score), ("confidence", confidence),
-                                ("agrees", bool(confidence > 0))):
+                                ("agrees", None if math.isnan(confidence) else bool(confidence > 0))):
                 columns[name].append(value)
     return pa.table(columns, schema=LABELS_SCHEMA)
 
@@ -187,10 +190,12 @@ def write_table_and_cost(directory: Path, name: str, table: pa.Table, cost: dict
 def write_labels(directory: Path, table: pa.Table, identity: dict[str, Any], cost: dict[str, Any]) -> Path:
     """Save a set: the table and its cost first, the manifest last (it marks the set complete)."""
     write_table_and_cost(directory, LABELS_FILE, table, cost)
-    agrees = np.asarray(table.group_by("pair_id").aggregate([("agrees", "min")]).column("agrees_min").to_pylist(),
-                        dtype=bool)
-    counts = {"pairs": int(len(agrees)), "scores": table.num_rows, "teacher_agrees": int(agrees.sum()),
-              "teacher_disagrees": int((~agrees).sum())}
+    # One value per pair (each of its rows repeats it): True, False, or None without a negative.
+    agrees = dict(zip(table["pair_id"].to_pylist(), table["agrees"].to_pylist()))
+    counts = {"pairs": len(agrees), "scores": table.num_rows,
+              "teacher_agrees": sum(value is True for value in agrees.values()),
+              "teacher_disagrees": sum(value is False for value in agrees.values()),
+              "pairs_without_negatives": sum(value is None for value in agrees.values())}
     write_text_atomically(directory / MANIFEST_FILE, json.dumps(
         {**identity, "version": labels_version(identity), "counts": counts, "labels": "teacher",
          "disclosure": DISCLOSURE}, indent=2, sort_keys=True))

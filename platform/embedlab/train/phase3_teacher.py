@@ -131,6 +131,7 @@ def teacher_compute_figures(record: dict[str, Any] | None,
         counts = record["counts"]
         figures.update({**record["compute"], "data/teacher_pairs": counts["pairs"],
                         "data/teacher_disagrees": counts["teacher_disagrees"],
+                        "data/teacher_pairs_without_negatives": counts["pairs_without_negatives"],
                         "data/teacher_pairs_below_confidence": record["pairs_below_confidence"]})
     if embedding_record is not None:
         for key, value in embedding_record["compute"].items():
