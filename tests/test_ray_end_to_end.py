@@ -258,6 +258,9 @@ def test_phase3_with_mined_negatives_from_phase2(phase2, prepared, tmp_path_fact
     assert labels["teacher"]["name"] == "all-MiniLM-L6-v2" and labels["counts"]["pairs"] > 0
     assert (prepared.directory / "teacher-labels" / labels["set"] / "labels.parquet").is_file()
     assert result.metrics["compute/teacher_flops"] > 0 and result.metrics["data/teacher_pairs"] == labels["counts"]["pairs"]
+    counts = labels["counts"]  # every pair agrees, disagrees, or has no negative to judge: once each
+    assert counts["teacher_agrees"] + counts["teacher_disagrees"] + counts["pairs_without_negatives"] == counts["pairs"]
+    assert result.metrics["data/teacher_pairs_without_negatives"] == counts["pairs_without_negatives"]
     assert 0 < result.metrics["train/kl_loss"] < 10 and 0 < result.metrics["train/margin_mse_loss"] < 10
     # The documents' targets reached the workers as floats too; their set and cost are recorded.
     documents = distilled["teacher_embeddings"]
