@@ -423,7 +423,10 @@ def test_phase3_on_user_pairs_ends_in_a_table_and_a_release(phase2, prepared, tm
     assert given["margin"]["dropped"]["false-negative-margin"] > 0
     screened = dict(zip(table["arm"], table["compute/given_negatives_flops"]))
     assert screened["margin"] > 0 and not screened["no-margin"] > 0
-    capsys.readouterr()
+    # The trials' work before training reached the sweep's console, each line named by its trial.
+    console = capsys.readouterr().out.splitlines()
+    for arm in ("margin", "no-margin"):
+        assert any(line.startswith(f"trial final {arm} seed 0: given negatives: ") for line in console), arm
     assert main(["table", str(run_dir)]) == 0
     assert "no-margin" in capsys.readouterr().out
     assert main(["promote", str(run_dir), "--max-retention-drop", "1.0"]) == 0

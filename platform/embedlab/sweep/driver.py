@@ -24,14 +24,15 @@ from embedlab.train.phase1 import run_phase1
 
 
 def train_trial(trial: TrialConfig, prepared: PreparedData, *, storage_path: str | Path, name: str,
-                callbacks: list | None = None, overlap_policy: str | None = None):
+                callbacks: list | None = None, overlap_policy: str | None = None, progress=print):
     """Fit the trial's phase on Ray Train (phase 1, or phases 2-3 with phase 3's mining first).
     Phases 2-3 pass their pairs and mined negatives through the contamination gate first,
-    under the study's disclosed-overlap policy `overlap_policy`."""
+    under the study's disclosed-overlap policy `overlap_policy`; `progress` gets the lines of
+    that work before training (the audit, mining, teacher labels and documents)."""
     if trial.phase == 1:
         return run_phase1(trial, prepared, storage_path=storage_path, name=name, callbacks=callbacks)
     return run_contrastive(trial, prepared, storage_path=storage_path, name=name, callbacks=callbacks,
-                           overlap_policy=overlap_policy)
+                           overlap_policy=overlap_policy, progress=progress)
 
 
 def trial_driver(config: dict[str, Any], *, context: dict[str, Any]) -> None:
@@ -98,6 +99,10 @@ def run_trial(study: Study, identity: dict[str, Any], params: dict[str, Any], co
         result = train_trial(
             trial, prepared, storage_path=store.join(run_dir, "train"), name=f"{stage}-{arm}-seed{seed}-{trial_id}",
             callbacks=[TuneReportCallback()], overlap_policy=study.disclosed_overlap,
+            # The trial's own output does not reach the console (log_to_driver=False): the lines
+            # of its work before training (mining and teacher labels can take many minutes)
+            # travel as Tune results, as its evaluation's do.
+            progress=lambda line: tune.report({EVAL_PROGRESS: line}),
         )
     except NonFiniteError as error:
         # Deterministic: retrying would stop the same way. The table shows why it has no metrics.

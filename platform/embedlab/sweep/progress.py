@@ -1,6 +1,7 @@
 """A running sweep's console lines, instead of Tune's periodic status tables: a Tune callback
-with one line per trial event, a trial's throttled budget lines (`BudgetLines`), and its
-evaluation's encoding lines, which the trial forwards as Tune results (`evaluate_with_progress`)."""
+with one line per trial event, a trial's throttled budget lines (`BudgetLines`), and the lines
+of its work before training and of its evaluation's encoding, which the trial forwards as Tune
+results (`evaluate_with_progress`)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from embedlab.config import EvalConfig
 # lines while it is current.
 BUDGET_LINE_SECONDS = 30.0
 EVAL_POLL_SECONDS = 5.0
-# A Tune result holding one evaluation progress line (text): the key the trial writes and the
+# A Tune result holding one progress line (text) of a trial's driver, before training (audit,
+# mining, teacher labels) or while its evaluation encodes: the key the trial writes and the
 # callback reads.
 EVAL_PROGRESS = "eval/progress"
 
