@@ -1,11 +1,12 @@
 """Phase 3's teacher labels, made on the trial driver after its negatives and before training.
 
 `teacher_labels_for_phase3` scores the scheduled pairs' queries against their positives and
-the negatives the stream gives them (`embedlab.data.pair_stream.pair_negatives`), each text cut
-as the student sees it (`as_student_sees`), with the trial's `contrastive.teacher`, once per version under the prepared data
-(`embedlab.data.teacher_labels`), publishes the set to every node and refuses a set whose
-manifest names other inputs. `embedlab.train.contrastive.run_contrastive` calls it, audits the
-set's texts against the evaluation tasks and passes its path to the pair stream.
+the negatives the stream gives them (`embedlab.data.pair_stream.pair_negatives`), each text
+cut as the student sees it (`as_student_sees`), with the trial's `contrastive.teacher`, once
+per version under the prepared data (`embedlab.data.teacher_labels`), publishes the set to
+every node and refuses a set whose manifest names other inputs.
+`embedlab.train.contrastive.run_contrastive` calls it, audits the set's texts against the
+evaluation tasks and passes its path to the pair stream.
 
 `teacher_embeddings_for_trial` does the same for embedding distillation (phase 2 or 3): one
 training-split document per scheduled pair, cut to the student's pair length, encoded by the
