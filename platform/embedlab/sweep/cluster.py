@@ -72,8 +72,9 @@ def connect(address: str | None, progress: Callable[[str], None] = print, job_en
     # The job's processes on every node: Ray's settings, and `job_env` (the run's remote
     # storage root, `embedlab.data.prepared_sync`); never a credential.
     runtime_env = {"env_vars": {**RAY_ENV, **(job_env or {})}}
-    named = "" if address or not os.environ.get("RAY_ADDRESS") else " (RAY_ADDRESS)"
-    address = address or os.environ.get("RAY_ADDRESS") or None
+    named = ""
+    if not address and os.environ.get("RAY_ADDRESS"):
+        address, named = os.environ["RAY_ADDRESS"], " (RAY_ADDRESS)"
     if address:
         progress(f"ray: connecting to {address}{named}")
         _check_reachable(address)

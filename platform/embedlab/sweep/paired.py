@@ -285,6 +285,12 @@ def holm_levels(p_values: Sequence[float], alpha: float) -> tuple[list, list, li
     return holm_adjust(p_values), levels, rejected
 
 
+def full_width(metric: str) -> str:
+    """The full width's name of a metric at a truncated width (`<split>/dim<d>/<m>` ->
+    `<split>/<m>`); any other metric as it is."""
+    return re.sub(r"^([^/]+)/dim\d+/([^/]+)$", r"\1/\2", metric)
+
+
 def width_family(per_query: PerQuery, metric: str) -> list[str]:
     """The study metric at every width the trials were scored at (`eval.dims`): the full width's
     `<split>/<m>` first, then `<split>/dim<d>/<m>` by width, when `metric` is one of them and
@@ -295,7 +301,7 @@ def width_family(per_query: PerQuery, metric: str) -> list[str]:
     split, measure = match.groups()
     widths = sorted((int(found.group(1)), key) for key in per_query.values
                     if (found := re.fullmatch(rf"{re.escape(split)}/dim(\d+)/{re.escape(measure)}", key)))
-    full = f"{split}/{measure}"
+    full = full_width(metric)
     family = ([full] if full in per_query.values else []) + [key for _, key in widths]
     return family if len(family) > 1 and metric in family else [metric]
 

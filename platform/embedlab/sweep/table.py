@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -520,10 +519,8 @@ def render(run_dir: str | Path, fmt: str = "text", metrics: Sequence[str] | None
         # device time the data each arm read.
         parts = ("budget/inherited_flops", "budget/flops") if consumed_in == LINEAGE_COLUMNS else ()
         data_column = "budget/pairs" if "budget/pairs" in table else "budget/tokens"
-        metric = record["study"]["metric"]
-        # A metric at a truncated width (`<split>/dim<d>/<m>`) has its full width's beside it.
-        full_width = re.sub(r"/dim\d+/", "/", metric)
-        metrics = [m for m in dict.fromkeys((metric, full_width, "dev/recall@100", "train/loss",
+        metric = record["study"]["metric"]  # at a truncated width: its full width's beside it
+        metrics = [m for m in dict.fromkeys((metric, paired.full_width(metric), "dev/recall@100", "train/loss",
                                              "retention/probe_accuracy", *parts, unit_column, TOTAL_COMPUTE,
                                              data_column, "compute/wall_seconds")) if m in table]
     table_of = _text_table if fmt == "text" else _markdown_table
