@@ -20,6 +20,7 @@ import torch.nn.functional as F
 import synthetic
 from embedlab.config import ConfigError, ContrastiveConfig
 from embedlab.data import teacher_embeddings as te
+from embedlab.data.student_view import cut_to_tokens
 from embedlab.data.teacher_labels import TeacherLabelsError
 from embedlab.objectives.contrastive import multi_positive_infonce, pair_masks
 from embedlab.objectives.distillation import (
@@ -85,11 +86,11 @@ def _brute_force_cut(tokenizer, text: str, prefix: str, max_tokens: int) -> str:
 def test_a_document_is_cut_to_the_longest_start_that_fits(frozen, max_tokens):
     """(3: the prefix alone is longer, so nothing of the text is kept.)"""
     for text in TEXTS:
-        cut = te.cut_to_tokens(frozen, text, prefix="passage: ", max_tokens=max_tokens)
+        cut = cut_to_tokens(frozen, text, prefix="passage: ", max_tokens=max_tokens)
         assert text.startswith(cut)
         assert cut == "" or len(frozen.encode_batch(["passage: " + cut])[0]) <= max_tokens
         assert cut == _brute_force_cut(frozen, text, "passage: ", max_tokens)
-    assert te.cut_to_tokens(frozen, TEXTS[0], prefix="passage: ", max_tokens=200) == TEXTS[0]
+    assert cut_to_tokens(frozen, TEXTS[0], prefix="passage: ", max_tokens=200) == TEXTS[0]
 
 
 def test_documents_are_dealt_once_each_in_a_seeded_order():

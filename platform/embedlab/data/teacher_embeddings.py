@@ -8,7 +8,8 @@ drawn from the trial's data seed, dealt to the pair ids in sorted order, so dist
 distinct documents until the documents run out). A document is read as "title\\ntext" (its
 text when untitled, as mining reads it) and cut at a token boundary so that the student's
 passage prefix plus the text fits `contrastive.pair_length` with [CLS] and [SEP]
-(`cut_to_tokens`): the teacher encodes exactly the text the student sees, never a longer one.
+(`embedlab.data.student_view.cut_to_tokens`): the teacher encodes exactly the text the
+student sees, never a longer one.
 
 The teacher's vectors have the teacher's width (384 for all-MiniLM-L6-v2). A student of
 another width regresses onto a fixed linear projection of them, stated here and recorded:
@@ -58,7 +59,9 @@ PROJECTION_SEED = 20260
 PROJECTION = "normalise(P t): P orthonormal rows (narrower student) or columns (wider), from a seeded Gaussian's QR"
 # The code that decides a set beyond its inputs: this module, how the teacher encodes, and how
 # the stream reads a pair's document (what the student encodes).
-EMBEDDINGS_CODE = ("data/teacher_embeddings.py", "evaluate/baselines.py", "data/pair_stream.py")
+EMBEDDINGS_CODE = (
+    "data/teacher_embeddings.py", "data/student_view.py", "evaluate/baselines.py", "data/pair_stream.py",
+)
 
 
 def projection_matrix(teacher_width: int, student_width: int, seed: int = PROJECTION_SEED) -> np.ndarray:
@@ -80,24 +83,6 @@ def project(vectors: np.ndarray, student_width: int, seed: int = PROJECTION_SEED
     projected = vectors.astype(np.float64) @ projection_matrix(vectors.shape[1], student_width, seed).T
     norms = np.linalg.norm(projected, axis=1, keepdims=True)
     return (projected / np.where(norms > 0, norms, 1.0)).astype(np.float32)
-
-
-def cut_to_tokens(tokenizer, text: str, *, prefix: str, max_tokens: int) -> str:
-    """The longest start of `text` ending at a token boundary whose `prefix + text` the
-    tokenizer (a `FrozenTokenizer`) encodes in at most `max_tokens` tokens ('' when even the
-    prefix does not fit)."""
-    encoding = tokenizer.tokenizer.encode(prefix + text, add_special_tokens=False)
-    if len(encoding.ids) <= max_tokens:
-        return text
-    keep = max_tokens
-    while keep > 0:
-        end = encoding.offsets[keep - 1][1] - len(prefix)
-        cut = text[:max(end, 0)].rstrip()
-        # A word cut short may re-tokenise into more pieces than it held in context: step back.
-        if len(tokenizer.encode_batch([prefix + cut])[0]) <= max_tokens:
-            return cut
-        keep -= 1
-    return ""
 
 
 def document_text(title: str | None, text: str) -> str:

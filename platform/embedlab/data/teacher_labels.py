@@ -19,7 +19,7 @@ once and stored under the prepared data, in `teacher-labels/<version>/`:
 
 The teacher scores each text as the student sees it: cut at a token boundary of the student's
 tokenizer so that the student's prefix plus the text fits `contrastive.pair_length` with [CLS]
-and [SEP] (`embedlab.data.teacher_embeddings.cut_to_tokens`). A label then judges the text the
+and [SEP] (`embedlab.data.student_view.cut_to_tokens`). A label then judges the text the
 student is trained to rank, not a longer one the student never reads, and the teacher's cost
 follows the student's length rather than its own maximum (256 tokens for all-MiniLM-L6-v2).
 
@@ -59,7 +59,7 @@ LABELS_FORMAT = "embedlab-teacher-labels/3"
 # The code that decides a set beyond its inputs: this module, the cut to the student's view, how
 # the teacher encodes, and how the stream composes a pair's negatives (what is scored).
 TEACHER_CODE = (
-    "data/teacher_labels.py", "data/teacher_embeddings.py", "evaluate/baselines.py", "data/pair_stream.py",
+    "data/teacher_labels.py", "data/student_view.py", "evaluate/baselines.py", "data/pair_stream.py",
 )
 LABELS_SCHEMA = pa.schema([
     ("pair_id", pa.string()), ("doc_id", pa.string()), ("query", pa.string()), ("text", pa.string()),

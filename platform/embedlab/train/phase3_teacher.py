@@ -30,6 +30,7 @@ from embedlab.data.teacher_labels import (
 )
 from embedlab.data import teacher_embeddings as embeddings
 from embedlab.data.mining import TRAIN_SPLIT
+from embedlab.data.student_view import cut_to_tokens
 from embedlab.evaluate.baselines import MINILM, minilm_identity
 from embedlab.store import file_sha256
 from embedlab.train.phase3_negatives import directory_lock, scheduled_rows
@@ -77,13 +78,12 @@ def student_view(settings, tokenizer) -> dict[str, Any]:
 def as_student_sees(pairs: list[ScoredPair], settings, tokenizer) -> list[ScoredPair]:
     """`pairs` with every query and candidate cut as the stream gives it to the student: the
     student's prefix plus the text within `pair_length` tokens with [CLS] and [SEP]
-    (`embeddings.cut_to_tokens`); each distinct text cut once."""
+    (`cut_to_tokens`); each distinct text cut once."""
     cuts: dict[tuple[str, str], str] = {}
 
     def cut(text: str, prefix: str) -> str:
         if (prefix, text) not in cuts:
-            cuts[prefix, text] = embeddings.cut_to_tokens(tokenizer, text, prefix=prefix,
-                                                         max_tokens=settings.pair_length - 2)
+            cuts[prefix, text] = cut_to_tokens(tokenizer, text, prefix=prefix, max_tokens=settings.pair_length - 2)
         return cuts[prefix, text]
 
     query, passage = settings.query_prefix, settings.passage_prefix
@@ -174,8 +174,8 @@ def _encode_documents(trial: TrialConfig, prepared, tokenizer, pair_ids: list[st
     assigned = embeddings.assign_documents(pair_ids, doc_ids, data_seed(trial))
     progress(f"teacher embeddings: cutting {len(pair_ids):,} training-split documents to "
              f"{settings.pair_length} tokens and encoding them with {settings.teacher}")
-    texts = [embeddings.cut_to_tokens(tokenizer, text_of[assigned[p]], prefix=settings.passage_prefix,
-                                      max_tokens=settings.pair_length - 2) for p in pair_ids]
+    texts = [cut_to_tokens(tokenizer, text_of[assigned[p]], prefix=settings.passage_prefix,
+                           max_tokens=settings.pair_length - 2) for p in pair_ids]
     encode, cost = measured_encode(load_teacher(settings.teacher))
     vectors = embeddings.encode_texts(encode, texts, prefix=settings.teacher_passage_prefix, progress=progress)
     table = embeddings.embeddings_table(pair_ids, [assigned[p] for p in pair_ids], texts,
