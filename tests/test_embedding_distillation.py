@@ -20,6 +20,7 @@ import torch.nn.functional as F
 import synthetic
 from embedlab.config import ConfigError, ContrastiveConfig
 from embedlab.data import teacher_embeddings as te
+from embedlab.data import teacher_labels
 from embedlab.data.student_view import cut_to_tokens
 from embedlab.data.teacher_labels import TeacherLabelsError
 from embedlab.objectives.contrastive import multi_positive_infonce, pair_masks
@@ -124,7 +125,7 @@ def test_a_set_gives_each_pair_its_text_and_target_and_masks_what_it_lacks(tmp_p
     np.testing.assert_array_equal(rows[[0, 2]], targets[[1, 0]])
     assert np.isnan(rows[1]).all()
     assert list(te.teacher_embedding_items(directory)) == [("set:p1:d9", "first text"), ("set:p2:d4", "second text")]
-    assert te.teacher_embedding_compute(directory) == {"flops": 5.0, "seconds": 1.0, "wall_seconds": 2.0}
+    assert teacher_labels.set_cost(directory) == {"flops": 5.0, "seconds": 1.0, "wall_seconds": 2.0}
     manifest = te.load_manifest(directory, _identity())
     assert manifest["counts"] == {"pairs": 2, "documents": 2, "empty_texts": 0}
     assert "not human" not in manifest["labels"] and "a model's vectors" in manifest["labels"]

@@ -182,7 +182,3 @@ def teacher_embedding_items(directory: Path) -> Iterator[tuple[str, str]]:
     for pair_id, doc_id, text in zip(*(table[c].to_pylist() for c in ("pair_id", "doc_id", "text"))):
         yield f"{directory.name}:{pair_id}:{doc_id}", text
 
-
-def teacher_embedding_compute(directory: Path | None) -> dict[str, float]:
-    """What encoding a set cost: FLOPs, CPU and wall seconds (empty without a set)."""
-    return teacher_labels.set_cost(directory)

@@ -19,20 +19,22 @@ import json
 from pathlib import Path
 from typing import Any
 
-from embedlab.config import TrialConfig
+from embedlab.config import ContrastiveConfig, TrialConfig
 from embedlab.data.mining import NEGATIVES_FILE
 from embedlab.data.pair_stream import pair_negatives
 from embedlab.data.prepare import code_revision
 from embedlab.data.prepared_sync import node_path, publish_subtree
 from embedlab.data.teacher_labels import (
     MANIFEST_FILE, TEACHER_CODE, ScoredPair, TeacherLabelsError, labels_identity, labels_version,
-    load_manifest, load_teacher, measured_encode, pairs_below_confidence, score_pairs, teacher_compute, write_labels,
+    load_manifest, load_teacher, measured_encode, pairs_below_confidence, score_pairs, set_cost, teacher_compute,
+    write_labels,
 )
 from embedlab.data import teacher_embeddings as embeddings
 from embedlab.data.mining import TRAIN_SPLIT
 from embedlab.data.student_view import cut_to_tokens
 from embedlab.evaluate.baselines import MINILM, minilm_identity
 from embedlab.store import file_sha256
+from embedlab.tokenizer.frozen import FrozenTokenizer
 from embedlab.train.phase3_negatives import directory_lock, scheduled_rows
 from embedlab.train.state import data_seed
 
@@ -69,13 +71,14 @@ def teacher_labels_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, sc
     return directory
 
 
-def student_view(settings, tokenizer) -> dict[str, Any]:
+def student_view(settings: ContrastiveConfig, tokenizer: FrozenTokenizer) -> dict[str, Any]:
     """What decides the text the student sees of a pair, and so the teacher's cut."""
     return {"tokenizer": tokenizer.hash, "pair_length": settings.pair_length,
             "query_prefix": settings.query_prefix, "passage_prefix": settings.passage_prefix}
 
 
-def as_student_sees(pairs: list[ScoredPair], settings, tokenizer) -> list[ScoredPair]:
+def as_student_sees(pairs: list[ScoredPair], settings: ContrastiveConfig,
+                    tokenizer: FrozenTokenizer) -> list[ScoredPair]:
     """`pairs` with every query and candidate cut as the stream gives it to the student: the
     student's prefix plus the text within `pair_length` tokens with [CLS] and [SEP]
     (`cut_to_tokens`); each distinct text cut once."""
@@ -195,4 +198,4 @@ def teacher_embedding_record(directory: Path | None) -> dict[str, Any] | None:
             "passage_prefix": manifest["passage_prefix"], "student_prefix": manifest["student_prefix"],
             "texts": "one training-split document per scheduled pair, cut to the pair length",
             "projection": manifest["projection"], "counts": manifest["counts"],
-            "compute": embeddings.teacher_embedding_compute(directory), "disclosure": manifest["disclosure"]}
+            "compute": set_cost(directory), "disclosure": manifest["disclosure"]}
