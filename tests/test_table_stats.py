@@ -398,3 +398,44 @@ def test_total_compute_adds_what_trials_spent_outside_the_budget(tmp_path):
             row.update({"data/teacher_pairs": 40, "data/teacher_embedding_texts": 40})
     both = load_table(write_run(tmp_path / "both", rows, budget_unit="flops", budget_flops=1e12))
     assert "mining, teacher labels and documents, outside" in compute_outside_line(both)
+
+
+def test_what_the_teacher_made_is_read_from_the_study_arms(tmp_path):
+    """A run's rows need not carry the teacher's counts (records written before rows kept
+    them): the arms' configs say what the teacher made, so a study that distils only
+    embeddings says "teacher documents" and discloses vectors, not judgments; KL or MarginMSE
+    arms say labels; a study with both names both."""
+    from embedlab.data.teacher_labels import DISCLOSURE
+    from embedlab.sweep.table import VECTORS_DISCLOSURE, compute_outside_line, teacher_line
+
+    rows = _flops_rows({"base": 1e12, "wide": 1e12, "deep": 1e12})
+    for row in rows:
+        if row["arm"] != "base":
+            row["compute/teacher_flops"] = 2e11
+    cases = {
+        "embedding": ({"wide": {"embedding_mse_weight": 0.5}}, "+ teacher documents, outside", VECTORS_DISCLOSURE),
+        "margin": ({"wide": {"margin_mse_weight": 1.0}}, "+ teacher labels, outside", DISCLOSURE),
+        "both": ({"wide": {"kl_weight": 0.5}, "deep": {"embedding_mse_weight": 0.5, "margin_mse_weight": 0.0}},
+                 "+ teacher labels and documents, outside", DISCLOSURE),
+    }
+    for name, (weights, phrase, disclosure) in cases.items():
+        arms = {arm: {"phase": 3, "contrastive": {"teacher": "all-MiniLM-L6-v2", "kl_weight": 0.0,
+                                                  "margin_mse_weight": 0.0, "embedding_mse_weight": 0.0,
+                                                  **weights.get(arm, {})}} for arm in ARMS}
+        table = load_table(write_run(tmp_path / name, rows, arms=arms, budget_unit="flops", budget_flops=1e12))
+        assert phrase in compute_outside_line(table), name
+        assert teacher_line(table) == disclosure, name
+        assert disclosure in render(tmp_path / name / "run"), name
+
+
+def test_a_trial_row_keeps_the_teacher_counts_beside_budget_and_compute():
+    """The row keeps every budget and compute figure, the observed shares and the teacher's
+    counts, and none of the other training metrics (those the row names itself)."""
+    from embedlab.sweep.driver import kept_training_figures
+
+    train = {"budget/flops": 1e12, "compute/teacher_flops": 2e11, "data/observed_pair_share/a": 0.5,
+             "data/teacher_pairs": 40, "data/teacher_pairs_without_negatives": 3, "data/teacher_embedding_texts": 40,
+             "data/packing_efficiency": 0.9, "train/loss": 1.0, "train/step": 10, "eval/seconds": 2.0}
+    assert kept_training_figures(train) == {k: train[k] for k in (
+        "budget/flops", "compute/teacher_flops", "data/observed_pair_share/a", "data/teacher_pairs",
+        "data/teacher_pairs_without_negatives", "data/teacher_embedding_texts")}

@@ -72,6 +72,18 @@ def trial_identity(study: Study, config: dict[str, Any], trial_id: str) -> dict[
     }
 
 
+# What a trial's row keeps of its training metrics (besides losses and steps): the budget and
+# every compute figure, the observed data shares, and the teacher's counts (pairs it judged,
+# its disagreements, pairs without a negative, documents it encoded), which the table reads
+# to say what the teacher made.
+KEPT_TRAINING_PREFIXES = ("budget/", "compute/", "data/observed", "data/teacher_")
+
+
+def kept_training_figures(train: dict[str, Any]) -> dict[str, Any]:
+    """The training metrics a trial's row keeps (`KEPT_TRAINING_PREFIXES`)."""
+    return {k: v for k, v in train.items() if k.startswith(KEPT_TRAINING_PREFIXES)}
+
+
 def run_trial(study: Study, identity: dict[str, Any], params: dict[str, Any], context: dict[str, Any]) -> dict:
     """Train and score one trial and write its row (and per-query file); returns the trial's
     final Tune result. `trial_driver` records whatever this raises."""
@@ -127,8 +139,7 @@ def run_trial(study: Study, identity: dict[str, Any], params: dict[str, Any], co
     intended = prepared.record["mixture"]["shares"] if trial.phase == 1 else dict(trial.contrastive.pairs)
     row = {
         **identity,
-        **{k: train[k] for k in train if k.startswith(("budget/", "compute/"))},
-        **{k: train[k] for k in train if k.startswith("data/observed")},
+        **kept_training_figures(train),
         **{f"data/intended_share/{k}": v for k, v in intended.items()},
         **{k: train[k] for k in train if k.startswith("train/loss")},
         **{k: train[k] for k in ("train/mlm_loss", "train/contrastive_loss") if k in train},

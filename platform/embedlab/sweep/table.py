@@ -69,6 +69,11 @@ BUDGET_COLUMNS = ("budget/tokens", "budget/pairs", "budget/flops", "budget/flops
 # negatives, screening a source's given ones, and a teacher's labels (`compute_outside_line`).
 OUTSIDE_BUDGET_FLOPS = ("compute/mining_flops", "compute/given_negatives_flops", "compute/teacher_flops")
 TOTAL_COMPUTE = "compute/total_flops"
+# The disclosure of a study whose teacher made only vectors (embedding distillation): what the
+# teacher labels' DISCLOSURE says of judgments, said of embeddings.
+VECTORS_DISCLOSURE = ("teacher embeddings are all-MiniLM-L6-v2's vectors of unlabelled training text, not human "
+                      "judgments; its training data (over a billion pairs, code search among them, per its model "
+                      "card) cannot be audited here")
 NO_TRIALS = "(no finished trials)"
 CONFIDENCE = 0.95  # of the intervals `render` shows
 
@@ -164,8 +169,28 @@ def load_table(run_dir: str | Path) -> pd.DataFrame:
                        arm_order=arms, unit=unit, budget=declared_budget(record, unit),
                        budgets={u: declared_budget(record, u) for u in STUDY_BUDGETS},
                        seeds=list(record["study"].get("seeds", [])), tuning=record.get("tuning"),
-                       scope=budget_scope(record))
+                       scope=budget_scope(record), teacher_made=teacher_made(record["study"]["arms"]))
     return table
+
+
+def teacher_made(arms: dict[str, Any]) -> tuple[str, ...]:
+    """What a teacher made for the study's arms, read from their configs: "labels" (scores of
+    each query's candidates, for KL or MarginMSE) and "documents" (vectors of unlabelled text,
+    for embedding distillation), in that order; () for a study that distils nothing."""
+    weights = [arm.get("contrastive", {}) for arm in arms.values() if isinstance(arm, dict)]
+    made = {"labels": any(w.get("kl_weight", 0) > 0 or w.get("margin_mse_weight", 0) > 0 for w in weights),
+            "documents": any(w.get("embedding_mse_weight", 0) > 0 for w in weights)}
+    return tuple(name for name, used in made.items() if used)
+
+
+def _teacher_products(table: pd.DataFrame) -> tuple[str, ...]:
+    """What the table's teacher made: from the study's arms, else (a record without configs)
+    from the trials' teacher counts."""
+    made = table.attrs.get("teacher_made") or ()
+    if made:
+        return made
+    return tuple(name for column, name in (("data/teacher_pairs", "labels"),
+                                           ("data/teacher_embedding_texts", "documents")) if column in table)
 
 
 def _add_total_compute(table: pd.DataFrame, scope: str) -> None:
@@ -186,8 +211,7 @@ def compute_outside_line(table: pd.DataFrame) -> str:
         return ""
     # The teacher's FLOPs are its labels' (queries and candidates) and its documents' (embedding
     # distillation), whichever the trials used.
-    teacher = " and ".join(name for column, name in (("data/teacher_pairs", "labels"),
-                                                    ("data/teacher_embedding_texts", "documents")) if column in table)
+    teacher = " and ".join(_teacher_products(table))
     parts = {"compute/mining_flops": "mining", "compute/given_negatives_flops": "given-negative screening",
              "compute/teacher_flops": f"teacher {teacher or 'labels'}"}
     spent = ", ".join(name for column, name in parts.items() if column in table)
@@ -197,8 +221,11 @@ def compute_outside_line(table: pd.DataFrame) -> str:
 
 def teacher_line(table: pd.DataFrame) -> str:
     """The disclosure a table of distilling trials carries: the labels are a model's, and what
-    that model was trained on is beyond the audit."""
-    return DISCLOSURE if "compute/teacher_flops" in table else ""
+    that model was trained on is beyond the audit (its vectors, for a study that distils only
+    embeddings)."""
+    if "compute/teacher_flops" not in table:
+        return ""
+    return VECTORS_DISCLOSURE if _teacher_products(table) == ("documents",) else DISCLOSURE
 
 
 def _checked_rows(run_dir: str | Path, record: dict, arms: list[str]) -> list[dict]:
