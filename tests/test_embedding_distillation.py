@@ -129,6 +129,7 @@ def test_a_set_gives_each_pair_its_text_and_target_and_masks_what_it_lacks(tmp_p
     manifest = te.load_manifest(directory, _identity())
     assert manifest["counts"] == {"pairs": 2, "documents": 2, "empty_texts": 0}
     assert "not human" not in manifest["labels"] and "a model's vectors" in manifest["labels"]
+    assert manifest["disclosure"] == te.VECTORS_DISCLOSURE and "vectors" in manifest["disclosure"]
     with pytest.raises(TeacherLabelsError, match="pair_length, projection differ"):
         te.load_manifest(directory, _identity(pair_length=32, student_width=4))
     with pytest.raises(TeacherLabelsError, match="incomplete or absent"):

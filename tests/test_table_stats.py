@@ -404,7 +404,8 @@ def test_what_the_teacher_made_is_read_from_the_study_arms(tmp_path):
     """A run's rows need not carry the teacher's counts (records written before rows kept
     them): the arms' configs say what the teacher made, so a study that distils only
     embeddings says "teacher documents" and discloses vectors, not judgments; KL or MarginMSE
-    arms say labels; a study with both names both."""
+    arms say labels; a study with both names both, as does one whose rows count labels its
+    arms' configs do not declare (a tuned weight)."""
     from embedlab.data.teacher_labels import DISCLOSURE
     from embedlab.sweep.table import VECTORS_DISCLOSURE, compute_outside_line, teacher_line
 
@@ -415,10 +416,16 @@ def test_what_the_teacher_made_is_read_from_the_study_arms(tmp_path):
     cases = {
         "embedding": ({"wide": {"embedding_mse_weight": 0.5}}, "+ teacher documents, outside", VECTORS_DISCLOSURE),
         "margin": ({"wide": {"margin_mse_weight": 1.0}}, "+ teacher labels, outside", DISCLOSURE),
-        "both": ({"wide": {"kl_weight": 0.5}, "deep": {"embedding_mse_weight": 0.5, "margin_mse_weight": 0.0}},
+        "both": ({"wide": {"kl_weight": 0.5}, "deep": {"embedding_mse_weight": 0.5, "margin_mse_weight": None}},
                  "+ teacher labels and documents, outside", DISCLOSURE),
+        # a weight the study tuned is in the rows, not in the arms' configs: the counts add it
+        "tuned": ({"wide": {"embedding_mse_weight": 0.5}}, "+ teacher labels and documents, outside", DISCLOSURE),
     }
     for name, (weights, phrase, disclosure) in cases.items():
+        for row in rows:
+            row.pop("data/teacher_pairs", None)
+            if name == "tuned" and row["arm"] == "wide":
+                row["data/teacher_pairs"] = 40
         arms = {arm: {"phase": 3, "contrastive": {"teacher": "all-MiniLM-L6-v2", "kl_weight": 0.0,
                                                   "margin_mse_weight": 0.0, "embedding_mse_weight": 0.0,
                                                   **weights.get(arm, {})}} for arm in ARMS}

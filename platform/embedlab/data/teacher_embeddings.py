@@ -49,11 +49,16 @@ import pyarrow.parquet as pq
 from embedlab.data.mining import write_text_atomically
 from embedlab.data.prepared_sync import node_path
 from embedlab.data import teacher_labels
-from embedlab.data.teacher_labels import DISCLOSURE, TeacherLabelsError
+from embedlab.data.teacher_labels import TeacherLabelsError
 
 EMBEDDINGS_FILE = "embeddings.parquet"
 MANIFEST_FILE = "manifest.json"
 COST_FILE = teacher_labels.COST_FILE
+# What a set's manifest and a table of its trials disclose: teacher labels' DISCLOSURE, said of
+# vectors rather than judgments.
+VECTORS_DISCLOSURE = ("teacher embeddings are all-MiniLM-L6-v2's vectors of unlabelled training text, not human "
+                      "judgments; its training data (over a billion pairs, code search among them, per its model "
+                      "card) cannot be audited here")
 EMBEDDINGS_FORMAT = "embedlab-teacher-embeddings/1"
 PROJECTION_SEED = 20260
 PROJECTION = "normalise(P t): P orthonormal rows (narrower student) or columns (wider), from a seeded Gaussian's QR"
@@ -137,7 +142,7 @@ def write_embeddings(directory: Path, table: pa.Table, identity: dict[str, Any],
               "empty_texts": sum(1 for t in table["text"].to_pylist() if not t)}
     write_text_atomically(directory / MANIFEST_FILE, json.dumps(
         {**identity, "version": embeddings_version(identity), "counts": counts,
-         "labels": "teacher embeddings (a model's vectors of unlabelled text)", "disclosure": DISCLOSURE},
+         "labels": "teacher embeddings (a model's vectors of unlabelled text)", "disclosure": VECTORS_DISCLOSURE},
         indent=2, sort_keys=True))
     return directory
 

@@ -34,6 +34,7 @@ from scipy import stats
 
 from embedlab import store
 from embedlab.config import Budget, nest_flat_budget
+from embedlab.data.teacher_embeddings import VECTORS_DISCLOSURE
 from embedlab.data.teacher_labels import DISCLOSURE
 from embedlab.errors import RunRecordError, UsageError, UserError
 from embedlab.sweep import crossed, paired
@@ -69,11 +70,6 @@ BUDGET_COLUMNS = ("budget/tokens", "budget/pairs", "budget/flops", "budget/flops
 # negatives, screening a source's given ones, and a teacher's labels (`compute_outside_line`).
 OUTSIDE_BUDGET_FLOPS = ("compute/mining_flops", "compute/given_negatives_flops", "compute/teacher_flops")
 TOTAL_COMPUTE = "compute/total_flops"
-# The disclosure of a study whose teacher made only vectors (embedding distillation): what the
-# teacher labels' DISCLOSURE says of judgments, said of embeddings.
-VECTORS_DISCLOSURE = ("teacher embeddings are all-MiniLM-L6-v2's vectors of unlabelled training text, not human "
-                      "judgments; its training data (over a billion pairs, code search among them, per its model "
-                      "card) cannot be audited here")
 NO_TRIALS = "(no finished trials)"
 CONFIDENCE = 0.95  # of the intervals `render` shows
 
@@ -144,7 +140,8 @@ def load_table(run_dir: str | Path) -> pd.DataFrame:
 
     `table.attrs` carries the study's name, metric, arm order, seeds, budget unit, declared
     budget in that unit (`budget`, None if undeclared; `budgets`: in every unit), budget scope
-    (`scope`, "phase" or "lineage") and tuning record (`tuning`, None if it did not tune), so
+    (`scope`, "phase" or "lineage"), what a teacher made for its arms (`teacher_made`) and
+    tuning record (`tuning`, None if it did not tune), so
     `summarize`, `check_equal_compute`, `compute_match_line` and `tuning_line` need nothing else.
     Rows of failed, stopped and tuning trials are kept (with NaN where they have no metric). A
     finished final trial without a finite study metric is a failed trial (`status` "failed",
@@ -177,20 +174,20 @@ def teacher_made(arms: dict[str, Any]) -> tuple[str, ...]:
     """What a teacher made for the study's arms, read from their configs: "labels" (scores of
     each query's candidates, for KL or MarginMSE) and "documents" (vectors of unlabelled text,
     for embedding distillation), in that order; () for a study that distils nothing."""
-    weights = [arm.get("contrastive", {}) for arm in arms.values() if isinstance(arm, dict)]
-    made = {"labels": any(w.get("kl_weight", 0) > 0 or w.get("margin_mse_weight", 0) > 0 for w in weights),
-            "documents": any(w.get("embedding_mse_weight", 0) > 0 for w in weights)}
+    weights = [(arm.get("contrastive") or {}) for arm in arms.values() if isinstance(arm, dict)]
+    made = {"labels": any((w.get("kl_weight") or 0) > 0 or (w.get("margin_mse_weight") or 0) > 0 for w in weights),
+            "documents": any((w.get("embedding_mse_weight") or 0) > 0 for w in weights)}
     return tuple(name for name, used in made.items() if used)
 
 
 def _teacher_products(table: pd.DataFrame) -> tuple[str, ...]:
-    """What the table's teacher made: from the study's arms, else (a record without configs)
-    from the trials' teacher counts."""
-    made = table.attrs.get("teacher_made") or ()
-    if made:
-        return made
-    return tuple(name for column, name in (("data/teacher_pairs", "labels"),
-                                           ("data/teacher_embedding_texts", "documents")) if column in table)
+    """What the table's teacher made: what the study's arms declare, with what the trials'
+    teacher counts show (a tuned weight is in the rows, not in the arms' configs)."""
+    declared = set(table.attrs.get("teacher_made") or ())
+    counted = {name for column, name in (("data/teacher_pairs", "labels"),
+                                         ("data/teacher_embedding_texts", "documents"))
+               if column in table and table[column].notna().any()}
+    return tuple(name for name in ("labels", "documents") if name in declared | counted)
 
 
 def _add_total_compute(table: pd.DataFrame, scope: str) -> None:
