@@ -57,8 +57,7 @@ COST_FILE = teacher_labels.COST_FILE
 # What a set's manifest and a table of its trials disclose: teacher labels' DISCLOSURE, said of
 # vectors rather than judgments.
 VECTORS_DISCLOSURE = ("teacher embeddings are all-MiniLM-L6-v2's vectors of unlabelled training text, not human "
-                      "judgments; its training data (over a billion pairs, code search among them, per its model "
-                      "card) cannot be audited here")
+                      f"judgments; {teacher_labels.TEACHER_TRAINING_DATA}")
 EMBEDDINGS_FORMAT = "embedlab-teacher-embeddings/1"
 PROJECTION_SEED = 20260
 PROJECTION = "normalise(P t): P orthonormal rows (narrower student) or columns (wider), from a seeded Gaussian's QR"

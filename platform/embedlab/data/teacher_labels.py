@@ -65,8 +65,11 @@ LABELS_SCHEMA = pa.schema([
     ("pair_id", pa.string()), ("doc_id", pa.string()), ("query", pa.string()), ("text", pa.string()),
     ("score", pa.float32()), ("confidence", pa.float32()), ("agrees", pa.bool_()),
 ])
-DISCLOSURE = ("teacher labels are all-MiniLM-L6-v2's judgments, not human ones; its training data (over a "
-              "billion pairs, code search among them, per its model card) cannot be audited here")
+# What the audit cannot reach, said by every teacher set's disclosure (labels here, vectors in
+# `embedlab.data.teacher_embeddings`).
+TEACHER_TRAINING_DATA = ("its training data (over a billion pairs, code search among them, per its model card) "
+                         "cannot be audited here")
+DISCLOSURE = f"teacher labels are all-MiniLM-L6-v2's judgments, not human ones; {TEACHER_TRAINING_DATA}"
 
 
 class TeacherLabelsError(UserError, ValueError):
