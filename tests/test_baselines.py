@@ -124,6 +124,8 @@ def test_bm25_metrics_have_the_neural_paths_keys():
     assert REQUIRED_KEYS - {"encoder"} <= set(neural)
     assert result["queries"] == len(task.qrels["test"]) and result["docs"] == len(task.corpus)
     assert all(0.0 <= result[m] <= 1.0 for m in METRIC_NAMES)
+    # Each mean is the mean of the per-query values it keeps, as on the neural path.
+    assert all(math.fsum(result["per_query"][m].values()) / result["queries"] == result[m] for m in METRIC_NAMES)
     assert result["encoder"]["name"] == "bm25"
     assert result["encoder"]["library"].startswith("bm25s ")
     assert {"k1", "b", "tokenization"} <= set(result["encoder"])

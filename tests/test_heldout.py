@@ -16,11 +16,12 @@ from embedlab.cli import main
 from embedlab.data.audit import audit
 from embedlab.data.builtin import available_sources, SOURCE_NAMES
 from embedlab.evaluate import heldout
-from embedlab.evaluate.beir import load_task
+from embedlab.evaluate.beir import Task, load_task
 from embedlab.evaluate.heldout import (
     HELDOUT_TASKS, SHARED_WINDOW, SOURCES, HeldoutSourceMissing, TrainingText, build_heldout,
     build_heldout_tasks, builtin_training_text, read_dpkg_status, read_provenance,
 )
+from embedlab.evaluate.heldout_scores import WORD_MATCH_RULE, group_means, word_groups, word_matched
 
 UNRELATED = TrainingText({"what": "fixture"}, lambda: [("train:1", "Nothing in here is about packages or devils.")])
 
@@ -407,6 +408,33 @@ def test_score_prints_a_table_per_task_and_json(tmp_path, monkeypatch, capsys):
         assert all(0.0 <= m["ndcg@10"] <= 1.0 and 0.0 <= m["recall@100"] <= 1.0 for m in result["scores"].values())
     # Four documents: every one is within the top 100, so recall@100 is 1 for both.
     assert results["gnu-info"]["scores"]["bm25"]["recall@100"] == 1.0
+    # The word groups partition the queries, and their means recombine to the whole split's.
+    for name, result in results.items():
+        sizes = result["word_groups"]
+        assert sizes["words_in_document"] + sizes["other"] == result["queries"]
+        assert sizes == {**{g: len(ids) for g, ids in word_groups(load_task(tasks_dir / name), "test").items()},
+                         "rule": WORD_MATCH_RULE}
+        for scores in result["scores"].values():
+            parts = [(sizes[g], scores[f"ndcg@10/{g}"]) for g in ("words_in_document", "other")]
+            assert all((value is None) == (size == 0) for size, value in parts)
+            assert sum(size * (value or 0.0) for size, value in parts) == pytest.approx(
+                result["queries"] * scores["ndcg@10"], rel=1e-12, abs=1e-12)
+
+
+def test_word_matched_by_hand():
+    """Every query word (BM25's tokens: lowercased, stopwords out) must be in a relevant document."""
+    corpus = {"d1": ("", "The red fox jumps over walls."), "d2": ("Whales", "A blue sky at sea."),
+              "d3": ("", "Nothing relevant here.")}
+    queries = {"q1": "Red FOX", "q2": "blue whale", "q3": "the a", "q4": "whales", "q5": "fox sky", "q6": "sea"}
+    qrels = {"test": {"q1": {"d1": 1}, "q2": {"d2": 1}, "q3": {"d1": 1}, "q4": {"d2": 2}, "q5": {"d1": 1, "d2": 1},
+                      "q6": {"d2": 0}}}
+    task = Task("hand", corpus, queries, qrels)
+    # q2: "whale" is not "whales" (no stemming); q3: stopwords only; q4: the title counts;
+    # q5: its words are spread over its two relevant documents; q6: no relevant document, not scored.
+    assert word_matched(task, "test") == {"q1": True, "q2": False, "q3": False, "q4": True, "q5": True}
+    assert word_groups(task, "test") == {"words_in_document": ["q1", "q4", "q5"], "other": ["q2", "q3"]}
+    assert group_means({"q1": 1.0, "q2": 0.5, "q4": 0.25}, {"a": ["q1", "q4"], "b": ["q2"], "c": []}) == {
+        "a": 0.625, "b": 0.5, "c": None}
 
 
 # --- the real sources ----------------------------------------------------------------------

@@ -5,7 +5,8 @@
         decontaminated against the built-in corpus
     embedlab heldout score [CHECKPOINT_OR_RELEASE] [--tasks NAME ...] [--dir DIR] [--baselines NAME ...] [--json]
         one table per task: nDCG@10 and recall@100 of the encoder, BM25 and all-MiniLM-L6-v2 on split
-        test, with the task's sizes and source; a task not built yet is built first
+        test, with the task's sizes and source, and nDCG@10 over the queries whose every word is in
+        their relevant document beside the other queries; a task not built yet is built first
 
 The scoring is `embedlab.evaluate.heldout_scores`'s; this module parses and prints.
 `cli.build_parser` registers the subcommand with `add_heldout_parser`.
@@ -62,7 +63,8 @@ def add_heldout_parser(sub: argparse._SubParsersAction) -> None:
     add_tasks(build)
     build.set_defaults(func=cmd_heldout_build)
 
-    score = heldout_sub.add_parser("score", help="nDCG@10 and recall@100 of an encoder, BM25 and MiniLM on each task")
+    score = heldout_sub.add_parser("score", help="nDCG@10 and recall@100 of an encoder, BM25 and MiniLM on each task, "
+                                     "nDCG@10 also by whether a query's words are in its document")
     score.add_argument("encoder", nargs="?", default=None, metavar="CHECKPOINT_OR_RELEASE",
                        help="a checkpoint or release directory (omit to score the baselines only)")
     add_tasks(score)

@@ -31,7 +31,7 @@ import numpy as np
 
 from embedlab.errors import UsageError
 from embedlab.evaluate.beir import Task
-from embedlab.evaluate.metrics import rank_run, retrieval_metrics
+from embedlab.evaluate.metrics import by_metric, mean_metrics, per_query_metrics, rank_run
 from embedlab.evaluate.retrieval import TOP_K, evaluate_encoder
 
 BM25 = "bm25"
@@ -131,13 +131,14 @@ def bm25_run(task: Task, split: str, k: int = TOP_K) -> tuple[dict[str, dict[str
 
 
 def evaluate_bm25(task: Task, split: str) -> dict:
-    """BM25 scored with `rank_run` + `retrieval_metrics`, the same code as `score_embeddings`."""
+    """BM25 scored with `rank_run` + `per_query_metrics`, the same code as `score_embeddings`:
+    the means, and under "per_query" each query's values (``{metric: {query_id: value}}``)."""
     started = time.perf_counter()
     run, docs = bm25_run(task, split)
-    metrics = retrieval_metrics(task.qrels[split], rank_run(run, TOP_K))
-    return {**metrics, "docs": docs, "index": "bm25s", "split": split, "task": task.name,
+    per_query = per_query_metrics(task.qrels[split], rank_run(run, TOP_K))
+    return {**mean_metrics(per_query), "docs": docs, "index": "bm25s", "split": split, "task": task.name,
             "task_hash": task.hash, "seconds": time.perf_counter() - started,
-            "encoder": bm25_identity()}
+            "encoder": bm25_identity(), "per_query": by_metric(per_query)}
 
 
 # --- all-MiniLM-L6-v2 ----------------------------------------------------------------------
