@@ -84,6 +84,27 @@ def kept_training_figures(train: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in train.items() if k.startswith(KEPT_TRAINING_PREFIXES)}
 
 
+def trial_row(identity: dict[str, Any], train: dict[str, Any], intended: dict[str, float], scores: dict[str, Any],
+              *, checkpoint: str, checkpoint_hash: str, data_revision: str) -> dict[str, Any]:
+    """A finished trial's row: its identity, the training metrics it keeps
+    (`kept_training_figures`, the losses, steps and skipped steps), the data shares the arm
+    intended, its evaluation columns and where its checkpoint is."""
+    return {
+        **identity,
+        **kept_training_figures(train),
+        **{f"data/intended_share/{k}": v for k, v in intended.items()},
+        **{k: train[k] for k in train if k.startswith("train/loss")},
+        **{k: train[k] for k in ("train/mlm_loss", "train/contrastive_loss") if k in train},
+        "train/steps": train["train/step"],
+        "train/skipped_steps": train["train/skipped_steps"],
+        **scores,
+        "checkpoint": checkpoint,
+        "checkpoint_hash": checkpoint_hash,
+        "data_revision": data_revision,
+        "status": "finished",
+    }
+
+
 def run_trial(study: Study, identity: dict[str, Any], params: dict[str, Any], context: dict[str, Any]) -> dict:
     """Train and score one trial and write its row (and per-query file); returns the trial's
     final Tune result. `trial_driver` records whatever this raises."""
@@ -135,22 +156,9 @@ def run_trial(study: Study, identity: dict[str, Any], params: dict[str, Any], co
 
     scored = score_trial(evaluate, arm_eval_tasks(trial.eval, context["prepared"][arm]), trial.eval.split,
                          str(prepared.directory / "retention"))
-    train = result.metrics
     intended = prepared.record["mixture"]["shares"] if trial.phase == 1 else dict(trial.contrastive.pairs)
-    row = {
-        **identity,
-        **kept_training_figures(train),
-        **{f"data/intended_share/{k}": v for k, v in intended.items()},
-        **{k: train[k] for k in train if k.startswith("train/loss")},
-        **{k: train[k] for k in ("train/mlm_loss", "train/contrastive_loss") if k in train},
-        "train/steps": train["train/step"],
-        "train/skipped_steps": train["train/skipped_steps"],
-        **scored.columns,
-        "checkpoint": checkpoint_dir,
-        "checkpoint_hash": scored.main["checkpoint_hash"],
-        "data_revision": prepared.data_revision,
-        "status": "finished",
-    }
+    row = trial_row(identity, result.metrics, intended, scored.columns, checkpoint=checkpoint_dir,
+                    checkpoint_hash=scored.main["checkpoint_hash"], data_revision=prepared.data_revision)
     if stage == "final" and any(r.get("status") == "finished" and r.get("stage", "final") == "final"
                                 and (r["arm"], r["seed"]) == (arm, seed) and r["trial_id"] != trial_id
                                 for r in finished_rows(run_dir)):
