@@ -16,6 +16,7 @@ from embedlab.data.pairs import (
     LEAD_MIN_WORDS,
     MIN_BODY_WORDS,
     PAIR_BUILDERS,
+    KEYWORD_CONFIDENCE,
     SPAN_MAX_WORDS,
     SPAN_MIN_WORDS,
     Pair,
@@ -24,6 +25,7 @@ from embedlab.data.pairs import (
     pairs_to_table,
     span_offsets,
 )
+from embedlab.data.pairs import _keyword_words
 
 # Documents read per source: enough for every builder to find material, small enough to be fast.
 SAMPLE = {
@@ -45,6 +47,7 @@ BUILDER_SOURCES = {
     "term-definition": ("dict-foldoc", "dict-jargon"),
     "synonyms": ("mythes-en-us",),
     "lead-rest": ("python-docs", "python-docstrings", "debian-handbook", "postgresql-doc-15", "manpages-dev"),
+    "keyword": tuple(name for name in SOURCE_NAMES if name != "mythes-en-us"),  # lists, not prose
 }
 AVAILABLE = [name for name, reason in source_status().items() if reason is None]
 
@@ -238,6 +241,37 @@ def test_term_definition_skips_stubs_and_labels(rows: list[dict]) -> None:
     assert not {p.doc_ids[0] for p in pairs} & set(stubs)
     labelled = re.compile(r"(\d+\. )?(<[^<>]*>|\[[^\[\]]*\]) ")
     assert not [p for p in pairs if labelled.match(p.positive) or re.search(r"\(\d{4}-\d\d-\d\d\)$", p.positive)]
+
+
+def test_keyword_pairs_a_word_of_two_openings_with_each_opening() -> None:
+    """A word qualifies when 2 openings (at most 1% of them, and at least 2) hold it: here only
+    "sailors"; the thesaurus, which is no prose, is neither paired nor counted."""
+    def row(doc_id: str, text: str, source: str = "fortunes") -> dict:
+        return {"doc_id": doc_id, "source": source, "title": "", "text": text, "split": "train"}
+
+    rows = [
+        row("d1", "The lantern glowed over the harbour while sailors slept."),
+        row("d2", "A lantern hung by the door of the harbour inn at night."),
+        row("d3", "Sailors sang about the harbour and the lantern until dawn came."),
+        row("d4", "Nothing here shares words: quiet meadows, distant hills, silver brooks."),
+        row("t1", "sailors\nnoun: sailors, seamen, mariners, seafarers, tars, crews, hands", "mythes-en-us"),
+    ]
+    pairs = list(PAIR_BUILDERS["keyword"](list(reversed(rows))))
+    assert [(p.doc_ids, p.query, p.positive) for p in pairs] == [
+        (("d1",), "sailors", rows[0]["text"]), (("d3",), "sailors", rows[2]["text"])]
+    assert {(p.builder, p.confidence, p.positive_group) for p in pairs} == {
+        ("keyword", KEYWORD_CONFIDENCE, "d1"), ("keyword", KEYWORD_CONFIDENCE, "d3")}
+    # Words are letters only, four or more: identifiers and short words are not keywords.
+    assert _keyword_words("Call read_file on utf8 data, Über-fast and so") == {"call", "data", "über", "fast"}
+
+
+def test_keyword_queries_are_in_their_opening_and_rare(rows: list[dict]) -> None:
+    """On real text every query is a word of its positive, held by at most 1% of the openings."""
+    pairs = built(rows, "keyword")
+    assert pairs
+    for pair in pairs:
+        assert pair.query in _keyword_words(pair.positive) and pair.query.isalpha() and len(pair.query) >= 4
+        assert len(pair.positive.split()) <= 96
 
 
 def test_synonyms_pair_a_headword_with_a_sense_grouped_by_entry(rows: list[dict]) -> None:

@@ -5,4 +5,6 @@ without importing the builders themselves (which import the corpus, which import
 `data.pairs.PAIR_BUILDERS` maps exactly these names to their functions.
 """
 
-BUILDER_NAMES: tuple[str, ...] = ("same-source-spans", "title-body", "term-definition", "synonyms", "lead-rest")
+BUILDER_NAMES: tuple[str, ...] = (
+    "same-source-spans", "title-body", "term-definition", "synonyms", "lead-rest", "keyword",
+)

@@ -31,6 +31,14 @@ docstring or a synonym set listed under several headwords is never its own copy'
                        follows, without the lead. Confidence 0.8: authors open with what the
                        text is about, but an opening can be a mere introduction.
                        Group: the document.
+    keyword            one distinctive word of a prose document -> the document's opening
+                       (its first 96 words, cut at a sentence end where one is near), the word
+                       inside it: a word of at least 4 letters found in 2 to 1% of the split's
+                       openings, one per document, picked by a hash of the document id. What
+                       a search box gets, and what BM25 answers by the word alone: the other
+                       builders' queries are phrases, so nothing else teaches a lone term to
+                       find the text that uses it. Confidence 0.5: the word is in the
+                       document, but it is in others too. Group: the document.
     synonyms           thesaurus headword -> the other words of one of its senses
                        ("amsterdam" -> "Dutch capital, capital of The Netherlands"), one pair
                        per sense that lists synonyms (hypernyms, antonyms and adjective
@@ -375,6 +383,42 @@ def lead_rest(rows: Iterable[Row]) -> Iterator[Pair]:
 
 
 # ---------------------------------------------------------------------------------------------
+# keyword
+
+KEYWORD_CONFIDENCE = 0.5
+KEYWORD_MIN_LETTERS = 4
+# A word in at least two openings is a word of the language, not a typo or an identifier; one
+# in more than 1% of them (and at least two) says too little about which text is meant.
+KEYWORD_MIN_DOCUMENTS = 2
+KEYWORD_MAX_DOCUMENT_SHARE = 0.01
+_WORD = re.compile(r"\w+")
+
+
+def _keyword_words(text: str) -> set[str]:
+    """The lower-cased words of a text that are letters only, at least KEYWORD_MIN_LETTERS of
+    them: "read_file" or "utf8" is an identifier, not a word."""
+    return {word for word in _WORD.findall(text.lower()) if len(word) >= KEYWORD_MIN_LETTERS and word.isalpha()}
+
+
+def keyword(rows: Iterable[Row]) -> Iterator[Pair]:
+    """A distinctive word of a prose document's opening -> that opening."""
+    openings = []
+    for row in sorted(rows, key=lambda row: row["doc_id"]):
+        if row["source"] in SPAN_EXCLUDED_SOURCES:  # thesaurus entries are word lists, not prose
+            continue
+        opening = _truncate(row["text"], MAX_BODY_WORDS)
+        if len(opening.split()) >= MIN_BODY_WORDS and _is_prose(opening):
+            openings.append((row, opening, _keyword_words(opening)))
+    documents = Counter(word for _, _, words in openings for word in words)
+    most = max(KEYWORD_MIN_DOCUMENTS, int(KEYWORD_MAX_DOCUMENT_SHARE * len(openings)))
+    for row, opening, words in openings:
+        candidates = sorted(w for w in words if KEYWORD_MIN_DOCUMENTS <= documents[w] <= most)
+        if candidates:
+            pick = int.from_bytes(hashlib.sha256(row["doc_id"].encode()).digest()[:8], "big") % len(candidates)
+            yield _pair("keyword", row, "", candidates[pick], opening, KEYWORD_CONFIDENCE, row["doc_id"])
+
+
+# ---------------------------------------------------------------------------------------------
 # term-definition
 
 TERM_SOURCES = frozenset({"dict-foldoc", "dict-jargon"})
@@ -463,6 +507,7 @@ PAIR_BUILDERS: dict[str, Callable[[Iterable[Row]], Iterator[Pair]]] = {
     "term-definition": term_definition,
     "synonyms": synonyms,
     "lead-rest": lead_rest,
+    "keyword": keyword,
 }
 
 _ROW_COLUMNS = ["doc_id", "source", "title", "text", "split"]
