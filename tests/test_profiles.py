@@ -43,7 +43,8 @@ def test_every_study_file_loads_at_the_gpu_profile_at_the_recipes_size(path, cap
         if config.phase > 1:
             assert all(COMMIT.fullmatch(s.revision) and s.rights.strip() for s in config.data.hf_pairs)
             named = {name for name, _ in config.contrastive.pairs}
-            assert named - {"same-source-spans"} <= set(config.data.pair_source_names)
+            # Spans and keywords read any source's prose, the profile's own documents included.
+            assert named - {"same-source-spans", "keyword"} <= set(config.data.pair_source_names)
     assert main(["sweep", str(path), "--profile", "gpu-300m", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "profile gpu-300m" in out and "model 300m: 24 layers, width 1024; 8 workers x 8 CPU + 1 GPU" in out
