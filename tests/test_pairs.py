@@ -15,8 +15,10 @@ from embedlab.data.pairs import (
     LEAD_MAX_WORDS,
     LEAD_MIN_WORDS,
     MIN_BODY_WORDS,
-    PAIR_BUILDERS,
     KEYWORD_CONFIDENCE,
+    KEYWORD_MAX_DOCUMENT_SHARE,
+    KEYWORD_OPENING_WORDS,
+    PAIR_BUILDERS,
     SPAN_MAX_WORDS,
     SPAN_MIN_WORDS,
     Pair,
@@ -25,7 +27,6 @@ from embedlab.data.pairs import (
     pairs_to_table,
     span_offsets,
 )
-from embedlab.data.pairs import _keyword_words
 
 # Documents read per source: enough for every builder to find material, small enough to be fast.
 SAMPLE = {
@@ -243,35 +244,41 @@ def test_term_definition_skips_stubs_and_labels(rows: list[dict]) -> None:
     assert not [p for p in pairs if labelled.match(p.positive) or re.search(r"\(\d{4}-\d\d-\d\d\)$", p.positive)]
 
 
-def test_keyword_pairs_a_word_of_two_openings_with_each_opening() -> None:
+def test_keyword_pairs_a_word_of_two_openings_with_the_first_opening_to_pick_it() -> None:
     """A word qualifies when 2 openings (at most 1% of them, and at least 2) hold it: here only
-    "sailors"; the thesaurus, which is no prose, is neither paired nor counted."""
+    "sailors", which goes to the first document (by id) alone; the thesaurus, which is no prose,
+    is neither paired nor counted; identifiers and words under 4 letters never qualify."""
     def row(doc_id: str, text: str, source: str = "fortunes") -> dict:
         return {"doc_id": doc_id, "source": source, "title": "", "text": text, "split": "train"}
 
     rows = [
         row("d1", "The lantern glowed over the harbour while sailors slept."),
-        row("d2", "A lantern hung by the door of the harbour inn at night."),
+        row("d2", "A lantern hung by the door of the harbour inn at night, read_file and utf8 too."),
         row("d3", "Sailors sang about the harbour and the lantern until dawn came."),
-        row("d4", "Nothing here shares words: quiet meadows, distant hills, silver brooks."),
-        row("t1", "sailors\nnoun: sailors, seamen, mariners, seafarers, tars, crews, hands", "mythes-en-us"),
+        row("d4", "Nothing here shares words: quiet meadows, distant hills, silver brooks, read_file, utf8."),
+        row("t1", "glowed\nnoun: sailors, seamen, mariners, seafarers, tars, crews, hands", "mythes-en-us"),
     ]
     pairs = list(PAIR_BUILDERS["keyword"](list(reversed(rows))))
-    assert [(p.doc_ids, p.query, p.positive) for p in pairs] == [
-        (("d1",), "sailors", rows[0]["text"]), (("d3",), "sailors", rows[2]["text"])]
-    assert {(p.builder, p.confidence, p.positive_group) for p in pairs} == {
-        ("keyword", KEYWORD_CONFIDENCE, "d1"), ("keyword", KEYWORD_CONFIDENCE, "d3")}
-    # Words are letters only, four or more: identifiers and short words are not keywords.
-    assert _keyword_words("Call read_file on utf8 data, Über-fast and so") == {"call", "data", "über", "fast"}
+    assert [(p.doc_ids, p.query, p.positive) for p in pairs] == [(("d1",), "sailors", rows[0]["text"])]
+    assert (pairs[0].builder, pairs[0].confidence, pairs[0].positive_group) == ("keyword", KEYWORD_CONFIDENCE, "d1")
 
 
-def test_keyword_queries_are_in_their_opening_and_rare(rows: list[dict]) -> None:
-    """On real text every query is a word of its positive, held by at most 1% of the openings."""
-    pairs = built(rows, "keyword")
-    assert pairs
-    for pair in pairs:
-        assert pair.query in _keyword_words(pair.positive) and pair.query.isalpha() and len(pair.query) >= 4
-        assert len(pair.positive.split()) <= 96
+def test_keyword_queries_are_distinct_rare_words_inside_a_short_opening(rows: list[dict]) -> None:
+    """On real text, split by split: every query is a whole word of its positive (found by a
+    case-insensitive word-boundary search), letters only, in at most max(2, 1%) of the
+    split's keyword openings' texts; no two pairs share a query; positives are short."""
+    for split in SPLITS:
+        in_split = [row for row in rows if row["split"] == split]
+        pairs = built(in_split, "keyword")
+        openings = {pair.doc_ids[0]: pair.positive for pair in pairs}
+        assert len({pair.query for pair in pairs}) == len(pairs)
+        for pair in pairs:
+            assert pair.query.isalpha() and len(pair.query) >= 4 and pair.query == pair.query.lower()
+            assert re.search(rf"\b{pair.query}\b", pair.positive, re.IGNORECASE)
+            assert len(pair.positive.split()) <= KEYWORD_OPENING_WORDS
+            holding = sum(bool(re.search(rf"\b{pair.query}\b", text, re.IGNORECASE)) for text in openings.values())
+            # Openings of the split that hold the word, among those paired: a lower bound of all.
+            assert holding <= max(2, int(KEYWORD_MAX_DOCUMENT_SHARE * len(in_split))), pair
 
 
 def test_synonyms_pair_a_headword_with_a_sense_grouped_by_entry(rows: list[dict]) -> None:

@@ -32,9 +32,12 @@ docstring or a synonym set listed under several headwords is never its own copy'
                        text is about, but an opening can be a mere introduction.
                        Group: the document.
     keyword            one distinctive word of a prose document -> the document's opening
-                       (its first 96 words, cut at a sentence end where one is near), the word
-                       inside it: a word of at least 4 letters found in 2 to 1% of the split's
-                       openings, one per document, picked by a hash of the document id. What
+                       (its first 32 words, cut at a sentence end where one is near, so that
+                       the word stays within the 64 tokens a pair holds by default), the word
+                       inside it: letters only, at least 4 of them, in at least 2 of the
+                       split's openings and at most 1% of them (or 2, when 1% is fewer). A
+                       hash of the document id picks one per document, among words no
+                       earlier document (by id) has taken: each word is one pair's query. What
                        a search box gets, and what BM25 answers by the word alone: the other
                        builders' queries are phrases, so nothing else teaches a lone term to
                        find the text that uses it. Confidence 0.5: the word is in the
@@ -391,6 +394,9 @@ KEYWORD_MIN_LETTERS = 4
 # in more than 1% of them (and at least two) says too little about which text is meant.
 KEYWORD_MIN_DOCUMENTS = 2
 KEYWORD_MAX_DOCUMENT_SHARE = 0.01
+# The opening is short enough that the word stays inside what the student reads: the default
+# `pair_length` of 64 tokens holds about 45 words of English after the passage prefix.
+KEYWORD_OPENING_WORDS = 32
 _WORD = re.compile(r"\w+")
 
 
@@ -401,21 +407,26 @@ def _keyword_words(text: str) -> set[str]:
 
 
 def keyword(rows: Iterable[Row]) -> Iterator[Pair]:
-    """A distinctive word of a prose document's opening -> that opening."""
+    """A distinctive word of a prose document's opening -> that opening; each word is the query
+    of one pair only."""
     openings = []
     for row in sorted(rows, key=lambda row: row["doc_id"]):
         if row["source"] in SPAN_EXCLUDED_SOURCES:  # thesaurus entries are word lists, not prose
             continue
-        opening = _truncate(row["text"], MAX_BODY_WORDS)
+        opening = _truncate(row["text"], KEYWORD_OPENING_WORDS)
         if len(opening.split()) >= MIN_BODY_WORDS and _is_prose(opening):
             openings.append((row, opening, _keyword_words(opening)))
     documents = Counter(word for _, _, words in openings for word in words)
     most = max(KEYWORD_MIN_DOCUMENTS, int(KEYWORD_MAX_DOCUMENT_SHARE * len(openings)))
+    # A word picked twice would put two copies of one query with different positives into a
+    # batch, each the other's negative: a word goes to the first document (by id) to pick it.
+    used: set[str] = set()
     for row, opening, words in openings:
-        candidates = sorted(w for w in words if KEYWORD_MIN_DOCUMENTS <= documents[w] <= most)
+        candidates = sorted(w for w in words if KEYWORD_MIN_DOCUMENTS <= documents[w] <= most and w not in used)
         if candidates:
-            pick = int.from_bytes(hashlib.sha256(row["doc_id"].encode()).digest()[:8], "big") % len(candidates)
-            yield _pair("keyword", row, "", candidates[pick], opening, KEYWORD_CONFIDENCE, row["doc_id"])
+            pick = candidates[int.from_bytes(hashlib.sha256(row["doc_id"].encode()).digest()[:8], "big") % len(candidates)]
+            used.add(pick)
+            yield _pair("keyword", row, "", pick, opening, KEYWORD_CONFIDENCE, row["doc_id"])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@ all-MiniLM-L6-v2 on each task's test split, by the code `embedlab evaluate` runs
 (`evaluate_checkpoint`, `evaluate_baseline`). `embedlab heldout score` prints them.
 
 Each score is also split by query (`word_matched`): the queries whose every word appears in
-their relevant document, which BM25 can find by its words alone, and the others, which need
+their relevant documents, which BM25 can match by their words, and the others, which need
 what a word means. A model far below BM25 on the first group has not learnt to match a word
 with itself; below it on the second only, it lacks the vocabulary's meanings."""
 
@@ -25,8 +25,8 @@ SCORE_KEYS = ("ndcg@10", "recall@100")
 WORD_GROUPS = ("words_in_document", "other")
 GROUP_METRIC = "ndcg@10"
 WORD_MATCH_RULE = ("a query's words are BM25's tokens (lowercased, English stopwords removed, no stemming); "
-                   "words_in_document: every one appears in a relevant document; other: the rest, queries "
-                   "with no word left included")
+                   "words_in_document: every one appears in its relevant documents (together); other: the "
+                   "rest, queries with no word left included; both over the queries with a relevant document")
 
 
 def default_heldout_dir() -> Path:
