@@ -389,7 +389,8 @@ def _tiny_checkpoint(directory):
 
 
 def test_score_prints_a_table_per_task_and_json(tmp_path, monkeypatch, capsys):
-    """`heldout score` scores the encoder and BM25 on each built task, with its sizes and source."""
+    """`heldout score` scores the encoder and BM25 on each built task, with its sizes and source,
+    and nDCG@10 over the two word groups (`test_word_matched_by_hand` holds the grouping rule)."""
     for name, source in fixture_sources(tmp_path).items():
         monkeypatch.setitem(heldout.SOURCES, name, source)
     tasks_dir = tmp_path / "tasks"

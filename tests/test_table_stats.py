@@ -443,12 +443,13 @@ def test_a_trial_row_keeps_the_teacher_counts_beside_budget_and_compute():
     train = {"budget/flops": 1e12, "compute/teacher_flops": 2e11, "data/observed_pair_share/a": 0.5,
              "data/teacher_pairs": 40, "data/teacher_pairs_without_negatives": 3, "data/teacher_embedding_texts": 40,
              "data/packing_efficiency": 0.9, "train/loss": 1.0, "train/step": 10, "train/skipped_steps": 0,
-             "eval/seconds": 2.0}
+             "train/contrastive_loss": 0.8, "eval/seconds": 2.0}
     kept = ("budget/flops", "compute/teacher_flops", "data/observed_pair_share/a", "data/teacher_pairs",
             "data/teacher_pairs_without_negatives", "data/teacher_embedding_texts")
     assert kept_training_figures(train) == {k: train[k] for k in kept}
     row = trial_row({"arm": "a", "seed": 0}, train, {"a": 1.0}, {"dev/ndcg@10": 0.5}, checkpoint="ckpt",
                     checkpoint_hash="h", data_revision="rev")
     assert row == {"arm": "a", "seed": 0, **{k: train[k] for k in kept}, "data/intended_share/a": 1.0,
-                   "train/loss": 1.0, "train/steps": 10, "train/skipped_steps": 0, "dev/ndcg@10": 0.5,
+                   "train/loss": 1.0, "train/contrastive_loss": 0.8, "train/steps": 10, "train/skipped_steps": 0,
+                   "dev/ndcg@10": 0.5,
                    "checkpoint": "ckpt", "checkpoint_hash": "h", "data_revision": "rev", "status": "finished"}

@@ -33,15 +33,15 @@ docstring or a synonym set listed under several headwords is never its own copy'
                        Group: the document.
     keyword            one distinctive word of a prose document -> the document's opening
                        (its first 32 words, cut at a sentence end where one is near, so that
-                       the word stays within the 64 tokens a pair holds by default), the word
-                       inside it: letters only, at least 4 of them, in at least 2 of the
-                       split's openings and at most 1% of them (or 2, when 1% is fewer). A
-                       hash of the document id picks one per document, among words no
-                       earlier document (by id) has taken: each word is one pair's query. What
-                       a search box gets, and what BM25 answers by the word alone: the other
-                       builders' queries are phrases, so nothing else teaches a lone term to
-                       find the text that uses it. Confidence 0.5: the word is in the
-                       document, but it is in others too. Group: the document.
+                       the word nearly always stays within the 64 tokens a pair holds by
+                       default), the word inside it: letters only, at least 4 of them, in at
+                       least 2 of the split's openings and at most 1% of them (or 2, when 1%
+                       is fewer). A hash of the document id picks one per document, among
+                       words no earlier document (by id) has taken: each word is one pair's
+                       query. What a search box gets, and what BM25 answers by the word
+                       alone: the other builders' queries are phrases, so nothing else
+                       teaches a lone term to find the text that uses it. Confidence 0.5: the
+                       word is in the document, but it is in others too. Group: the document.
     synonyms           thesaurus headword -> the other words of one of its senses
                        ("amsterdam" -> "Dutch capital, capital of The Netherlands"), one pair
                        per sense that lists synonyms (hypernyms, antonyms and adjective
@@ -394,8 +394,9 @@ KEYWORD_MIN_LETTERS = 4
 # in more than 1% of them (and at least two) says too little about which text is meant.
 KEYWORD_MIN_DOCUMENTS = 2
 KEYWORD_MAX_DOCUMENT_SHARE = 0.01
-# The opening is short enough that the word stays inside what the student reads: the default
-# `pair_length` of 64 tokens holds about 45 words of English after the passage prefix.
+# The opening is short enough that the word stays inside what the student reads: 64 tokens
+# (the default `pair_length`) less [CLS], [SEP] and the passage prefix hold most 32-word
+# openings of the built-in corpus whole, and keep the keyword in nearly all of the rest.
 KEYWORD_OPENING_WORDS = 32
 _WORD = re.compile(r"\w+")
 
