@@ -121,7 +121,7 @@ def format_scores(results: dict) -> str:
             f"{name}: {result['queries']} queries, {result['documents']} documents (split {SPLIT})",
             f"source: {result['source']}",
             "nDCG@10 by query: words_in_document, every word of the query (BM25's tokens) in its relevant "
-            "document; other, the rest",
+            "documents; other, the rest",
             f"{'encoder':<{width}}  {'nDCG@10':>8}  {'recall@100':>10}  " + "  ".join(heads),
         ]
         for label, m in result["scores"].items():
