@@ -134,7 +134,7 @@ def test_a_toml_data_spec_with_pair_files_builds(tmp_path):
         DataConfig(pair_files=(PairFiles(name="mine", path="a.jsonl", rights=RIGHTS),
                                PairFiles(name="mine", path="b.jsonl", rights=RIGHTS)))
     message = (r"^contrastive.pairs: unknown pair builder or pair source \['theirs'\]; valid: \['same-source-spans', "
-               r"'title-body', 'term-definition', 'synonyms', 'lead-rest', 'mine', 'folder'\]")
+               r"'title-body', 'term-definition', 'synonyms', 'lead-rest', 'keyword', 'mine', 'folder'\]")
     with pytest.raises(ConfigError, match=message):
         pair_table_path(PreparedData(tmp_path, {}), ["mine", "theirs"], data=config, **QUIET)
 
