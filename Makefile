@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.embedlab-installed
 TORCH_CPU := torch==2.13.0
-# Real English text for the built-in corpus (read by embedlab.data.builtin).
+# Real English text for the built-in corpus (read by embedlab.sources.builtin).
 DEBIAN_SOURCES := bible-kjv bible-kjv-text fortunes dict-foldoc dict-jargon debian-handbook \
 	postgresql-doc-15 manpages-dev mythes-en-us
 # Real text outside the corpus, for the held-out tasks (`embedlab heldout build`); the others

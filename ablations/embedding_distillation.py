@@ -3,7 +3,7 @@ equal measured training FLOPs, both on in-batch negatives.
 
 The embedding arm gives each scheduled pair one unlabelled training-split document, cut to
 the pair length, and regresses the student's embedding of it onto the teacher's (projected
-from 384 to the student's width by a fixed orthonormal map: `embedlab.data.teacher_embeddings`)
+from 384 to the student's width by a fixed orthonormal map: `embedlab.teacher.embeddings`)
 at weight 0.5 beside the InfoNCE. Unlike KL and MarginMSE it reads no labels over the
 target task's candidates: it carries the teacher's geometry of plain text, the knowledge a
 student trained from scratch on a small corpus lacks. A third text a pair costs FLOPs, so

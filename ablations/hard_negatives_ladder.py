@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from embedlab import Study, recipes
-from embedlab.sweep.study import load_study
+from embedlab.studies.study import load_study
 
 SEEDS = (0, 1, 2, 3)
 

@@ -8,7 +8,7 @@ Run:  embedlab sweep ablations/mixture.py [--profile demo]
 from dataclasses import replace
 
 from embedlab import Study, recipes
-from embedlab.data.mixture import PHASE1_PILOT
+from embedlab.sources.mixture import PHASE1_PILOT
 
 MORE_TECHNICAL = {**PHASE1_PILOT, "general": 0.3, "technical": 0.4}
 

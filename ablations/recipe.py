@@ -7,8 +7,7 @@ Run:  embedlab tour ablations/recipe.py                 (full: a GPU cluster)
       embedlab tour ablations/recipe.py --profile demo  (what `make demo` runs, on 2 CPU cores)
 """
 
-from embedlab import recipes
-from embedlab.sweep.tour import Stage, Tour
+from embedlab import Stage, Tour, recipes
 
 
 def tour(profile: str = recipes.DEFAULT_PROFILE) -> Tour:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from embedlab.config import (DEFAULT_BUDGET, Budget, DataConfig, MaskingConfig, MixtureConfig, TrainConfig, TrialConfig,
+from embedlab.core.config import (DEFAULT_BUDGET, Budget, DataConfig, MaskingConfig, MixtureConfig, TrainConfig, TrialConfig,
                              model_preset)
-from embedlab.data.external import LocalFiles
+from embedlab.sources.external import LocalFiles
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PLANTED = LocalFiles(name="planted", path=str(FIXTURES / "planted_docstrings.jsonl"))
@@ -31,7 +31,7 @@ def run_dirs(storage: str, study: str) -> list[str]:
     are `<study>-<start time>[-n]`."""
     import re
 
-    from embedlab import store
+    from embedlab.core import store
 
     names = {p.split("/")[0] for p in store.list_tree(storage)}
     return sorted(store.join(storage, n) for n in names if re.fullmatch(rf"{study}-\d{{8}}-\d{{6}}(-\d+)?", n))
@@ -77,7 +77,7 @@ def audit_would_find(item: list[str], stage: list[list[str]], window: int = 10, 
 STUDY_TEMPLATE = """
 from dataclasses import replace
 from embedlab import Budget, Search, Study
-from embedlab.config import DEFAULT_BUDGET, TrialConfig
+from embedlab.core.config import DEFAULT_BUDGET, TrialConfig
 
 def study(profile=None):
     base = TrialConfig.from_dict({config!r})
@@ -114,7 +114,7 @@ def monkeypatch_session():
 
 @pytest.fixture(scope="session")
 def prepared(cache_dir, ray_session):
-    from embedlab.data.prepare import prepare_data
+    from embedlab.prepared.build import prepare_data
 
     return prepare_data(TEST_DATA, cache_dir=cache_dir)
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from embedlab.config import (
+from embedlab.core.config import (
     DEFAULT_BUDGET, ContrastiveConfig, DataConfig, MaskingConfig, ModelConfig, ScheduleConfig, TrainConfig, TrialConfig,
 )
 from embedlab.train.loop import RunOptions, TrainingLoop, run
@@ -60,8 +60,8 @@ def contrastive_trial(parent: Path, workers: int = 1, *, gradcache: bool = False
 
 def write_parent(directory: Path, frozen) -> Path:
     """A random phase-1 checkpoint (encoder and MLM head) to start a contrastive phase from."""
+    from embedlab.checkpoints.io import save_checkpoint
     from embedlab.model.encoder import MLMModel
-    from embedlab.train.checkpoint import save_checkpoint
 
     torch.manual_seed(7)
     model = MLMModel(MODEL)

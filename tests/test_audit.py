@@ -1,4 +1,4 @@
-"""Contamination audit (embedlab.data.audit) on a small in-memory task made of real docstrings."""
+"""Contamination audit (embedlab.contamination.audit) on a small in-memory task made of real docstrings."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ from dataclasses import dataclass
 
 import pytest
 
-from embedlab.data import audit as audit_module
-from embedlab.data.audit import ContaminationError, audit, enforce
-from embedlab.data.builtin import iter_documents
-from embedlab.data.dedup import shingle_words
-from embedlab.evaluate.beir import Task
-from embedlab.evaluate.builtin_tasks import split_docstring
+from embedlab.contamination import audit as audit_module
+from embedlab.contamination.audit import ContaminationError, audit, enforce
+from embedlab.core.beir import Task
+from embedlab.sources.builtin import iter_documents
+from embedlab.sources.dedup import shingle_words
+from embedlab.tasks.builtin_tasks import split_docstring
 
 STAGES = ("pretraining", "tokenizer-sample", "contrastive-pairs", "mined-negatives")
 TASK = "docstrings-mini"

@@ -1,5 +1,5 @@
 """The audit finds edited copies of evaluation items: planted copies of real docstrings at each
-edit level (`embedlab.data.audit_recall`), with the recall each cell must reach.
+edit level (`embedlab.contamination.recall`), with the recall each cell must reach.
 
 The floors are what the matcher's rules guarantee by construction, not what one run
 happened to give: formatting edits leave the compared words unchanged (found every time, by
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import pytest
 
-from embedlab.data import audit_recall
-from embedlab.data.audit_recall import EDITS, PLACEMENTS
+from embedlab.contamination import recall as audit_recall
+from embedlab.contamination.recall import EDITS, PLACEMENTS
 
 FORMATTING = ("verbatim", "case", "punctuation", "whitespace", "full-width (NFKC)", "accents added",
               "all formatting at once")

@@ -79,7 +79,7 @@ def test_unknown_config_key_in_a_study_file(tmp_path, storage, capsys):
     raw = tiny_trial(num_workers=1).to_dict()
     raw["train"]["learning_rat"] = 1e-3
     path = tmp_path / "bad_config.py"
-    path.write_text(f"from embedlab.config import TrialConfig\nTrialConfig.from_dict({raw!r})\n")
+    path.write_text(f"from embedlab.core.config import TrialConfig\nTrialConfig.from_dict({raw!r})\n")
     _refused(capsys, ["sweep", str(path), "--dry-run"], "bad_config.py", "learning_rat", "learning_rate")
     assert storage.intact()
 
@@ -115,9 +115,9 @@ def test_budget_too_small_for_one_step(tmp_path, storage, capsys):
 def test_corrupt_or_truncated_checkpoint(tmp_path, storage, capsys):
     from test_promote import TINY  # a one-layer encoder
 
+    from embedlab.checkpoints.io import save_checkpoint
     from embedlab.model.encoder import MLMModel
     from embedlab.tokenizer.frozen import save_tokenizer, train_tokenizer
-    from embedlab.train.checkpoint import save_checkpoint
 
     tokenizer = save_tokenizer(train_tokenizer([f"text {i}" for i in range(50)], vocab_size=300), tmp_path / "tok")
     model = MLMModel(TINY)
@@ -132,9 +132,9 @@ def test_corrupt_or_truncated_checkpoint(tmp_path, storage, capsys):
 def test_tokenizer_hash_that_does_not_match_the_checkpoint(tmp_path):
     from test_promote import TINY
 
+    from embedlab.checkpoints.io import CheckpointError, load_parent, save_checkpoint
     from embedlab.model.encoder import MLMModel
     from embedlab.tokenizer.frozen import save_tokenizer, train_tokenizer
-    from embedlab.train.checkpoint import CheckpointError, load_parent, save_checkpoint
 
     tokenizer = save_tokenizer(train_tokenizer([f"text {i}" for i in range(50)], vocab_size=300), tmp_path / "tok")
     model = MLMModel(TINY)
@@ -175,10 +175,10 @@ def test_unreachable_cluster_address(tmp_path, storage):
 def _release(tmp_path: Path) -> Path:
     from test_promote import TINY
 
+    from embedlab.checkpoints.io import save_checkpoint
     from embedlab.model.encoder import MLMModel
     from embedlab.release.export import export_release
     from embedlab.tokenizer.frozen import save_tokenizer, train_tokenizer
-    from embedlab.train.checkpoint import save_checkpoint
 
     tokenizer = save_tokenizer(train_tokenizer([f"text {i}" for i in range(50)], vocab_size=300), tmp_path / "tok")
     model = MLMModel(TINY)
@@ -225,9 +225,8 @@ def test_qrels_grades_outside_their_range_or_all_zero_are_refused(tmp_path, stor
 
 
 def test_a_pair_csv_that_is_not_utf8_names_its_line(tmp_path):
-    from embedlab.data.pair_source_config import PairFiles
-    from embedlab.data.pair_sources import read_pairs
-    from embedlab.data.source_config import SourceError
+    from embedlab.core.config.sources import PairFiles, SourceError
+    from embedlab.pairs.readers import read_pairs
 
     path = tmp_path / "pairs.csv"
     rows = "".join(f"query {i},positive text {i}\n" for i in range(5000))
@@ -241,7 +240,7 @@ def test_a_misspelt_config_field_in_a_study_file_names_that_config_and_the_close
     path.write_text(
         "from dataclasses import replace\n"
         "from embedlab import Study, recipes\n"
-        "from embedlab.config import DEFAULT_BUDGET\n\n"
+        "from embedlab.core.config import DEFAULT_BUDGET\n\n"
         "def study(profile=None):\n"
         "    base = recipes.phase1_baseline('demo')\n"
         "    return Study(name='t', factor='masking.ratio', seeds=(0,), budget=DEFAULT_BUDGET,\n"

@@ -9,8 +9,8 @@ import re
 import numpy as np
 import pytest
 
-from embedlab.data.builtin import iter_documents
-from embedlab.evaluate.baselines import (
+from embedlab.sources.builtin import iter_documents
+from embedlab.tasks.baselines import (
     BASELINES,
     BM25_B,
     BM25_K1,
@@ -19,10 +19,10 @@ from embedlab.evaluate.baselines import (
     evaluate_baseline,
     load_minilm,
 )
-from embedlab.evaluate.beir import Task
-from embedlab.evaluate.builtin_tasks import split_docstring
-from embedlab.evaluate.metrics import METRIC_NAMES
-from embedlab.evaluate.retrieval import evaluate_encoder
+from embedlab.core.beir import Task
+from embedlab.tasks.builtin_tasks import split_docstring
+from embedlab.tasks.metrics import METRIC_NAMES
+from embedlab.tasks.retrieval import evaluate_encoder
 
 # evaluate_encoder's result keys; the neural path may add embedding diagnostics on top.
 REQUIRED_KEYS = {
@@ -195,7 +195,7 @@ def test_evaluate_cli_on_a_graded_beir_directory_with_odd_ids(tmp_path, capsys):
     import json
 
     from embedlab.cli import main
-    from embedlab.evaluate.beir import Task, write_task
+    from embedlab.core.beir import Task, write_task
 
     task = Task(
         name="graded",

@@ -14,12 +14,12 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from embedlab.core.config import ContrastiveConfig, DEFAULT_BUDGET, TrainConfig, TrialConfig
+from embedlab.sources.mixture import MixtureError, sample_schedule
+from embedlab.streams.packed import schedule_windows, worker_rows
+from embedlab.streams.pair_stream import ONE_SOURCE_SCHEDULE, group_hash, pair_schedule, tokenize_pair_window
 from embedlab import recipes
-from embedlab.config import DEFAULT_BUDGET, ContrastiveConfig, TrainConfig, TrialConfig
-from embedlab.data.mixture import MixtureError, sample_schedule
-from embedlab.data.pair_stream import ONE_SOURCE_SCHEDULE, group_hash, pair_schedule, tokenize_pair_window
-from embedlab.data.stream import schedule_windows, worker_rows
-from embedlab.sweep.study import load_study
+from embedlab.studies.study import load_study
 from embedlab.train.session import LocalSession
 
 import synthetic
@@ -126,7 +126,7 @@ def test_a_step_past_the_repetition_cap_is_refused_naming_the_builder(pairs_path
 def test_recorded_consumption_and_a_cut_last_step(frozen, parent, pairs_path, tmp_path):
     """A trial trained on a one-source stream records per builder exactly the pairs of its full
     steps' builders, and the step the budget cuts short lands on that step's builder alone."""
-    from embedlab.data.mixture import schedule_target
+    from embedlab.sources.mixture import schedule_target
     from embedlab.train.budget import schedule_units, step_units
     from embedlab.train.contrastive import ContrastiveLoop
     from embedlab.train.loop import run

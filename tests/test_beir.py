@@ -1,4 +1,4 @@
-"""embedlab.evaluate.beir: BEIR task directories round-trip, hash stably and fail clearly."""
+"""embedlab.core.beir: BEIR task directories round-trip, hash stably and fail clearly."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from embedlab.evaluate.beir import Task, TaskFormatError, load_task, task_hash, write_task
+from embedlab.core.beir import Task, TaskFormatError, load_task, task_hash, write_task
 
 # Pinned so that an accidental change to the canonical serialisation is noticed: every
 # cached result keyed by a task hash would silently stop matching.
@@ -245,8 +245,8 @@ def test_missing_directory(tmp_path: Path) -> None:
 def test_without_documents_drops_the_queries_that_judge_them_relevant() -> None:
     """Dropping d1 removes q1 from test (d1 relevant at grade 2) but keeps q2 in train, which
     judges d1 at grade 0; the corpus keeps every document; an unknown id is refused."""
-    from embedlab.errors import UnknownKey
-    from embedlab.evaluate.beir import without_documents
+    from embedlab.core.beir import without_documents
+    from embedlab.core.errors import UnknownKey
 
     task = _sample_task()
     reduced, dropped = without_documents(task, ["d1"])
@@ -263,8 +263,8 @@ def test_scores_without_documents_are_the_other_queries_means() -> None:
     full task's per-query values (the left-out documents still compete as distractors)."""
     import numpy as np
 
-    from embedlab.evaluate.beir import without_documents
-    from embedlab.evaluate.retrieval import evaluate_encoder
+    from embedlab.core.beir import without_documents
+    from embedlab.tasks.retrieval import evaluate_encoder
 
     words = "alpha beta gamma delta epsilon zeta eta theta iota kappa".split()
     corpus = {f"d{i}": ("", " ".join(words[j % 10] for j in range(i, i + 3))) for i in range(12)}

@@ -25,8 +25,8 @@ from embedlab.bench.train import (
 )
 from embedlab.cli import build_parser, main
 from embedlab.cli.bench import cmd_bench_all, cmd_bench_mfu, cmd_bench_train
-from embedlab.config import MODEL_PRESETS, model_preset
-from embedlab.errors import UsageError
+from embedlab.core.config import MODEL_PRESETS, model_preset
+from embedlab.core.errors import UsageError
 from embedlab.model.encoder import MLMModel, count_parameters
 
 from conftest import TEST_DATA

@@ -18,9 +18,9 @@ from embedlab.bench.cpu_mfu import (
 from embedlab.bench.measure import comparisons_json
 from embedlab.cli import build_parser, main
 from embedlab.cli.bench import cmd_bench_mfu_cpu
-from embedlab.config import ConfigError, model_preset
-from embedlab.errors import UsageError
-from embedlab.train.flops import TRAINED, encoder_flops, head_forward_flops, linear_parameters
+from embedlab.core.config import ConfigError, model_preset
+from embedlab.core.errors import UsageError
+from embedlab.model.flops import TRAINED, encoder_flops, head_forward_flops, linear_parameters
 
 pytestmark = pytest.mark.timeout(300)
 

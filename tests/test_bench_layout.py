@@ -20,8 +20,8 @@ from embedlab.bench.layout import (
 )
 from embedlab.cli import build_parser
 from embedlab.cli.bench import cmd_bench_layout
-from embedlab.config import TrialConfig
-from embedlab.errors import UsageError
+from embedlab.core.config import TrialConfig
+from embedlab.core.errors import UsageError
 from embedlab.train.budget import step_units
 
 pytestmark = pytest.mark.timeout(120)

@@ -28,8 +28,8 @@ from embedlab.bench.train import (
     modernbert_extra_parameters,
     train_notes,
 )
-from embedlab.config import MODEL_PRESETS, model_preset
-from embedlab.errors import UsageError
+from embedlab.core.config import MODEL_PRESETS, model_preset
+from embedlab.core.errors import UsageError
 from embedlab.model.encoder import MLMModel, count_parameters
 
 pytestmark = pytest.mark.timeout(300)

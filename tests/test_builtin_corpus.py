@@ -1,4 +1,4 @@
-"""Tests for embedlab.data.builtin: the readers of the built-in corpus of real English text."""
+"""Tests for embedlab.sources.builtin: the readers of the built-in corpus of real English text."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from embedlab.data import builtin
-from embedlab.data.builtin import (
+from embedlab.sources import builtin
+from embedlab.sources.builtin import (
     SOURCE_NAMES,
     SOURCES,
     SourceUnavailableError,
@@ -25,7 +25,7 @@ from embedlab.data.builtin import (
     source_status,
     troff_to_text,
 )
-from embedlab.data.document import Document
+from embedlab.sources.document import Document
 
 PYTHON_SOURCES = ("python-docs", "python-docstrings")
 DEBIAN_SOURCES = tuple(name for name in SOURCE_NAMES if name not in PYTHON_SOURCES)

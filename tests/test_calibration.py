@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from embedlab.cli import main
-from embedlab.sweep import calibration, crossed
-from embedlab.sweep.calibration import Setting
+from embedlab.stats import calibration, crossed
+from embedlab.stats.calibration import Setting
 
 ALPHA = 0.05
 

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from embedlab.errors import UsageError
+from embedlab.core.errors import UsageError
 from embedlab.sweep.capacity import RESERVED_CPUS, TrialNeed, request_from_autoscaler, trial_needs, wait_for_capacity
 from embedlab.sweep.cluster import max_concurrent_trials
 

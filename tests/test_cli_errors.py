@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from embedlab.cli import main
-from embedlab.errors import UserError
+from embedlab.core.errors import UserError
 from embedlab.sweep.tour import find_demo_tour
 
 REPOSITORY = Path(__file__).parent.parent
@@ -28,7 +28,7 @@ def test_an_internal_key_error_keeps_its_traceback(tmp_path, capsys, monkeypatch
     """A bare KeyError inside the table code (here planted in the trial-row reader; a study.json
     without its "study" section is a user error now, test_run_records.py) is a bug to see, so it
     propagates instead of becoming `error: 'study'`."""
-    from embedlab.sweep import table
+    from embedlab.stats import table
 
     (tmp_path / "trials").mkdir()
     (tmp_path / "study.json").write_text(json.dumps({"study": {"name": "s", "metric": "m", "arms": {"a": {}}}}))
@@ -40,16 +40,16 @@ def test_an_internal_key_error_keeps_its_traceback(tmp_path, capsys, monkeypatch
 
 def test_the_projects_input_errors_are_user_errors_and_keep_their_old_bases():
     """Every user-facing exception class is a UserError, and still what callers caught before."""
-    from embedlab.config import ConfigError
-    from embedlab.data.audit import ContaminationError
-    from embedlab.data.builtin import SourceUnavailableError
-    from embedlab.data.external import SourceError
-    from embedlab.data.mixture import MixtureError
-    from embedlab.evaluate.beir import TaskFormatError
+    from embedlab.checkpoints.io import CheckpointError
+    from embedlab.contamination.audit import ContaminationError
+    from embedlab.core.beir import TaskFormatError
+    from embedlab.core.config import ConfigError
+    from embedlab.sources.builtin import SourceUnavailableError
+    from embedlab.sources.external import SourceError
+    from embedlab.sources.mixture import MixtureError
+    from embedlab.stats.table import UnequalComputeError
     from embedlab.sweep.promote import PromotionError
     from embedlab.sweep.tuning import TuningError
-    from embedlab.sweep.table import UnequalComputeError
-    from embedlab.train.checkpoint import CheckpointError
 
     old_bases = {ConfigError: ValueError, PromotionError: ValueError, UnequalComputeError: ValueError,
                  TaskFormatError: ValueError, CheckpointError: ValueError, MixtureError: ValueError,
@@ -112,7 +112,7 @@ def test_the_profile_help_lists_every_profile_with_its_summary():
     """sweep, plan and tour describe --profile from `recipes.PROFILES`, so a new profile is never
     missing from --help (gpu-300m once was)."""
     from embedlab.cli import build_parser
-    from embedlab.recipes import PROFILES
+    from embedlab.studies.recipes import PROFILES
 
     parser = build_parser()
     subcommands = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction))

@@ -19,8 +19,8 @@ from embedlab.sweep.cluster import (
     MINING_GPU_SHARE, TRIAL_DRIVER_RESOURCES, GpuShares, check_fits, gpu_shares, local_resources, study_concurrency,
     trial_driver_resources,
 )
+from embedlab.studies.study import load_study
 from embedlab.sweep.run import _driver_resources, run_sweep
-from embedlab.sweep.study import load_study
 
 ROOT = Path(__file__).parent.parent
 HARD_NEGATIVES = ROOT / "ablations" / "hard_negatives.py"  # arms "in-batch" (no mining) and "mined-2"

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from embedlab import Budget, Study, recipes
-from embedlab.config import DEFAULT_BUDGET, ConfigError, TrainConfig, TrialConfig, nest_flat_budget
-from embedlab.sweep.study import load_study
-from embedlab.sweep.table import STUDY_BUDGETS, budget_scope, budget_unit, declared_budget
+from embedlab.core.config import ConfigError, DEFAULT_BUDGET, TrainConfig, TrialConfig, nest_flat_budget
+from embedlab.stats.table import STUDY_BUDGETS, budget_scope, budget_unit, declared_budget
+from embedlab.studies.study import load_study
 
 ABLATIONS = Path(__file__).resolve().parent.parent / "ablations"
 

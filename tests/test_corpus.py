@@ -29,8 +29,8 @@ def test_no_near_duplicate_cluster_spans_two_splits(prepared):
 def test_split_groups_join_clusters_and_source_groups_transitively():
     """a and b come from one page, b and c are near-duplicates, d is alone, e and f share a
     module: three split groups, each named by its smallest id, as the connected components."""
-    from embedlab.data.corpus import split_groups
-    from embedlab.data.document import Document
+    from embedlab.sources.corpus import split_groups
+    from embedlab.sources.document import Document
 
     groups = {"a": "page1", "b": "page1", "c": "", "d": "", "e": "mod", "f": "mod"}
     docs = [Document(doc_id=d, source="s", title="", text=f"text {d}", group=g) for d, g in groups.items()]
@@ -41,7 +41,7 @@ def test_split_groups_join_clusters_and_source_groups_transitively():
 def test_the_docstrings_of_one_module_share_a_split(prepared):
     """Source groups reach the splits: every python-docstrings module (the reader's
     `Document.group`) lies in one split, and the corpus does have modules of several documents."""
-    from embedlab.data.builtin import iter_documents
+    from embedlab.sources.builtin import iter_documents
 
     table = prepared.corpus.read()
     split_of = dict(zip(table["doc_id"].to_pylist(), table["split"].to_pylist()))
@@ -113,8 +113,8 @@ def test_pieces_are_whole_documents_never_truncated(prepared):
 
 def test_stream_is_deterministic_and_honours_shares(prepared, ray_session):
     """The packed Ray Data stream is the same for the same seed, and its tokens follow the mixture within 1 point."""
+    from embedlab.streams.packed import packed_dataset
     from embedlab.train.phase1 import trial_schedule
-    from embedlab.data.stream import packed_dataset
 
     from conftest import tiny_budget, tiny_trial
 

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from embedlab.cli import main
-from embedlab.config import DataConfig, MixtureConfig
-from embedlab.data.builtin import iter_documents
-from embedlab.data.external import LocalFiles
-from embedlab.evaluate.beir import Task, write_task
-from embedlab.evaluate.builtin_tasks import split_docstring
+from embedlab.core.beir import Task, write_task
+from embedlab.core.config import DataConfig, MixtureConfig
+from embedlab.sources.builtin import iter_documents
+from embedlab.sources.external import LocalFiles
+from embedlab.tasks.builtin_tasks import split_docstring
 
 from conftest import TEST_DATA, tiny_trial
 
@@ -31,7 +31,7 @@ def spec(tmp_path_factory, prepared) -> Path:
 def test_data_build_reuses_the_prepared_directory(spec, prepared, capsys):
     """`data build` on a JSON spec equal to the test config finds the same prepared data and its
     card; the record names the code revision it was prepared with."""
-    from embedlab.data.prepare import build_code_revision
+    from embedlab.prepared.build import build_code_revision
 
     assert main(["data", "build", str(spec)]) == 0
     out = capsys.readouterr().out
@@ -43,23 +43,24 @@ def test_prepare_key_follows_the_code_that_builds_the_data(tmp_path):
     """The cache key holds a hash of the preparation code (`BUILD_SOURCES`): a byte-equal copy of
     those files elsewhere gives the same key, and one changed byte in one of them another; the
     key is otherwise stable from call to call."""
-    from embedlab.data.prepare import BUILD_SOURCES, PACKAGE_ROOT, build_code_revision, code_revision, prepare_key
+    from embedlab.core.code_identity import PACKAGE_DIR, code_revision
+    from embedlab.prepared.build import BUILD_SOURCES, build_code_revision, prepare_key
 
     copy = tmp_path / "embedlab"
     for name in BUILD_SOURCES:
         (copy / name).parent.mkdir(parents=True, exist_ok=True)
-        (copy / name).write_bytes((PACKAGE_ROOT / name).read_bytes())
-    assert code_revision(copy) == code_revision() == build_code_revision()
-    assert prepare_key(TEST_DATA) == prepare_key(TEST_DATA) == prepare_key(TEST_DATA, code=code_revision(copy))
-    assert {"data/prepare.py", "data/corpus.py", "data/stream.py", "tokenizer/frozen.py"} <= set(BUILD_SOURCES)
-    stream = copy / "data" / "stream.py"
+        (copy / name).write_bytes((PACKAGE_DIR / name).read_bytes())
+    assert code_revision(BUILD_SOURCES, copy) == code_revision(BUILD_SOURCES) == build_code_revision()
+    assert prepare_key(TEST_DATA) == prepare_key(TEST_DATA) == prepare_key(TEST_DATA, code=code_revision(BUILD_SOURCES, copy))
+    assert {"prepared/build.py", "sources/corpus.py", "streams/packed.py", "tokenizer/frozen.py"} <= set(BUILD_SOURCES)
+    stream = copy / "streams" / "packed.py"
     stream.write_bytes(stream.read_bytes().replace(b"def ", b"def  ", 1))
-    changed = code_revision(copy)
-    assert changed != code_revision()
+    changed = code_revision(BUILD_SOURCES, copy)
+    assert changed != code_revision(BUILD_SOURCES)
     assert prepare_key(TEST_DATA, code=changed) != prepare_key(TEST_DATA)
     stream.unlink()
-    with pytest.raises(FileNotFoundError, match="data/stream.py"):
-        code_revision(copy)
+    with pytest.raises(FileNotFoundError, match="streams/packed.py"):
+        code_revision(BUILD_SOURCES, copy)
 
 
 def test_preparing_data_prints_no_ray_log_line(tmp_path, ray_session, capfd):
@@ -68,7 +69,7 @@ def test_preparing_data_prints_no_ray_log_line(tmp_path, ray_session, capfd):
     logs at INFO), which stay in Ray's log files."""
     import re
 
-    from embedlab.data.prepare import prepare_data
+    from embedlab.prepared.build import prepare_data
 
     small = DataConfig(sources=("python-docs",), tokenizer_vocab_size=256, sequence_length=32)
     prepare_data(small, cache_dir=tmp_path)
@@ -129,7 +130,7 @@ def test_bench_prefetch_trains_both_sides_on_the_same_stream(spec, prepared, cap
     import ray.data
     import torch
 
-    from embedlab.train.session import PREFETCH_BATCHES, DatasetSession
+    from embedlab.train.session import DatasetSession, PREFETCH_BATCHES
 
     assert main(["bench", "prefetch", str(spec), "--budget-tokens", "3000", "--preset", "tiny",
                  "--repeats", "1", "--packing-tokens", "20000", "--json"]) == 0
@@ -196,8 +197,8 @@ def leaked_setup(tmp_path: Path) -> tuple[Path, DataConfig, Task]:
 def test_training_refuses_final_eval_items_unless_disclosed(tmp_path, ray_session, capsys):
     """A sweep whose training data holds a test query and a near-copy of a test document is refused
     before any trial runs; with a disclosed-overlap policy the same data passes the gate."""
-    from embedlab.data.contamination import check_training_data
-    from embedlab.data.prepare import prepare_data
+    from embedlab.pairs.audit import check_training_data
+    from embedlab.prepared.build import prepare_data
 
     task_dir, config, _ = leaked_setup(tmp_path)
     base = dataclasses.replace(tiny_trial(), data=config)
@@ -206,7 +207,7 @@ def test_training_refuses_final_eval_items_unless_disclosed(tmp_path, ray_sessio
     study = tmp_path / "leaky_study.py"
     study.write_text(
         "from dataclasses import replace\n"
-        "from embedlab import Study\nfrom embedlab.config import DEFAULT_BUDGET, TrialConfig\n"
+        "from embedlab import Study\nfrom embedlab.core.config import DEFAULT_BUDGET, TrialConfig\n"
         f"base = TrialConfig.from_dict({base.to_dict()!r})\n"
         "def study():\n"
         "    return Study(name='leaky', factor='masking.ratio', seeds=(0,),\n"

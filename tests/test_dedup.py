@@ -1,4 +1,4 @@
-"""MinHash + LSH near-duplicate detection (embedlab.data.dedup) on real docstring text."""
+"""MinHash + LSH near-duplicate detection (embedlab.sources.dedup) on real docstring text."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import sys
 import numpy as np
 import pytest
 
-from embedlab.data.builtin import iter_documents
-from embedlab.data import dedup
-from embedlab.data.dedup import (
+from embedlab.sources import dedup
+from embedlab.sources.builtin import iter_documents
+from embedlab.sources.dedup import (
     EMPTY,
     MinHasher,
     NearDuplicateIndex,
@@ -109,7 +109,7 @@ def test_signature_is_min_of_universal_hashes(docstrings):
 def test_signatures_deterministic_across_processes():
     """Signatures do not depend on PYTHONHASHSEED: no salted hash() is involved."""
     code = (
-        "from embedlab.data.dedup import MinHasher;"
+        "from embedlab.sources.dedup import MinHasher;"
         "print(MinHasher(16).signature('the quick brown fox jumps over the lazy dog').tolist())"
     )
     outputs = {
@@ -297,7 +297,7 @@ def test_index_query(long_texts):
 @pytest.mark.parametrize("threshold", [0.0, 1.0, 1.5])
 def test_a_dedup_threshold_outside_zero_one_is_refused_at_the_config(threshold):
     """1.0 used to pass validation and fail deep in lsh_params: the config refuses it, naming the field."""
-    from embedlab.config import ConfigError, DataConfig
+    from embedlab.core.config import ConfigError, DataConfig
 
     with pytest.raises(ConfigError, match=rf"data.near_duplicate_threshold: {threshold} is not strictly between 0 and 1"):
         DataConfig(near_duplicate_threshold=threshold)

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from embedlab.checkpoints.io import save_checkpoint
 from embedlab.model.encoder import MLMModel
-from embedlab.train.checkpoint import save_checkpoint
 from embedlab.train.contrastive import ContrastiveLoop
 from embedlab.train.phase1 import Phase1Loop
 

@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import synthetic
-from embedlab.config import ConfigError, ContrastiveConfig
+from embedlab.core.config import ConfigError, ContrastiveConfig
 from embedlab.objectives.contrastive import multi_positive_infonce, pair_masks
 from embedlab.objectives.distillation import (
     TermSum, embedding_mse, kl_distillation, kl_rows, margin_mse, margin_pairs, own_candidate_scores,
@@ -252,7 +252,7 @@ def test_the_distilled_step_counts_its_own_candidate_scores(frozen, parent, tmp_
     FlopCounterMode on the whole step, and its difference from the same step without
     distillation is FlopCounterMode's difference and `expected_step_flops`' (the (N, 1 + K)
     scores, forward and backward)."""
-    from embedlab.train.flops import expected_step_flops
+    from embedlab.model.flops import expected_step_flops
     from test_flops import assert_close, reference_step_flops
 
     plain = synthetic.phase3_trial(parent)
@@ -269,7 +269,7 @@ def test_the_distilled_step_counts_its_own_candidate_scores(frozen, parent, tmp_
 def test_the_loop_reports_each_term_and_their_weighted_sum(frozen, parent, tmp_path):
     """A distilling loop's train/loss is the objective it differentiates: (1 - w) * the InfoNCE
     mean + w_kl * the KL mean + w_m * the MarginMSE mean, each reported beside it."""
-    from embedlab.data.stream import worker_rows
+    from embedlab.streams.packed import worker_rows
     from embedlab.train.session import LocalSession
 
     trial = synthetic.phase3_trial(parent, teacher=TEACHER, kl_weight=KL_WEIGHT, margin_mse_weight=MARGIN_WEIGHT)
@@ -293,7 +293,7 @@ def _encode(texts):
 
 
 def _pairs():
-    from embedlab.data.teacher_labels import ScoredPair
+    from embedlab.teacher.labels import ScoredPair
 
     return [ScoredPair("p1", "how do I sort a list", "use sorted()", (("d1", "lists are mutable"),
                                                                         ("d2", "a set has no order"))),
@@ -302,7 +302,7 @@ def _pairs():
 
 
 def _identity(**changed):
-    from embedlab.data.teacher_labels import labels_identity
+    from embedlab.teacher.labels import labels_identity
 
     fields = dict(teacher={"name": TEACHER, "weights_sha256": "ab" * 32}, query_prefix="", passage_prefix="",
                   pairs_table="cd" * 32, negative_sets={"mined": "m1", "given": None}, negatives_per_pair=2,
@@ -323,7 +323,7 @@ def test_labels_table_records_each_score_confidence_and_agreement(tmp_path):
     """One row per (pair, candidate) with the cosine of the encoder's rows; a pair's confidence
     is its positive's score minus its best negative's (nan without a negative) and `agrees`
     whether that is positive; scoring twice gives the same bytes of scores."""
-    from embedlab.data.teacher_labels import POSITIVE, score_pairs
+    from embedlab.teacher.labels import POSITIVE, score_pairs
 
     table = score_pairs(_encode, _pairs(), query_prefix="query: ", passage_prefix="passage: ")
     assert table.num_rows == 3 + 2 + 1
@@ -348,7 +348,7 @@ def test_labels_table_records_each_score_confidence_and_agreement(tmp_path):
 def test_labels_are_refused_for_other_inputs(tmp_path):
     """A saved set loads for its own identity and is refused, naming what differs, for another
     pairs table or negatives set; a set without its manifest (incomplete) is refused."""
-    from embedlab.data.teacher_labels import (
+    from embedlab.teacher.labels import (
         MANIFEST_FILE, TeacherLabelsError, load_manifest, score_pairs, write_labels,
     )
 
@@ -373,7 +373,7 @@ def test_score_rows_mask_what_the_teacher_lacks(tmp_path):
     """The stream's (B, 1 + K) scores: the stored score per slot, nan for an empty slot, for a
     doc the set has no score of, and for the whole row of a pair below the minimum confidence
     (or without a negative to have one)."""
-    from embedlab.data.teacher_labels import LABELS_FILE, score_pairs, teacher_score_rows, write_labels
+    from embedlab.teacher.labels import LABELS_FILE, score_pairs, teacher_score_rows, write_labels
 
     table = score_pairs(_encode, _pairs())
     directory = write_labels(tmp_path / "set", table, _identity(), {"flops": 1.0})
@@ -390,7 +390,7 @@ def test_score_rows_mask_what_the_teacher_lacks(tmp_path):
                               min_confidence=threshold)
     assert np.isnan(kept[0]).all() and np.isnan(kept[2]).all()  # p1 below, p3 has no margin
     np.testing.assert_array_equal(np.isnan(kept[1]), [confidence["p2"] < threshold] * 2 + [True])
-    from embedlab.data.teacher_labels import pairs_below_confidence
+    from embedlab.teacher.labels import pairs_below_confidence
 
     assert pairs_below_confidence(directory, threshold) == 2 + (confidence["p2"] < threshold)
     assert pairs_below_confidence(directory, None) == 0
@@ -400,8 +400,8 @@ def test_the_teacher_scores_each_text_as_the_student_sees_it(frozen):
     """Every query and candidate is cut to the longest start (at a token boundary) whose
     student prefix + text fits the pair length with [CLS] and [SEP]: its student tokens are the
     start of the student's tokens of the whole text, and a text that fits is kept whole."""
-    from embedlab.data.teacher_labels import ScoredPair
-    from embedlab.train.phase3_teacher import as_student_sees
+    from embedlab.teacher.labels import ScoredPair
+    from embedlab.teacher.phase3 import as_student_sees
     from test_embedding_distillation import TEXTS, _brute_force_cut
 
     settings = ContrastiveConfig(pair_length=24)  # "query: short text" is 13 tokens here, the long texts ~70
@@ -423,7 +423,7 @@ def test_the_teacher_scores_each_text_as_the_student_sees_it(frozen):
 def test_the_real_teacher_scores_reproducibly():
     """MiniLM's labels of the same pairs twice are identical, and each score is the cosine of
     its own encodings of the prefixed texts."""
-    from embedlab.data.teacher_labels import load_teacher, measured_encode, score_pairs
+    from embedlab.teacher.labels import load_teacher, measured_encode, score_pairs
 
     teacher = load_teacher(TEACHER)
     encode, cost = measured_encode(teacher)
@@ -456,7 +456,7 @@ def test_termsum_mean_of_nothing_is_zero_not_nan():
 
 def test_scoring_in_chunks_gives_the_same_labels_and_reports_progress(monkeypatch):
     """Encoding a few texts a call (with a progress line each) scores exactly what one call does."""
-    import embedlab.data.teacher_labels as teacher_labels
+    import embedlab.teacher.labels as teacher_labels
 
     whole = teacher_labels.score_pairs(_encode, _pairs())
     monkeypatch.setattr(teacher_labels, "ENCODE_CHUNK", 3)
@@ -471,7 +471,7 @@ def test_one_process_at_a_time_scores_a_set(tmp_path):
     """While one holder has a set's scoring lock, another cannot take it; after, it can."""
     import fcntl
 
-    from embedlab.train.phase3_negatives import directory_lock
+    from embedlab.negatives.phase3 import directory_lock
 
     directory = tmp_path / "teacher-labels" / "abc"
     with directory_lock(directory):
@@ -488,9 +488,9 @@ def test_a_distilling_study_scores_its_teacher_as_a_reference(tmp_path):
     """The teacher's reference scores are MiniLM's on the task's split, metric by metric as
     `evaluate_baseline` computes them; the table's reference line names parent and teacher with
     the metrics each has; a study whose teacher has no weight distils from nothing."""
-    from embedlab.evaluate.baselines import MINILM, evaluate_baseline
-    from embedlab.evaluate.beir import Task, load_task, write_task
-    from embedlab.sweep.references import distilled_teacher, reference_line, score_teacher
+    from embedlab.core.beir import Task, load_task, write_task
+    from embedlab.stats.references import distilled_teacher, reference_line, score_teacher
+    from embedlab.tasks.baselines import MINILM, evaluate_baseline
 
     task = Task(name="tiny", corpus={"d1": ("", "Return a sorted list of the items."),
                                      "d2": ("", "Open a file and return a stream."),

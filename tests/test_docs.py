@@ -109,7 +109,7 @@ def test_the_readme_study_loads_as_printed(tmp_path):
     profile, its arms differ only in the factor, and it budgets in FLOPs as shipped studies do."""
     import re
 
-    from embedlab.sweep.study import load_study
+    from embedlab.studies.study import load_study
 
     text = (REPO / "README.md").read_text(encoding="utf-8")
     (code,) = [block for block in re.findall(r"```python\n(.*?)```", text, re.S) if "def study(" in block]

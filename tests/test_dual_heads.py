@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from embedlab.config import MaskingConfig, ModelConfig
+from embedlab.core.config import MaskingConfig, ModelConfig
 from embedlab.model.encoder import Encoder, MLMModel, count_parameters
 from embedlab.model.heads import MultiHeadMLMModel, route_positions, select_by_head
 from embedlab.objectives import dual_mlm
@@ -299,7 +299,7 @@ def test_a_dual_head_run_records_the_proportion_it_ran_at(tmp_path):
 
 def test_head_names_and_ratios_round_trip():
     """Every head name reads back as its ratio, decimal ratios included (2.5% is "mask2_5")."""
-    from embedlab.train.checkpoint import head_ratio
+    from embedlab.checkpoints.io import head_ratio
 
     ratios = ((0.05, 4), (0.5, 1), (0.025, 1), (0.125, 1))
     assert [head_ratio(name) for name in dual_mlm.ratio_names(ratios)] == pytest.approx([r for r, _ in ratios])

@@ -18,12 +18,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import synthetic
-from embedlab.config import ConfigError, ContrastiveConfig
-from embedlab.data import teacher_embeddings as te
-from embedlab.data import teacher_labels
-from embedlab.data.student_view import cut_to_tokens
-from embedlab.data.teacher_labels import TeacherLabelsError
+from embedlab.core.config import ConfigError, ContrastiveConfig
 from embedlab.objectives.contrastive import multi_positive_infonce, pair_masks
+from embedlab.teacher import embeddings as te, labels as teacher_labels
+from embedlab.teacher.labels import TeacherLabelsError
+from embedlab.teacher.student_view import cut_to_tokens
 from embedlab.objectives.distillation import (
     embedding_mse, kl_distillation, kl_rows, margin_mse, margin_pairs, own_candidate_scores, with_distillation,
 )
@@ -257,7 +256,7 @@ def test_the_step_counts_the_documents_passes(frozen, parent, tmp_path):
     """Phase 3 with KL, MarginMSE and embedding MSE: the counter agrees with FlopCounterMode on
     the whole step, and the documents add what FlopCounterMode says a third group of passes
     costs, and what `expected_step_flops` predicts from the config (exact on the dense path)."""
-    from embedlab.train.flops import expected_step_flops
+    from embedlab.model.flops import expected_step_flops
     from test_flops import assert_close, reference_step_flops
 
     scores = synthetic.phase3_trial(parent, teacher=TEACHER, kl_weight=KL_WEIGHT, margin_mse_weight=MARGIN_WEIGHT)
@@ -275,7 +274,7 @@ def test_the_step_counts_the_documents_passes(frozen, parent, tmp_path):
 def test_the_loop_reports_the_embedding_term_in_its_weighted_sum(frozen, parent, tmp_path):
     """Phase 2 (no negatives): train/loss = (1 - w) * InfoNCE mean + w * embedding MSE mean, the
     latter over the rows with a target (one has none), both reported."""
-    from embedlab.data.stream import worker_rows
+    from embedlab.streams.packed import worker_rows
     from embedlab.train.session import LocalSession
 
     trial = synthetic.contrastive_trial(parent)

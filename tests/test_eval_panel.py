@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from embedlab.config import DEFAULT_BUDGET, ConfigError, EvalConfig, TrialConfig, build_config
-from embedlab.evaluate.beir import Task, write_task
-from embedlab.evaluate.hub_tasks import HubTask, derive_dev_split, local_dataset_revision
+from embedlab.core.beir import Task, write_task
+from embedlab.core.config import ConfigError, DEFAULT_BUDGET, EvalConfig, TrialConfig, build_config
+from embedlab.tasks.hub_tasks import HubTask, derive_dev_split, local_dataset_revision
 
 from test_hub_tasks import docstring_records, docstring_task, write_hub_directory
 
@@ -107,7 +107,7 @@ def panel_dirs(tmp_path_factory, shell_task, data_task) -> list[tuple[str, str]]
 
 def checkpoint_evaluator(checkpoint: Path, split: str = "dev"):
     """`evaluate(task directory, retention directory)` as the sweep's evaluator answers it, in process."""
-    from embedlab.evaluate.beir import load_task
+    from embedlab.core.beir import load_task
     from embedlab.evaluate.checkpoint_eval import evaluate_checkpoint
 
     calls: list[tuple[str, str | None]] = []
@@ -124,7 +124,7 @@ def test_panel_scores_equal_single_task_evaluations_and_the_mean_is_the_hand_mea
     """Scored on a panel, a trial's `<task>/dev/...` columns equal the plain columns a single-task
     trial on that task writes, exactly; the main task keeps its plain columns; `mean/dev/...` is
     the hand mean of the two; per-query values are keyed like the columns; the cost is summed."""
-    from embedlab.sweep.scores import score_trial
+    from embedlab.records.scores import score_trial
 
     evaluate, calls = checkpoint_evaluator(parent)
     panel = score_trial(evaluate, panel_dirs, "dev", None)
@@ -215,7 +215,7 @@ def dyadic(rng, shape) -> np.ndarray:
 def test_stratified_bootstrap_equals_its_direct_reference_exactly():
     """Fixed seed, three seeds, tasks of 7 and 12 queries: the replicates equal the reference's exactly;
     with one task they equal the unstratified `paired_bootstrap`'s, draw for draw."""
-    from embedlab.sweep.paired import arm_generator, paired_bootstrap, stratified_paired_bootstrap
+    from embedlab.stats.paired import arm_generator, paired_bootstrap, stratified_paired_bootstrap
 
     rng = np.random.default_rng(5)
     arms = [dyadic(rng, (3, 7)), dyadic(rng, (3, 12))]
@@ -261,9 +261,9 @@ def test_the_table_tests_a_panel_mean_with_the_panel_model(tmp_path):
     """Study metric `mean/dev/ndcg@10`: the table's paired test is the crossed model's panel
     estimate (its diff the mean of the task means' differences, its SE and df the panel
     estimate's over both tasks' differences) and says which tasks it averages."""
-    from embedlab.sweep import crossed
-    from embedlab.sweep.paired import compare_to_control
-    from embedlab.sweep.table import load_table, render
+    from embedlab.stats import crossed
+    from embedlab.stats.paired import compare_to_control
+    from embedlab.stats.table import load_table, render
 
     rng = np.random.default_rng(11)
     sizes = {"shell-utils": 9, "data-formats": 14}
@@ -313,7 +313,7 @@ def test_preflight_audit_finds_a_planted_query_of_the_second_task(tmp_path, pane
     """The sweep's pre-flight audits the training data against every task of the panel: a test query
     of the second task quoted in a training document is found (and refused without a disclosed
     policy), though the main task is clean."""
-    from embedlab.data.audit import ContaminationError
+    from embedlab.contamination.audit import ContaminationError
     from embedlab.sweep.gate import check_contamination
 
     query_id = next(q for q in sorted(data_task.qrels["test"]) if len(data_task.queries[q].split()) >= 8)
@@ -350,7 +350,7 @@ def test_evaluate_command_takes_a_hub_task_and_a_derived_dev_split(tmp_path, mon
     `derive_dev_split` of the same task; a TOML spec file of HubTask fields does too; a BEIR folder
     without dev qrels gets the same split in memory; a malformed hub: argument is one error line."""
     from embedlab.cli import main
-    from embedlab.evaluate.baselines import evaluate_bm25
+    from embedlab.tasks.baselines import evaluate_bm25
 
     monkeypatch.setenv("EMBEDLAB_CACHE", str(tmp_path / "cache"))
     hub = write_hub_directory(tmp_path / "shell-utils", shell_task)

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 import embedlab
-from embedlab.code_identity import code_hash, current
-from embedlab.errors import UsageError
-from embedlab.evaluate.beir import Task, write_task
+from embedlab.core.beir import Task, write_task
+from embedlab.core.code_identity import code_hash, current
+from embedlab.core.errors import UsageError
 
 STALE = {"version": "0.0.0-stale", "code_hash": "0" * 64}
 
@@ -129,7 +129,7 @@ def test_a_process_of_other_code_than_its_sweep_refuses(tmp_path):
     """`check_same_code` passes this process's own identity and refuses another, naming both; a
     trial checks it before any work (its context holds nothing else here, so any other step
     would fail differently)."""
-    from embedlab.code_identity import CodeChangedError, check_same_code
+    from embedlab.core.code_identity import CodeChangedError, check_same_code
     from embedlab.sweep.driver import run_trial
 
     check_same_code(current().to_dict())
@@ -146,9 +146,9 @@ def test_resuming_a_run_of_other_code_is_refused_before_any_work(tmp_path):
     its finished trials and the new ones would share one table."""
     from conftest import tiny_trial, write_study
 
+    from embedlab.stats.table import STUDY_FILE
+    from embedlab.studies.study import load_study
     from embedlab.sweep.run import run_sweep
-    from embedlab.sweep.study import load_study
-    from embedlab.sweep.table import STUDY_FILE
 
     study_file = write_study(tmp_path / "study.py", tiny_trial(num_workers=1))
     study = load_study(study_file)

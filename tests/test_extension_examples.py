@@ -14,13 +14,13 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from embedlab.config import ConfigError, DataConfig, LocalFiles, MixtureConfig
-from embedlab.data.corpus import build_corpus
-from embedlab.data.mixture import resolve_mixture
+from embedlab.core.config import ConfigError, DataConfig, LocalFiles, MixtureConfig
 from embedlab.objectives.contrastive import ContrastiveLoss, multi_positive_infonce, pair_masks
 from embedlab.objectives.gradcache import gradcache_step
+from embedlab.sources.corpus import build_corpus
+from embedlab.sources.mixture import resolve_mixture
+from embedlab.studies.study import load_study
 from embedlab.sweep.run import dry_run
-from embedlab.sweep.study import load_study
 
 # ---------------------------------------------------------------------------------------------
 # A new ablation: a study file derived from a base recipe

@@ -10,8 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from embedlab.data.builtin import iter_documents
-from embedlab.data.external import (
+from embedlab.sources.builtin import iter_documents
+from embedlab.sources.external import (
     HFDataset,
     LocalFiles,
     ReadStats,

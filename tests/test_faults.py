@@ -14,13 +14,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from embedlab.config import MaskingConfig, TrainConfig
+from embedlab.core.config import MaskingConfig, TrainConfig
 from embedlab.model.encoder import MLMModel
 from embedlab.objectives.masking import mask_tokens
 from embedlab.train.loop import run
 from embedlab.train.mlm_step import Microbatch, accumulate_gradients, optimizer_step, prepare_microbatch
+from embedlab.train.nonfinite import NonFiniteError, STOPPED_KEY
 from embedlab.train.optim import build_optimizer
-from embedlab.train.nonfinite import STOPPED_KEY, NonFiniteError
 from embedlab.train.session import LocalSession
 
 import synthetic
@@ -143,7 +143,7 @@ def _agree(root: str, parent: str, rank: int):
         loop.start_clock()
         batches = LocalSession(rows_for(trial, frozen), Path(root), rank=rank, world=2).global_batches(
             2 * synthetic.ROWS)
-        from embedlab.data.stream import worker_rows
+        from embedlab.streams.packed import worker_rows
 
         before = trained_tensors(loop)
         clean = _poison(loop) if rank == 1 else None  # only rank 1's copy of the weights is poisoned
@@ -183,7 +183,7 @@ def test_killed_worker_restarts_and_ends_as_uninterrupted(two_worker_phase1, pre
     ends with the weights and optimizer state of an uninterrupted run, bitwise."""
     from safetensors.torch import load_file
 
-    from embedlab.train.checkpoint import verify_checkpoint
+    from embedlab.checkpoints.io import verify_checkpoint
     from embedlab.train.loop import RunOptions
     from embedlab.train.metrics_log import read_metrics
     from embedlab.train.phase1 import run_phase1

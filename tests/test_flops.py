@@ -12,10 +12,10 @@ from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
 import synthetic
-from embedlab.data.stream import worker_rows
+from embedlab.model.flops import attention_area, segment_lengths
+from embedlab.streams.packed import worker_rows
 from embedlab.train.budget import final_rows, trim_rows
 from embedlab.train.device_time import DeviceClock
-from embedlab.train.flops import attention_area, segment_lengths
 from embedlab.train.session import LocalSession
 
 aten = torch.ops.aten
@@ -115,9 +115,9 @@ def test_hard_negative_step_matches_flop_counter_mode(frozen, parent, tmp_path):
 
 def test_evaluation_encode_matches_flop_counter_mode(frozen):
     """Evaluation and mining encode without gradients, batch by batch at each batch's length."""
-    from embedlab.evaluate.encode import encode_texts
+    from embedlab.model.encode import encode_texts
     from embedlab.model.encoder import Encoder
-    from embedlab.train.flops import FlopTally
+    from embedlab.model.flops import FlopTally
 
     encoder = Encoder(synthetic.MODEL).eval()
     tally = FlopTally()
@@ -219,7 +219,7 @@ def test_device_seconds_are_the_thread_cpu_time_on_cpu(frozen, tmp_path):
 def test_expected_step_flops_predicts_a_dense_contrastive_step(frozen, parent, tmp_path):
     """A phase-2 or phase-3 arm's step on the dense path is predicted exactly from its config:
     how a study turns its control's pairs into a FLOPs budget."""
-    from embedlab.train.flops import expected_step_flops
+    from embedlab.model.flops import expected_step_flops
 
     plain = synthetic.contrastive_trial(parent)
     plain = dataclasses.replace(plain, contrastive=dataclasses.replace(plain.contrastive, mlm_weight=0.0))

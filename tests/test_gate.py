@@ -13,10 +13,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from embedlab.config import ContrastiveConfig
-from embedlab.data.audit import ContaminationError
-from embedlab.data.prepared import PreparedData
-from embedlab.evaluate.beir import load_task
+from embedlab.contamination.audit import ContaminationError
+from embedlab.core.beir import load_task
+from embedlab.core.config import ContrastiveConfig
+from embedlab.prepared.directory import PreparedData
 
 from conftest import audit_would_find, plain_words, tiny_budget, tiny_trial
 
@@ -68,7 +68,7 @@ def test_sweep_gate_refuses_final_eval_items_planted_in_the_pairs(data):
     """The gate a sweep runs before any trial passes the clean pairs of a phase-2 arm's builders,
     refuses the same frozen table once a test query and a quoted test document are planted in
     it, naming the pairs stage, and with a disclosed-overlap policy returns exactly those two."""
-    from embedlab.data.pairs_table import pair_table_path
+    from embedlab.pairs.table import pair_table_path
     from embedlab.sweep.gate import check_contamination
 
     records = {arm: {**data.record, "directory": str(data.directory)} for arm in ("cold", "warm")}
@@ -101,14 +101,14 @@ def phase3_setup(data: PreparedData, tmp_path, **contrastive):
     """A phase-3 trial from a random phase-2 parent (two mined negatives a pair; `contrastive`
     adds fields), its pairs table, the schedule and offsets `run_contrastive` derives, and the
     mined set it finds (mined here, so the run reuses it)."""
-    from embedlab.data.mixture import schedule_target
-    from embedlab.data.pair_stream import pair_schedule
-    from embedlab.data.pairs_table import pair_table_path
+    from embedlab.checkpoints.io import save_checkpoint
+    from embedlab.checkpoints.state import data_seed
     from embedlab.model.encoder import MLMModel
+    from embedlab.negatives.phase3 import mine_for_phase3
+    from embedlab.pairs.table import pair_table_path
+    from embedlab.sources.mixture import schedule_target
+    from embedlab.streams.pair_stream import pair_schedule
     from embedlab.train.budget import schedule_units
-    from embedlab.train.checkpoint import save_checkpoint
-    from embedlab.train.phase3_negatives import mine_for_phase3
-    from embedlab.train.state import data_seed
 
     base = tiny_trial(budget=tiny_budget(pairs=32))
     parent = tmp_path / "parent"
@@ -129,8 +129,8 @@ def test_phase3_refuses_a_final_eval_document_planted_in_its_mined_negatives(dat
     """A phase-3 run mines its negatives, then refuses to train when they hold a test document:
     the mined set it finds (the one it would mine) passes the gate clean and, with the
     document planted, `run_contrastive` raises before any Ray Train run starts."""
-    from embedlab.data.contamination import check_mined_negatives
-    from embedlab.data.mining import NEGATIVE_SCHEMA, NEGATIVES_FILE
+    from embedlab.negatives.reading import check_mined_negatives
+    from embedlab.negatives.mining import NEGATIVES_FILE, NEGATIVE_SCHEMA
     from embedlab.train.contrastive import run_contrastive
 
     trial, pairs_path, schedule, offsets, mined = phase3_setup(data, tmp_path)
@@ -160,8 +160,8 @@ def test_two_writers_of_one_pairs_table_both_succeed(data):
     file is left. With one shared staging name the second rename found nothing to rename."""
     import threading
 
-    from embedlab.data.pairs_table import builtin_pairs_table, pair_table_path
-    from embedlab.data.pairs import build_pairs
+    from embedlab.pairs.builders import build_pairs
+    from embedlab.pairs.table import builtin_pairs_table, pair_table_path
 
     shutil.rmtree(data.directory / "pairs", ignore_errors=True)
     both_checked = threading.Barrier(2)
@@ -194,8 +194,8 @@ def test_sweep_refuses_a_pair_budget_past_the_repetition_cap_before_any_trial(da
     """A phase-2 arm whose schedule needs more pairs than the frozen table holds within
     `data.mixture.max_epochs` is refused before any trial starts, naming the study, the arm
     and the builder; the same study within the cap passes."""
-    from embedlab.data.pairs_table import pair_table_path
-    from embedlab.errors import UsageError
+    from embedlab.core.errors import UsageError
+    from embedlab.pairs.table import pair_table_path
     from embedlab.sweep.gate import check_pair_schedules
 
     records = {arm: {**data.record, "directory": str(data.directory)} for arm in ("cold", "warm")}
@@ -212,10 +212,10 @@ def test_phase3_refuses_a_final_eval_document_planted_in_its_teacher_labels(data
     the scored texts hold a test document: the set it finds (the one it would score) passes
     the gate clean and, with the document planted, `run_contrastive` raises before any Ray
     Train run starts."""
-    from embedlab.data.contamination import check_teacher_labels
-    from embedlab.data.teacher_labels import LABELS_FILE
+    from embedlab.teacher.audit import check_teacher_labels
+    from embedlab.teacher.labels import LABELS_FILE
+    from embedlab.teacher.phase3 import teacher_labels_for_phase3
     from embedlab.train.contrastive import run_contrastive
-    from embedlab.train.phase3_teacher import teacher_labels_for_phase3
 
     trial, pairs_path, schedule, offsets, mined = phase3_setup(data, tmp_path, teacher="all-MiniLM-L6-v2",
                                                                kl_weight=0.5)
@@ -246,12 +246,12 @@ def test_embedding_distillation_refuses_a_final_eval_document_planted_in_its_tea
     projected vector of a stored text is its stored target), the stream carries each row's
     document and target, the set passes the gate clean, and with a test document planted in
     it `run_contrastive` raises before any Ray Train run starts."""
-    from embedlab.data import teacher_embeddings as te
-    from embedlab.data.contamination import check_teacher_embeddings
-    from embedlab.data.pair_stream import pair_windows, tokenize_pair_window
-    from embedlab.evaluate.baselines import load_minilm
+    from embedlab.teacher.audit import check_teacher_embeddings
+    from embedlab.streams.pair_stream import pair_windows, tokenize_pair_window
+    from embedlab.tasks.baselines import load_minilm
+    from embedlab.teacher import embeddings as te
+    from embedlab.teacher.phase3 import teacher_embeddings_for_trial
     from embedlab.train.contrastive import run_contrastive
-    from embedlab.train.phase3_teacher import teacher_embeddings_for_trial
 
     trial, pairs_path, schedule, offsets, _ = phase3_setup(data, tmp_path, teacher="all-MiniLM-L6-v2",
                                                            embedding_mse_weight=0.5)

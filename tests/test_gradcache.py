@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from embedlab.config import ModelConfig
+from embedlab.core.config import ModelConfig
 from embedlab.model.encoder import Encoder
 from embedlab.model.pooling import l2_normalise, mean_pool
 from embedlab.objectives.contrastive import LearnableTemperature, multi_positive_infonce, pair_masks

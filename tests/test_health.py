@@ -1,4 +1,4 @@
-"""embedlab.evaluate.health: each statistic against a naive numpy computation, plus known cases."""
+"""embedlab.tasks.health: each statistic against a naive numpy computation, plus known cases."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from embedlab.evaluate import health
-from embedlab.evaluate.health import (
+from embedlab.tasks import health
+from embedlab.tasks.health import (
     alignment,
     anisotropy,
     covariance_spectrum,

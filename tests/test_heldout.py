@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from embedlab.cli import main
-from embedlab.data.audit import audit
-from embedlab.data.builtin import available_sources, SOURCE_NAMES
-from embedlab.evaluate import heldout
-from embedlab.evaluate.beir import Task, load_task
-from embedlab.evaluate.heldout import (
+from embedlab.contamination.audit import audit
+from embedlab.core.beir import Task, load_task
+from embedlab.sources.builtin import SOURCE_NAMES, available_sources
+from embedlab.tasks import heldout
+from embedlab.tasks.heldout import (
     HELDOUT_TASKS, SHARED_WINDOW, SOURCES, HeldoutSourceMissing, TrainingText, build_heldout,
     build_heldout_tasks, builtin_training_text, read_dpkg_status, read_provenance,
 )
@@ -374,10 +374,10 @@ def test_a_missing_source_is_one_line_naming_the_debian_package(tmp_path, monkey
 
 def _tiny_checkpoint(directory):
     """A random 2-layer width-32 encoder with a tokenizer trained on a few sentences."""
-    from embedlab.config import ModelConfig
+    from embedlab.checkpoints.io import save_checkpoint
+    from embedlab.core.config import ModelConfig
     from embedlab.model.encoder import Encoder
     from embedlab.tokenizer.frozen import save_tokenizer, train_tokenizer
-    from embedlab.train.checkpoint import save_checkpoint
 
     texts = [*EXPECTED["devils-dictionary"]["corpus"].values(), *EXPECTED["gnu-info"]["corpus"].values()]
     tokenizer = save_tokenizer(train_tokenizer(texts * 5, 300), directory / "tokenizer")

@@ -1,4 +1,4 @@
-"""embedlab.evaluate.hub_tasks and .panel: pinned Hub-layout tasks, frozen dev splits, task panels.
+"""embedlab.tasks.hub_tasks and .panel: pinned Hub-layout tasks, frozen dev splits, task panels.
 
 Every dataset here is a local directory in the Hub's layout, read through `datasets` with
 the hub switched off; the text is real English: standard-library docstrings, whose first
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from embedlab.evaluate.baselines import evaluate_bm25
-from embedlab.evaluate.beir import Task, load_task, task_hash, write_task
-from embedlab.evaluate.hub_tasks import (
+from embedlab.core.beir import Task, load_task, task_hash, write_task
+from embedlab.tasks.baselines import evaluate_bm25
+from embedlab.tasks.hub_tasks import (
     DEV_SPLIT,
     PROVENANCE_FILE,
     HubTask,

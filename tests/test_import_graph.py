@@ -23,33 +23,40 @@ SOURCE_ROOT = Path(__file__).resolve().parent.parent / "platform"
 # refactor in steps, never to grow: `test_allowlist_only_shrinks` fails on an edge that no longer
 # exists or is not needed to keep the rest of the graph acyclic.
 ALLOWED_CYCLE_EDGES: frozenset[tuple[str, str]] = frozenset()
-# What `embedlab.config` may import: the standard library and the modules holding its own types
-# (each importing nothing of embedlab beyond this set), kept apart from the code that uses them.
-CONFIG_TYPES = frozenset({
-    "embedlab.config",
-    "embedlab.errors",
-    "embedlab.data.source_config",
-    "embedlab.data.pair_builder_names",
-    "embedlab.data.pair_source_config",
-    "embedlab.evaluate.hub_task_config",
-    "embedlab.evaluate.beir",  # the BEIR layout's constants (REQUIRED_SPLIT) a HubTask checks against
-    "embedlab.evaluate.panel_names",
-})
-
-
-# The package root's own modules: what every layer uses, and the public API. Everything else
-# lives in the folder of its layer (docs/architecture.md). A new root module is a decision that
-# belongs here, with its reason, not an accident of where a file was created.
+# The layers, bottom to top (docs/architecture.md draws them): each top-level package of
+# embedlab belongs to one, and an import only ever points to its own layer or one below it.
+# Within a layer, packages import each other without a cycle. A new package is a decision that
+# belongs here, with its layer, not an accident of where a folder was created.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("core", ("core",)),
+    ("library", ("model", "objectives", "tokenizer", "checkpoints", "release", "st_module")),
+    ("artifacts", ("artifacts",)),
+    ("data", ("sources", "contamination", "tasks", "prepared", "pairs", "negatives", "teacher", "streams")),
+    ("train and evaluate", ("evaluate", "train")),
+    ("declarations", ("studies",)),
+    ("orchestration and statistics", ("records", "stats", "sweep")),
+    ("interfaces", ("report", "bench", "cli")),
+    ("public API", ("__init__",)),
+)
+LAYER_OF = {package: rank for rank, (_, packages) in enumerate(LAYERS) for package in packages}
+# The package root's own modules: the public API, and the path every release's modules.json names.
 ROOT_MODULES = {
-    "__init__": "the public API (Study, Search, load_table, Budget, __version__), loaded on first use",
-    "config": "every typed config and default; every layer reads it",
-    "errors": "the user-error type every layer raises",
-    "store": "local paths and object-store URIs, used from data preparation to releases",
-    "code_identity": "which code is running, recorded by data, checkpoints, sweeps and reports",
-    "telemetry": "live metrics for the Ray dashboard, from training and evaluation",
-    "recipes": "the base recipes study files derive from: the public API of study files",
+    "__init__": "the public API (Study, Search, Stage, Tour, recipes, load_table, Budget, __version__), loaded on first use",
     "st_module": "the stable path every release's modules.json names for EmbedlabTransformer",
 }
+# The library imports with torch alone: what a fresh interpreter may not have loaded after
+# importing it (the harness's libraries).
+LIBRARY = ("embedlab.model.encoder", "embedlab.model.heads", "embedlab.model.pooling", "embedlab.model.encode",
+           "embedlab.model.flops", "embedlab.objectives.contrastive", "embedlab.objectives.distillation",
+           "embedlab.objectives.dual_mlm", "embedlab.objectives.gather", "embedlab.objectives.gradcache",
+           "embedlab.objectives.masking", "embedlab.objectives.matryoshka", "embedlab.objectives.mlm",
+           "embedlab.tokenizer.frozen", "embedlab.checkpoints.io", "embedlab.checkpoints.state",
+           "embedlab.release.export")
+HARNESS_LIBRARIES = ("ray", "pandas", "pyarrow", "optuna", "faiss", "scipy", "matplotlib")
+# Modules that existed only to break a cycle between two folders; the layering made each
+# unnecessary, and none comes back under its name.
+CYCLE_BREAKERS = ("pair_builder_names", "trial_rows", "checkpoint_files", "panel_names", "hub_task_config",
+                  "source_config", "pair_source_config")
 
 
 @dataclass(frozen=True)
@@ -306,11 +313,81 @@ def test_no_private_names_across_modules():
     assert not private_uses, "private names used across modules:\n" + "\n".join(private_uses)
 
 
-def test_the_package_root_holds_only_shared_modules_and_the_public_api():
+def test_the_package_root_holds_only_the_public_api():
     """A module at the package root is one of ROOT_MODULES; any other belongs in its layer's folder."""
     root = {path.stem for path in (SOURCE_ROOT / PACKAGE).glob("*.py")}
     assert root == set(ROOT_MODULES), (
         f"not in ROOT_MODULES: {sorted(root - set(ROOT_MODULES))}; listed but gone: {sorted(set(ROOT_MODULES) - root)}")
+
+
+def package_of(module: str) -> str:
+    """The top-level package of an embedlab module (a root module is its own)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def package_graph(imports: list[Import]) -> dict[str, dict[str, list[Import]]]:
+    """Package -> the packages it imports, with the imports that make each edge (TYPE_CHECKING-only
+    ones left out)."""
+    graph: dict[str, dict[str, list[Import]]] = {package_of(m): {} for m in module_files()}
+    for edge in imports:
+        importer, imported = package_of(edge.importer), package_of(edge.imported)
+        if not edge.type_checking and importer != imported:
+            graph[importer].setdefault(imported, []).append(edge)
+    return graph
+
+
+def test_every_folder_is_a_layer():
+    """Each top-level package of embedlab is in exactly one layer of LAYERS."""
+    listed = [package for _, packages in LAYERS for package in packages]
+    assert len(listed) == len(set(listed)), "a package is in two layers"
+    packages = {package_of(module) for module in module_files()}
+    assert packages == set(listed), (
+        f"packages without a layer: {sorted(packages - set(listed))}; layers naming no package: "
+        f"{sorted(set(listed) - packages)}")
+
+
+def test_no_import_points_up_a_layer():
+    """Every import, at module level or in a function, goes to the importer's layer or one below it."""
+    imports, _ = collect()
+    upward = [f"{edge.importer}:{edge.line} ({LAYERS[LAYER_OF[package_of(edge.importer)]][0]}) imports "
+              f"{edge.imported} ({LAYERS[LAYER_OF[package_of(edge.imported)]][0]})"
+              for edges in package_graph(imports).values() for found in edges.values() for edge in found
+              if LAYER_OF[package_of(edge.importer)] < LAYER_OF[package_of(edge.imported)]]
+    assert not upward, "imports pointing up a layer:\n" + "\n".join(upward)
+
+
+def test_no_package_cycles():
+    """No chain of imports leads from a top-level package back to itself."""
+    imports, _ = collect()
+    graph = package_graph(imports)
+    found = cycles({package: set(edges) for package, edges in graph.items()})
+    lines = []
+    for cycle in found:
+        steps = [f"{a} -> {b} ({graph[a][b][0].importer}:{graph[a][b][0].line})" for a, b in zip(cycle, cycle[1:])]
+        lines.append("; ".join(steps))
+    assert not found, f"{len(found)} package cycles:\n" + "\n".join(lines)
+
+
+def test_the_cycle_breaking_leaf_modules_are_gone():
+    """No module bears the name of one that existed only to break a cycle between two folders."""
+    left = sorted(module for module in module_files() if module.rsplit(".", 1)[-1] in CYCLE_BREAKERS)
+    assert not left, f"cycle-breaking modules still here: {left}"
+
+
+def test_the_library_imports_with_torch_alone():
+    """The model, objectives, tokenizer, checkpoint reading and the release writer import in a
+    fresh interpreter without loading Ray, pandas, pyarrow or another harness library."""
+    import os
+    import subprocess
+
+    code = ("import sys\n"
+            f"for name in {list(LIBRARY)!r}:\n    __import__(name)\n"
+            f"print(sorted(n for n in {list(HARNESS_LIBRARIES)!r} if n in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                            env={**os.environ, "PYTHONPATH": str(SOURCE_ROOT)})
+    assert result.stdout.strip() == "[]", f"the library loaded {result.stdout.strip()}"
+    assert {package_of(module) for module in LIBRARY} <= set(dict(LAYERS)["library"])
 
 
 def test_the_stable_release_path_is_the_class_itself():
@@ -322,17 +399,11 @@ def test_the_stable_release_path_is_the_class_itself():
     assert st_module.__all__ == ["EmbedlabTransformer"]
 
 
-def test_config_depends_only_on_its_own_types():
-    """`embedlab.config` reaches no embedlab module but the ones holding its types (the
-    allowlisted edge aside), so every layer can import it."""
+def test_core_depends_on_nothing_above_it():
+    """`embedlab.core` (configs, errors, storage, code identity) imports no other embedlab package,
+    so every layer can import it."""
     imports, _ = collect()
-    graph = without(import_graph(imports), ALLOWED_CYCLE_EDGES)
-    reached, frontier = {"embedlab.config"}, ["embedlab.config"]
-    while frontier:
-        for child in graph[frontier.pop()] - reached:
-            reached.add(child)
-            frontier.append(child)
-    assert reached <= CONFIG_TYPES, f"config reaches {sorted(reached - CONFIG_TYPES)}"
+    assert not package_graph(imports)["core"], f"core imports {sorted(package_graph(imports)['core'])}"
 
 
 def test_the_graph_sees_deferred_and_submodule_imports(tmp_path, monkeypatch):

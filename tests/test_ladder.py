@@ -17,10 +17,10 @@ from statsmodels.regression.linear_model import OLS
 from statsmodels.stats.multitest import multipletests
 
 from embedlab.cli import main
-from embedlab.errors import UsageError
-from embedlab.sweep.ladder import LadderError, fit_trend, ladder_tests, load_rungs, project, reading, render_ladder
-from embedlab.sweep.paired import load_per_query, paired_tests
-from embedlab.sweep.table import load_table
+from embedlab.core.errors import UsageError
+from embedlab.stats.ladder import LadderError, fit_trend, ladder_tests, load_rungs, project, reading, render_ladder
+from embedlab.stats.paired import load_per_query, paired_tests
+from embedlab.stats.table import load_table
 
 from test_paired_stats import ARMS, QUERIES, SEEDS, write_run
 
@@ -159,8 +159,8 @@ def study():
 
 
 def test_a_rung_is_the_study_at_a_multiple_of_its_budget(tmp_path):
-    from embedlab.config import ConfigError
-    from embedlab.sweep.study import load_study
+    from embedlab.core.config import ConfigError
+    from embedlab.studies.study import load_study
 
     path = tmp_path / "lad.py"
     path.write_text(STUDY_FILE)
@@ -176,8 +176,8 @@ def test_a_rung_is_the_study_at_a_multiple_of_its_budget(tmp_path):
 def test_a_ladder_keeps_finished_rungs_and_resumes_a_cut_one(tmp_path):
     """Rung x0.5 finished, rung x1 cut short (one trial of four), rung x0.25 never started, and
     an unrelated run: the plan keeps, resumes and starts them, reading run directories only."""
+    from embedlab.studies.study import load_study
     from embedlab.sweep.ladder_run import ladder_plan, parse_scales
-    from embedlab.sweep.study import load_study
 
     path = tmp_path / "lad.py"
     path.write_text(STUDY_FILE)
@@ -211,7 +211,7 @@ def test_a_ladder_keeps_finished_rungs_and_resumes_a_cut_one(tmp_path):
 
 
 def test_rung_base_undoes_rung_name():
-    from embedlab.sweep.study import rung_base, rung_name
+    from embedlab.studies.study import rung_base, rung_name
 
     for factor in (0.125, 0.25, 0.5, 2, 1e-05):
         assert rung_base(rung_name("hard-negatives-4-seeds", factor)) == "hard-negatives-4-seeds"
@@ -223,7 +223,7 @@ def test_a_rung_that_ends_short_stops_the_ladder(tmp_path, monkeypatch, capsys):
     sweep returns its run directory) stops the ladder there, in one line that says how to
     resume; the next rung is never started."""
     import embedlab.sweep.run
-    from embedlab.sweep.study import load_study
+    from embedlab.studies.study import load_study
 
     path = tmp_path / "lad.py"
     path.write_text(STUDY_FILE)
@@ -292,7 +292,7 @@ def simulated_ladders(seeds: int, seed_sd: float, ladders: int, rng: np.random.G
     that is the same at every rung (slope 0): `seeds` seeds x 200 queries of differences =
     0.02 + seed x arm term (SD `seed_sd`) + query term (SD 0.05) + noise (SD 0.05), every rung
     independent."""
-    from embedlab.sweep.crossed import crossed_estimate
+    from embedlab.stats.crossed import crossed_estimate
 
     for _ in range(ladders):
         yield [crossed_estimate([0.02 + rng.normal(0, seed_sd, (seeds, 1)) + rng.normal(0, 0.05, (1, 200))
@@ -319,7 +319,7 @@ def test_weighting_rungs_by_their_estimated_variances_would_fail_the_size_check(
     """Why the line weighs rungs equally: the same simulation (3 seeds, the seed term dominant)
     with weights 1/se^2, the interval otherwise built the same way, excludes a flat trend more
     often than the bound allows: the check can fail."""
-    from embedlab.sweep.ladder import combination_df
+    from embedlab.stats.ladder import combination_df
 
     rng = np.random.default_rng(20261206)
     x = np.log2(np.asarray(FLOPS))
@@ -343,7 +343,7 @@ def test_plan_projects_the_trend_to_a_studys_budget_labelled_as_extrapolation(la
     def study_file(name: str, arms: tuple[str, ...], budget: str) -> str:
         path = tmp_path / f"{name}.py"
         path.write_text(
-            "from dataclasses import replace\nfrom embedlab import Budget, Study\nfrom embedlab.config import TrialConfig\n"
+            "from dataclasses import replace\nfrom embedlab import Budget, Study\nfrom embedlab.core.config import TrialConfig\n"
             f"def study(profile=None):\n    base = TrialConfig.from_dict({tiny_trial().to_dict()!r})\n"
             f"    return Study(name={name!r}, factor='masking.ratio', seeds=(0,), budget={budget},\n"
             "                 arms={" + ", ".join(f"{arm!r}: replace(base, masking=replace(base.masking, ratio={0.1 + i / 10}))"

@@ -5,7 +5,7 @@ import functools
 import pytest
 import torch
 
-from embedlab.config import MaskingConfig
+from embedlab.core.config import MaskingConfig
 from embedlab.objectives.masking import MaskedBatch, mask_tokens
 
 MASK_ID, PAD_ID, SEP_ID = 4, 0, 3
@@ -202,7 +202,7 @@ def test_word_strategies_are_reproducible_from_their_generator(strategy: str):
 def test_spans_stop_at_segment_starts_without_a_boundary_token():
     """With segment_ids, every selected token lies in the same segment as its span's start, even
     where no SEP separates segments; without them, spans do run across (the check is not vacuous)."""
-    from embedlab.config import MaskingConfig as Config
+    from embedlab.core.config import MaskingConfig as Config
     from embedlab.objectives.masking import _select_spans
 
     generator = torch.Generator().manual_seed(11)

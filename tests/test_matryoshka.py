@@ -12,7 +12,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import synthetic
-from embedlab.config import ConfigError, ContrastiveConfig
+from embedlab.core.config import ConfigError, ContrastiveConfig
 from embedlab.objectives.contrastive import multi_positive_infonce, pair_masks
 from embedlab.objectives.gather import gather_no_grad, gather_with_grad
 from embedlab.objectives.gradcache import gradcache_step
@@ -138,7 +138,7 @@ def test_the_step_counts_every_widths_score_matrices(frozen, parent, tmp_path, g
     """A symmetric step at widths 8, 16, 32 against the same step at the full width alone: the
     counter's difference is FlopCounterMode's, exactly (the extra score matrices, both
     directions, forward and backward), and `expected_step_flops` predicts the step."""
-    from embedlab.train.flops import expected_step_flops
+    from embedlab.model.flops import expected_step_flops
     from test_flops import reference_step_flops
 
     trial = synthetic.contrastive_trial(parent, gradcache=gradcache)
@@ -180,8 +180,8 @@ def test_truncated_scoring_equals_a_hand_computation():
 
     import numpy as np
 
-    from embedlab.evaluate.beir import Task
-    from embedlab.evaluate.retrieval import evaluate_encoder, truncated
+    from embedlab.core.beir import Task
+    from embedlab.tasks.retrieval import evaluate_encoder, truncated
 
     vectors = {"d1": [0.5, 0.5, 0.0, 3.0], "d2": [0.9, 0.1, 1.0, 0.0], "d3": [0.0, 1.0, 0.0, 0.0],
                "q1": [1.0, 0.0, 0.0, 3.0], "q2": [0.0, 1.0, 0.0, 0.0]}
@@ -209,12 +209,12 @@ def test_a_width_scores_what_an_encoder_of_that_width_scores(frozen, parent):
     re-normalised (a second path through the evaluator), and a row's columns carry them."""
     from functools import partial
 
-    from embedlab.evaluate.beir import Task
+    from embedlab.checkpoints.io import load_encoder
+    from embedlab.core.beir import Task
     from embedlab.evaluate.checkpoint_eval import evaluate_checkpoint
-    from embedlab.evaluate.encode import encode_texts
-    from embedlab.evaluate.retrieval import evaluate_encoder, truncated
-    from embedlab.sweep.scores import _score_columns
-    from embedlab.train.checkpoint import load_encoder
+    from embedlab.model.encode import encode_texts
+    from embedlab.records.scores import _score_columns
+    from embedlab.tasks.retrieval import evaluate_encoder, truncated
 
     texts = synthetic.TEXTS[:40]
     task = Task(name="synthetic", corpus={f"d{i}": ("", t) for i, t in enumerate(texts)},
@@ -235,7 +235,7 @@ def test_a_width_scores_what_an_encoder_of_that_width_scores(frozen, parent):
 
 
 def test_eval_dims_are_validated_against_the_model():
-    from embedlab.config import EvalConfig
+    from embedlab.core.config import EvalConfig
 
     for dims in ((16, 8), (0,), (8, 8)):
         with pytest.raises(ConfigError, match="eval.dims"):
@@ -248,7 +248,7 @@ def test_eval_dims_are_validated_against_the_model():
 def test_a_study_metric_at_a_width_needs_every_arm_to_score_it():
     """ablations/matryoshka.py ranks on the quarter width (every arm lists it in eval.dims,
     the full width beside it); a width one arm does not score is refused, naming the arm."""
-    from embedlab.sweep.study import load_study
+    from embedlab.studies.study import load_study
 
     study = load_study(Path(__file__).parent.parent / "ablations" / "matryoshka.py", "cpu")
     assert study.metric == "dev/dim32/ndcg@10"

@@ -1,4 +1,4 @@
-"""embedlab.evaluate.metrics against trec_eval (through pytrec_eval) and hand-computed values."""
+"""embedlab.tasks.metrics against trec_eval (through pytrec_eval) and hand-computed values."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import pytrec_eval
 
-from embedlab.evaluate.metrics import (
+from embedlab.tasks.metrics import (
     METRIC_NAMES,
     per_query_metrics,
     rank_run,

@@ -1,4 +1,4 @@
-"""Tests for embedlab.data.mining: hard negatives mined from real built-in text with a toy encoder."""
+"""Tests for embedlab.negatives.mining: hard negatives mined from real built-in text with a toy encoder."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from embedlab.data.builtin import iter_documents
-from embedlab.data.mining import DEV_TEST_ROW, RULES, MinedSet, MiningConfig, document_text, mine_hard_negatives
-from embedlab.data.pairs import Pair, build_pairs
+from embedlab.negatives.mining import DEV_TEST_ROW, MinedSet, MiningConfig, RULES, document_text, mine_hard_negatives
+from embedlab.pairs.builders import Pair, build_pairs
+from embedlab.sources.builtin import iter_documents
 
 DIM = 64
 # Larger than the corpus, with a quota as large, so every training document is a candidate
@@ -267,7 +267,7 @@ def test_a_pair_short_of_mined_negatives_masks_the_missing_ones(tmp_path):
     import pyarrow.parquet as pq
     import synthetic
 
-    from embedlab.data.pair_stream import group_hash, tokenize_pair_window
+    from embedlab.streams.pair_stream import group_hash, tokenize_pair_window
 
     frozen = synthetic.tokenizer(tmp_path / "tokenizer")
     pq.write_table(pa.table({"pair_id": ["p1", "p2"], "query": ["a fox", "a dog"], "positive": ["fox text", "dog text"],
@@ -309,7 +309,7 @@ def test_an_edited_copy_of_the_positive_is_dropped_as_near_positive(base, long_t
     """One word changed: containment misses it and its score is under the positive's (the margin,
     0 here, passes it), but the dedup matcher finds it; the same words reversed (same score, no
     shared 5-gram) are mined, so it is the near-duplicate rule that drops the copy."""
-    from embedlab.data.dedup import NearDuplicateIndex
+    from embedlab.sources.dedup import NearDuplicateIndex
 
     edited = _edited_copy(long_target)
     index = NearDuplicateIndex(0.8)
@@ -356,7 +356,7 @@ def test_given_negatives_that_copy_the_positive_are_dropped_by_the_text_rules(lo
     """A user's file that lists the positive (re-punctuated) or an edited copy of it as a
     negative: both dropped, each under its rule, with no encoder and no margin; a real
     negative is kept."""
-    from embedlab.data.mining import GivenPair, screen_given_negatives
+    from embedlab.negatives.mining import GivenPair, screen_given_negatives
 
     other = next(r["text"] for r in base if r["split"] == "train" and r["doc_id"] not in long_target.doc_ids)
     quoted = f"“{long_target.positive.upper()}”"
@@ -374,12 +374,12 @@ def test_the_parent_encoder_of_mining_encodes_as_evaluation_does(tmp_path):
 
     import synthetic
     from conftest import tiny_trial
-    from embedlab.config import ContrastiveConfig
-    from embedlab.evaluate.checkpoint_eval import checkpoint_prefixes
-    from embedlab.evaluate.encode import encode_texts
+    from embedlab.checkpoints.io import load_encoder, save_checkpoint
+    from embedlab.core.config import ContrastiveConfig
+    from embedlab.checkpoints.io import checkpoint_prefixes
+    from embedlab.model.encode import encode_texts
     from embedlab.model.encoder import MLMModel
-    from embedlab.train.checkpoint import load_encoder, save_checkpoint
-    from embedlab.train.phase3_negatives import _parent_encoder, _parent_identity
+    from embedlab.negatives.phase3 import _parent_encoder, _parent_identity
 
     frozen = synthetic.tokenizer(tmp_path / "tokenizer")
     torch.manual_seed(3)

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from embedlab.data.mixture import MixtureError, PHASE1_FAMILIES, pilot_mixture, sample_schedule
+from embedlab.sources.mixture import MixtureError, PHASE1_FAMILIES, pilot_mixture, sample_schedule
 
 
 def lengths(seed: int, n: int, low: int, high: int) -> np.ndarray:

@@ -14,12 +14,12 @@ from safetensors.torch import load_file
 
 import synthetic
 from embedlab import Study, recipes
-from embedlab.config import DEFAULT_BUDGET, Budget, ConfigError, TrainConfig, TrialConfig
-from embedlab.sweep.study import flatten, load_study
-from embedlab.sweep.table import UnequalComputeError, check_equal_compute, compute_match_line, load_table, render
+from embedlab.checkpoints.io import CheckpointError, save_checkpoint
+from embedlab.core.config import Budget, ConfigError, DEFAULT_BUDGET, TrainConfig, TrialConfig
+from embedlab.model.flops import expected_step_flops
+from embedlab.stats.table import UnequalComputeError, check_equal_compute, compute_match_line, load_table, render
+from embedlab.studies.study import flatten, load_study
 from embedlab.train.budget import recorded_flops, split_lineage_budget
-from embedlab.train.checkpoint import CheckpointError, save_checkpoint
-from embedlab.train.flops import expected_step_flops
 
 STUDY_FILE = Path(__file__).parent.parent / "ablations" / "mlm_init.py"
 STEPS_CHARGED = 2  # the parent's recorded FLOPs, in steps of the child's
@@ -99,7 +99,7 @@ def test_a_random_init_loop_starts_from_fresh_weights_drawn_from_the_seed(tmp_pa
     identical for the same seed (and equal phase 1's own starting encoder at that seed) and
     differ for another; the tokenizer is the parent's; a contrastive-only arm carries no MLM
     head (masked-token retention not measured), a joint one a fresh head."""
-    from embedlab.train.checkpoint import read_manifest
+    from embedlab.checkpoints.io import read_manifest
 
     parent = write_parent(tmp_path / "parent", frozen, 1e9)
     parent_state = load_file(str(parent / "encoder.safetensors"))

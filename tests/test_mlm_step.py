@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from embedlab.config import MaskingConfig, ModelConfig
+from embedlab.core.config import MaskingConfig, ModelConfig
 from embedlab.model.encoder import MLMModel
 from embedlab.objectives.masking import MaskedBatch, mask_tokens
 from embedlab.objectives.mlm import combine, mlm_loss_sum

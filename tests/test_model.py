@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from embedlab.config import ModelConfig, model_preset
+from embedlab.core.config import ModelConfig, model_preset
 from embedlab.model.encoder import Encoder, MLMModel, parameter_counts, segment_positions
 from embedlab.model.pooling import l2_normalise, mean_pool
 

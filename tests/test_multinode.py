@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from embedlab import load_table
-from embedlab.sweep.table import check_equal_compute
+from embedlab.stats.table import check_equal_compute
 
 from conftest import run_dirs, tiny_trial
 
@@ -37,7 +37,7 @@ WORKER_CPUS = 2  # the head advertises none: every CPU task and trainer runs on 
 STUDY = """
 from dataclasses import replace
 from embedlab import Study
-from embedlab.config import DEFAULT_BUDGET, TrialConfig
+from embedlab.core.config import DEFAULT_BUDGET, TrialConfig
 
 def study():
     base = TrialConfig.from_dict({config!r})
@@ -161,7 +161,7 @@ def rehearsal(cache_dir: Path) -> Rehearsal:
 def _check_table(run_dir: str, cache_dir: Path):
     """Both arms finished at equal tokens, checkpoints on S3, data prepared in `cache_dir` by the
     sweep's driver, and every row's scores what this process computes from its checkpoint."""
-    from embedlab import store
+    from embedlab.core import store
 
     table = load_table(run_dir)
     assert sorted(zip(table["arm"], table["seed"])) == [("mask-15", 0), ("mask-30", 0)]
@@ -187,11 +187,12 @@ def _check_scores(row: dict, prepared_dir: Path, run_dir: str) -> None:
     import pandas as pd
     import torch
 
-    from embedlab import store
-    from embedlab.evaluate.beir import load_task
-    from embedlab.evaluate.checkpoint_eval import evaluate_checkpoint, resolve_task
-    from embedlab.evaluate.metrics import METRIC_NAMES
-    from embedlab.train.checkpoint import local_checkpoint
+    from embedlab.checkpoints.io import local_checkpoint
+    from embedlab.core import store
+    from embedlab.core.beir import load_task
+    from embedlab.evaluate.checkpoint_eval import evaluate_checkpoint
+    from embedlab.tasks.resolve import resolve_task
+    from embedlab.tasks.metrics import METRIC_NAMES
 
     settings = tiny_trial(num_workers=1).eval  # the study's trials (STUDY) evaluate with these
     split = settings.split
@@ -246,8 +247,8 @@ def test_a_fleet_without_a_shared_disk_grows_and_takes_sweeps_by_address_and_by_
       that cluster (the joined node's included) and spares this process's own Ray."""
     import ray
 
-    from embedlab import store
-    from embedlab.data.prepared_sync import tree_manifest
+    from embedlab.artifacts.sync import tree_manifest
+    from embedlab.core import store
 
     study = tmp_path / "job" / "fleet.py"
     study.parent.mkdir()

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from embedlab import store
-from embedlab.errors import UsageError
-from embedlab.train.checkpoint import (
+from embedlab.core import store
+from embedlab.core.errors import UsageError
+from embedlab.checkpoints.io import (
     CACHE_DIR, ENCODER_FILE, MANIFEST_FILE, CheckpointError, load_encoder, local_checkpoint, verify_checkpoint,
 )
 
@@ -102,9 +102,9 @@ DIVERGING = 1e30  # a learning rate whose second step overflows fp32: a non-fini
 def _panel(tmp_path: Path):
     """A user's BEIR folder and a Hub task (a local directory in the Hub's layout, pinned by its
     content revision), both of Debian package descriptions: 30 dev and 30 test queries each."""
-    from embedlab.evaluate.beir import Task, write_task
-    from embedlab.evaluate.heldout import DPKG_STATUS, read_dpkg_status
-    from embedlab.evaluate.hub_tasks import HubTask, local_dataset_revision
+    from embedlab.core.beir import Task, write_task
+    from embedlab.tasks.heldout import DPKG_STATUS, read_dpkg_status
+    from embedlab.tasks.hub_tasks import HubTask, local_dataset_revision
 
     from test_hub_tasks import write_hub_directory
 
@@ -148,11 +148,11 @@ def test_a_tuned_panel_study_on_s3_from_sweep_to_release(ray_session, prepared, 
 
     from embedlab import load_table
     from embedlab.cli import main
-    from embedlab.config import ContrastiveConfig
-    from embedlab.evaluate.hub_tasks import materialise_hub_task
+    from embedlab.core.config import ContrastiveConfig
+    from embedlab.stats.table import check_equal_compute, render
+    from embedlab.studies.study import TUNING_SEED_OFFSET
     from embedlab.sweep.optuna_search import SamplerChoice
-    from embedlab.sweep.study import TUNING_SEED_OFFSET
-    from embedlab.sweep.table import check_equal_compute, render
+    from embedlab.tasks.hub_tasks import materialise_hub_task
 
     from conftest import tiny_trial, write_study
     from test_ray_end_to_end import in_process
@@ -309,7 +309,7 @@ def published(s3_server, tmp_path, monkeypatch):
     second node's cache (EMBEDLAB_CACHE) and the job's storage root (EMBEDLAB_STORAGE)."""
     import uuid
 
-    from embedlab.data import prepared_sync
+    from embedlab.artifacts import sync as prepared_sync
 
     driver = tmp_path / "driver-cache" / "prepared-0123456789abcdef"
     (driver / "tasks" / "t").mkdir(parents=True)
@@ -325,7 +325,7 @@ def published(s3_server, tmp_path, monkeypatch):
 
 
 def test_a_node_reads_the_drivers_paths_from_its_own_verified_copy(published):
-    from embedlab.data import prepared_sync
+    from embedlab.artifacts import sync as prepared_sync
 
     driver, storage, tree = published
     local = prepared_sync.node_path(driver / "tasks" / "t" / "corpus.jsonl")
@@ -340,7 +340,7 @@ def test_a_node_reads_the_drivers_paths_from_its_own_verified_copy(published):
 
 
 def test_a_node_copy_with_other_bytes_refuses_to_train(published, monkeypatch):
-    from embedlab.data import prepared_sync
+    from embedlab.artifacts import sync as prepared_sync
 
     driver, _, _ = published
     copy = store.cache_dir() / driver.name
@@ -351,7 +351,7 @@ def test_a_node_copy_with_other_bytes_refuses_to_train(published, monkeypatch):
 
 
 def test_a_corrupted_published_object_is_refused(published):
-    from embedlab.data import prepared_sync
+    from embedlab.artifacts import sync as prepared_sync
 
     driver, storage, _ = published
     store.write_bytes(store.join(storage, "prepared", driver.name, "pieces.parquet"), b"corrupted")
@@ -361,7 +361,7 @@ def test_a_corrupted_published_object_is_refused(published):
 
 
 def test_publication_adds_files_but_never_changes_one(published):
-    from embedlab.data import prepared_sync
+    from embedlab.artifacts import sync as prepared_sync
 
     driver, storage, first = published
     (driver / "pairs").mkdir()
@@ -377,7 +377,7 @@ def test_publication_adds_files_but_never_changes_one(published):
 
 
 def test_mined_negatives_published_first_are_what_every_node_reads(published, tmp_path):
-    from embedlab.data import prepared_sync
+    from embedlab.artifacts import sync as prepared_sync
 
     driver, _, _ = published
     first = driver / "mined" / "v1"

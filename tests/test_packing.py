@@ -4,7 +4,7 @@ import numpy as np
 import torch
 import pytest
 
-from embedlab.data.packing import pack_documents, pack_pieces
+from embedlab.streams.packing import pack_documents, pack_pieces
 
 SEP, PAD = 3, 0
 
@@ -50,7 +50,7 @@ def test_rows_are_nearly_full():
 
 def test_chunking_never_truncates():
     """A long document is cut into pieces of at most L tokens that concatenate back to it plus SEP."""
-    from embedlab.data.packing import chunk_document
+    from embedlab.streams.packing import chunk_document
 
     tokens = list(range(5, 305))
     pieces = chunk_document(tokens, sequence_length=64, sep_id=SEP)
@@ -63,7 +63,7 @@ def test_packed_document_mlm_counts_and_outputs_match_alone():
     selected count of the row equal the sums over the documents encoded alone with the same selection."""
     import torch
 
-    from embedlab.config import ModelConfig
+    from embedlab.core.config import ModelConfig
     from embedlab.model.encoder import MLMModel
     from embedlab.objectives.mlm import mlm_loss_sum
 
@@ -127,7 +127,7 @@ def _reference_pack(pieces, sequence_length, pad_id, min_fragment=8, opener=None
 def test_vectorised_packing_equals_the_token_by_token_rule(seed):
     """Random pieces (empty, tiny, near the fragment limit, longer than a row) pack exactly as
     the token-by-token rule does, through lists and through flat arrays with a selection."""
-    from embedlab.data.packing import pack_flat
+    from embedlab.streams.packing import pack_flat
 
     generator = np.random.default_rng(seed)
     lengths = generator.choice([0, 1, 3, 7, 8, 9, 31, 32, 33, 70], size=200)
@@ -153,7 +153,7 @@ def test_fragments_expanded_equal_the_token_by_token_rule(sequence_length, min_f
     token-by-token rule does, with and without an opener, for a fragment floor under, near and
     over the row length and pieces from empty to several rows (a row shorter than the floor
     takes a long piece's fragments instead of padding for ever)."""
-    from embedlab.data.packing import flatten_pieces, pack_fragments
+    from embedlab.streams.packing import flatten_pieces, pack_fragments
 
     generator = np.random.default_rng(sequence_length * 100 + min_fragment)
     edges = [0, 1, 2, min_fragment - 2, min_fragment - 1, min_fragment, sequence_length - 2, sequence_length - 1,
@@ -174,7 +174,7 @@ def test_fragments_expanded_equal_the_token_by_token_rule(sequence_length, min_f
 def test_fragments_of_some_rows_expand_to_exactly_those_rows(opener):
     """The fragments of any increasing subset of rows, renumbered (`Fragments.in_rows`), expand
     to exactly those rows of the whole layout: ids, segments, pieces and word starts, bitwise."""
-    from embedlab.data.packing import flatten_pieces, pack_fragments
+    from embedlab.streams.packing import flatten_pieces, pack_fragments
 
     generator = np.random.default_rng(7)
     lengths = generator.integers(0, 70, 200)
@@ -199,8 +199,8 @@ def test_tokenize_pieces_equals_the_per_document_rule(frozen):
     word-splitting and multi-piece documents; other splits and sources are dropped."""
     import pyarrow as pa
 
-    from embedlab.data.packing import chunk_document
-    from embedlab.data.stream import tokenize_pieces
+    from embedlab.prepared.pieces import tokenize_pieces
+    from embedlab.streams.packing import chunk_document
 
     texts = ["", "fox", "the quick brown fox jumps over the lazy dog " * 9, "antidisestablishmentarianism x",
              "the quick brown fox 42"]
@@ -232,7 +232,7 @@ def test_document_blocks_cover_the_documents_in_equal_parallel_blocks():
     `max_rows`."""
     import pyarrow as pa
 
-    from embedlab.data.stream import document_blocks
+    from embedlab.prepared.pieces import document_blocks
 
     documents = pa.table({"doc_id": [f"d{i}" for i in range(1003)]})
     for parallelism, max_rows in [(1, 5000), (2, 5000), (2, 100), (3, 7), (4, 1003), (2, 1)]:
@@ -255,9 +255,10 @@ def test_phase1_trains_the_layout_evaluation_encodes(tmp_path):
     import pyarrow.parquet as pq
     import synthetic
 
-    from embedlab.data.stream import pack_window, tokenize_pieces
-    from embedlab.evaluate.encode import encode_texts
+    from embedlab.model.encode import encode_texts
     from embedlab.model.encoder import Encoder, segment_positions
+    from embedlab.streams.packed import pack_window
+    from embedlab.prepared.pieces import tokenize_pieces
 
     frozen = synthetic.tokenizer(tmp_path / "tokenizer")
     texts = synthetic.TEXTS[:5]
@@ -287,7 +288,7 @@ def test_phase1_trains_the_layout_evaluation_encodes(tmp_path):
 def test_every_fragment_of_a_split_piece_opens_with_the_opener():
     """With an opener, a piece split across rows opens each of its segments with it, and no
     piece token is lost or moved out of order."""
-    from embedlab.data.packing import flatten_pieces, pack_layout
+    from embedlab.streams.packing import flatten_pieces, pack_layout
 
     OPEN = 2
     pieces = [list(range(10, 70)), list(range(100, 110)), list(range(200, 203))]
@@ -310,7 +311,8 @@ def test_a_long_document_fills_whole_rows_behind_its_cls(tmp_path):
     import pyarrow.parquet as pq
     import synthetic
 
-    from embedlab.data.stream import pack_window, tokenize_pieces
+    from embedlab.streams.packed import pack_window
+    from embedlab.prepared.pieces import tokenize_pieces
 
     frozen = synthetic.tokenizer(tmp_path / "tokenizer")
     text = " ".join(synthetic.TEXTS[:30])

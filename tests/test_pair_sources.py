@@ -23,10 +23,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from embedlab.config import DataConfig
-from embedlab.data.corpus import split_of
-from embedlab.data.external import SourceError
-from embedlab.data.pair_sources import (
+from embedlab.core.config import DataConfig
+from embedlab.sources.corpus import split_of
+from embedlab.sources.external import SourceError
+from embedlab.pairs.readers import (
     USER_PAIR_SCHEMA,
     BEIRPairs,
     HFPairs,
@@ -41,8 +41,8 @@ from embedlab.data.pair_sources import (
     user_pair_rows,
     user_pairs_to_table,
 )
-from embedlab.data.pairs import PAIR_SCHEMA, Pair, pairs_to_table
-from embedlab.evaluate.beir import load_task
+from embedlab.core.beir import load_task
+from embedlab.pairs.builders import PAIR_SCHEMA, Pair, pairs_to_table
 
 RIGHTS = "Python Software Foundation License 2.0 (docstrings of the standard library)"
 FUNCTIONS = (json.dumps, shutil.copytree, shutil.rmtree, textwrap.wrap, textwrap.dedent, subprocess.run, glob.glob,

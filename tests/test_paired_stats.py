@@ -20,11 +20,11 @@ from scipy import stats
 
 from embedlab.report import html as html_page
 from embedlab.report.collect import read_run
-from embedlab.sweep import crossed
-from embedlab.sweep.paired import (
+from embedlab.stats import crossed
+from embedlab.stats.paired import (
     ONE_SEED, PER_QUERY_DIR, cells, compare_to_control, holm_adjust, holm_levels, load_per_query, p_text, paired_tests,
 )
-from embedlab.sweep.table import load_table, render
+from embedlab.stats.table import load_table, render
 
 ARMS = ("control", "better", "same")
 SEEDS = (0, 1, 2)
@@ -393,7 +393,7 @@ def test_every_scored_width_is_one_holm_family(tmp_path):
     the full width's come beside them (in the seed-level table too), and the header counts the family."""
     from statsmodels.stats.multitest import multipletests
 
-    from embedlab.sweep.paired import width_family
+    from embedlab.stats.paired import width_family
 
     narrow = "dev/dim8/ndcg@10"
     full_values, narrow_values = per_query_values(1), per_query_values(2)

@@ -1,4 +1,4 @@
-"""Tests for embedlab.data.pairs: contrastive pair builders over real built-in text."""
+"""Tests for embedlab.pairs.builders: contrastive pair builders over real built-in text."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import re
 import pyarrow as pa
 import pytest
 
-from embedlab.data.audit import containment_words
-from embedlab.data.builtin import SOURCE_NAMES, iter_documents, source_status
-from embedlab.data.corpus import SPLITS
-from embedlab.data.pair_builder_names import BUILDER_NAMES
-from embedlab.data.pairs import (
+from embedlab.contamination.audit import containment_words
+from embedlab.core.config.sources import BUILDER_NAMES
+from embedlab.sources.builtin import SOURCE_NAMES, iter_documents, source_status
+from embedlab.sources.corpus import SPLITS
+from embedlab.pairs.builders import (
     LEAD_MAX_WORDS,
     LEAD_MIN_WORDS,
     MIN_BODY_WORDS,
@@ -341,7 +341,7 @@ def test_pairs_to_table_and_stats(rows: list[dict]) -> None:
 def test_near_duplicates_and_equal_positives_share_a_positive_group():
     """Pairs of one near-duplicate cluster, or with the same positive text, end in one group;
     the rest keep their own, and the merge does not depend on the pairs' order."""
-    from embedlab.data.pairs import Pair, merge_positive_groups
+    from embedlab.pairs.builders import Pair, merge_positive_groups
 
     def pair(pair_id, doc, group, positive):
         return Pair(pair_id=pair_id, builder="b", query=f"q {pair_id}", positive=positive, source="s",

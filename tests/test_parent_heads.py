@@ -3,9 +3,9 @@ masking ratio is nearest its own (the demo tour promotes dual heads into the joi
 
 import torch
 
-from embedlab.config import ModelConfig
+from embedlab.checkpoints.io import load_parent, save_checkpoint
+from embedlab.core.config import ModelConfig
 from embedlab.model.heads import MultiHeadMLMModel
-from embedlab.train.checkpoint import load_parent, save_checkpoint
 
 TINY = ModelConfig(preset="tiny", layers=1, width=32, heads=2, ffn_width=64, vocab_size=512, max_length=64)
 
@@ -31,7 +31,7 @@ def test_retention_scores_a_dual_head_checkpoint_with_its_head_nearest_15_percen
     """The retention panel's masked-token accuracy exists for a dual-head checkpoint, and
     equals that of a single-head checkpoint holding the same encoder and its mask5 head
     (nearest the panel's 15%), not its mask50 head."""
-    from embedlab.evaluate.retention import mlm_accuracy_function
+    from embedlab.tasks.retention import mlm_accuracy_function
     from embedlab.tokenizer.frozen import save_tokenizer, train_tokenizer
 
     texts = [f"the panel masks fifteen percent of line {i} and {i * 7} words" for i in range(200)]
@@ -91,7 +91,7 @@ def test_a_dual_head_checkpoint_is_scored_on_each_of_its_heads(tmp_path):
     import numpy as np
     import pyarrow as pa
 
-    from embedlab.evaluate.retention import build_panel, mlm_accuracy_function, retention_scores
+    from embedlab.tasks.retention import build_panel, mlm_accuracy_function, retention_scores
     from embedlab.tokenizer.frozen import save_tokenizer, train_tokenizer
 
     texts = [f"panel passage {i} from source {i % 2} holds {i * 7} words and more of them" for i in range(40)]

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from embedlab.studies.study import load_study
 from embedlab.sweep.plan import Pilot, estimate_arm, make_plan, pilot_config, run_pilot, steady_intervals
-from embedlab.sweep.study import load_study
 from embedlab.train.metrics_log import log_location, read_metrics
 
 from conftest import tiny_trial, write_study
@@ -120,9 +120,9 @@ def test_a_plan_from_a_gpu_measurement_is_budget_tokens_over_measured_tokens_per
 
     import torch
 
-    from embedlab import recipes
     from embedlab.cli import main
-    from embedlab.train.flops import expected_step_flops
+    from embedlab.model.flops import expected_step_flops
+    from embedlab import recipes
 
     path = write_study(tmp_path / "study.py", recipes.phase1_baseline("gpu-300m"), seeds=(0, 1),
                        extra="budget=replace(DEFAULT_BUDGET, tokens=1_000_000_000)")
@@ -185,11 +185,11 @@ def test_a_rerun_is_planned_at_the_seeds_its_run_says_it_needs(tmp_path, capsys)
 
     import numpy as np
 
-    from embedlab import recipes
     from embedlab.cli import main
-    from embedlab.sweep.paired import compare_to_control
-    from embedlab.sweep.rerun import rerun_size, with_seeds
-    from embedlab.sweep.table import load_table
+    from embedlab.stats.paired import compare_to_control
+    from embedlab.stats.rerun import rerun_size, with_seeds
+    from embedlab.stats.table import load_table
+    from embedlab import recipes
     from test_paired_stats import QUERIES, write_run
 
     rng = np.random.default_rng(3)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from embedlab.config import ModelConfig
-from embedlab.evaluate.encode import encode_texts
+from embedlab.core.config import ModelConfig
+from embedlab.model.encode import encode_texts
 from embedlab.model.encoder import Encoder
 from embedlab.tokenizer.frozen import save_tokenizer, train_tokenizer
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from embedlab import recipes
 from embedlab.cli import main
-from embedlab.data.pair_sources import PairFiles
+from embedlab.pairs.readers import PairFiles
+from embedlab import recipes
 from embedlab.sweep import run as run_module
 
 from conftest import write_study
@@ -118,7 +118,7 @@ def test_a_real_sweep_runs_the_same_checks_before_ray_starts(tmp_path, capsys, m
 def test_resume_of_a_run_with_a_truncated_trial_row_names_the_file_before_ray(tmp_path, pairs_file, capsys,
                                                                                  monkeypatch):
     """`sweep --resume RUN` reads every trial row before Ray starts: a truncated one is named."""
-    from embedlab.sweep.study import load_study
+    from embedlab.studies.study import load_study
 
     monkeypatch.setattr(run_module, "connect", lambda *a, **k: pytest.fail("the sweep started Ray before its checks"))
     path = _study(tmp_path, pairs_file)

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from embedlab import recipes
 from embedlab.cli import main
-from embedlab.sweep.study import load_study
+from embedlab import recipes
+from embedlab.studies.study import load_study
 
 ROOT = Path(__file__).parent.parent
 ABLATIONS = sorted((ROOT / "ablations").glob("*.py"))

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 import synthetic
-from embedlab.evaluate.beir import Task, write_task
+from embedlab.checkpoints.io import load_encoder
+from embedlab.core.beir import Task, write_task
 from embedlab.evaluate.checkpoint_eval import evaluate_checkpoint
-from embedlab.evaluate.encode import encode_texts
+from embedlab.model.encode import encode_texts
 from embedlab.sweep.progress import BudgetLines, evaluate_with_progress
 from embedlab.tokenizer.frozen import train_tokenizer
-from embedlab.train.checkpoint import load_encoder
 
 ENCODED = re.compile(r"^(.+): ([\d,]+)/([\d,]+) texts encoded \((\d+)%\), ([\d,]+) texts/s$")
 READ = re.compile(r"^tokenizer: ([\d,]+)/([\d,]+) \((\d+)%\) documents read, ([\d,]+) documents/s$")
@@ -60,7 +60,7 @@ def test_encoding_reports_each_batch_when_unthrottled(checkpoint):
 
 def test_throttled_encoding_says_only_the_end():
     """With the default throttle, a pass shorter than the interval prints one line: the total."""
-    from embedlab.evaluate.encode import EncodingProgress
+    from embedlab.model.encode import EncodingProgress
 
     lines: list[str] = []
     tracker = EncodingProgress(lines.append, "docs", 30, every_seconds=math.inf)

@@ -8,16 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from embedlab.config import EvalConfig, ModelConfig
-from embedlab.evaluate.beir import Task, load_task, write_task
+from embedlab.core.beir import Task, load_task, write_task
+from embedlab.core.config import EvalConfig, ModelConfig
 from embedlab.model.encoder import MLMModel
 from embedlab.sweep.promote import (
     FINAL_EVAL_NOTE, NEXT_STUDY_FILE, PROMOTION_FILE, PromotionError, RetentionMarginError, RetentionMetricMissing,
     promote,
 )
-from embedlab.sweep.study import load_study
-from embedlab.sweep.table import UnequalComputeError
-from embedlab.train.checkpoint import save_checkpoint, verify_checkpoint
+from embedlab.checkpoints.io import save_checkpoint, verify_checkpoint
+from embedlab.stats.table import UnequalComputeError
+from embedlab.studies.study import load_study
 
 ABLATIONS = Path(__file__).parent.parent / "ablations"
 TINY = ModelConfig(preset="tiny", layers=1, width=32, heads=2, ffn_width=64, vocab_size=512, max_length=64)
@@ -90,7 +90,7 @@ def _run_dir(tmp_path: Path, tokenizer, dev: dict[str, list[float]], *, test: di
 def test_promotion_picks_the_dev_best_arm_and_never_reads_test(tmp_path, tokenizer, monkeypatch):
     """The arm with the best dev mean wins even though another arm is best on test; its best dev
     seed supplies the checkpoint; no qrels file is opened; a test metric is refused outright."""
-    import embedlab.evaluate.beir as beir
+    import embedlab.core.beir as beir
 
     monkeypatch.setattr(beir, "load_task", lambda *a, **k: pytest.fail("promotion loaded a task"))
     run_dir = _run_dir(tmp_path, tokenizer, dev={"single-15": [0.30, 0.32], "mixed-dual-heads": [0.35, 0.31]},
@@ -162,7 +162,7 @@ def test_unequal_compute_and_missing_trials_are_refused(tmp_path, tokenizer):
 def test_a_trial_stopped_for_non_finite_steps_blocks_promotion_with_its_reason(tmp_path, tokenizer):
     """The table keeps a stopped trial's status and reason; promotion names it instead of
     suggesting a resume (rerunning would stop the same way)."""
-    from embedlab.sweep.table import load_table
+    from embedlab.stats.table import load_table
 
     run_dir = _run_dir(tmp_path, tokenizer, dev={"single-15": [0.2, 0.2], "mixed-dual-heads": [0.1, 0.1]})
     stopped = {"trial_id": "mixed-dual-heads-1", "arm": "mixed-dual-heads", "seed": 1, "stage": "final",

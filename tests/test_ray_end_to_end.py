@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from embedlab import load_table
+from embedlab.checkpoints.io import load_encoder, verify_checkpoint
 from embedlab.cli import main
-from embedlab.train.checkpoint import load_encoder, verify_checkpoint
 
 from conftest import tiny_budget, tiny_trial
 
@@ -31,7 +31,7 @@ def in_process(checkpoint, task_dir, split: str, **settings) -> dict:
     (`Evaluator(torch_threads=1)`): the oracle for what the actor answered."""
     import torch
 
-    from embedlab.evaluate.beir import load_task
+    from embedlab.core.beir import load_task
     from embedlab.evaluate.checkpoint_eval import evaluate_checkpoint
 
     threads = torch.get_num_threads()
@@ -129,11 +129,11 @@ def test_per_query_values_average_to_the_reported_means(trained, prepared):
     panel's texts when it is scored; its thread and wall seconds cover the whole call."""
     import math
 
-    from embedlab.evaluate.beir import load_task
+    from embedlab.core.beir import load_task
     from embedlab.evaluate.checkpoint_eval import evaluate_checkpoint
-    from embedlab.evaluate.encode import encode_texts
-    from embedlab.evaluate.metrics import METRIC_NAMES
-    from embedlab.train.flops import FlopTally
+    from embedlab.model.encode import encode_texts
+    from embedlab.model.flops import FlopTally
+    from embedlab.tasks.metrics import METRIC_NAMES
 
     _, result = trained
     checkpoint = Path(result.checkpoint.path)
@@ -189,7 +189,7 @@ def test_evaluate_cli_builtin_task_uses_the_checkpoints_data(trained, prepared, 
 def phase2(trained, prepared, tmp_path_factory):
     import dataclasses
 
-    from embedlab.config import ContrastiveConfig
+    from embedlab.core.config import ContrastiveConfig
     from embedlab.train.contrastive import run_contrastive
 
     _, parent = trained
@@ -287,8 +287,8 @@ def test_phase3_with_mined_negatives_from_phase2(phase2, prepared, tmp_path_fact
     split = dict(zip(corpus["doc_id"], corpus["split"]))
     assert mined.num_rows > 0 and {split[d] for d in mined["doc_id"].to_pylist()} == {"train"}
     # A pair that has mined negatives gets them as non-empty rows in the training stream.
-    from embedlab.data.pair_stream import tokenize_pair_window
-    from embedlab.data.pairs_table import pair_table_path
+    from embedlab.pairs.table import pair_table_path
+    from embedlab.streams.pair_stream import tokenize_pair_window
 
     pairs_path = pair_table_path(prepared, [b for b, _ in trial.contrastive.pairs], progress=lambda m: None)
     pair_ids = pq.read_table(pairs_path, columns=["pair_id"])["pair_id"].to_pylist()
@@ -304,7 +304,7 @@ def test_phase3_with_mined_negatives_from_phase2(phase2, prepared, tmp_path_fact
     import ray
 
     from embedlab.evaluate.actor import get_evaluator
-    from embedlab.evaluate.checkpoint_eval import resolve_task
+    from embedlab.tasks.resolve import resolve_task
 
     task_dir = str(resolve_task(trial.eval.task, prepared.directory))
     retention = prepared.directory / "retention"
@@ -347,8 +347,8 @@ def test_dual_heads_whole_word_phase1(ray_session, prepared, tmp_path):
 USER_PAIRS_STUDY = """
 from dataclasses import replace
 from embedlab import Budget, Study
-from embedlab.config import TrialConfig
-from embedlab.data.pair_sources import PairFiles
+from embedlab.core.config import TrialConfig
+from embedlab.pairs.readers import PairFiles
 
 def study(profile=None):
     base = TrialConfig.from_dict({config!r})
@@ -368,8 +368,8 @@ def test_phase3_on_user_pairs_ends_in_a_table_and_a_release(phase2, prepared, tm
     encoder is the promoted checkpoint's."""
     import dataclasses
 
-    from embedlab.evaluate.beir import Task, write_task
-    from embedlab.evaluate.heldout import DPKG_STATUS, read_dpkg_status
+    from embedlab.core.beir import Task, write_task
+    from embedlab.tasks.heldout import DPKG_STATUS, read_dpkg_status
 
     trial2, parent = phase2
     # Real text outside the test corpus (Python docs and docstrings): Debian package descriptions,

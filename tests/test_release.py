@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from embedlab.config import ContrastiveConfig, DataConfig, EvalConfig, ModelConfig, TrialConfig
-from embedlab.evaluate.encode import encode_texts
+from embedlab.checkpoints.io import CheckpointError, load_encoder, save_checkpoint
+from embedlab.core.config import ContrastiveConfig, DataConfig, EvalConfig, ModelConfig, TrialConfig
+from embedlab.model.encode import encode_texts
 from embedlab.model.encoder import Encoder, MLMModel
 from embedlab.release.export import ZERO_VECTOR_RULE, export_release
 from embedlab.tokenizer.frozen import save_tokenizer, train_tokenizer
-from embedlab.train.checkpoint import CheckpointError, load_encoder, save_checkpoint
 
 MAX_LENGTH = 24
 LONG = " ".join(["Return a new list containing all items from the iterable in ascending order."] * 6)

@@ -19,23 +19,22 @@ import torch
 from PIL import Image  # installed with matplotlib
 
 from conftest import tiny_trial
-from embedlab.config import DEFAULT_BUDGET, Budget, ContrastiveConfig, MaskingConfig
-from embedlab.evaluate.beir import load_task
-from embedlab.evaluate.checkpoint_eval import evaluate_checkpoint, resolve_task
+from embedlab.core.beir import load_task
+from embedlab.core.config import Budget, ContrastiveConfig, DEFAULT_BUDGET, MaskingConfig
+from embedlab.evaluate.checkpoint_eval import evaluate_checkpoint
+from embedlab.tasks.resolve import resolve_task
 from embedlab.model.encoder import MLMModel
 from embedlab.model.heads import MultiHeadMLMModel
 from embedlab.objectives.dual_mlm import head_names
-from embedlab.data.stream import pack_window, schedule_windows
-from embedlab.report import html as html_page
-from embedlab.report import write_report
+from embedlab.report import html as html_page, write_report
 from embedlab.report.collect import read_run
 from embedlab.report.model_figures import source_curves
-from embedlab.sweep.scores import _score_columns  # the exact columns the sweep writes
-from embedlab.sweep.study import Study
-from embedlab.train.checkpoint import save_checkpoint
+from embedlab.streams.packed import pack_window, schedule_windows
+from embedlab.records.scores import _score_columns  # the exact columns the sweep writes
+from embedlab.checkpoints.io import save_checkpoint
+from embedlab.studies.study import Study
 from embedlab.train.loop import run as run_loop
-from embedlab.train.metrics_log import FILE_NAME as METRICS_LOG
-from embedlab.train.metrics_log import MetricsLog
+from embedlab.train.metrics_log import FILE_NAME as METRICS_LOG, MetricsLog
 from embedlab.train.phase1 import Phase1Loop, phase1_loop_config, trial_schedule
 from embedlab.train.session import LocalSession
 

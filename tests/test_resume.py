@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from embedlab.train.checkpoint import CheckpointError, load_encoder, verify_checkpoint
+from embedlab.checkpoints.io import CheckpointError, load_encoder, verify_checkpoint
 
 import synthetic
 from gloo import run_on_two_workers
@@ -152,7 +152,7 @@ def test_resume_refuses_another_config_or_worker_count(frozen, tmp_path):
 
 def test_interrupted_checkpoint_write_leaves_nothing(frozen, tmp_path, monkeypatch):
     """A checkpoint write that fails half-way leaves neither the checkpoint nor its staging directory."""
-    import embedlab.train.checkpoint as checkpoint
+    import embedlab.checkpoints.io as checkpoint
 
     def fail_after_weights(directory, training_state):
         assert (directory / "encoder.safetensors").is_file()  # the weights were already written
@@ -168,7 +168,7 @@ def test_interrupted_checkpoint_write_leaves_nothing(frozen, tmp_path, monkeypat
 
 def test_worker_rows_interleave_the_global_batch():
     """Rank r of W takes rows r, r + W, ...: the ranks partition the global batch, in a fixed way."""
-    from embedlab.data.stream import worker_rows
+    from embedlab.streams.packed import worker_rows
 
     batch = {"input_ids": torch.arange(12).reshape(6, 2)}
     parts = [worker_rows(batch, rank, 3)["input_ids"][:, 0].tolist() for rank in range(3)]
@@ -185,7 +185,7 @@ def test_contrastive_resume_on_ray_by_run_name(ray_session, prepared, tmp_path):
     weights and optimizer state, bitwise."""
     from safetensors.torch import load_file
 
-    from embedlab.config import ContrastiveConfig
+    from embedlab.core.config import ContrastiveConfig
     from embedlab.train.contrastive import run_contrastive
     from embedlab.train.loop import RunOptions
     from embedlab.train.metrics_log import read_metrics
@@ -219,8 +219,8 @@ def test_contrastive_resume_on_ray_by_run_name(ray_session, prepared, tmp_path):
 
 def _tiny_parent(directory: Path, prepared) -> Path:
     """A random phase-1 checkpoint of the tiny test model, with the prepared data's tokenizer."""
+    from embedlab.checkpoints.io import save_checkpoint
     from embedlab.model.encoder import MLMModel
-    from embedlab.train.checkpoint import save_checkpoint
 
     from conftest import tiny_trial
 

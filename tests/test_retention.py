@@ -3,7 +3,7 @@
 import numpy as np
 import pandas as pd
 
-from embedlab.evaluate.retention import _spearman, probe_accuracy
+from embedlab.tasks.retention import _spearman, probe_accuracy
 
 
 def test_spearman_equals_pandas_with_ties():
@@ -43,7 +43,7 @@ def test_a_panel_from_almost_no_dev_text_scores_none_not_an_error(tmp_path):
     """With one recipe-dev document the panel is built, and its missing parts score None."""
     import pyarrow as pa
 
-    from embedlab.evaluate.retention import build_panel, retention_scores
+    from embedlab.tasks.retention import build_panel, retention_scores
 
     corpus = pa.table({"doc_id": ["a"], "source": ["s"], "title": [""], "hash": ["h"], "split": ["dev"],
                        "text": ["one two three four five six seven eight nine ten"]})

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from embedlab.evaluate.retrieval import check_one_faiss, installed_faiss_distributions, search
+from embedlab.tasks.retrieval import check_one_faiss, installed_faiss_distributions, search
 
 
 def test_faiss_inner_product_equals_numpy_top_k():

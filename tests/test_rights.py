@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from embedlab.data import builtin
-from embedlab.data.rights import debian_copyright, python_docs_rights, rights_for_builtin
+from embedlab.sources import builtin
+from embedlab.sources.rights import debian_copyright, python_docs_rights, rights_for_builtin
 
 DEP5 = """\
 Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from embedlab.cli import main
-from embedlab.errors import RunRecordError
-from embedlab.sweep.paired import compare_to_control
-from embedlab.sweep.table import load_table, summarize
+from embedlab.core.errors import RunRecordError
+from embedlab.stats.paired import compare_to_control
+from embedlab.stats.table import load_table, summarize
 
 from test_paired_stats import per_query_values, write_run
 

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from embedlab import Study, recipes
-from embedlab.config import DEFAULT_BUDGET, ConfigError, TrialConfig
-from embedlab.sweep.study import load_study
+from embedlab.core.config import ConfigError, DEFAULT_BUDGET, TrialConfig
+from embedlab.studies.study import load_study
 
 BUDGET = replace(DEFAULT_BUDGET, tokens=10_000)  # a phase-1 study's: 10,000 tokens (it reads no pairs)
 ABLATIONS = sorted((Path(__file__).parent.parent / "ablations").glob("*.py"))
@@ -54,7 +54,7 @@ def test_every_probe_file_loads_at_the_cpu_profile(path, monkeypatch):
 @pytest.mark.parametrize("path", TOURS, ids=lambda p: p.name)
 def test_every_tour_file_loads(path):
     """A tour's stages load and train consecutive phases (the recipe: 1, 2, 3)."""
-    from embedlab.sweep.tour import load_tour, stage_path
+    from embedlab.studies.tour import load_tour, stage_path
 
     for profile in sorted(recipes.PROFILES):
         tour = load_tour(path, profile)
@@ -70,8 +70,8 @@ def test_cpu_profile_studies_budget_in_measured_flops(path):
     """At the cpu profile every study but the data-matched one trains to measured FLOPs: its
     budget is a FLOPs figure, every trial carries it, and it is what its control arm's steps
     cost over the profile's data (`recipes.budget_for`), not a count of tokens or pairs."""
+    from embedlab.model.flops import expected_step_flops
     from embedlab.train.budget import step_units
-    from embedlab.train.flops import expected_step_flops
 
     study = load_study(path, "cpu")
     p = recipes.profile("cpu")
@@ -177,7 +177,7 @@ def test_tuning_seeds_never_overlap_the_study_seeds():
     """Tuning trial k of every arm runs at seed 10000 + k, never at a study seed, so no final
     trial reruns a tuning trial; a study seed inside that range is refused by name."""
     from embedlab import Search
-    from embedlab.sweep.study import TUNING_SEED_OFFSET
+    from embedlab.studies.study import TUNING_SEED_OFFSET
 
     base = recipes.phase1_baseline()
     arms = {"a": base, "b": replace(base, masking=replace(base.masking, ratio=0.3))}
@@ -275,7 +275,7 @@ def test_config_unknown_keys_are_named():
 
 def test_contrastive_phase_config_rules():
     """Phases 2-3 refuse a length schedule and negatives outside phase 3."""
-    from embedlab.config import ContrastiveConfig, TrainConfig
+    from embedlab.core.config import ContrastiveConfig, TrainConfig
 
     with pytest.raises(ConfigError, match="train.length_schedule"):
         TrialConfig(phase=2, parent="p", train=TrainConfig(length_schedule=((0.5, 64), (0.5, 128))))
@@ -336,7 +336,7 @@ def test_a_flops_budget_below_one_step_is_refused():
     """A FLOPs budget smaller than one step of an arm would end after that step, far over it."""
     base = recipes.phase1_baseline("demo")
     arms = {"a": base, "b": replace(base, masking=replace(base.masking, ratio=0.3))}
-    from embedlab.train.flops import expected_step_flops
+    from embedlab.model.flops import expected_step_flops
 
     step = expected_step_flops(arms["b"])
     with pytest.raises(ConfigError, match="study.budget.flops: .* less than one step of arm 'b'"):
@@ -361,7 +361,7 @@ def test_a_study_scoring_the_final_eval_split_on_every_trial_must_say_it_is_a_fi
     import dataclasses
 
     from embedlab import Study
-    from embedlab.config import ConfigError, DEFAULT_BUDGET
+    from embedlab.core.config import ConfigError, DEFAULT_BUDGET
     from conftest import tiny_trial
 
     base = tiny_trial()

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from embedlab.sweep.table import (
+from embedlab.stats.table import (
     NO_TRIALS, UnequalComputeError, budget_unit, check_equal_compute, compute_match_line, format_table, load_table,
     render, summarize, tuning_line,
 )
@@ -370,8 +370,8 @@ def test_total_compute_adds_what_trials_spent_outside_the_budget(tmp_path):
     """Mining and a teacher's labels are outside the training budget: `compute/total_flops` is each
     row's training FLOPs plus them (a row without one adds nothing), every format says how it
     is made, and a table of distilling trials carries the teacher's disclosure."""
-    from embedlab.data.teacher_labels import DISCLOSURE
-    from embedlab.sweep.table import TOTAL_COMPUTE, compute_outside_line
+    from embedlab.stats.table import TOTAL_COMPUTE, compute_outside_line
+    from embedlab.teacher.labels import DISCLOSURE
 
     rows = _flops_rows({"base": 1e12, "wide": 1e12, "deep": 1e12})
     for row in rows:
@@ -406,8 +406,8 @@ def test_what_the_teacher_made_is_read_from_the_study_arms(tmp_path):
     embeddings says "teacher documents" and discloses vectors, not judgments; KL or MarginMSE
     arms say labels; a study with both names both, as does one whose rows count labels its
     arms' configs do not declare (a tuned weight)."""
-    from embedlab.data.teacher_labels import DISCLOSURE
-    from embedlab.sweep.table import VECTORS_DISCLOSURE, compute_outside_line, teacher_line
+    from embedlab.stats.table import VECTORS_DISCLOSURE, compute_outside_line, teacher_line
+    from embedlab.teacher.labels import DISCLOSURE
 
     rows = _flops_rows({"base": 1e12, "wide": 1e12, "deep": 1e12})
     for row in rows:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from embedlab.telemetry import GROUP_LOSS, MFU, metric_names, training_values
+from embedlab.core.telemetry import GROUP_LOSS, MFU, metric_names, training_values
 
 DASHBOARD = Path(__file__).parent.parent / "dashboards" / "grafana" / "embedlab.json"
 
@@ -48,7 +48,7 @@ def test_published_metrics_reach_the_prometheus_endpoint(ray_session):
 
     @ray.remote(num_cpus=0)
     def publish():
-        from embedlab.telemetry import EvaluationTelemetry, TrainingTelemetry
+        from embedlab.core.telemetry import EvaluationTelemetry, TrainingTelemetry
 
         TrainingTelemetry("final-telemetry-seed0-test", 1).publish(
             {"train/tokens_per_s": 1234.5, "train/loss": 6.25, "train/loss/head/mask50": 7.5,

@@ -34,7 +34,7 @@ def test_prepared_tokenizer_never_saw_evaluation_text(prepared):
     documents all come from dev/test splits of the corpus."""
     import pyarrow.compute as pc
 
-    from embedlab.evaluate.beir import load_task
+    from embedlab.core.beir import load_task
 
     corpus = prepared.corpus.read()
     task = load_task(prepared.task_dir("python-docstrings"))

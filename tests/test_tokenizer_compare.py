@@ -5,7 +5,7 @@ import json
 import pytest
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
-from embedlab.data.builtin import iter_documents
+from embedlab.sources.builtin import iter_documents
 from embedlab.tokenizer.frozen import (
     SPECIAL_TOKENS,
     TOKENIZER_KINDS,
@@ -13,7 +13,7 @@ from embedlab.tokenizer.frozen import (
     save_tokenizer,
     train_tokenizer,
 )
-from embedlab.tokenizer.compare import ROW_KEYS, SOURCE_KEYS, compare_tokenizers, format_comparison
+from embedlab.bench.tokenizers import ROW_KEYS, SOURCE_KEYS, compare_tokenizers, format_comparison
 
 VOCAB = 800
 # Characters Python's documentation does not contain (checked in the test that relies on it).

@@ -33,7 +33,7 @@ def test_a_stage_that_fails_to_load_is_named(tmp_path, capsys):
     (tmp_path / "broken.py").write_text("def study(profile=None):\n    return Study(\n")
     tour = tmp_path / "tour.py"
     tour.write_text(
-        "from embedlab.sweep.tour import Stage, Tour\n"
+        "from embedlab import Stage, Tour\n"
         "def tour(profile='demo'):\n"
         f"    return Tour(name='t', profile=profile, stages=(Stage({str(ABLATIONS / 'dual_heads.py')!r}),\n"
         "                                                  Stage('broken.py', max_retention_drop=0.1)))\n"

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from embedlab.config import (
+from embedlab.core.config import (
     DEFAULT_BUDGET, ConfigError, GroupSettings, OptimizerConfig, ScheduleConfig, TrainConfig, TrialConfig, model_preset,
 )
 from embedlab.model.encoder import MLMModel
@@ -148,7 +148,7 @@ def test_split_rows_cuts_rows_in_order():
 def test_contrastive_accumulation_equals_the_pooled_loss(frozen, parent, tmp_path):
     """Two microbatches per step: the update equals one AdamW step on (sum of each microbatch's
     InfoNCE sum) / (all anchors), computed by hand; and the run resumes bitwise."""
-    from embedlab.config import ContrastiveConfig
+    from embedlab.core.config import ContrastiveConfig
     from embedlab.train.contrastive_step import embed
     from embedlab.train.optim import set_learning_rate
 
@@ -219,7 +219,7 @@ def test_bf16_policy_keeps_fp32_master_weights_state_and_reductions(frozen):
 
 def test_precision_auto_resolves_by_device_and_is_recorded(frozen, tmp_path):
     """'auto' is fp32 on CPU and bf16 with GPUs; the manifest records the resolved policy."""
-    from embedlab.train.checkpoint import read_manifest
+    from embedlab.checkpoints.io import read_manifest
     from embedlab.train.precision import resolve_precision
 
     assert resolve_precision(TrainConfig()) == "fp32"
@@ -238,7 +238,7 @@ def test_compile_resolves_by_device_and_a_compiled_run_trains_as_eager(frozen, t
     """train.compile: 'auto' is off on CPU and on with GPUs, and bad values are refused. A
     phase-1 run with compiled blocks reports the eager run's losses (to float rounding:
     inductor fuses the kernels), keeps parameter names, and records the choice."""
-    from embedlab.train.checkpoint import read_manifest
+    from embedlab.checkpoints.io import read_manifest
     from embedlab.train.compiling import resolve_compile
 
     assert not resolve_compile(TrainConfig()) and resolve_compile(TrainConfig(use_gpu=True))
@@ -311,7 +311,7 @@ def test_masking_draws_do_not_depend_on_dropout(frozen):
 def test_extension_continues_the_parents_weights_and_records_it(frozen, parent, tmp_path):
     """A phase-1 extension starts from the parent's encoder and MLM head exactly (longer
     max_length allowed), records the parent and the lengths, and refuses another architecture."""
-    from embedlab.train.checkpoint import CheckpointError, load_encoder, read_manifest
+    from embedlab.checkpoints.io import CheckpointError, load_encoder, read_manifest
 
     trial = dataclasses.replace(synthetic.phase1_trial(1), model=dataclasses.replace(MODEL, max_length=128),
                                 extension=True, parent=str(parent))
@@ -321,7 +321,7 @@ def test_extension_continues_the_parents_weights_and_records_it(frozen, parent, 
         assert torch.equal(loop.model.encoder.state_dict()[name], tensor), name
     from safetensors.torch import load_file
 
-    from embedlab.train.checkpoint import HEAD_FILE
+    from embedlab.checkpoints.io import HEAD_FILE
 
     head = load_file(str(Path(parent) / HEAD_FILE))
     assert torch.equal(loop.model.mlm_head.dense.weight, head["dense.weight"])

@@ -26,11 +26,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from embedlab.config import (DEFAULT_BUDGET, Budget, ConfigError, ContrastiveConfig, DataConfig, MixtureConfig,
+from embedlab.core.config import (DEFAULT_BUDGET, Budget, ConfigError, ContrastiveConfig, DataConfig, MixtureConfig,
                              TrialConfig)
-from embedlab.data.document import content_hash
-from embedlab.data.pair_sources import PairFiles
-from embedlab.data.prepared import PreparedData
+from embedlab.pairs.readers import PairFiles
+from embedlab.prepared.directory import PreparedData
+from embedlab.sources.document import content_hash
 
 from test_pair_sources import RIGHTS, longest_paragraph, summary_and_body, write_beir, write_jsonl
 
@@ -98,8 +98,8 @@ def user_data(path: Path, **data) -> DataConfig:
 def test_a_toml_data_spec_with_pair_files_builds(tmp_path):
     """[[pair_files]] in a TOML data spec builds PairFiles (mapping lists as tuples); the trial
     round-trips through JSON; names that clash and shares naming nothing are ConfigErrors."""
-    from embedlab.data.pairs_table import pair_table_path
-    from embedlab.data.spec import load_data_configs
+    from embedlab.pairs.table import pair_table_path
+    from embedlab.studies.spec import load_data_configs
 
     spec = tmp_path / "data.toml"
     spec.write_text(textwrap.dedent(f"""\
@@ -143,12 +143,12 @@ def test_a_mixture_naming_a_user_source_schedules_its_train_rows_by_share(prepar
     """A user source and title-body at 3:1: the frozen table holds the built-in pairs and the
     user source's train split only (its provenance and drop counts in the record), the schedule
     gives each its share exactly, and the pre-flight's repetition cap names the user source."""
-    from embedlab.data.pairs_table import pair_table_path
-    from embedlab.data.user_pairs import RECORD_FILE, user_pairs_dir
-    from embedlab.errors import UsageError
-    from embedlab.train.contrastive import trial_pair_schedule
-    from embedlab.sweep.gate import check_pair_schedules
     from embedlab import Study
+    from embedlab.core.errors import UsageError
+    from embedlab.pairs.table import pair_table_path
+    from embedlab.pairs.user import RECORD_FILE, user_pairs_dir
+    from embedlab.sweep.gate import check_pair_schedules
+    from embedlab.train.contrastive import trial_pair_schedule
 
     rows = user_rows()
     rows[0]["negatives"] = [rows[0]["positive"].upper(), *rows[0]["negatives"]]  # dropped and counted
@@ -194,8 +194,8 @@ def test_the_audit_finds_a_user_pair_holding_an_eval_query_and_the_preflight_ref
     document and whose given negative is one: the sweep's pre-flight finds all three in the
     frozen table and refuses before any trial; a disclosed-overlap policy lets exactly them through."""
     from embedlab import Study
-    from embedlab.data.audit import ContaminationError
-    from embedlab.evaluate.beir import load_task
+    from embedlab.contamination.audit import ContaminationError
+    from embedlab.core.beir import load_task
     from embedlab.sweep.gate import check_contamination
 
     task = load_task(task_dir)
@@ -235,13 +235,13 @@ def test_given_negatives_reach_the_phase3_batch_and_the_margin_drops_a_close_one
     counted, its slot masked; the margin "off" keeps both."""
     import synthetic
 
-    from embedlab.data.mining import given_doc_id
-    from embedlab.data.pair_stream import group_hash, tokenize_pair_window
-    from embedlab.data.pairs_table import pair_table_path
-    from embedlab.evaluate.encode import encode_texts
-    from embedlab.train.checkpoint import load_encoder
+    from embedlab.checkpoints.io import load_encoder
+    from embedlab.model.encode import encode_texts
+    from embedlab.negatives.mining import given_doc_id
+    from embedlab.negatives.phase3 import given_negative_counts, given_negatives_for_phase3
+    from embedlab.pairs.table import pair_table_path
+    from embedlab.streams.pair_stream import group_hash, tokenize_pair_window
     from embedlab.train.contrastive import trial_pair_schedule
-    from embedlab.train.phase3_negatives import given_negative_counts, given_negatives_for_phase3
 
     frozen = synthetic.tokenizer(tmp_path / "tokenizer")
     parent = synthetic.write_parent(tmp_path / "parent", frozen)
@@ -307,8 +307,8 @@ def test_given_negatives_reach_the_phase3_batch_and_the_margin_drops_a_close_one
 def test_user_pairs_of_one_near_duplicate_group_stay_in_one_split(prepared, tmp_path):
     """Two pairs whose queries are near duplicates (one three words shorter) share a group and
     land in one split under every seed: both in the frozen train table, or neither."""
-    from embedlab.data.pairs_table import pair_table_path
-    from embedlab.data.user_pairs import user_pairs_dir
+    from embedlab.pairs.table import pair_table_path
+    from embedlab.pairs.user import user_pairs_dir
 
     walk = longest_paragraph(os.walk)
     rows = user_rows()[:6] + [  # the first six: other groups
@@ -332,8 +332,8 @@ def test_user_pairs_of_one_near_duplicate_group_stay_in_one_split(prepared, tmp_
 def test_the_frozen_pair_table_is_rebuilt_when_the_users_file_changes(prepared, tmp_path):
     """The same file gives the same table, built once; an edited file (same path, new bytes)
     gives a new user-pairs key and a new table with the edit."""
-    from embedlab.data.pairs_table import pair_table_path
-    from embedlab.data.user_pairs import user_pairs_key
+    from embedlab.pairs.table import pair_table_path
+    from embedlab.pairs.user import user_pairs_key
 
     rows = user_rows()
     file = write_jsonl(tmp_path / "pairs.jsonl", rows)
@@ -363,20 +363,20 @@ def test_the_frozen_pair_table_is_rebuilt_when_the_code_that_builds_it_changes(p
     import shutil
     from functools import partial
 
-    from embedlab.data import pairs_table
-    from embedlab.data.pairs import build_pairs, merge_positive_groups
-    from embedlab.data.prepare import PACKAGE_ROOT, code_revision
+    from embedlab.pairs import table as pairs_table
+    from embedlab.pairs.builders import build_pairs, merge_positive_groups
+    from embedlab.core.code_identity import PACKAGE_DIR, code_revision
 
     for function in (pairs_table.pair_table_path, pairs_table.builtin_pairs_table, build_pairs, merge_positive_groups):
-        assert Path(inspect.getsourcefile(function)).relative_to(PACKAGE_ROOT).as_posix() in pairs_table.PAIR_SOURCES
+        assert Path(inspect.getsourcefile(function)).relative_to(PACKAGE_DIR).as_posix() in pairs_table.PAIR_SOURCES
     first = pairs_table.pair_table_path(prepared, ["title-body"], progress=lambda line: None)
     copy = tmp_path / "package"
     for name in pairs_table.PAIR_SOURCES:
         (copy / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(PACKAGE_ROOT / name, copy / name)
-    monkeypatch.setattr(pairs_table, "code_revision", partial(code_revision, copy))
+        shutil.copyfile(PACKAGE_DIR / name, copy / name)
+    monkeypatch.setattr(pairs_table, "code_revision", partial(code_revision, root=copy))
     assert pairs_table.pair_table_path(prepared, ["title-body"], progress=lambda line: None) == first
-    with open(copy / "data/pairs_table.py", "a", encoding="utf-8") as edited:
+    with open(copy / "pairs/table.py", "a", encoding="utf-8") as edited:
         edited.write("# an edit\n")
     second = pairs_table.pair_table_path(prepared, ["title-body"], progress=lambda line: None)
     assert second != first and second.is_file() and first.is_file()
@@ -399,11 +399,11 @@ def _mining_trial(tmp_path: Path) -> TrialConfig:
 def test_phase3_mines_negatives_for_user_pairs_beside_built_in_ones(prepared, tmp_path):
     """User pairs have no corpus documents: mining takes them anyway (known-positive and
     same-group cannot apply) and gives them training documents as negatives."""
-    from embedlab.data.pairs_table import pair_table_path
-    from embedlab.data.mining import MinedSet
+    from embedlab.negatives.mining import MinedSet
+    from embedlab.negatives.phase3 import mine_for_phase3
+    from embedlab.pairs.table import pair_table_path
     from embedlab.sweep.cluster import mines_negatives
     from embedlab.train.contrastive import trial_pair_schedule
-    from embedlab.train.phase3_negatives import mine_for_phase3
 
     trial = _mining_trial(tmp_path)
     data = trial.data
@@ -422,9 +422,9 @@ def test_phase3_mines_negatives_for_user_pairs_beside_built_in_ones(prepared, tm
 def test_a_changed_encode_length_or_mining_code_mines_a_new_set(prepared, tmp_path, monkeypatch):
     """The mined set's version covers how the parent encodes (pair_length, its pooling) and the
     code that mines; the same inputs reuse the set. Given negatives screened by the parent the same."""
-    from embedlab.data.mining import MinedSet
-    from embedlab.data.pairs_table import pair_table_path
-    from embedlab.train import phase3_negatives
+    from embedlab.negatives import phase3 as phase3_negatives
+    from embedlab.negatives.mining import MinedSet
+    from embedlab.pairs.table import pair_table_path
     from embedlab.train.contrastive import trial_pair_schedule
 
     trial = _mining_trial(tmp_path)
@@ -454,10 +454,10 @@ def test_corpus_vectors_are_encoded_once_and_a_reusing_set_equals_one_mined_with
     import json
     import shutil
 
-    from embedlab.data.mining import MinedSet
-    from embedlab.data.pairs_table import pair_table_path
+    from embedlab.negatives.mining import MinedSet
+    from embedlab.negatives.phase3 import CORPUS_VECTORS_DIR, MINING_COST_FILE, mine_for_phase3
+    from embedlab.pairs.table import pair_table_path
     from embedlab.train.contrastive import trial_pair_schedule
-    from embedlab.train.phase3_negatives import CORPUS_VECTORS_DIR, MINING_COST_FILE, mine_for_phase3
 
     trial = _mining_trial(tmp_path)
     other = dataclasses.replace(trial, train=dataclasses.replace(trial.train, seed=trial.train.seed + 1))
@@ -491,9 +491,9 @@ def test_every_positive_of_a_multi_positive_beir_query_is_a_row_of_its_group_and
     (query, positive), best grade first, ids "<pair id>#<i>", one positive group (never each
     other's negatives); a one-positive query keeps its pair id. Each row is one positive pair of
     the budget, and the schedule reads all four rows, each as often as the others (±1)."""
-    from embedlab.data.pair_sources import BEIRPairs, beir_doc_text
-    from embedlab.data.pairs_table import pair_table_path
-    from embedlab.data.user_pairs import RECORD_FILE, user_pairs_dir
+    from embedlab.pairs.readers import BEIRPairs, beir_doc_text
+    from embedlab.pairs.table import pair_table_path
+    from embedlab.pairs.user import RECORD_FILE, user_pairs_dir
     from embedlab.train.contrastive import trial_pair_schedule
 
     docs = [summary_and_body(f) for f in USER_FUNCTIONS[:4]]
@@ -531,9 +531,9 @@ def test_the_data_audit_contrastive_pairs_stage_covers_the_specs_user_pairs(prep
     user pairs' train split beside the built-in pairs: a user pair whose query is a test query
     and one whose given negative is a test document are findings of that stage, as in the
     sweep's pre-flight; without the config the stage is the built-in pairs alone."""
-    from embedlab.data.contamination import run_audit
-    from embedlab.data.stages import PAIRS_STAGE
-    from embedlab.evaluate.beir import load_task
+    from embedlab.sweep.gate import run_audit
+    from embedlab.contamination.stages import PAIRS_STAGE
+    from embedlab.core.beir import load_task
 
     task = load_task(task_dir)
     rows = user_rows()
@@ -559,9 +559,9 @@ def test_the_data_card_lists_each_user_pair_source_its_provenance_and_its_drops(
     sha256, its rights note, its pair and row counts and its drops in the exclusion report."""
     import hashlib
 
-    from embedlab.data.card import card_dict, write_card
-    from embedlab.data.pair_sources import BEIRPairs
-    from embedlab.data.user_pairs import user_pairs_dir
+    from embedlab.pairs.readers import BEIRPairs
+    from embedlab.pairs.user import user_pairs_dir
+    from embedlab.prepared.card import card_dict, write_card
 
     manifest = {"hash": "hand-made", "sources": {}, "unavailable_sources": {}, "split_rule": "all train",
                 "dedup": {"exact": "content hash", "near": "none", "multi_document_clusters": 0,
@@ -626,10 +626,10 @@ def test_mining_on_the_users_corpus_never_returns_a_labelled_positive(prepared, 
     scheduled or not."""
     from test_mining import encode
 
-    from embedlab.data.mining import MiningConfig, mine_hard_negatives
-    from embedlab.data.pair_sources import BEIRPairs
-    from embedlab.data.pairs_table import group_positive_texts, pair_table_path
-    from embedlab.data.pairs import PAIR_SCHEMA, Pair
+    from embedlab.negatives.mining import MiningConfig, mine_hard_negatives
+    from embedlab.pairs.builders import PAIR_SCHEMA, Pair
+    from embedlab.pairs.readers import BEIRPairs
+    from embedlab.pairs.table import group_positive_texts, pair_table_path
 
     (query, moved), (_, copied) = summary_and_body(shutil.move), summary_and_body(shutil.copy2)
     root = write_beir(tmp_path / "beir", {"d0": ("shutil.move", moved), "d1": ("", copied)}, {"q0": query},
@@ -680,11 +680,11 @@ def test_mining_from_a_parent_on_object_storage_equals_mining_from_its_local_cop
     it: the same negatives, for the same version, as from the checkpoint on local disk."""
     import synthetic
 
-    from embedlab import store
-    from embedlab.data.mining import MinedSet
-    from embedlab.data.pairs_table import pair_table_path
+    from embedlab.core import store
+    from embedlab.negatives.mining import MinedSet
+    from embedlab.negatives.phase3 import mine_for_phase3
+    from embedlab.pairs.table import pair_table_path
     from embedlab.train.contrastive import trial_pair_schedule
-    from embedlab.train.phase3_negatives import mine_for_phase3
 
     monkeypatch.setenv("EMBEDLAB_CACHE", str(tmp_path / "node-cache"))
     parent = synthetic.write_parent(tmp_path / "parent", synthetic.tokenizer(tmp_path / "tokenizer"))
@@ -710,7 +710,7 @@ def test_trials_read_the_pair_table_the_sweep_froze_without_the_users_files(prep
     """The sweep records each arm's frozen pair table in the prepared record; a trial on a node
     without the user's pair files (they live on the submitting machine) reads that table,
     where building it again would need the files."""
-    from embedlab.data.pairs_table import PAIR_TABLES, pair_table_name, pair_table_path, recorded_pair_table
+    from embedlab.pairs.table import PAIR_TABLES, pair_table_name, pair_table_path, recorded_pair_table
 
     pairs_file = write_jsonl(tmp_path / "pairs.jsonl", user_rows())
     data = user_data(pairs_file)
@@ -721,7 +721,7 @@ def test_trials_read_the_pair_table_the_sweep_froze_without_the_users_files(prep
     pairs_file.unlink()
     assert recorded_pair_table(elsewhere, list(reversed(builders))) == path
     assert recorded_pair_table(elsewhere, ["title-body"]) is None  # another set: built as before
-    from embedlab.data.external import SourceError
+    from embedlab.sources.external import SourceError
 
     with pytest.raises(SourceError, match="does not exist"):
         pair_table_path(prepared, builders, data=data, **QUIET)

@@ -1,4 +1,4 @@
-"""Each worker reads only its own rows (`embedlab.data.stream.WorkerSplit`): worker r's stream is
+"""Each worker reads only its own rows (`embedlab.streams.packed.WorkerSplit`): worker r's stream is
 exactly the rows `worker_rows` took from every global batch of the whole stream, in the same
 order, for packed phase-1 rows and tokenised pairs; a phase-1 worker packs only its own rows'
 tokens; the shares are disjoint, cover the whole global batches, repeat run for run, and a
@@ -15,10 +15,10 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from embedlab.data import stream
-from embedlab.data.mixture import Schedule, sample_schedule
-from embedlab.data.pair_stream import pair_windows, tokenize_pair_window
-from embedlab.data.stream import (
+from embedlab.sources.mixture import Schedule, sample_schedule
+from embedlab.streams import packed as stream
+from embedlab.streams.pair_stream import pair_windows, tokenize_pair_window
+from embedlab.streams.packed import (
     WorkerSplit, pack_window, schedule_windows, worker_items, worker_rows,
 )
 from embedlab.train.session import LocalSession
@@ -214,7 +214,7 @@ def test_split_refuses_a_rank_outside_the_world():
 def test_ray_worker_datasets_are_the_whole_streams_worker_rows(ray_session, prepared):
     """The phase-1 Datasets `trial_streams` builds for 3 workers, read through Ray Data as a
     worker reads its own, are row for row its `worker_rows` of the whole packed stream."""
-    from embedlab.data.stream import packed_dataset
+    from embedlab.streams.packed import packed_dataset
     from embedlab.train.phase1 import trial_schedule, trial_streams
     from embedlab.train.session import DatasetSession
 

@@ -6,7 +6,7 @@ Run:  embedlab sweep ablations/probes/deeper_phase2.py --profile cpu --parent DE
 """
 from dataclasses import replace
 from embedlab import Budget, Study, recipes
-from embedlab.config import ModelConfig
+from embedlab.core.config import ModelConfig
 MODEL = ModelConfig(preset="custom", layers=4, width=128, heads=4, ffn_width=256, vocab_size=4096)
 
 def study(profile: str = "cpu") -> Study:

@@ -6,7 +6,7 @@ Run:  PROBE_VOCAB=8192 embedlab sweep ablations/probes/vocabulary_phase2.py --pr
 import os
 from dataclasses import replace
 from embedlab import Budget, Study, recipes
-from embedlab.config import ModelConfig
+from embedlab.core.config import ModelConfig
 MODEL = ModelConfig(preset="custom", layers=2, width=128, heads=4, ffn_width=256, vocab_size=16384)
 VOCAB = int(os.environ.get("PROBE_VOCAB", "16384"))
 

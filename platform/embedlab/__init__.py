@@ -1,14 +1,22 @@
 """embedlab: train text-embedding encoders and run controlled ablations on Ray."""
 
-from embedlab.code_identity import VERSION as __version__
-from embedlab.config import Budget
+from embedlab.core.code_identity import VERSION as __version__
+from embedlab.core.config import Budget
 
-__all__ = ["Budget", "Search", "Study", "load_table", "__version__"]
+__all__ = ["Budget", "Search", "Stage", "Study", "Tour", "load_table", "recipes", "__version__"]
 
-# The public API is imported on first use (PEP 562), not with the package: importing any
-# embedlab module imports this file first, and `Study` and `load_table` bring the sweep
-# layer with pandas and scipy to processes that need neither (a Train worker, `embedlab --help`).
-_LAZY = {"Search": "embedlab.sweep.study", "Study": "embedlab.sweep.study", "load_table": "embedlab.sweep.table"}
+# The public API of study files and notebooks, imported on first use (PEP 562), not with the
+# package: importing any embedlab module imports this file first, and `Study` and `load_table`
+# bring the declarations and statistics with pandas and scipy to processes that need neither (a
+# Train worker, `embedlab --help`). A name maps to its module and attribute; `recipes` is a module.
+_LAZY = {
+    "Search": ("embedlab.studies.study", "Search"),
+    "Stage": ("embedlab.studies.tour", "Stage"),
+    "Study": ("embedlab.studies.study", "Study"),
+    "Tour": ("embedlab.studies.tour", "Tour"),
+    "load_table": ("embedlab.stats.table", "load_table"),
+    "recipes": ("embedlab.studies.recipes", None),
+}
 
 
 def __getattr__(name: str):
@@ -16,7 +24,9 @@ def __getattr__(name: str):
         raise AttributeError(f"module 'embedlab' has no attribute {name!r}")
     import importlib
 
-    value = getattr(importlib.import_module(_LAZY[name]), name)
+    module, attribute = _LAZY[name]
+    value = importlib.import_module(module)
+    value = value if attribute is None else getattr(value, attribute)
     globals()[name] = value  # once: later lookups do not come back here
     return value
 

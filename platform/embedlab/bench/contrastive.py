@@ -25,13 +25,13 @@ import pyarrow.parquet as pq
 import torch
 
 from embedlab.bench.measure import Comparison, interleaved_rates, median, peak_since, start_peak_window
-from embedlab.config import DEFAULT_BUDGET, ContrastiveConfig, DataConfig, TrainConfig, TrialConfig, model_preset
-from embedlab.data.pair_stream import tokenize_pair_window
-from embedlab.data.pairs_table import pair_table_path
-from embedlab.data.prepared import PreparedData
-from embedlab.errors import UsageError
+from embedlab.checkpoints.io import save_checkpoint
+from embedlab.core.config import ContrastiveConfig, DEFAULT_BUDGET, DataConfig, TrainConfig, TrialConfig, model_preset
+from embedlab.core.errors import UsageError
 from embedlab.model.encoder import MLMModel
-from embedlab.train.checkpoint import save_checkpoint
+from embedlab.pairs.table import pair_table_path
+from embedlab.prepared.directory import PreparedData
+from embedlab.streams.pair_stream import tokenize_pair_window
 from embedlab.train.contrastive import ContrastiveLoop
 
 

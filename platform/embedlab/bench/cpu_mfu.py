@@ -8,7 +8,7 @@ every preset and after the last.
 The step is `bench mfu`'s (`embedlab.bench.mfu.measure_mfu`: the real phase-1 step, eager,
 fp32, fused AdamW, on packed rows of synthetic documents of corpus-like lengths, masked before
 the clock starts), and its FLOPs are what training's own counter counts for those batches
-(`embedlab.train.flops.FlopTally`, the `budget/flops` of a run: every row position through the
+(`embedlab.model.flops.FlopTally`, the `budget/flops` of a run: every row position through the
 linears, the attention area the kernel computes, the head at the selected positions; element-
 wise work counts nothing). Model FLOPs (`bench mfu`'s MFU convention) are in the JSON beside.
 
@@ -37,8 +37,8 @@ import torch
 
 from embedlab.bench.measure import Comparison
 from embedlab.bench.mfu import MfuBench, bench_model, measure_mfu
-from embedlab.config import MaskingConfig, ModelConfig, model_preset
-from embedlab.errors import UsageError
+from embedlab.core.config import MaskingConfig, ModelConfig, model_preset
+from embedlab.core.errors import UsageError
 
 
 @dataclass(frozen=True, kw_only=True)

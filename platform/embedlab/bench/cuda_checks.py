@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 
 from embedlab.bench.synthetic import synthetic_batch, synthetic_rows
-from embedlab.config import ModelConfig, TrainConfig
+from embedlab.core.config import ModelConfig, TrainConfig
 from embedlab.model.encoder import (
     MLMModel,
     bucketed_varlen_attention,
@@ -56,9 +56,9 @@ from embedlab.train.mlm_step import (
     prepare_microbatch,
     sum_all_reduce,
 )
+from embedlab.checkpoints.state import all_gather_bytes
 from embedlab.train.nonfinite import finite_update
 from embedlab.train.optim import build_optimizer
-from embedlab.train.state import all_gather_bytes
 
 Kernel = Callable[..., torch.Tensor]
 

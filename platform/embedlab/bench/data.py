@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from embedlab.bench.measure import interleaved_rates, median
-from embedlab.config import DataConfig
-from embedlab.data.document import document_texts
-from embedlab.data.prepare import prepare_data
-from embedlab.data.stream import pack_batch, tokenize_dataset
+from embedlab.core.config import DataConfig
+from embedlab.prepared.build import prepare_data
+from embedlab.sources.document import document_texts
+from embedlab.streams.packed import pack_batch
+from embedlab.prepared.pieces import tokenize_dataset
 
 
 def _pipeline_tokens(table, tokenizer_path: str, sequence_length: int, pad_id: int, sources: list[str]) -> tuple[int, int]:

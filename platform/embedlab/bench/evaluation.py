@@ -6,11 +6,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from embedlab.config import DataConfig
-from embedlab.data.prepare import prepare_data
-from embedlab.evaluate.baselines import MiniLM, minilm_path
-from embedlab.evaluate.beir import load_task
-from embedlab.evaluate.retrieval import evaluate_encoder
+from embedlab.core.beir import load_task
+from embedlab.core.config import DataConfig
+from embedlab.prepared.build import prepare_data
+from embedlab.tasks.baselines import MiniLM, minilm_path
+from embedlab.tasks.retrieval import evaluate_encoder
 
 
 def bench_eval(split: str = "dev", progress: Callable[[str], None] = print) -> dict:

@@ -34,9 +34,9 @@ from statistics import median
 from typing import Any
 
 from embedlab.bench.contrastive import ContrastiveBench, contrastive_loop, pair_batch, write_parent
-from embedlab.config import TrainConfig
-from embedlab.errors import UsageError
-from embedlab.recipes import Profile, profile
+from embedlab.core.config import TrainConfig
+from embedlab.core.errors import UsageError
+from embedlab.studies.recipes import Profile, profile
 from embedlab.train.contrastive import run_contrastive
 from embedlab.train.metrics_log import log_location, read_metrics
 

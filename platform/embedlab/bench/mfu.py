@@ -10,7 +10,7 @@ model needs, not what an implementation spends:
 
 so padding, the dense mask's cross-document blocks, GradCache re-forwards and rematerialisation
 count for nothing. Next to it the JSON gives the executed FLOPs ("executed_*"): what training's
-own counter (`embedlab.train.flops.FlopTally`, `budget/flops`) counts for the same batches,
+own counter (`embedlab.model.flops.FlopTally`, `budget/flops`) counts for the same batches,
 padding and the kernel's attention area included.
 
 The step is the real one (`accumulate_gradients` under the bf16 policy, `optimizer_step`,
@@ -37,11 +37,11 @@ import torch
 
 from embedlab.bench import cuda_checks
 from embedlab.bench.synthetic import synthetic_batch
-from embedlab.config import ModelConfig, TrainConfig, model_preset
-from embedlab.errors import UsageError
+from embedlab.core.config import ModelConfig, TrainConfig, model_preset
+from embedlab.core.errors import UsageError
 from embedlab.model.encoder import MLMModel, parameter_counts, segment_layout, varlen_rule
+from embedlab.model.flops import FlopTally, TRAINED
 from embedlab.train.compiling import compile_blocks
-from embedlab.train.flops import TRAINED, FlopTally
 from embedlab.train.mlm_step import accumulate_gradients, optimizer_step, prepare_microbatch
 from embedlab.train.optim import build_optimizer
 
@@ -112,7 +112,7 @@ def bench_model(bench: MfuBench) -> ModelConfig:
 def body_parameters(config: ModelConfig) -> int:
     """Encoder parameters without the embedding table (a lookup costs no matmul FLOPs): the
     MFU convention's model size, norms included, unlike the training counter's linears
-    (`embedlab.train.flops`), which count what the kernels execute, recomputation included."""
+    (`embedlab.model.flops`), which count what the kernels execute, recomputation included."""
     return parameter_counts(config)["encoder"] - config.vocab_size * config.width
 
 

@@ -48,14 +48,14 @@ from collections.abc import Callable
 import torch
 
 from embedlab.bench.measure import Comparison, median
-from embedlab.config import DataConfig, TrialConfig, model_preset
-from embedlab.data.mixture import Schedule
-from embedlab.data.prepared import PreparedData
-from embedlab.data.stream import pack_window, packed_dataset, schedule_windows, worker_items, worker_rows
-from embedlab.errors import UsageError
+from embedlab.core.config import DataConfig, TrialConfig, model_preset
+from embedlab.core.errors import UsageError
+from embedlab.prepared.directory import PreparedData
+from embedlab.sources.mixture import Schedule
+from embedlab.streams.packed import pack_window, packed_dataset, schedule_windows, worker_items, worker_rows
 from embedlab.train.loop import run
 from embedlab.train.phase1 import Phase1Loop, phase1_loop_config, trial_schedule, trial_streams
-from embedlab.train.session import PREFETCH_BATCHES, DatasetSession
+from embedlab.train.session import DatasetSession, PREFETCH_BATCHES
 
 SPLIT_WORKERS = (1, 2, 4)  # worker counts the split stream is read at
 

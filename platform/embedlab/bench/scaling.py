@@ -22,11 +22,11 @@ import numpy as np
 import torch
 
 from embedlab.bench.train import tokens_per_second_by_length
-from embedlab.config import model_preset
-from embedlab.data.document import document_texts
-from embedlab.evaluate.encode import encode_texts
-from embedlab.evaluate.retrieval import TOP_K, search
+from embedlab.core.config import model_preset
+from embedlab.model.encode import encode_texts
 from embedlab.model.encoder import Encoder
+from embedlab.sources.document import document_texts
+from embedlab.tasks.retrieval import TOP_K, search
 
 CORPUS_SIZES = (1_000, 10_000, 100_000, 1_000_000)
 ENCODE_LIMIT = 100_000  # the built-in corpus has about 147k training documents to encode

@@ -23,8 +23,8 @@ from embedlab.bench.measure import Comparison
 from embedlab.bench.mfu import bench_mfu, peak_entry
 from embedlab.bench.prefetch import bench_prefetch, prefetch_note
 from embedlab.bench.train import TrainBench, bench_train, train_notes
-from embedlab.config import DataConfig
-from embedlab.data.prepare import prepare_data
+from embedlab.core.config import DataConfig
+from embedlab.prepared.build import prepare_data
 
 
 def _as_comparisons(result: dict) -> list[Comparison]:

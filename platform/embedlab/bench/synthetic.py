@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from embedlab.config import MaskingConfig
-from embedlab.data.packing import pack_pieces
+from embedlab.core.config import MaskingConfig
 from embedlab.objectives.masking import MaskedBatch, mask_tokens
+from embedlab.streams.packing import pack_pieces
 
 
 def synthetic_rows(rows: int, length: int, vocab: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -61,12 +61,12 @@ from dataclasses import dataclass
 import torch
 
 from embedlab.bench.measure import Comparison, interleaved_rates, median, peak_since, start_peak_window
-from embedlab.config import MaskingConfig, ModelConfig, TrainConfig, model_preset
-from embedlab.data.document import document_texts
-from embedlab.data.packing import chunk_document, pack_pieces
-from embedlab.errors import UsageError
+from embedlab.core.config import MaskingConfig, ModelConfig, TrainConfig, model_preset
+from embedlab.core.errors import UsageError
 from embedlab.model.encoder import MLMModel, SelfAttention, count_parameters, selected_states
 from embedlab.objectives.masking import mask_tokens
+from embedlab.sources.document import document_texts
+from embedlab.streams.packing import chunk_document, pack_pieces
 from embedlab.train.compiling import compile_blocks
 from embedlab.train.mlm_step import accumulate_gradients, optimizer_step, prepare_microbatch
 from embedlab.train.optim import build_optimizer

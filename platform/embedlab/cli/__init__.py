@@ -35,7 +35,7 @@
     embedlab stats ladder RUN_DIR RUN_DIR... [--project-to FLOPS]   a study across budgets: the trend per doubling
 
 `main(argv)` returns an exit code, so tests call it in-process. An error in what was asked
-(`embedlab.errors.UserError`, and FileNotFoundError or ConnectionError) prints one line,
+(`embedlab.core.errors.UserError`, and FileNotFoundError or ConnectionError) prints one line,
 `error: ...`, and returns 2. Anything else is a bug and is not caught: it propagates with its
 traceback, and the `embedlab` command exits 1 as Python does for an uncaught exception.
 
@@ -53,7 +53,7 @@ import sys
 
 from embedlab.cli import bench, data, evaluate, export, model, stats, sweep
 from embedlab.cli.heldout import add_heldout_parser
-from embedlab.errors import UserError
+from embedlab.core.errors import UserError
 
 # The errors `main` shows in one line: the user's to fix, not a bug.
 USER_ERRORS = (UserError, FileNotFoundError, ConnectionError)

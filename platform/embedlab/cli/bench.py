@@ -13,7 +13,7 @@ import json
 
 from embedlab.bench.measure import comparisons_json, format_comparisons
 from embedlab.cli.common import add_spec, require_cuda, stderr
-from embedlab.data.spec import load_data_configs
+from embedlab.studies.spec import load_data_configs
 
 
 def _print_comparisons(comparisons, notes: list[str], as_json: bool) -> None:
@@ -22,7 +22,7 @@ def _print_comparisons(comparisons, notes: list[str], as_json: bool) -> None:
 
 def _bench_prepared(args: argparse.Namespace):
     # here: data.prepare loads tokenizers, sweep.run torch
-    from embedlab.data.prepare import prepare_data
+    from embedlab.prepared.build import prepare_data
     from embedlab.sweep.cluster import connect
 
     connect(args.address, stderr)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from embedlab.errors import UsageError
+from embedlab.core.errors import UsageError
 
 
 def progress(message: str) -> None:

@@ -2,7 +2,7 @@
 data, audit it for contamination, measure the audit's recall on planted copies, compare tokenizer
 candidates on it.
 
-Each command prepares (or reuses) the data of every config its spec names (`embedlab.data.spec`)
+Each command prepares (or reuses) the data of every config its spec names (`embedlab.studies.spec`)
 and calls the library on it. `embedlab.cli.build_parser` registers them with `add_parsers`.
 """
 
@@ -12,13 +12,13 @@ import argparse
 import json
 
 from embedlab.cli.common import add_spec, stderr
-from embedlab.data.spec import load_data_configs
-from embedlab.errors import UsageError
+from embedlab.core.errors import UsageError
+from embedlab.studies.spec import load_data_configs
 
 
 def cmd_data_build(args: argparse.Namespace) -> int:
     # here: torch (sweep.run) and tokenizers (data.prepare)
-    from embedlab.data.prepare import prepare_data
+    from embedlab.prepared.build import prepare_data
     from embedlab.sweep.cluster import connect
 
     connect(args.address, stderr)
@@ -31,9 +31,9 @@ def cmd_data_build(args: argparse.Namespace) -> int:
 
 def cmd_data_audit(args: argparse.Namespace) -> int:
     # here: torch (sweep.run) and tokenizers (the data modules)
-    from embedlab.data.contamination import run_audit
-    from embedlab.data.prepare import prepare_data
-    from embedlab.data.stages import ALL_STAGES
+    from embedlab.sweep.gate import run_audit
+    from embedlab.contamination.stages import ALL_STAGES
+    from embedlab.prepared.build import prepare_data
     from embedlab.sweep.cluster import connect
 
     connect(args.address, stderr)
@@ -46,7 +46,7 @@ def cmd_data_audit(args: argparse.Namespace) -> int:
 
 def cmd_data_audit_recall(args: argparse.Namespace) -> int:
     # here: the audit, numpy and the built-in readers, which parsing the command line does not need
-    from embedlab.data.audit_recall import measure
+    from embedlab.contamination.recall import measure
 
     if args.items < 1:
         raise UsageError(f"--items: must be at least 1, got {args.items}")
@@ -62,9 +62,9 @@ def cmd_data_audit_recall(args: argparse.Namespace) -> int:
 
 def cmd_tokenizer_compare(args: argparse.Namespace) -> int:
     # here: torch (sweep.run) and tokenizers (data.prepare, tokenizer.compare)
-    from embedlab.data.prepare import prepare_data
+    from embedlab.bench.tokenizers import compare_corpus_tokenizers, format_comparison
+    from embedlab.prepared.build import prepare_data
     from embedlab.sweep.cluster import connect
-    from embedlab.tokenizer.compare import compare_corpus_tokenizers, format_comparison
 
     connect(args.address, stderr)
     for config in load_data_configs(args.spec):

@@ -13,9 +13,9 @@ import json
 import sys
 
 from embedlab.cli.common import stderr
-from embedlab.code_identity import current
-from embedlab.errors import UsageError
-from embedlab.evaluate.beir import without_documents
+from embedlab.core.beir import without_documents
+from embedlab.core.code_identity import current
+from embedlab.core.errors import UsageError
 
 SELECTION_SPLIT = "dev"  # what `evaluate` scores unless told: the split selection reads
 FINAL_EVAL_SPLIT = "test"
@@ -91,7 +91,7 @@ def add_evaluate_parser(sub: argparse._SubParsersAction) -> None:
                                "(BEIR/MTEB layout: corpus, queries and default qrels configs; REVISION a commit "
                                "sha, tag or branch, resolved to its commit; for a local directory in that layout, "
                                "its content digest sha256:...), or a .toml/.json file of HubTask fields (name, "
-                               "dataset, revision, qrels_dataset, splits, ...; see embedlab.evaluate.hub_tasks)")
+                               "dataset, revision, qrels_dataset, splits, ...; see embedlab.tasks.hub_tasks)")
     evaluate.add_argument("--dev-fraction", type=float, default=None,
                           help="for a task without dev qrels: move this share of its train queries to a derived "
                                "dev split (seeded by query id, frozen with a Hub task's cached folder); a task "

@@ -1,7 +1,7 @@
 """`embedlab heldout`: build the held-out retrieval tasks and score an encoder on them.
 
     embedlab heldout build [--out DIR] [--tasks NAME ...]
-        every task of `embedlab.evaluate.heldout` (default under EMBEDLAB_CACHE, ~/.cache/embedlab/heldout),
+        every task of `embedlab.tasks.heldout` (default under EMBEDLAB_CACHE, ~/.cache/embedlab/heldout),
         decontaminated against the built-in corpus
     embedlab heldout score [CHECKPOINT_OR_RELEASE] [--tasks NAME ...] [--dir DIR] [--baselines NAME ...] [--json]
         one table per task: nDCG@10 and recall@100 of the encoder, BM25 and all-MiniLM-L6-v2 on split
@@ -20,9 +20,9 @@ import os
 from pathlib import Path
 
 from embedlab.cli.common import stderr
-from embedlab.errors import UsageError
-from embedlab.evaluate.baselines import BASELINES
-from embedlab.evaluate.heldout import HELDOUT_TASKS, build_heldout_tasks, heldout_source
+from embedlab.core.errors import UsageError
+from embedlab.tasks.baselines import BASELINES
+from embedlab.tasks.heldout import HELDOUT_TASKS, build_heldout_tasks, heldout_source
 
 
 def cmd_heldout_build(args: argparse.Namespace) -> int:

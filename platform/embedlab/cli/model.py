@@ -10,7 +10,7 @@ import dataclasses
 import json
 
 from embedlab.cli.common import require_cuda, stderr
-from embedlab.config import model_preset
+from embedlab.core.config import model_preset
 
 
 def cmd_model_params(args: argparse.Namespace) -> int:

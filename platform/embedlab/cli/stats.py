@@ -1,6 +1,6 @@
 """`embedlab stats calibrate`: the paired test's false-positive rate and power, by simulation
-(`embedlab.sweep.calibration`); `embedlab stats ladder`: one study's comparison across runs at
-several budgets (`embedlab.sweep.ladder`).
+(`embedlab.stats.calibration`); `embedlab stats ladder`: one study's comparison across runs at
+several budgets (`embedlab.stats.ladder`).
 
 `embedlab.cli.build_parser` registers it with `add_parsers`.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from embedlab.errors import UserError
+from embedlab.core.errors import UserError
 
 
 def _percent(rate) -> str:
@@ -18,7 +18,7 @@ def _percent(rate) -> str:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from embedlab.sweep import calibration, crossed, paired  # here: numpy and scipy, which --help does not need
+    from embedlab.stats import calibration, crossed, paired  # here: numpy and scipy, which --help does not need
 
     defaults = dict(studies=calibration.STUDIES, bootstrap_studies=calibration.BOOTSTRAP_STUDIES,
                     seed=calibration.SIMULATION_SEED, alpha=paired.ALPHA)
@@ -74,7 +74,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     stats = sub.add_parser("stats", help="the statistics behind 'significant'")
     commands = stats.add_subparsers(dest="stats_command", required=True)
     calibrate = commands.add_parser("calibrate", help="the paired test's size and power, by simulation")
-    # Defaults (None here) are embedlab.sweep.calibration's, read when the command runs.
+    # Defaults (None here) are embedlab.stats.calibration's, read when the command runs.
     calibrate.add_argument("--studies", type=int, help="simulated studies per setting [4000]")
     calibrate.add_argument("--bootstrap-studies", type=int,
                            help="studies per setting for the earlier bootstrap (slow: 1,000 resamples each); 0: skip [400]")
@@ -92,9 +92,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_ladder(args: argparse.Namespace) -> int:
-    """Print the ladder of `args.run_dirs` (`embedlab.sweep.ladder`)."""
+    """Print the ladder of `args.run_dirs` (`embedlab.stats.ladder`)."""
     # here: pandas and scipy, which the rest of `embedlab stats` loads only when it runs
-    from embedlab.sweep.ladder import render_ladder
+    from embedlab.stats.ladder import render_ladder
 
     print(render_ladder(args.run_dirs, project_to=args.project_to), end="")
     return 0

@@ -11,9 +11,10 @@ import json
 import sys
 from pathlib import Path
 
-from embedlab import store
 from embedlab.cli.common import progress, stderr
-from embedlab.errors import UsageError
+from embedlab.core import store
+from embedlab.core.config import DEFAULT_MAX_RETENTION_DROP
+from embedlab.core.errors import UsageError
 from embedlab.sweep.capacity import check_options
 
 # The library is imported inside each command, not here: tables, promotion and tours load
@@ -40,7 +41,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def _ladder(args: argparse.Namespace) -> int:
     """`embedlab sweep STUDY --ladder ...`: each rung's sweep (or what a dry run would do), then the ladder."""
     # here: pandas and scipy, which the other subcommands' --help does not need
-    from embedlab.sweep.ladder import render_ladder
+    from embedlab.stats.ladder import render_ladder
     from embedlab.sweep.ladder_run import ladder_plan, parse_scales, run_ladder
 
     if args.resume is not None or args.budget_scale != 1.0:
@@ -71,7 +72,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def _show_run(run_dir: Path) -> int:
     """Print a finished run's table; 1 when trials are missing."""
-    from embedlab.sweep.summary import summarize_run  # here: pandas and scipy
+    from embedlab.stats.summary import summarize_run  # here: pandas and scipy
 
     summary = summarize_run(run_dir)
     print()
@@ -111,7 +112,7 @@ def cmd_tour(args: argparse.Namespace) -> int:
 
 
 def cmd_table(args: argparse.Namespace) -> int:
-    from embedlab.sweep.table import load_table, render  # here: pandas and scipy
+    from embedlab.stats.table import load_table, render  # here: pandas and scipy
 
     if args.json:  # every column of every trial, as records
         print(load_table(args.run_dir).to_json(orient="records"))
@@ -121,7 +122,7 @@ def cmd_table(args: argparse.Namespace) -> int:
 
 
 def cmd_promote(args: argparse.Namespace) -> int:
-    from embedlab.sweep.promote import DEFAULT_MAX_RETENTION_DROP, promote  # here: pandas and scipy
+    from embedlab.sweep.promote import promote  # here: pandas and scipy
 
     check_options(args.max_concurrent, args.wait_for_resources)  # before promoting, not after
     margin = DEFAULT_MAX_RETENTION_DROP if args.max_retention_drop is None else args.max_retention_drop
@@ -170,7 +171,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     demo.set_defaults(func=cmd_demo, dry_run=False)
 
     def add_profile(p: argparse.ArgumentParser) -> None:
-        from embedlab.recipes import profiles_help  # here: the data layer's config modules
+        from embedlab.studies.recipes import profiles_help  # here: the data layer's config modules
 
         p.add_argument("--profile", default=None, help=f"sizes to run at: {profiles_help()}")
 

@@ -17,7 +17,7 @@ for none (CUDA_VISIBLE_DEVICES empty), and the evaluator would encode on CPU the
 
 One code version: being detached, the actor outlives the sweep that created it, so a cluster
 can still run one started by an earlier embedlab. It records the code identity it was created
-with (`embedlab.code_identity`: version and source hash) and `identity()` reports it with
+with (`embedlab.core.code_identity`: version and source hash) and `identity()` reports it with
 whether an evaluation is in flight. `get_evaluator` uses an evaluator only when that identity is
 its own code's: a different one that is idle is killed and replaced (one warning line says so);
 one that is busy is refused, naming `embedlab evaluator stop`, since killing it would fail
@@ -34,14 +34,14 @@ from pathlib import Path
 
 import ray
 
-from embedlab import code_identity
-from embedlab.config import EvalConfig
-from embedlab.data.prepared_sync import node_path
-from embedlab.errors import UsageError
-from embedlab.evaluate.beir import Task, load_task
+from embedlab.artifacts.sync import node_path
+from embedlab.checkpoints.io import read_manifest
+from embedlab.core import code_identity
+from embedlab.core.beir import Task, load_task
+from embedlab.core.config import EvalConfig
+from embedlab.core.errors import UsageError
+from embedlab.core.telemetry import EvaluationTelemetry
 from embedlab.evaluate.checkpoint_eval import evaluate_checkpoint
-from embedlab.telemetry import EvaluationTelemetry
-from embedlab.train.checkpoint import read_manifest
 
 ACTOR_NAME = "embedlab-evaluator"
 NAMESPACE = "embedlab"
@@ -160,7 +160,7 @@ def evaluator_gpus(resources: dict[str, float]) -> float:
 
 def get_evaluator(num_cpus: float = 0, num_gpus: float | None = None) -> ray.actor.ActorHandle:
     """The cluster's evaluation actor, created on first use and found by name afterwards, and
-    running this process's embedlab code (`embedlab.code_identity`).
+    running this process's embedlab code (`embedlab.core.code_identity`).
 
     It is detached: it belongs to the cluster, not to the sweep that created it, so trial
     drivers that come and go and sweeps that run side by side all reach the same actor, and

@@ -1,6 +1,6 @@
 """The encoder and the task as `embedlab evaluate` names them, turned into what the evaluator takes.
 
-An encoder is a checkpoint directory or `baseline:NAME` (`embedlab.evaluate.baselines`). A
+An encoder is a checkpoint directory or `baseline:NAME` (`embedlab.tasks.baselines`). A
 task is a Hub task (`hub:DATASET@REVISION` or a HubTask .toml/.json, `hub_tasks.hub_task_argument`),
 a BEIR directory, or a built-in task's name, built from the data the checkpoint trained on.
 """
@@ -10,14 +10,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from embedlab.config import DataConfig, TrialConfig
-from embedlab.data.prepare import prepare_data
-from embedlab.evaluate.baselines import evaluate_baseline
-from embedlab.evaluate.beir import Task, load_task
-from embedlab.evaluate.builtin_tasks import BUILTIN_TASKS
-from embedlab.evaluate.checkpoint_eval import evaluate_checkpoint, resolve_task
-from embedlab.evaluate.hub_tasks import derive_dev_split, hub_task_argument, load_hub_task
-from embedlab.train.checkpoint import verify_checkpoint
+from embedlab.checkpoints.io import verify_checkpoint
+from embedlab.core.beir import Task, load_task
+from embedlab.core.config import DataConfig, TrialConfig
+from embedlab.evaluate.checkpoint_eval import evaluate_checkpoint
+from embedlab.tasks.resolve import resolve_task
+from embedlab.prepared.build import prepare_data
+from embedlab.tasks.baselines import evaluate_baseline
+from embedlab.tasks.builtin_tasks import BUILTIN_TASKS
+from embedlab.tasks.hub_tasks import derive_dev_split, hub_task_argument, load_hub_task
 
 BASELINE_PREFIX = "baseline:"
 

@@ -1,4 +1,4 @@
-"""Scores on the held-out retrieval tasks (`embedlab.evaluate.heldout`): an encoder, BM25 and
+"""Scores on the held-out retrieval tasks (`embedlab.tasks.heldout`): an encoder, BM25 and
 all-MiniLM-L6-v2 on each task's test split, by the code `embedlab evaluate` runs
 (`evaluate_checkpoint`, `evaluate_baseline`). `embedlab heldout score` prints them.
 
@@ -13,11 +13,11 @@ import math
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from embedlab import store
-from embedlab.evaluate.baselines import bm25_tokenize, evaluate_baseline
-from embedlab.evaluate.beir import Task, load_task
+from embedlab.core import store
+from embedlab.core.beir import Task, load_task
 from embedlab.evaluate.checkpoint_eval import evaluate_checkpoint
-from embedlab.evaluate.heldout import SOURCES_FILE, build_heldout_tasks, heldout_source, read_provenance
+from embedlab.tasks.baselines import bm25_tokenize, evaluate_baseline
+from embedlab.tasks.heldout import SOURCES_FILE, build_heldout_tasks, heldout_source, read_provenance
 
 SPLIT = "test"
 SCORE_KEYS = ("ndcg@10", "recall@100")

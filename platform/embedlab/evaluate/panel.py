@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from embedlab.errors import UnknownKey
-from embedlab.evaluate.beir import Task
-from embedlab.evaluate.metrics import METRIC_NAMES
-from embedlab.evaluate.panel_names import MEAN, PanelError, check_task_names
+from embedlab.core.beir import Task
+from embedlab.core.config.tasks import MEAN, PanelError, check_task_names
+from embedlab.core.errors import UnknownKey
+from embedlab.tasks.metrics import METRIC_NAMES
 
 # The metrics a study may optimise on its main task (`sweep.study.Study.metric`), and the
 # per-task metrics a panel's study metric may name.

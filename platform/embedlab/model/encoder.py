@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from embedlab.config import ModelConfig
+from embedlab.core.config import ModelConfig
 
 
 def segment_positions(segment_ids: torch.Tensor) -> torch.Tensor:

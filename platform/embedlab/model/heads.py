@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
-from embedlab.config import ModelConfig
+from embedlab.core.config import ModelConfig
 from embedlab.model.encoder import Encoder, MLMHead, SegmentLayout, selected_positions, selected_states
 
 

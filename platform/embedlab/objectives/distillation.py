@@ -2,7 +2,7 @@
 
 Phase 3 gives each query i its own candidates: its positive p_i and up to K hard negatives
 n_ik (mined or given). A teacher scored every (query, candidate) once, offline
-(`embedlab.data.teacher_labels`), into t_i0 = t(q_i, p_i) and t_ik = t(q_i, n_ik); the
+(`embedlab.teacher.labels`), into t_i0 = t(q_i, p_i) and t_ik = t(q_i, n_ik); the
 student scores the same rows, s_i0 and s_ik, as cosines of its unit embeddings. A score the
 teacher does not have (no label stored, an empty negative slot, a row below the minimum
 confidence) is masked, never filled: `mask[i, k]` is False there.
@@ -177,7 +177,7 @@ def own_candidate_scores(queries: torch.Tensor, candidates: torch.Tensor, negati
     """queries (N, d) and candidates (N + N*K, d) -> (N, 1 + K) cosines of each query with its own
     positive (candidates[i]) and negatives (candidates[N + i*K + k]), the layout a phase-3
     microbatch encodes them in. One batched matmul, which FlopCounterMode counts as
-    2 * N * (1 + K) * d forward (`embedlab.train.flops.similarity_forward_flops(N, 1 + K, d)`)."""
+    2 * N * (1 + K) * d forward (`embedlab.model.flops.similarity_forward_flops(N, 1 + K, d)`)."""
     n, k = len(queries), negatives_per_row
     if candidates.shape != (n * (1 + k), queries.shape[1]):
         raise ValueError(f"expected {n * (1 + k)} candidates of width {queries.shape[1]} for {n} queries with "

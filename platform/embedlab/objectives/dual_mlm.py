@@ -26,7 +26,7 @@ from fractions import Fraction
 
 import torch
 
-from embedlab.config import MaskingConfig
+from embedlab.core.config import MaskingConfig
 from embedlab.objectives.masking import MaskedBatch, mask_tokens
 from embedlab.objectives.mlm import combine, mlm_loss_sum
 
@@ -98,7 +98,7 @@ def assign_ratios(
 
 def worker_ratios(global_ratios: torch.Tensor, rank: int, world: int) -> torch.Tensor:
     """Worker `rank`'s rows of a global batch's (world * B,) ratio assignment, in the order
-    `embedlab.data.stream.worker_rows` deals rows: rank, rank + world, ..."""
+    `embedlab.streams.packed.worker_rows` deals rows: rank, rank + world, ..."""
     return global_ratios[rank::world]
 
 

@@ -20,7 +20,7 @@ works on *units* and `MaskingConfig.strategy` says what a unit is:
   `word_start` is given (SpanBERT masks complete words; ℓ counts words) and tokens
   otherwise. A span stops at the first ineligible position, so it never covers PAD or SEP
   and never crosses a segment boundary (inside a packed row every segment ends with SEP,
-  see `embedlab.data.packing`); spans may touch or overlap earlier ones, as in SpanBERT,
+  see `embedlab.streams.packing`); spans may touch or overlap earlier ones, as in SpanBERT,
   but only newly covered tokens count towards the budget.
 
 Each selected unit (token, word or span) then gets one replacement decision for all of
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import torch
 
-from embedlab.config import MaskingConfig
+from embedlab.core.config import MaskingConfig
 
 
 @dataclass(frozen=True)

@@ -29,9 +29,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from embedlab import store
+from embedlab.core import store
 from embedlab.tokenizer.frozen import FILE_NAME as TOKENIZER_FILE
-from embedlab.train.checkpoint import (
+from embedlab.checkpoints.io import (
     ENCODER_FILE, MANIFEST_FILE, CheckpointError, content_hash, load_encoder, local_checkpoint, staged_directory,
 )
 
@@ -56,7 +56,7 @@ ZERO_VECTOR_RULE = {
 
 
 def export_release_to(checkpoint: str | Path, out: str | Path) -> dict[str, Any]:
-    """`export_release` into `out`, a local directory or a storage URI (`embedlab.store`). On
+    """`export_release` into `out`, a local directory or a storage URI (`embedlab.core.store`). On
     object storage the package is built locally, then uploaded with its manifest last, so a
     reader that finds the manifest finds every file it names."""
     if store.local_path(out) is not None:

@@ -24,12 +24,11 @@ import torch
 from safetensors.torch import save_file
 from sentence_transformers.base.modules import InputModule
 
-from embedlab.config import POOLING_METHODS
+from embedlab.core.config import POOLING_METHODS
 from embedlab.model.encoder import Encoder
 from embedlab.model.pooling import mean_pool
-from embedlab.tokenizer.frozen import FILE_NAME as TOKENIZER_FILE
-from embedlab.tokenizer.frozen import FrozenTokenizer, file_hash
-from embedlab.train.checkpoint import (
+from embedlab.tokenizer.frozen import FILE_NAME as TOKENIZER_FILE, FrozenTokenizer, file_hash
+from embedlab.checkpoints.io import (
     ENCODER_FILE,
     MANIFEST_FILE,
     CheckpointError,

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from embedlab.errors import UsageError
+from embedlab.core.errors import UsageError
 from embedlab.report import collect, data_figures, html, ladder_figure, model_figures, plotting, study_figures
 
 __all__ = ["write_report"]

@@ -14,10 +14,10 @@ from typing import Any
 
 import pandas as pd
 
-from embedlab import store
-from embedlab.data.prepared_sync import local_directory
-from embedlab.sweep.table import load_table, read_study_record
-from embedlab.sweep.trial_rows import final_trials
+from embedlab.artifacts.sync import local_directory
+from embedlab.core import store
+from embedlab.stats.paired import final_trials
+from embedlab.stats.table import load_table, read_study_record
 
 METRICS_LOG = "metrics.jsonl"  # embedlab.train.metrics_log.FILE_NAME (that module imports Ray Train)
 
@@ -26,7 +26,7 @@ METRICS_LOG = "metrics.jsonl"  # embedlab.train.metrics_log.FILE_NAME (that modu
 class Run:
     """One run directory as the report reads it."""
 
-    directory: str  # a local path or a storage URI (`embedlab.store`)
+    directory: str  # a local path or a storage URI (`embedlab.core.store`)
     record: dict[str, Any]  # study.json
     table: pd.DataFrame  # one row per trial (embedlab.load_table)
     prepared: dict[str, dict[str, Any]]  # prepared.json: arm -> prepared data record

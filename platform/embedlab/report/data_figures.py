@@ -10,7 +10,7 @@ import numpy as np
 from matplotlib.colors import ListedColormap, to_rgb
 from matplotlib.patches import Patch
 
-from embedlab.data.prepared_sync import local_directory
+from embedlab.artifacts.sync import local_directory
 from embedlab.report import measure
 from embedlab.report.collect import Run
 from embedlab.report.plotting import Caption, Figure, color, grid, hide_unused, new_figure, new_mosaic, to_png

@@ -13,11 +13,11 @@ from string import Template
 
 import pandas as pd
 
-from embedlab.code_identity import VERSION
+from embedlab.core.code_identity import VERSION
 from embedlab.report.collect import Run
 from embedlab.report.plotting import Figure
-from embedlab.sweep import paired
-from embedlab.sweep.table import (
+from embedlab.stats import paired
+from embedlab.stats.table import (
     CONFIDENCE, UnequalComputeError, check_equal_compute, ci_label, compute_match_line, summarize,
     tuning_line, unit_columns,
 )

@@ -1,13 +1,13 @@
-"""The report's figure for a ladder: runs of one study at several budgets (`embedlab.sweep.ladder`)."""
+"""The report's figure for a ladder: runs of one study at several budgets (`embedlab.stats.ladder`)."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from embedlab.stats.paired import final_trials
 from embedlab.report.collect import Run
 from embedlab.report.plotting import Caption, Figure, color, new_figure, to_png
-from embedlab.sweep.ladder import LadderError, ladder_tests, load_rungs, project, rung_winners, trends
-from embedlab.sweep.trial_rows import final_trials
+from embedlab.stats.ladder import LadderError, ladder_tests, load_rungs, project, rung_winners, trends
 
 
 def ladder_runs(runs: list[Run]) -> list[Run]:
@@ -21,7 +21,7 @@ def ladder_runs(runs: list[Run]) -> list[Run]:
 
 
 def ladder_rungs(runs: list[Run]):
-    """The rungs (`embedlab.sweep.ladder.load_rungs`) of the report's ladder runs, or [] when
+    """The rungs (`embedlab.stats.ladder.load_rungs`) of the report's ladder runs, or [] when
     they make none."""
     group = ladder_runs(runs)
     try:

@@ -20,18 +20,17 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import torch
 
-from embedlab.config import MaskingConfig
-from embedlab.data.packing import flatten_pieces, pack_layout
-from embedlab.data.stream import PIECES_FILE, tokenize_pieces
-from embedlab.evaluate.beir import load_task
-from embedlab.evaluate.checkpoint_eval import resolve_task
-from embedlab.evaluate.encode import encode_texts
-from embedlab.evaluate.health import covariance_spectrum, similarity_distributions
-from embedlab.model.encoder import MLMModel
-from embedlab.model.encoder import segment_attention_mask as attention_mask
+from embedlab.checkpoints.io import head_ratio, head_states, load_encoder, mlm_model, read_manifest
+from embedlab.core.beir import load_task
+from embedlab.core.config import MaskingConfig
+from embedlab.tasks.resolve import resolve_task
+from embedlab.model.encode import encode_texts
+from embedlab.model.encoder import MLMModel, segment_attention_mask as attention_mask
 from embedlab.objectives.masking import MaskedBatch, mask_tokens
+from embedlab.prepared.pieces import PIECES_FILE, tokenize_pieces
+from embedlab.streams.packing import flatten_pieces, pack_layout
+from embedlab.tasks.health import covariance_spectrum, similarity_distributions
 from embedlab.tokenizer.frozen import FrozenTokenizer, load_tokenizer
-from embedlab.train.checkpoint import head_ratio, head_states, load_encoder, mlm_model, read_manifest
 
 SEED = 0
 MLM_RATIOS = (0.05, 0.15, 0.5)  # masking ratios the held-out MLM loss is measured at
@@ -83,7 +82,7 @@ class PackedSample:
 def pack(pieces: list[list[int]], flags: list[list[int]], sources: list[str], sequence_length: int,
          pad_id: int, cls_id: int) -> PackedSample:
     """Pieces -> rows by the trainer's packer, every segment opened by CLS and word starts with
-    them (`PackLayout`, as `embedlab.data.stream.pack_window` packs)."""
+    them (`PackLayout`, as `embedlab.streams.packed.pack_window` packs)."""
     values, offsets = flatten_pieces(pieces)
     layout = pack_layout(offsets, sequence_length=sequence_length, opener=True)
     packed = layout.packed(values, pad_id, cls_id)
@@ -287,7 +286,7 @@ def probe_embeddings(probe) -> TaskEmbeddings:
 
 def pair_similarities(embeddings: TaskEmbeddings) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
     """Cosines of positive pairs, of (a seeded sample of) negative pairs, and the evaluator's
-    summary of both (`embedlab.evaluate.health.similarity_distributions`)."""
+    summary of both (`embedlab.tasks.health.similarity_distributions`)."""
     q, d = embeddings.queries.astype(np.float64), embeddings.documents.astype(np.float64)
     summary = similarity_distributions(q, d, embeddings.positives)
     is_positive = np.zeros((len(q), len(d)), dtype=bool)

@@ -10,7 +10,7 @@ from matplotlib.ticker import NullFormatter
 
 from embedlab.report.collect import Run
 from embedlab.report.plotting import Caption, Figure, color, new_figure, to_png
-from embedlab.sweep.table import (
+from embedlab.stats.table import (
     CONFIDENCE, UnequalComputeError, check_equal_compute, ci_label, compute_match_line, summarize,
 )
 
@@ -181,7 +181,7 @@ def runtime_figure(runs: list[Run]) -> Figure | None:
                        "encoded alongside each pair, a joint MLM term, more masked positions) reads less data, "
                        "and wall-clock differences come from contention between trials running side by side "
                        "and from work the FLOPs leave out; FLOPs are every pass's matrix products at the shapes "
-                       "it ran (embedlab.train.flops)."),
+                       "it ran (embedlab.model.flops)."),
             limitation=("Wall seconds exclude evaluation and data preparation and are inflated by whatever else "
                         "shared the machine; FLOPs leave out element-wise work (norms, softmax, the optimizer) "
                         "and the evaluation's and mining's encodes; phases used different budgets, so "

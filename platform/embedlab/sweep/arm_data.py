@@ -8,14 +8,14 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from embedlab import store
-from embedlab.data.prepare import prepare_data
-from embedlab.data.prepared import PreparedData
-from embedlab.data.prepared_sync import publish, remote_root
-from embedlab.errors import UsageError
-from embedlab.evaluate.beir import load_task
-from embedlab.evaluate.checkpoint_eval import arm_eval_tasks, resolve_eval_tasks
-from embedlab.sweep.study import Study
+from embedlab.artifacts.sync import publish, remote_root
+from embedlab.core import store
+from embedlab.core.beir import load_task
+from embedlab.core.errors import UsageError
+from embedlab.tasks.resolve import arm_eval_tasks, resolve_eval_tasks
+from embedlab.prepared.build import prepare_data
+from embedlab.prepared.directory import PreparedData
+from embedlab.studies.study import Study
 
 
 def prepare_arms(study: Study, progress: Callable[[str], None]) -> dict[str, dict]:

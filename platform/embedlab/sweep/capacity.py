@@ -15,9 +15,9 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 
-from embedlab.config import TrialConfig
-from embedlab.errors import UsageError
-from embedlab.sweep.study import set_path
+from embedlab.core.config import TrialConfig
+from embedlab.core.errors import UsageError
+from embedlab.studies.study import set_path
 
 # Fixed rules, not settings: none of them changes what a study computes.
 # Between reads of the cluster's resources while waiting, and at most this long between two

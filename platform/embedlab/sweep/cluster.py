@@ -16,13 +16,13 @@ import socket
 from collections.abc import Callable
 from pathlib import Path
 
-from embedlab.config import TrialConfig
-from embedlab.data.prepare import keep_ray_data_off_the_console
-from embedlab.errors import UsageError
-from embedlab.recipes import PROFILES
+from embedlab.core.config import TrialConfig
+from embedlab.core.errors import UsageError
+from embedlab.prepared.build import keep_ray_data_off_the_console
+from embedlab.studies.recipes import PROFILES
+from embedlab.studies.study import Study, load_study
 from embedlab.sweep import ray_compat
 from embedlab.sweep.capacity import RESERVED_CPUS, at_searched_maximum
-from embedlab.sweep.study import Study, load_study
 
 # Fixed rules, not settings: each follows from how Ray runs a trial, the same in every study.
 # Each Ray Train report waits for the controller's next poll, 2 s apart by default; at 0.2 s
@@ -70,7 +70,7 @@ def connect(address: str | None, progress: Callable[[str], None] = print, job_en
         return
     os.environ.update(RAY_ENV)
     # The job's processes on every node: Ray's settings, and `job_env` (the run's remote
-    # storage root, `embedlab.data.prepared_sync`); never a credential.
+    # storage root, `embedlab.artifacts.sync`); never a credential.
     runtime_env = {"env_vars": {**RAY_ENV, **(job_env or {})}}
     named = ""
     if not address and os.environ.get("RAY_ADDRESS"):
@@ -251,7 +251,7 @@ def check_fits(study_path: str | Path, study: Study, resources: dict[str, float]
 
 
 def profiles_that_fit(study_path: str | Path, study: Study, resources: dict[str, float]) -> list[str]:
-    """The other profiles (`embedlab.recipes.PROFILES`) at which the study file's every arm fits `resources`."""
+    """The other profiles (`embedlab.studies.recipes.PROFILES`) at which the study file's every arm fits `resources`."""
     fitting = []
     for name in PROFILES:
         if name == study.profile:

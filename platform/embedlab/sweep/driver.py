@@ -8,16 +8,16 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from embedlab import code_identity, store
-from embedlab.config import TrialConfig
-from embedlab.data.prepared import PreparedData
-from embedlab.data.prepared_sync import local_directory
-from embedlab.evaluate.checkpoint_eval import arm_eval_tasks
+from embedlab.artifacts.sync import local_directory
+from embedlab.checkpoints.io import read_manifest
+from embedlab.core import code_identity, store
+from embedlab.core.config import TrialConfig
+from embedlab.tasks.resolve import arm_eval_tasks
+from embedlab.prepared.directory import PreparedData
+from embedlab.records.rundir import error_text, finished_rows, write_per_query, write_row
+from embedlab.records.scores import score_trial
+from embedlab.studies.study import Study, set_path
 from embedlab.sweep.progress import EVAL_PROGRESS, evaluate_with_progress
-from embedlab.sweep.rundir import error_text, finished_rows, write_per_query, write_row
-from embedlab.sweep.scores import score_trial
-from embedlab.sweep.study import Study, set_path
-from embedlab.train.checkpoint import read_manifest
 from embedlab.train.contrastive import run_contrastive
 from embedlab.train.nonfinite import NonFiniteError
 from embedlab.train.phase1 import run_phase1

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from embedlab import store
+from embedlab.core import store
+from embedlab.records.rundir import TRIALS_DIR, error_text, write_row
+from embedlab.studies.study import Study
 from embedlab.sweep.driver import trial_identity
 from embedlab.sweep.progress import trial_progress
-from embedlab.sweep.rundir import error_text, write_row
-from embedlab.sweep.study import Study
-from embedlab.sweep.rundir import TRIALS_DIR
 
 # Runs of a trial beyond its first before it counts as failed. Fixed, not a setting: one
 # retry outlasts a lost node or a removed placement group; a trial that fails again fails

@@ -5,7 +5,7 @@ schedule on the rung's own budget, arms compute-matched within the rung as in an
 A rung's run directory is `<storage>/<study>-x<factor>-<timestamp>`. Running the same ladder
 again (same study file, profile, scales and storage) skips every rung whose run holds all
 its trials, resumes a rung whose run was cut short, and starts the rest: a killed driver
-loses at most the trials in flight. The rungs are then read together (`embedlab.sweep.ladder`).
+loses at most the trials in flight. The rungs are then read together (`embedlab.stats.ladder`).
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from embedlab import store
-from embedlab.errors import UsageError, UserError
-from embedlab.sweep.study import load_study
-from embedlab.sweep.summary import expected_trials
-from embedlab.sweep.table import STUDY_FILE, load_table, read_study_record
-from embedlab.sweep.trial_rows import final_trials
+from embedlab.core import store
+from embedlab.core.errors import UsageError, UserError
+from embedlab.stats.paired import final_trials
+from embedlab.stats.summary import expected_trials
+from embedlab.stats.table import STUDY_FILE, load_table, read_study_record
+from embedlab.studies.study import load_study
 
 
 def parse_scales(text: str) -> tuple[float, ...]:

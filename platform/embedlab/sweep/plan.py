@@ -25,7 +25,7 @@ Trials sharing the cluster slow each other (pilots run alone), which the estimat
 Without pilots (`--throughput FILE`, `measured_plan`): a GPU study is planned from one GPU's
 measurement by `embedlab bench mfu --json` (phase-1 training of a preset at a length and batch,
 `embedlab.bench.mfu`), by one rule. The measured tokens/s at the bench's own setting, times the
-training FLOPs a token costs there (`embedlab.train.flops.expected_step_flops`), is the GPU's
+training FLOPs a token costs there (`embedlab.model.flops.expected_step_flops`), is the GPU's
 rate in training FLOP/s; a trial runs that on each of its workers (linear scaling: gradient
 all-reduce and all-gather cost nothing), so
 
@@ -56,20 +56,20 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from embedlab.config import DataConfig, TrainConfig, TrialConfig, model_preset
-from embedlab.data.prepared import PreparedData
-from embedlab.errors import UsageError
-from embedlab.evaluate.checkpoint_eval import resolve_task
-from embedlab.recipes import PROFILES
+from embedlab.core.config import DataConfig, TrainConfig, TrialConfig, model_preset
+from embedlab.core.errors import UsageError
+from embedlab.tasks.resolve import resolve_task
+from embedlab.model.flops import expected_step_flops
+from embedlab.prepared.directory import PreparedData
+from embedlab.stats.ladder import project_study
+from embedlab.stats.rerun import RerunSize, rerun_size, with_seeds
+from embedlab.studies.recipes import PROFILES
+from embedlab.studies.study import Study, load_study
 from embedlab.sweep.arm_data import prepare_arms
 from embedlab.sweep.cluster import connect, gpu_shares, study_concurrency, trial_driver_resources
 from embedlab.sweep.driver import train_trial
-from embedlab.sweep.ladder import project_study
-from embedlab.sweep.rerun import RerunSize, rerun_size, with_seeds
-from embedlab.sweep.study import Study, load_study
-from embedlab.sweep.tour import load_tour, stage_path
+from embedlab.studies.tour import load_tour, stage_path
 from embedlab.train.budget import step_units
-from embedlab.train.flops import expected_step_flops
 from embedlab.train.launch import CHECKPOINTS_KEPT
 
 PILOT_REPORTS = 6  # report intervals a pilot trains: the first, 4 steady ones, one after a checkpoint

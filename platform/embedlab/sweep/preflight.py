@@ -23,18 +23,17 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from embedlab import store
-from embedlab.data.external import iter_external
-from embedlab.data.pair_sources import PairReadStats, read_pairs
-from embedlab.data.pair_source_config import HFPairs
-from embedlab.data.pairs_table import check_pair_shares
-from embedlab.data.source_config import LocalFiles, SourceError
-from embedlab.errors import RunRecordError, UsageError
-from embedlab.evaluate.beir import load_task
-from embedlab.evaluate.builtin_tasks import BUILTIN_TASKS
-from embedlab.sweep.rundir import finished_rows
-from embedlab.sweep.study import Study
-from embedlab.sweep.table import read_study_record
+from embedlab.core import store
+from embedlab.core.beir import load_task
+from embedlab.core.config.sources import HFPairs, LocalFiles, SourceError
+from embedlab.core.errors import RunRecordError, UsageError
+from embedlab.pairs.readers import PairReadStats, read_pairs
+from embedlab.pairs.table import check_pair_shares
+from embedlab.records.rundir import finished_rows
+from embedlab.sources.external import iter_external
+from embedlab.stats.table import read_study_record
+from embedlab.studies.study import Study
+from embedlab.tasks.builtin_tasks import BUILTIN_TASKS
 
 
 def preflight(study: Study, *, storage: str | Path | None = None, resume: str | Path | None = None,

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from embedlab.config import EvalConfig
+from embedlab.core.config import EvalConfig
 
 # Console lines: a trial's budget at each quarter and at most every 30 s between them; the
 # evaluator's encoding line polled every 5 s (it writes one at most every 10 s). Fixed: they

@@ -35,25 +35,23 @@ from typing import Any
 
 import pandas as pd
 
-from embedlab import store
-from embedlab.code_identity import PACKAGE_DIR
-from embedlab.config import EvalConfig, MaskingConfig, build_config
-from embedlab.data.prepared_sync import local_directory
-from embedlab.evaluate import beir
-from embedlab.errors import UserError
-from embedlab.evaluate.hub_tasks import materialise_hub_task
-from embedlab.sweep.ladder import LadderError, ladder_of, load_rungs, rung_record
-from embedlab.sweep.rundir import last_error_line
-from embedlab.sweep.study import load_study
-from embedlab.sweep.table import budget_unit, check_equal_compute, compute_match_line, load_table, read_study_record
-from embedlab.sweep.trial_rows import final_trials
+from embedlab.artifacts.sync import local_directory
+from embedlab.core import beir, store
+from embedlab.core.code_identity import PACKAGE_DIR
+from embedlab.core.config import DEFAULT_MAX_RETENTION_DROP, EvalConfig, MaskingConfig, build_config
+from embedlab.core.errors import UserError
+from embedlab.records.rundir import last_error_line
+from embedlab.stats.paired import final_trials
+from embedlab.stats.ladder import LadderError, ladder_of, load_rungs, rung_record
+from embedlab.stats.table import budget_unit, check_equal_compute, compute_match_line, load_table, read_study_record
+from embedlab.studies.study import load_study
+from embedlab.tasks.hub_tasks import materialise_hub_task
 
 PROMOTION_FILE = "promotion.json"
 NEXT_STUDY_FILE = "next_study.py"
 PREPARED_FILE = "prepared.json"
 FINAL_EVAL_SPLIT = "test"
 FINAL_EVAL_NOTE = "reported once after selection; never used to choose anything"
-DEFAULT_MAX_RETENTION_DROP = 0.05
 MARGIN_UNIT = "absolute, in metric points: 0.10 lets a score end 0.10 below the parent's, not 10% below it"
 RETENTION_PREFIX = "retention/"
 # A drop equal to the margin passes; float subtraction (0.8 - 0.7) must not tip it over.
@@ -156,7 +154,7 @@ def retention_pairs(parent: dict[str, float], child_columns: set[str],
     single-head child: the child's masked-token accuracy is checked against the parent's head
     it continued, and the parent's other heads (and its nearest-15% alias) against nothing,
     as the child does not carry them."""
-    from embedlab.evaluate.retention import MLM_ACCURACY, head_metric, nearest_head  # here: torch, which choosing a winner from the trial table does not need
+    from embedlab.tasks.retention import MLM_ACCURACY, head_metric, nearest_head  # here: torch, which choosing a winner from the trial table does not need
 
     heads = {key: key.removeprefix(f"{MLM_ACCURACY}/") for key in parent if key.startswith(f"{MLM_ACCURACY}/")}
     if not heads or any(column.startswith(f"{MLM_ACCURACY}/") for column in child_columns):
@@ -223,7 +221,7 @@ def promote(
     Refused (PromotionError) when an (arm, seed) the study declared has no finished trial with
     the metric, unless `allow_missing_seeds` (then every arm still needs one seed, and the
     ranking records the seeds each arm had)."""
-    from embedlab.train.checkpoint import verify_checkpoint  # here: torch, which choosing a winner from the trial table does not need
+    from embedlab.checkpoints.io import verify_checkpoint  # here: torch, which choosing a winner from the trial table does not need
 
     run_dir = store.resolve(run_dir)
     record = read_study_record(run_dir)
@@ -433,7 +431,9 @@ def _score_final(task_label: str, locate: Callable[[], str], prepared_dir: str |
     """One task's final-eval number for `final_eval`: {"value", "task", "task_hash", "queries",
     "checkpoint_hash"}, or {"value": None, "reason"}. `locate()` gives the task as `resolve_task`
     takes it (a BEIR directory or a built-in name); its hash must still be `row[hash_column]`."""
-    from embedlab.evaluate.checkpoint_eval import evaluate_checkpoint, resolve_task  # here: torch, which choosing a winner from the trial table does not need
+    # here: torch, which choosing a winner from the trial table does not need
+    from embedlab.evaluate.checkpoint_eval import evaluate_checkpoint
+    from embedlab.tasks.resolve import resolve_task
 
     try:  # every split, so the hash is the one the trial rows recorded
         task = beir.load_task(resolve_task(locate(), Path(prepared_dir) if prepared_dir else None))
@@ -488,7 +488,7 @@ Written by `embedlab promote {run_dir}`.
 Run:  embedlab sweep {store.join(run_dir, NEXT_STUDY_FILE)}
 """
 
-from embedlab.sweep.study import load_study
+from embedlab.studies.study import load_study
 
 NEXT = {str(next_path)!r}
 PARENT = {promotion["checkpoint"]!r}

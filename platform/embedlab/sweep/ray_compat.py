@@ -21,7 +21,7 @@ import os
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from embedlab.errors import UserError
+from embedlab.core.errors import UserError
 
 # The Ray releases embedlab is tested on: pyproject.toml pins ray==2.60.0. Patch releases of
 # the same minor are accepted; the hooks below still check their private symbols themselves.

@@ -1,7 +1,7 @@
 """Run a study on Ray Tune (`run_sweep`): one trial per (arm, seed), each a Tune driver
 function (`embedlab.sweep.driver`) that fits the arm's phase on Ray Train and asks the shared
 evaluation actor for its dev metrics, after Optuna's tuning trials where the study searches;
-or say what it would run (`dry_run`). The run directory it fills: `embedlab.sweep.rundir`.
+or say what it would run (`dry_run`). The run directory it fills: `embedlab.records.rundir`.
 """
 
 from __future__ import annotations
@@ -12,26 +12,26 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from embedlab import code_identity, store
-from embedlab.config import TrialConfig
-from embedlab.data.prepared_sync import STORAGE_ENV
-from embedlab.errors import UsageError
-from embedlab.evaluate.checkpoint_eval import arm_eval_tasks
+from embedlab.artifacts.sync import STORAGE_ENV
+from embedlab.core import code_identity, store
+from embedlab.core.config import TrialConfig
+from embedlab.core.errors import UsageError
+from embedlab.tasks.resolve import arm_eval_tasks
 from embedlab.sweep import capacity
 from embedlab.sweep.arm_data import prepare_arms, publish_prepared
 from embedlab.sweep.cluster import (TRIAL_DRIVER_RESOURCES, GpuShares, check_fits, connect, gpu_shares,
                                     local_resources, trial_driver_resources)
+from embedlab.checkpoints.io import verify_checkpoint, versions
+from embedlab.records.rundir import finished_rows, new_run_dir, write_json
+from embedlab.records.scores import score_trial
+from embedlab.stats.references import distilled_teacher, score_teacher
+from embedlab.stats.table import STUDY_FILE, read_study_record
+from embedlab.studies.study import Study, load_study, set_path, study_origin
 from embedlab.sweep.driver import trial_driver, trial_params
 from embedlab.sweep.experiment import fit
 from embedlab.sweep.gate import check_contamination, check_pair_schedules
 from embedlab.sweep.preflight import preflight
-from embedlab.sweep.references import distilled_teacher, score_teacher
-from embedlab.sweep.rundir import finished_rows, new_run_dir, write_json
-from embedlab.sweep.scores import score_trial
-from embedlab.sweep.study import Study, load_study, set_path, study_origin
-from embedlab.sweep.table import STUDY_FILE, read_study_record
 from embedlab.sweep.tuning import tune_arms
-from embedlab.train.checkpoint import verify_checkpoint, versions
 
 
 def dry_run(study_path: str | Path, *, profile: str | None = None, parent: str | None = None,

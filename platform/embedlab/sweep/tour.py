@@ -10,78 +10,15 @@ starting nothing.
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
-from embedlab import store
-from embedlab.config import ConfigError
-from embedlab.errors import UsageError
-from embedlab.sweep.promote import (DEFAULT_MAX_RETENTION_DROP, NEXT_STUDY_FILE, RetentionMarginError,
-                                    packaged_ablations, promote)
-from embedlab.sweep.study import Study, load_study
+from embedlab.core import store
+from embedlab.core.errors import UsageError
+from embedlab.sweep.promote import NEXT_STUDY_FILE, RetentionMarginError, packaged_ablations, promote
+from embedlab.studies.tour import Stage, load_stage_studies, load_tour, stage_path
 
 DEMO_TOUR = "recipe.py"  # `make demo`'s tour file, in the repository's ablations/
-
-
-@dataclass(frozen=True)
-class Stage:
-    """One study of the tour and the rule that promotes its winner."""
-
-    study: str  # a study file, relative to the tour file
-    # Absolute, in metric points: 0.10 lets a retention score end 0.10 below the parent's.
-    max_retention_drop: float = DEFAULT_MAX_RETENTION_DROP
-    metric: str = "dev/ndcg@10"
-
-
-@dataclass(frozen=True)
-class Tour:
-    name: str
-    stages: tuple[Stage, ...]
-    profile: str
-    description: str = ""
-
-
-def load_tour(path: str | Path, profile: str | None = None) -> Tour:
-    """Import a tour file and check that its stages load and train phases 1, 2, 3 in order."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"tour file not found: {path}")
-    spec = importlib.util.spec_from_file_location(f"embedlab_tour_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    factory = getattr(module, "tour", None)
-    if not callable(factory):
-        raise ConfigError(f"{path}: defines no tour() function")
-    tour = factory(profile) if profile is not None else factory()
-    if not isinstance(tour, Tour) or not tour.stages:
-        raise ConfigError(f"{path}: tour() must return an embedlab Tour with at least one stage")
-    phases = [study.phase for study in load_stage_studies(path, tour)]
-    if phases != list(range(phases[0], phases[0] + len(phases))):
-        raise ConfigError(f"{path}: stages must train consecutive phases, got {phases}")
-    return tour
-
-
-def stage_path(tour_path: Path, stage: Stage) -> Path:
-    return (Path(tour_path).parent / stage.study).resolve()
-
-
-def load_stage_studies(path: str | Path, tour: Tour) -> list[Study]:
-    """Every stage's study under the tour's profile; a stage that fails to load is named: in the
-    one-line ConfigError of a study file that is missing or invalid, and as a note on the
-    traceback of anything else its code raises."""
-    studies = []
-    for number, stage in enumerate(tour.stages, start=1):
-        where = f"{path}: stage {number}/{len(tour.stages)} ({stage.study})"
-        try:
-            studies.append(load_study(stage_path(Path(path), stage), tour.profile))
-        except (ConfigError, FileNotFoundError) as error:
-            raise ConfigError(f"{where}: {error}") from None
-        except Exception as error:
-            error.add_note(f"while loading {where}")
-            raise
-    return studies
 
 
 def dry_run_tour(path: str | Path, profile: str | None = None) -> str:

@@ -10,14 +10,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from embedlab import store
-from embedlab.errors import UserError
+from embedlab.core import store
+from embedlab.core.errors import UserError
+from embedlab.records.rundir import finished_rows, write_json
+from embedlab.stats.table import STUDY_FILE
+from embedlab.studies.study import Study
 from embedlab.sweep.experiment import fit
-from embedlab.sweep.rundir import finished_rows, write_json
-from embedlab.sweep.study import Study
-from embedlab.sweep.table import STUDY_FILE
 
-# Fixed, not a setting: the run directory's layout (`embedlab.sweep.rundir`) names it, so a
+# Fixed, not a setting: the run directory's layout (`embedlab.records.rundir`) names it, so a
 # resumed run finds its Optuna storage there.
 OPTUNA_FILE = "optuna.db"
 

@@ -1,0 +1,1 @@
+"""Library: train, freeze, save and load the tokenizer (Hugging Face `tokenizers`)."""

@@ -33,8 +33,8 @@ from pathlib import Path
 import tokenizers
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from embedlab.config import TOKENIZER_KINDS
-from embedlab.errors import UserError
+from embedlab.core.config import TOKENIZER_KINDS
+from embedlab.core.errors import UserError
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)

@@ -2,7 +2,7 @@
 
 A trial stops at the first step whose consumption reaches the budget: non-padding tokens
 (phase 1), positive pairs (phases 2-3), measured training FLOPs (`train.budget.flops`,
-counted by `embedlab.train.flops`) or device seconds (`train.budget.device_seconds`). The
+counted by `embedlab.model.flops`) or device seconds (`train.budget.device_seconds`). The
 learning-rate schedule runs on the same clock, so two arms with equal budgets see the same
 schedule whatever their step sizes. The last step is cut to the share of its rows the budget
 has left, sized by the step before it (`final_rows`), so a trial overshoots its budget by
@@ -21,8 +21,8 @@ import math
 
 import torch
 
-from embedlab.config import ConfigError, TrainConfig, TrialConfig
-from embedlab.train.flops import expected_step_flops
+from embedlab.core.config import ConfigError, TrainConfig, TrialConfig
+from embedlab.model.flops import expected_step_flops
 
 
 def consumption(train: TrainConfig, phase: int, *, tokens: float, pairs: float, flops: float,
@@ -34,7 +34,7 @@ def consumption(train: TrainConfig, phase: int, *, tokens: float, pairs: float, 
 
 def schedule_units(trial: TrialConfig) -> int:
     """Tokens (phase 1) or pairs (phases 2-3) the trial's data schedule must hold before its
-    margin (`embedlab.data.mixture.schedule_target`): the data budget, or for a FLOPs budget
+    margin (`embedlab.sources.mixture.schedule_target`): the data budget, or for a FLOPs budget
     the units at which its steps, predicted without attention (a lower bound of their cost,
     `expected_step_flops`), reach it. A device-time budget has no such bound: its schedule is
     the data budget's, and the trial says so if the stream ends first."""

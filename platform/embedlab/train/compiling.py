@@ -42,7 +42,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from embedlab.config import TrainConfig
+from embedlab.core.config import TrainConfig
 
 RECOMPILE_LIMIT = 64
 

@@ -15,7 +15,7 @@ MLM on separately corrupted copies of the same texts and contrastive on clean vi
 component losses and the norms of their gradients are reported. The contrastive term, its
 weight 1 - w and its backward, plain or GradCache by one rule, are
 `embedlab.train.contrastive_step`'s; phase 3's negatives are made on the trial driver
-before the workers start (`embedlab.train.phase3_negatives`).
+before the workers start (`embedlab.negatives.phase3`).
 
 Lineage: the child records its parent's content hash and refuses a parent whose tokenizer
 hash differs from its own data's. Optimizer state and schedule clocks reset at the phase
@@ -38,40 +38,40 @@ from typing import Any
 
 import torch
 
-from embedlab.config import ModelConfig, TrialConfig
-from embedlab.data.teacher_labels import LABELS_FILE
-from embedlab.data.contamination import check_mined_negatives, check_teacher_embeddings, check_teacher_labels, \
-    check_training_data
-from embedlab.data.teacher_embeddings import EMBEDDINGS_FILE
-from embedlab.data.mixture import schedule_target
-from embedlab.data.pair_stream import pair_dataset, pair_schedule
-from embedlab.data.pairs_table import pair_table_path, recorded_pair_table
-from embedlab.data.prepared_sync import node_path
-from embedlab.data.stream import worker_splits
-from embedlab.evaluate.checkpoint_eval import arm_eval_tasks
+from embedlab.artifacts.sync import node_path
+from embedlab.checkpoints.io import HEAD_FILE, load_parent, local_checkpoint
+from embedlab.checkpoints.state import data_seed, seed_everything, seed_for
+from embedlab.teacher.audit import check_teacher_embeddings, check_teacher_labels
+from embedlab.negatives.reading import check_mined_negatives
+from embedlab.pairs.audit import check_training_data
+from embedlab.core.config import ModelConfig, TrialConfig
+from embedlab.tasks.resolve import arm_eval_tasks
 from embedlab.model.encoder import Encoder, MLMModel
+from embedlab.model.flops import FORWARD, FlopTally, TRAINED, attention_path
+from embedlab.negatives.phase3 import given_negative_counts, given_negatives_for_phase3, mine_for_phase3, mining_compute
 from embedlab.objectives.contrastive import LearnableTemperature
 from embedlab.objectives.gather import gather_no_grad, gather_with_grad
 from embedlab.objectives.masking import mask_tokens
 from embedlab.objectives.mlm import mlm_loss_sum
+from embedlab.pairs.table import pair_table_path, recorded_pair_table
+from embedlab.sources.mixture import schedule_target
+from embedlab.streams.packed import worker_splits
+from embedlab.streams.pair_stream import pair_dataset, pair_schedule
+from embedlab.teacher.embeddings import EMBEDDINGS_FILE
+from embedlab.teacher.labels import LABELS_FILE
+from embedlab.teacher.phase3 import (teacher_compute_figures, teacher_embedding_record, teacher_embeddings_for_trial,
+    teacher_label_record, teacher_labels_for_phase3)
 from embedlab.tokenizer.frozen import load_tokenizer
 from embedlab.train.budget import consumption, recorded_flops, schedule_units, split_lineage_budget, step_units
-from embedlab.train.checkpoint import HEAD_FILE, load_parent, local_checkpoint
 from embedlab.train.compiling import compile_blocks, resolve_compile
-from embedlab.train.contrastive_step import DISTILLATION_TERMS, ContrastiveStep, DistillCounts, local, \
-    local_distill_counts
-from embedlab.train.flops import FORWARD, TRAINED, FlopTally, attention_path
+from embedlab.train.contrastive_step import (ContrastiveStep, DISTILLATION_TERMS, DistillCounts, local,
+    local_distill_counts)
 from embedlab.train.launch import fit
 from embedlab.train.loop import Progress, RunOptions, TrainingLoop, run_on_ray
 from embedlab.train.mlm_step import all_reduce_gradients, no_reduce, prepare_microbatch, sum_all_reduce
 from embedlab.train.nonfinite import finite_update
 from embedlab.train.optim import build_optimizer, set_learning_rate
-from embedlab.train.phase3_teacher import teacher_compute_figures, teacher_embedding_record, teacher_embeddings_for_trial, \
-    teacher_label_record, teacher_labels_for_phase3
-from embedlab.train.phase3_negatives import given_negative_counts, given_negatives_for_phase3, mine_for_phase3, \
-    mining_compute
 from embedlab.train.precision import forward_precision, half_activations, resolve_precision
-from embedlab.train.state import data_seed, seed_everything, seed_for
 
 
 def _grad_vector(model: torch.nn.Module) -> torch.Tensor:
@@ -483,7 +483,7 @@ def run_contrastive(trial: TrialConfig, prepared, *, storage_path: Path, name: s
     """Fit one phase-2 or phase-3 `TorchTrainer` on the trial's pair stream.
 
     Before it trains, the trial's pairs and (phase 3) its freshly mined negatives pass the
-    contamination gate against its evaluation task (`embedlab.data.contamination`): final-eval
+    contamination gate against its evaluation task (`embedlab.contamination.gate`): final-eval
     items in them refuse the run with a ContaminationError unless `overlap_policy` (the
     study's disclosed-overlap policy) is given. A run of a `name` that has checkpoints under
     `storage_path` resumes from the latest.

@@ -39,16 +39,16 @@ from dataclasses import dataclass
 
 import torch
 
-from embedlab.config import ContrastiveConfig, ModelConfig
+from embedlab.core.config import ContrastiveConfig, ModelConfig
 from embedlab.model.encoder import Encoder, SegmentLayout, segment_layout, to_device
+from embedlab.model.flops import FlopTally, GRADCACHE, TRAINED, attention_path
 from embedlab.model.pooling import l2_normalise, mean_pool
-from embedlab.objectives.contrastive import ContrastiveLoss, LearnableTemperature, multi_positive_infonce, \
-    pair_masks, pooled
-from embedlab.objectives.distillation import embedding_mse, kl_distillation, kl_rows, margin_mse, margin_pairs, \
-    own_candidate_scores, with_distillation
+from embedlab.objectives.contrastive import (ContrastiveLoss, LearnableTemperature, multi_positive_infonce,
+    pair_masks, pooled)
+from embedlab.objectives.distillation import (embedding_mse, kl_distillation, kl_rows, margin_mse, margin_pairs,
+    own_candidate_scores, with_distillation)
 from embedlab.objectives.gradcache import gradcache_step
 from embedlab.objectives.matryoshka import matryoshka_loss, truncate
-from embedlab.train.flops import GRADCACHE, TRAINED, FlopTally, attention_path
 from embedlab.train.precision import forward_precision
 
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from embedlab.config import TrialConfig
+from embedlab.core.config import TrialConfig
 from embedlab.train.nonfinite import NonFiniteError
 
 # Fixed, not a setting: a run only ever reads its latest checkpoint (a restarted worker group
@@ -31,7 +31,7 @@ def fit(
     reading `datasets[r]`, its own rows of the stream; returns the Ray Train `Result`.
 
     Ray Train splits none of them: each is read whole and in order by its one worker (the
-    split by global row is made on the driver, `embedlab.data.stream.WorkerSplit`). A
+    split by global row is made on the driver, `embedlab.streams.packed.WorkerSplit`). A
     worker group that fails is restarted from the latest checkpoint up to
     `train.max_failures` times; a run whose `name` already has checkpoints under
     `storage_path` resumes from the latest. A trial its workers stopped for non-finite

@@ -7,7 +7,7 @@
                 when its loss or gradient is not finite
     report      every `train.report_every_steps` steps, at every checkpoint and at the end
     checkpoint  every `train.checkpoint_every_steps` steps and at the end: the complete
-                training state (`embedlab.train.state`) next to the weights
+                training state (`embedlab.checkpoints.state`) next to the weights
     stop        at the budget; after `stop_after_step` (a planned interruption: a later run of
                 the same name resumes); or with `NonFiniteError` after too many rejections
 
@@ -27,17 +27,17 @@ from typing import Any
 
 import torch
 
-from embedlab.config import TrialConfig
-from embedlab.data.stream import DATA_ASSIGNMENT
+from embedlab.checkpoints.io import load_weights, read_manifest, save_checkpoint
+from embedlab.core.config import TrialConfig
+from embedlab.streams.packed import DATA_ASSIGNMENT
 from embedlab.train.budget import final_rows, trim_rows
-from embedlab.train.checkpoint import load_weights, read_manifest, save_checkpoint
 from embedlab.train.compiling import compile_record
 from embedlab.train.device_time import DeviceClock
-from embedlab.train.nonfinite import REJECTED_UPDATE_POLICY, STOPPED_KEY, NonFiniteError
+from embedlab.train.nonfinite import NonFiniteError, REJECTED_UPDATE_POLICY, STOPPED_KEY
 from embedlab.train.optim import optimizer_record
 from embedlab.train.precision import PRECISION_POLICY, resolve_precision
 from embedlab.train.session import Batch, FaultDrill, RaySession, Session
-from embedlab.train.state import (
+from embedlab.checkpoints.state import (
     RESUME_POLICY,
     RNG_STREAMS,
     TrainingState,

@@ -214,7 +214,7 @@ def accumulate_gradients(
     summed over workers before any backward; the loss sums stay on the device, summed over
     workers there, until the caller reads them (`AccumulatedStep.result`).
     `precision` "bf16" runs the forward passes under bf16 autocast (`embedlab.train.precision`).
-    `flops` is what this worker's passes cost (`embedlab.train.flops`), summed over workers in
+    `flops` is what this worker's passes cost (`embedlab.model.flops`), summed over workers in
     the same collective as the counts; a skipped step runs no pass and reports 0."""
     keys = sorted({key for mb in microbatches for key in mb.counts})
     local = torch.tensor(

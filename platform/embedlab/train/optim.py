@@ -1,6 +1,6 @@
 """AdamW with one parameter group per category, and the learning-rate schedule.
 
-Every parameter falls in exactly one category (`embedlab.config.PARAMETER_CATEGORIES`),
+Every parameter falls in exactly one category (`embedlab.core.config.PARAMETER_CATEGORIES`),
 decided by the module that owns it, not by its name or shape:
 
     embedding    an `nn.Embedding` table (also the MLM decoder, which is tied to it)
@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from embedlab.config import PARAMETER_CATEGORIES, ScheduleConfig, TrainConfig
+from embedlab.core.config import PARAMETER_CATEGORIES, ScheduleConfig, TrainConfig
 from embedlab.objectives.contrastive import LearnableTemperature
 
 

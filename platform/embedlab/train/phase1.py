@@ -18,23 +18,23 @@ from typing import Any
 
 import torch
 
-from embedlab.config import REPLACEMENT_POLICY, TrialConfig
-from embedlab.data.mixture import Schedule, sample_schedule, schedule_target
-from embedlab.data.prepared import PreparedData
-from embedlab.data.prepared_sync import node_path
-from embedlab.data.stream import packed_datasets, units_by_source
+from embedlab.artifacts.sync import node_path
+from embedlab.core.config import REPLACEMENT_POLICY, TrialConfig
 from embedlab.model.encoder import MLMModel
 from embedlab.model.heads import MultiHeadMLMModel
+from embedlab.prepared.directory import PreparedData
+from embedlab.sources.mixture import Schedule, sample_schedule, schedule_target
+from embedlab.streams.packed import packed_datasets, units_by_source
 from embedlab.objectives.dual_mlm import (
     SHARED_HEAD, assign_ratios, head_names, mask_mixed, ratio_names, route_heads, worker_ratios,
 )
+from embedlab.checkpoints.io import CheckpointError, load_parent
+from embedlab.model.flops import FlopTally, TRAINED, attention_path
 from embedlab.objectives.masking import mask_tokens
 from embedlab.objectives.mlm import combine
 from embedlab.tokenizer.frozen import load_tokenizer
 from embedlab.train.budget import consumption, schedule_units, step_units
-from embedlab.train.checkpoint import CheckpointError, load_parent
 from embedlab.train.compiling import compile_blocks, resolve_compile
-from embedlab.train.flops import TRAINED, FlopTally, attention_path
 from embedlab.train.launch import fit
 from embedlab.train.length import split_rows, stage_length
 from embedlab.train.loop import Progress, RunOptions, TrainingLoop, run_on_ray
@@ -47,16 +47,16 @@ from embedlab.train.mlm_step import (
     prepare_microbatch,
     sum_all_reduce,
 )
+from embedlab.checkpoints.state import data_seed, seed_everything, seed_for
 from embedlab.train.optim import build_optimizer, set_learning_rate
 from embedlab.train.precision import half_activations, resolve_precision
-from embedlab.train.state import data_seed, seed_everything, seed_for
 
 
 @dataclass
 class Phase1Progress(Progress):
     tokens: int = 0  # consumed non-padding tokens, all workers
     selected: int = 0  # selected (masked) tokens, all workers
-    flops: float = 0.0  # training FLOPs the steps ran, all workers (`embedlab.train.flops`)
+    flops: float = 0.0  # training FLOPs the steps ran, all workers (`embedlab.model.flops`)
     ratio_rows: list[int] = field(default_factory=list)  # mixed ratios: rows given each ratio, all workers
     length_switches: list[dict] = field(default_factory=list)  # {"step", "tokens", "length"} per stage change
     consumed_by_source: list[float] = field(default_factory=list)  # tokens per source, as of the last report

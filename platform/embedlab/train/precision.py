@@ -20,7 +20,7 @@ import contextlib
 
 import torch
 
-from embedlab.config import TrainConfig
+from embedlab.core.config import TrainConfig
 
 PRECISION_POLICY = {
     "fp32": "fp32 weights, activations, gradients, optimizer state and reductions",

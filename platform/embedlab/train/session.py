@@ -21,8 +21,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from embedlab.data.stream import WorkerSplit
-from embedlab.telemetry import TrainingTelemetry
+from embedlab.core.telemetry import TrainingTelemetry
+from embedlab.streams.packed import WorkerSplit
 
 Batch = dict[str, torch.Tensor]
 
@@ -97,7 +97,7 @@ class RaySession:
         import ray.train
 
         # Each worker has its own Dataset, built on the driver from the split by global row
-        # (`embedlab.data.stream.WorkerSplit`) and not split by Ray Train (`launch.fit`), so
+        # (`embedlab.streams.packed.WorkerSplit`) and not split by Ray Train (`launch.fit`), so
         # who gets which row never depends on timing.
         return torch_batches(ray.train.get_dataset_shard(train_dataset_name(self.rank)), rows)
 

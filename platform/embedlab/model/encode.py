@@ -1,0 +1,100 @@
+"""Texts -> L2-normalised sentence embeddings, in input order, from any batching.
+
+Texts are encoded as `[CLS] prefix + text [SEP]` (truncated to `max_length`), in batches
+of similar length (sorted by token count) so little padding is computed, then put back in
+input order. Pooling is the checkpoint's: mean over content tokens (CLS, SEP and padding
+excluded) or the CLS state, then L2 normalised (an all-zero row stays zero).
+
+A large corpus takes minutes to encode, so `encode_texts` can report progress: a line
+(texts encoded of the total, texts per second) at most every `PROGRESS_SECONDS`, and one
+when the pass ends, through a `progress(str)` callable like every other long step.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from embedlab.model.encoder import Encoder
+from embedlab.model.flops import FORWARD, FlopTally
+from embedlab.model.pooling import l2_normalise, mean_pool
+from embedlab.tokenizer.frozen import FrozenTokenizer
+
+PROGRESS_SECONDS = 10.0  # one line per 10 s of encoding: visible on a long pass, quiet on a short one
+
+
+class EncodingProgress:
+    """Throttled progress lines of one encoding pass of `total` texts, named by `label`:
+    "<label>: 12,800/50,000 texts encoded (26%), 1,234 texts/s"."""
+
+    def __init__(self, progress: Callable[[str], None], label: str, total: int, *,
+                 every_seconds: float = PROGRESS_SECONDS) -> None:
+        self.progress, self.label, self.total, self.every_seconds = progress, label, total, every_seconds
+        self.started = self.last = time.perf_counter()
+
+    def update(self, done: int) -> None:
+        """Report `done` texts encoded if `every_seconds` passed since the last line (always at the end)."""
+        now = time.perf_counter()
+        if done < self.total and now - self.last < self.every_seconds:
+            return
+        self.last = now
+        rate = done / max(now - self.started, 1e-9)
+        self.progress(f"{self.label}: {done:,}/{self.total:,} texts encoded ({done / self.total:.0%}), "
+                      f"{rate:,.0f} texts/s")
+
+
+@torch.inference_mode()
+def encode_texts(
+    encoder: Encoder,
+    tokenizer: FrozenTokenizer,
+    texts: list[str],
+    *,
+    batch_size: int = 64,
+    max_length: int = 128,
+    device: torch.device | str = "cpu",
+    pooling: str = "mean",
+    prefix: str = "",
+    progress: Callable[[str], None] | None = None,
+    label: str = "encoding",
+    progress_seconds: float = PROGRESS_SECONDS,
+    tally: FlopTally | None = None,
+) -> np.ndarray:
+    """(N,) texts -> (N, d) float32 unit (or zero) rows, row i belonging to texts[i].
+
+    `prefix` (e.g. "query: ") is prepended to every text, as the checkpoint was trained;
+    `pooling` is "mean" (content tokens) or "cls" (the first position's state). With
+    `progress`, an `EncodingProgress` line named `label` every `progress_seconds` and at the end.
+    With `tally` (`embedlab.model.flops.FlopTally`), the forward FLOPs of every batch are added to it.
+    """
+    width = encoder.config.width
+    if not texts:
+        return np.zeros((0, width), dtype=np.float32)
+    content = [ids[: max_length - 2] for ids in tokenizer.encode_batch([prefix + t for t in texts])]
+    order = sorted(range(len(texts)), key=lambda i: (len(content[i]), i))
+    out = np.zeros((len(texts), width), dtype=np.float32)
+    tracker = None if progress is None else EncodingProgress(progress, label, len(texts), every_seconds=progress_seconds)
+    half = next(encoder.parameters()).dtype in (torch.float16, torch.bfloat16)  # what attention sees (FLOPs)
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        length = max(len(content[i]) for i in chunk) + 2
+        input_ids = torch.full((len(chunk), length), tokenizer.pad_id, dtype=torch.long)
+        segment_ids = torch.zeros((len(chunk), length), dtype=torch.long)
+        pool_mask = torch.zeros((len(chunk), length), dtype=torch.bool)
+        for row, i in enumerate(chunk):
+            ids = [tokenizer.cls_id, *content[i], tokenizer.sep_id]
+            input_ids[row, : len(ids)] = torch.tensor(ids)
+            segment_ids[row, : len(ids)] = 1
+            pool_mask[row, 1 : len(ids) - 1] = True
+        if tally is not None:
+            tally.encode(encoder.config, segment_ids, mode=FORWARD, device=torch.device(device), half=half,
+                         training=encoder.training)
+        hidden = encoder(input_ids.to(device), segment_ids.to(device))
+        pooled = hidden[:, 0] if pooling == "cls" else mean_pool(hidden, pool_mask.to(device))
+        pooled = l2_normalise(pooled.float())
+        out[chunk] = pooled.cpu().numpy()
+        if tracker is not None:
+            tracker.update(start + len(chunk))
+    return out

@@ -1,0 +1,578 @@
+"""Hard negatives for phase 3, mined from the pinned training corpus with an identified encoder.
+
+Every pair's query is searched (exact inner product: Faiss `IndexFlatIP` over L2-normalised
+embeddings) among the training-split documents of the corpus, each encoded as "title\\ntext"
+(or its text when untitled). Only split "train" is indexed, so a recipe-dev or final-eval
+document can never become a negative. The `top_k` results are checked against these rules
+in order, and a dropped candidate is counted under the first rule that drops it:
+
+    known-positive         one of the pair's own documents (`Pair.doc_ids`)
+    same-group             shares a near-duplicate `group_id` with one of the pair's documents
+    positive-text          its text contains a positive's or is contained in one, compared as
+                           the word sequences of the normalised (content-hash), case-folded
+                           texts; a document with the positive's content hash is the equal
+                           case. The positives are the pair's own and those of every pair in
+                           its positive group (the other positives of a user's multi-positive
+                           pair, `pair_sources.row_ids`), plus `group_positives`. Words, as in
+                           the contamination audit, so punctuation around a copy does not
+                           hide it and a short positive ("dog") does not match inside a
+                           longer word ("dogma"); contained-in, so a corpus copy of a
+                           labelled positive without its title ("title. text") is caught too
+    near-positive          a near-duplicate of one of those positives (`dedup.NearDuplicateIndex`:
+                           word 5-gram Jaccard >= `NEAR_POSITIVE_THRESHOLD`, the dedup rule):
+                           an edited copy of a positive, which containment misses and which
+                           the margin alone would judge by score
+    false-negative-margin  score > positive_score - margin, where positive_score is
+                           sim(query, positive): too close to the positive to trust as a
+                           negative, so more likely an unlabelled positive
+    skip-top               the first `skip_top` candidates left by the rules above
+
+The next `negatives_per_query` candidates, best first, are the pair's negatives. Every
+candidate is checked, not only as many as the quota needs, so the drop counts describe the
+whole top_k pool and say how hard the negatives could be made.
+
+Re-mining is a new recipe revision: `MinedSet.version` is a hash of the encoder id, how it
+encodes (`encoding`: the encode length, the pooling and, from phase 3, the code that mines and
+encodes, `MINING_CODE`), the corpus revision, the mining config, the pair ids and the pairs'
+texts, so mining with anything different gives a new version.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import re
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from embedlab.pairs.builders import Pair
+from embedlab.sources.dedup import NearDuplicateIndex
+from embedlab.sources.document import document_text, normalise_text
+from embedlab.tasks.retrieval import search
+
+FORMAT = "embedlab-mined-negatives/4"  # 2: positive-text over the positive group, both ways; 3: pairs_digest; 4: encoding
+RULES = ("known-positive", "same-group", "positive-text", "near-positive", "false-negative-margin", "skip-top")
+NEAR_POSITIVE_THRESHOLD = 0.8  # the corpus dedup's default threshold
+TRAIN_SPLIT = "train"
+CORPUS_COLUMNS = ("doc_id", "title", "text", "group_id", "split")
+NEGATIVES_FILE = "negatives.parquet"
+MANIFEST_FILE = "manifest.json"
+SNIPPET_CHARS = 160
+DEV_TEST_ROW = "dev/test documents (never indexed; documents, not candidates)"  # the report's first drop row
+_WORD = re.compile(r"\w+")
+
+NEGATIVE_SCHEMA = pa.schema([
+    ("pair_id", pa.string()),
+    ("doc_id", pa.string()),
+    ("rank", pa.int32()),
+    ("score", pa.float64()),
+    ("positive_score", pa.float64()),
+    ("query", pa.string()),
+    ("positive", pa.string()),
+    ("negative", pa.string()),
+])
+
+
+@dataclass(frozen=True, kw_only=True)
+class MiningConfig:
+    """How many candidates to search, how many negatives to keep and how far below the positive they must score."""
+
+    top_k: int = 50
+    negatives_per_query: int = 4
+    false_negative_margin: float = 0.05
+    skip_top: int = 0
+
+    def __post_init__(self) -> None:
+        if self.top_k < 1:
+            raise ValueError(f"MiningConfig.top_k must be >= 1, got {self.top_k}")
+        if self.negatives_per_query < 1:
+            raise ValueError(f"MiningConfig.negatives_per_query must be >= 1, got {self.negatives_per_query}")
+        if self.false_negative_margin < 0:
+            raise ValueError(f"MiningConfig.false_negative_margin must be >= 0, got {self.false_negative_margin}")
+        if self.skip_top < 0:
+            raise ValueError(f"MiningConfig.skip_top must be >= 0, got {self.skip_top}")
+        if self.skip_top + self.negatives_per_query > self.top_k:
+            raise ValueError(
+                f"MiningConfig.top_k ({self.top_k}) must be at least skip_top + negatives_per_query "
+                f"({self.skip_top} + {self.negatives_per_query}), or no query could get its negatives"
+            )
+
+
+@dataclass(frozen=True)
+class MinedNegative:
+    """One negative of one pair: `rank` is its 1-based place among all indexed documents for the query."""
+
+    pair_id: str
+    doc_id: str
+    rank: int
+    score: float
+    positive_score: float
+
+
+def pairs_digest(pairs: Iterable[Pair], group_positives: Mapping[str, Iterable[str]] | None = None) -> str:
+    """sha256 of the texts mining reads from the pairs: each pair's query, positive and group,
+    and the group positives, in id order. A user who edits a positive under the same pair id
+    gets a new mined set, not one chosen against the old text."""
+    rows = sorted((p.pair_id, p.query, p.positive, p.positive_group) for p in pairs)
+    groups = sorted((group, sorted(texts)) for group, texts in (group_positives or {}).items())
+    return hashlib.sha256(json.dumps([rows, groups]).encode()).hexdigest()
+
+
+def mining_version(*, encoder_id: str, corpus_revision: str, config: MiningConfig, pair_ids: Iterable[str],
+                   pairs_digest: str, encoding: Mapping[str, Any] | None = None) -> str:
+    """sha256 of everything that decides the negatives (`pairs_digest`: the pairs' texts;
+    `encoding`: how the encoder turns text into vectors, JSON values); pair order does not matter."""
+    identity = {
+        "format": FORMAT,
+        "encoder_id": encoder_id,
+        "encoding": dict(encoding or {}),
+        "corpus_revision": corpus_revision,
+        "config": asdict(config),
+        "pair_ids": sorted(pair_ids),
+        "pairs_digest": pairs_digest,
+    }
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class MinedSet:
+    """Mined negatives with the identity of what mined them.
+
+    `negatives` has an entry, in rank order, for every mined pair (empty when every
+    candidate was dropped); `queries` holds (query, positive) and `documents` the encoded
+    text of every pair and document that appears in a negative, so the set can be reviewed
+    and trained on without the corpus.
+    """
+
+    version: str
+    encoder_id: str
+    corpus_revision: str
+    config: MiningConfig
+    negatives: dict[str, tuple[MinedNegative, ...]]
+    counts: dict[str, Any]
+    queries: dict[str, tuple[str, str]]
+    documents: dict[str, str]
+    pairs_digest: str
+    encoding: dict[str, Any] = field(default_factory=dict)
+
+    def to_table(self) -> pa.Table:
+        """One row per negative, by pair id then rank, with the query, positive and negative texts."""
+        rows = [
+            {**asdict(negative), "query": self.queries[pair_id][0], "positive": self.queries[pair_id][1],
+             "negative": self.documents[negative.doc_id]}
+            for pair_id in sorted(self.negatives)
+            for negative in self.negatives[pair_id]
+        ]
+        return pa.Table.from_pylist(rows, schema=NEGATIVE_SCHEMA)
+
+    def save(self, directory: Path | str) -> Path:
+        """Write negatives.parquet and manifest.json into directory; returns the directory.
+
+        Trials that need the same set may mine it at once: each file is staged under its
+        writer's own name (pid and a random suffix) and renamed into place, so a reader sees
+        one writer's whole file, never two writers' bytes interleaved."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        negatives = _staging_name(directory / NEGATIVES_FILE)
+        pq.write_table(self.to_table(), negatives)
+        negatives.rename(directory / NEGATIVES_FILE)
+        manifest = {
+            "format": FORMAT,
+            "version": self.version,
+            "encoder_id": self.encoder_id,
+            "encoding": self.encoding,
+            "corpus_revision": self.corpus_revision,
+            "config": asdict(self.config),
+            "counts": self.counts,
+            # The pair ids restore pairs left without negatives and let `load` recompute the version.
+            "pair_ids": sorted(self.negatives),
+            "pairs_digest": self.pairs_digest,
+        }
+        # Written last, so a directory with a manifest holds a complete set.
+        write_text_atomically(directory / MANIFEST_FILE, json.dumps(manifest, indent=2, sort_keys=True))
+        return directory
+
+    @classmethod
+    def load(cls, directory: Path | str) -> MinedSet:
+        """A set written by `save`; a manifest whose version does not match its contents is a ValueError."""
+        directory = Path(directory)
+        manifest_path = directory / MANIFEST_FILE
+        if not manifest_path.is_file() or not (directory / NEGATIVES_FILE).is_file():
+            raise FileNotFoundError(f"no mined negatives in {directory} ({MANIFEST_FILE} + {NEGATIVES_FILE})")
+        manifest = json.loads(manifest_path.read_text())
+        if manifest.get("format") != FORMAT:
+            raise ValueError(f"{manifest_path}: format {manifest.get('format')!r}, expected {FORMAT!r}")
+        config = MiningConfig(**manifest["config"])
+        version = mining_version(
+            encoder_id=manifest["encoder_id"], corpus_revision=manifest["corpus_revision"],
+            config=config, pair_ids=manifest["pair_ids"], pairs_digest=manifest["pairs_digest"],
+            encoding=manifest["encoding"],
+        )
+        if version != manifest["version"]:
+            raise ValueError(f"{manifest_path}: version {manifest['version']} does not match its contents ({version})")
+        negatives: dict[str, list[MinedNegative]] = {pair_id: [] for pair_id in manifest["pair_ids"]}
+        queries: dict[str, tuple[str, str]] = {}
+        documents: dict[str, str] = {}
+        for row in pq.read_table(directory / NEGATIVES_FILE).to_pylist():
+            negatives[row["pair_id"]].append(MinedNegative(
+                pair_id=row["pair_id"], doc_id=row["doc_id"], rank=row["rank"],
+                score=row["score"], positive_score=row["positive_score"],
+            ))
+            queries[row["pair_id"]] = (row["query"], row["positive"])
+            documents[row["doc_id"]] = row["negative"]
+        return cls(
+            version=version,
+            encoder_id=manifest["encoder_id"],
+            corpus_revision=manifest["corpus_revision"],
+            config=config,
+            negatives={pair_id: tuple(found) for pair_id, found in negatives.items()},
+            counts=manifest["counts"],
+            queries=queries,
+            documents=documents,
+            pairs_digest=manifest["pairs_digest"],
+            encoding=manifest["encoding"],
+        )
+
+    def report(self, examples: int = 5) -> str:
+        """Markdown: identity, counts, drops per rule and up to `examples` (query, positive, negative) triples."""
+        counts, config = self.counts, self.config
+        lines = [
+            f"# Mined hard negatives {self.version[:12]}",
+            "",
+            f"Encoder `{self.encoder_id}`, corpus revision `{self.corpus_revision}`, top_k {config.top_k}, "
+            f"{config.negatives_per_query} negatives per query, false-negative margin "
+            f"{config.false_negative_margin}, skip_top {config.skip_top}."
+            + ("" if not self.encoding else " Encoding: " + ", ".join(
+                f"{key} {value}" for key, value in sorted(self.encoding.items())) + "."),
+            "",
+            "| count | value |",
+            "|---|---:|",
+            f"| queries mined | {counts['queries']} |",
+            f"| queries with at least one negative | {counts['queries_with_negatives']} |",
+            f"| negatives | {counts['negatives']} |",
+            f"| training documents indexed | {counts['training_documents_indexed']} |",
+            f"| candidates checked | {counts['candidates']} |",
+            f"| mean positive score | {counts['mean_positive_score']:.4f} |",
+            f"| mean negative score | {_optional(counts['mean_negative_score'])} |",
+            "",
+            "## Negatives per query",
+            "",
+            "| negatives | queries |",
+            "|---:|---:|",
+            *(f"| {n} | {queries} |" for n, queries in counts["negatives_per_query"].items()),
+            "",
+            "## Dropped by each exclusion rule",
+            "",
+            "| rule | dropped |",
+            "|---|---:|",
+            f"| {DEV_TEST_ROW} | {counts['dev_test_documents_left_out']} |",
+            *(f"| {rule} | {counts['dropped'][rule]} |" for rule in RULES),
+            "",
+            "## Examples",
+            "",
+        ]
+        mined = [pair_id for pair_id in sorted(self.negatives) if self.negatives[pair_id]]
+        if not mined:
+            lines.append("No query has a negative.")
+        # Spread over the sorted ids rather than the first few, which often share one document.
+        chosen = mined if len(mined) <= examples else [mined[i * len(mined) // examples] for i in range(examples)]
+        for pair_id in chosen:
+            query, positive = self.queries[pair_id]
+            found = self.negatives[pair_id]
+            lines += [
+                f"**{pair_id}** (positive score {found[0].positive_score:.3f})",
+                "",
+                f"- query: {_snippet(query)}",
+                f"- positive: {_snippet(positive)}",
+                *(f"- negative `{n.doc_id}` (rank {n.rank}, score {n.score:.3f}): {_snippet(self.documents[n.doc_id])}"
+                  for n in found),
+                "",
+            ]
+        return "\n".join(lines).rstrip() + "\n"
+
+
+def _staging_name(path: Path) -> Path:
+    """A hidden name beside `path` that is this writer's alone."""
+    return path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+
+
+def write_text_atomically(path: Path | str, text: str) -> None:
+    """Write `path` whole or not at all, staged under this writer's own name (see `MinedSet.save`)."""
+    path = Path(path)
+    staging = _staging_name(path)
+    staging.write_text(text)
+    staging.rename(path)
+
+
+def _optional(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def _snippet(text: str) -> str:
+    """Whitespace-collapsed text, cut to SNIPPET_CHARS characters."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= SNIPPET_CHARS else flat[: SNIPPET_CHARS - 1] + "…"
+
+
+def _words(text: str) -> str:
+    """The word sequence containment is checked on, space-padded so a match is word-aligned."""
+    return f" {' '.join(_WORD.findall(normalise_text(text).casefold()))} "
+
+
+def _overlaps(document: str, positives: Iterable[str]) -> bool:
+    """Whether a document's words (`_words`) contain a positive's or lie inside one."""
+    return any(positive in document or (document.strip() and document in positive) for positive in positives)
+
+
+def _near_positive_groups(positives: Mapping[str, Iterable[str]], candidates: Mapping[Any, str]) -> dict[Any, set[str]]:
+    """candidate key -> the positive groups one of whose positives it is a near-duplicate of."""
+    index = NearDuplicateIndex(NEAR_POSITIVE_THRESHOLD)
+    for group, texts in positives.items():
+        texts = sorted(texts)
+        index.add([group] * len(texts), texts)
+    if not len(index) or not candidates:
+        return {}
+    keys = list(candidates)
+    found = index.query_many([candidates[key] for key in keys])
+    return {key: {group for group, _ in matches} for key, matches in zip(keys, found) if matches}
+
+
+def _unit_rows(vectors: np.ndarray, count: int, what: str) -> np.ndarray:
+    """encode's output as float32 unit rows (zero rows stay zero), checked to have one row per text."""
+    array = np.asarray(vectors, dtype=np.float32)
+    if array.ndim != 2 or array.shape[0] != count:
+        raise ValueError(f"encode returned shape {array.shape} for {count} {what}")
+    norms = np.linalg.norm(array, axis=1, keepdims=True)
+    return array / np.maximum(norms, np.float32(1e-12))
+
+
+def mine_hard_negatives(
+    pairs: list[Pair],
+    corpus: pa.Table,
+    encode: Callable[[list[str]], np.ndarray],
+    *,
+    config: MiningConfig,
+    encoder_id: str,
+    corpus_revision: str,
+    progress: Callable[[str], None] = print,
+    outside_corpus: frozenset[str] = frozenset(),
+    group_positives: Mapping[str, Iterable[str]] | None = None,
+    encoding: Mapping[str, Any] | None = None,
+    encode_query: Callable[[list[str]], np.ndarray] | None = None,
+    encode_corpus: Callable[[list[str]], np.ndarray] | None = None,
+) -> MinedSet:
+    """Negatives for every pair from the training split of `corpus`, found with `encode(texts) -> (N, d)`
+    for documents and positives and `encode_query` (default `encode`) for queries: an encoder
+    trained with query and passage prefixes is searched as it is trained and evaluated.
+
+    `corpus` is the corpus table (at least doc_id, title, text, group_id, split) of every
+    split: the dev and test rows are never indexed, but the pairs' documents are looked up
+    in it for their groups, so each pair's documents must be in it, except for the pairs
+    whose ids are in `outside_corpus` (a user's own pairs, `embedlab.pairs.readers`):
+    their positives are no corpus documents, so known-positive and same-group cannot apply
+    to them, and positive-text and the margin are what keep their positives out.
+    `group_positives` (positive group -> texts, `pairs_table.group_positive_texts`) adds the
+    positives of group members that are not among `pairs` (rows the schedule does not read).
+    `encoding` says how `encode` embeds text (JSON values: encode length, pooling, code); it
+    joins the set's version, so an encoder run differently is a new set. `encode_corpus`
+    (default `encode`) embeds the training-split documents: the same passage encoding, which a
+    caller may serve from a cache of the corpus's vectors (`embedlab.negatives.phase3`).
+    """
+    if not pairs:
+        raise ValueError("no pairs to mine negatives for")
+    digest = pairs_digest(pairs, group_positives)
+    pair_ids = [pair.pair_id for pair in pairs]
+    repeated = sorted(pair_id for pair_id, n in Counter(pair_ids).items() if n > 1)
+    if repeated:
+        raise ValueError(f"pair ids listed more than once: {repeated[:5]}")
+    missing = [column for column in CORPUS_COLUMNS if column not in corpus.column_names]
+    if missing:
+        raise ValueError(f"corpus table lacks columns {missing}; needs {list(CORPUS_COLUMNS)}")
+    group_of = dict(zip(corpus["doc_id"].to_pylist(), corpus["group_id"].to_pylist()))
+    unknown = sorted({doc_id for pair in pairs if pair.pair_id not in outside_corpus for doc_id in pair.doc_ids}
+                     - group_of.keys())
+    if unknown:
+        # Without a document's group its near-duplicates could not be excluded.
+        raise ValueError(f"pair documents not in the corpus table: {unknown[:5]}")
+    train = corpus.filter(pc.equal(corpus["split"], TRAIN_SPLIT))
+    if train.num_rows == 0:
+        raise ValueError("the corpus table has no training-split documents to mine from")
+    doc_ids = train["doc_id"].to_pylist()
+    groups = train["group_id"].to_pylist()
+    texts = [document_text(title, text) for title, text in zip(train["title"].to_pylist(), train["text"].to_pylist())]
+
+    progress(f"mining: encoding {len(texts):,} training documents ({corpus.num_rows - len(texts):,} dev/test "
+             f"documents left out) and {len(pairs):,} pairs with {encoder_id}")
+    doc_vectors = _unit_rows((encode_corpus or encode)(texts), len(texts), "documents")
+    query_vectors = _unit_rows((encode_query or encode)([pair.query for pair in pairs]), len(pairs), "queries")
+    positive_vectors = _unit_rows(encode([pair.positive for pair in pairs]), len(pairs), "positives")
+    positive_scores = np.einsum("ij,ij->i", query_vectors, positive_vectors)
+    scores, rows = search(doc_vectors, query_vectors, config.top_k)
+
+    dropped: Counter[str] = Counter()
+
+    @functools.cache
+    def document_words(row: int) -> str:
+        # Once per document, and only for documents that turn up as candidates.
+        return _words(texts[row])
+
+    positives_of: dict[str, set[str]] = {}  # positive group -> its positives' words
+    positive_texts: dict[str, set[str]] = {}  # positive group -> its positives
+    for group, extra in (group_positives or {}).items():
+        positive_texts.setdefault(group, set()).update(extra)
+    for pair in pairs:
+        positive_texts.setdefault(pair.positive_group, set()).add(pair.positive)
+    for group, group_texts in positive_texts.items():
+        positives_of[group] = {_words(text) for text in group_texts}
+    near_groups = _near_positive_groups(positive_texts, {row: texts[row] for row in np.unique(rows).tolist()
+                                                         if row >= 0})
+
+    mined: dict[str, tuple[MinedNegative, ...]] = {}
+    for i, pair in enumerate(pairs):
+        own = set(pair.doc_ids)
+        own_groups = {group_of[doc_id] for doc_id in pair.doc_ids if doc_id in group_of}
+        positives = positives_of[pair.positive_group]
+        positive_score = float(positive_scores[i])
+        ceiling = positive_score - config.false_negative_margin
+        survivors: list[MinedNegative] = []
+        for rank, (score, row) in enumerate(zip(scores[i].tolist(), rows[i].tolist()), start=1):
+            if doc_ids[row] in own:
+                dropped["known-positive"] += 1
+            elif groups[row] in own_groups:
+                dropped["same-group"] += 1
+            elif _overlaps(document_words(row), positives):
+                dropped["positive-text"] += 1
+            elif pair.positive_group in near_groups.get(row, ()):
+                dropped["near-positive"] += 1
+            elif score > ceiling:
+                dropped["false-negative-margin"] += 1
+            else:
+                survivors.append(MinedNegative(pair_id=pair.pair_id, doc_id=doc_ids[row], rank=rank,
+                                               score=score, positive_score=positive_score))
+        dropped["skip-top"] += min(config.skip_top, len(survivors))
+        mined[pair.pair_id] = tuple(survivors[config.skip_top : config.skip_top + config.negatives_per_query])
+
+    negatives = {pair_id: mined[pair_id] for pair_id in sorted(mined)}
+    found = [negative for pair_negatives in negatives.values() for negative in pair_negatives]
+    text_of = dict(zip(doc_ids, texts))
+    per_query = Counter(len(pair_negatives) for pair_negatives in negatives.values())
+    counts = {
+        "queries": len(pairs),
+        "queries_with_negatives": sum(1 for pair_negatives in negatives.values() if pair_negatives),
+        "negatives": len(found),
+        # String keys, as JSON stores them, so a loaded set equals the mined one.
+        "negatives_per_query": {str(n): per_query[n] for n in sorted(per_query)},
+        "training_documents_indexed": len(texts),
+        "dev_test_documents_left_out": corpus.num_rows - len(texts),
+        "candidates": int(rows.size),
+        "dropped": {rule: dropped[rule] for rule in RULES},
+        "mean_positive_score": float(positive_scores.mean()),
+        "mean_negative_score": float(np.mean([n.score for n in found])) if found else None,
+    }
+    progress(f"mining: {counts['negatives']:,} negatives for {counts['queries_with_negatives']:,} of "
+             f"{len(pairs):,} queries; dropped {counts['dropped']}")
+    return MinedSet(
+        version=mining_version(encoder_id=encoder_id, corpus_revision=corpus_revision, config=config,
+                               pair_ids=pair_ids, pairs_digest=digest, encoding=encoding),
+        pairs_digest=digest,
+        encoding=dict(encoding or {}),
+        encoder_id=encoder_id,
+        corpus_revision=corpus_revision,
+        config=config,
+        negatives=negatives,
+        counts=counts,
+        queries={pair.pair_id: (pair.query, pair.positive) for pair in pairs if negatives[pair.pair_id]},
+        documents={negative.doc_id: text_of[negative.doc_id] for negative in found},
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Given negatives (a user's own pairs)
+
+GIVEN_FORMAT = "embedlab-given-negatives/3"  # 2: the encoding in the identity; 3: the text rules
+GIVEN_RULE = "false-negative-margin"
+GIVEN_RULES = ("positive-text", "near-positive", GIVEN_RULE)
+
+
+@dataclass(frozen=True)
+class GivenPair:
+    """A pair with the negatives its source gave, in the source's order."""
+
+    pair_id: str
+    query: str
+    positive: str
+    negatives: tuple[str, ...]
+
+
+def given_doc_id(pair_id: str, index: int) -> str:
+    """The id a pair's `index`-th given negative goes by (its group in the loss, its audit id)."""
+    return f"{pair_id}:negative:{index}"
+
+
+def screen_given_negatives(
+    pairs: list[GivenPair], encode: Callable[[list[str]], np.ndarray] | None, *, margin: float | None,
+    encode_query: Callable[[list[str]], np.ndarray] | None = None,
+) -> tuple[pa.Table, dict[str, Any]]:
+    """The given negatives that pass the text rules and the false-negative margin under
+    `encode` (`encode_query`, default `encode`, for queries), as a table of `NEGATIVE_SCHEMA`
+    (rank: the place in the source's list, from 1), and the counts.
+
+    The mining rules, applied to texts the user labelled as negatives. positive-text and
+    near-positive (as in mining, against the pair's own positive) always apply: a copy of
+    the positive, verbatim or edited, is no negative whatever the user's file says. Then a
+    negative scoring above sim(query, positive) - `margin` is too close to the positive to
+    trust. Each drop is counted under its rule. `margin` None applies the text rules only,
+    unscored (`encode` is not called).
+    """
+    rows: list[dict[str, Any]] = []
+    dropped: Counter[str] = Counter()
+    given = [(row, i, text) for row, pair in enumerate(pairs) for i, text in enumerate(pair.negatives)]
+    near = _near_positive_groups({str(row): [pair.positive] for row, pair in enumerate(pairs)},
+                                 {k: text for k, (_, _, text) in enumerate(given)})
+    copies: dict[int, str] = {}  # given negative -> the text rule that drops it
+    for k, (row, _, text) in enumerate(given):
+        if _overlaps(_words(text), [_words(pairs[row].positive)]):
+            copies[k] = "positive-text"
+        elif str(row) in near.get(k, ()):
+            copies[k] = "near-positive"
+    owners = np.array([row for row, _, _ in given], dtype=np.int64)
+    positive_scores, scores = np.full(len(pairs), np.nan), np.full(len(given), np.nan)
+    if given and margin is not None:
+        if encode is None:
+            raise ValueError("screening given negatives needs an encoder")
+        queries = _unit_rows((encode_query or encode)([p.query for p in pairs]), len(pairs), "queries")
+        positives = _unit_rows(encode([p.positive for p in pairs]), len(pairs), "positives")
+        negatives = _unit_rows(encode([text for _, _, text in given]), len(given), "given negatives")
+        positive_scores = np.einsum("ij,ij->i", queries, positives)
+        scores = np.einsum("ij,ij->i", queries[owners], negatives)
+    for k, ((row, index, text), score) in enumerate(zip(given, scores.tolist())):
+        pair, positive_score = pairs[row], float(positive_scores[row])
+        if k in copies:
+            dropped[copies[k]] += 1
+            continue
+        if margin is not None and score > positive_score - margin:
+            dropped[GIVEN_RULE] += 1
+            continue
+        rows.append({"pair_id": pair.pair_id, "doc_id": given_doc_id(pair.pair_id, index), "rank": index + 1,
+                     "score": score, "positive_score": positive_score, "query": pair.query,
+                     "positive": pair.positive, "negative": text})
+    counts = {
+        "pairs": len(pairs),
+        "pairs_with_given": sum(1 for pair in pairs if pair.negatives),
+        "given": len(given),
+        "kept": len(rows),
+        "dropped": {rule: dropped[rule] for rule in GIVEN_RULES},
+        "margin": margin,
+    }
+    return pa.Table.from_pylist(rows, schema=NEGATIVE_SCHEMA), counts

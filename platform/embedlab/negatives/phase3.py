@@ -1,0 +1,277 @@
+"""Phase 3's negatives, made on the trial driver before its workers start.
+
+Mined ones (`mine_for_phase3`: the parent encoder over the prepared corpus's training
+split, whose vectors are encoded once per parent and encoding and reused by every set mined
+with them, `corpus_vectors`) and a user source's given ones screened under the parent encoder
+(`given_negatives_for_phase3`), each set cached by version under the prepared data and
+published to every node; what making a set cost is read back by `mining_compute`, the
+screened set's counts by `given_negative_counts`. `embedlab.train.contrastive.run_contrastive`
+calls them and passes the sets' paths to the pair stream; the workers only read them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import math
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+import torch
+
+from embedlab.core.config import TrialConfig
+from embedlab.negatives.mining import (
+    GIVEN_FORMAT, NEGATIVES_FILE, GivenPair, MiningConfig, mine_hard_negatives, mining_version, pairs_digest,
+    screen_given_negatives, write_text_atomically,
+)
+from embedlab.artifacts.sync import node_path, publish_subtree
+from embedlab.checkpoints.io import load_encoder, verify_checkpoint
+from embedlab.core.store import file_sha256
+from embedlab.checkpoints.io import checkpoint_prefixes
+from embedlab.model.encode import encode_texts
+from embedlab.model.flops import FlopTally
+from embedlab.pairs.builders import PAIR_BUILDERS, PAIR_SCHEMA, Pair
+from embedlab.pairs.table import group_positive_texts
+from embedlab.core.code_identity import code_revision
+
+# File names of the cached sets' layout, fixed rather than settings: every trial and node that
+# needs a set looks for the one a trial before it wrote, under these names.
+GIVEN_MANIFEST = "manifest.json"  # a screened set's identity and counts, written last: it marks the set complete
+MINING_COST_FILE = "compute.json"  # what encoding a set cost, in mined and screened sets (`mining_compute`)
+CORPUS_VECTORS_DIR = "corpus-vectors"  # under the prepared data: <version>/vectors.npy + manifest.json
+CORPUS_VECTORS_FILE = "vectors.npy"
+CORPUS_VECTORS_FORMAT = "embedlab-corpus-vectors/1"
+# The code that decides a mined or screened set beyond its inputs: the rules, the encoding
+# (tokenising, the encoder's forward, pooling) and the search. Hashed into the sets' versions.
+MINING_CODE = (
+    "negatives/mining.py", "sources/document.py", "negatives/phase3.py", "model/encode.py", "tasks/retrieval.py",
+    "model/encoder.py", "model/pooling.py", "tokenizer/frozen.py",
+)
+
+
+def scheduled_rows(pairs_path: Path, schedule, offsets, columns: list[str] | None = None) -> list[dict[str, Any]]:
+    """The distinct pairs-table rows the schedule reads, in table order."""
+    rows = np.unique(np.array([offsets[n] for n in schedule.sources], dtype=np.int64)[schedule.source] + schedule.item)
+    return pq.read_table(pairs_path, columns=columns).take(rows).to_pylist()
+
+
+@dataclass
+class _ParentEncoder:
+    """The parent encoder as `encode(texts)` (passages) and `encode_query(texts)` for mining and
+    screening, each with the parent's prefix, with its FLOPs and clocks."""
+
+    encode: Any
+    encode_query: Any
+    manifest: dict[str, Any]
+    device: str
+    tally: FlopTally
+    cpu: float = field(default_factory=time.thread_time)
+    wall: float = field(default_factory=time.perf_counter)
+
+    def cost(self) -> dict[str, Any]:
+        return {"flops": self.tally.flops, "seconds": time.thread_time() - self.cpu,
+                "wall_seconds": time.perf_counter() - self.wall,
+                "clock": "thread-cpu of the trial driver (encoding and the Faiss search)", "device": self.device}
+
+
+def _parent_encoder(trial: TrialConfig, progress, label: str) -> _ParentEncoder:
+    encoder, tokenizer, manifest = load_encoder(trial.parent)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    encoder.to(device)
+    tally = FlopTally()
+    prefixes = checkpoint_prefixes(manifest)
+    encode = partial(encode_texts, encoder, tokenizer, max_length=trial.contrastive.pair_length,
+                     pooling=manifest["pooling"]["method"], progress=progress, tally=tally, device=device)
+    return _ParentEncoder(encode=partial(encode, prefix=prefixes["passage"], label=f"{label} passages"),
+                          encode_query=partial(encode, prefix=prefixes["query"], label=f"{label} queries"),
+                          manifest=manifest, device=device, tally=tally)
+
+
+
+@contextlib.contextmanager
+def directory_lock(directory: Path):
+    """An exclusive lock beside `directory` for this node's processes (`fcntl.flock`), held while
+    a cached set is checked for and made: trials starting together make it once, the rest reuse it."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with open(directory.parent / f".{directory.name}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def corpus_vectors(prepared, encoder_id: str, encoding: dict[str, Any], parent: "_ParentEncoder",
+                   progress=print) -> tuple[Any, dict[str, Any]]:
+    """`encode_corpus(texts)` for `mine_hard_negatives`: the training-split documents' passage
+    vectors under the parent, encoded once per (parent, encoding, corpus revision) into
+    `corpus-vectors/<version>/` and read back by every later set (each seed and each rung of a
+    ladder mines its own pairs against the same documents); and a record that, once called,
+    says which set it used, whether it was reused, and what encoding it cost when it was made.
+    The texts' digest is checked, so a set is only ever read for the texts it was made from."""
+    identity = {"format": CORPUS_VECTORS_FORMAT, "encoder_id": encoder_id, "encoding": encoding,
+                "corpus_revision": prepared.data_revision}
+    version = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+    directory = prepared.directory / CORPUS_VECTORS_DIR / version[:16]
+    record: dict[str, Any] = {"set": directory.name}
+
+    def encode_corpus(texts: list[str]) -> np.ndarray:
+        digest = hashlib.sha256("\0".join(texts).encode()).hexdigest()
+        node_path(directory)  # on a cluster with remote storage: another node's published set, fetched
+        with directory_lock(directory):
+            manifest = directory / "manifest.json"
+            if manifest.is_file():
+                made = json.loads(manifest.read_text())
+                if (made["identity"], made["texts_digest"], made["texts"]) != (identity, digest, len(texts)):
+                    raise ValueError(f"{directory}: corpus vectors of other inputs than this mining's")
+                progress(f"mining: {len(texts):,} training documents' vectors reused from {directory}")
+                record.update(reused=True, cost=made["cost"])
+                return np.load(directory / CORPUS_VECTORS_FILE)
+            flops, cpu, wall = parent.tally.flops, time.thread_time(), time.perf_counter()
+            vectors = np.ascontiguousarray(parent.encode(texts), dtype=np.float32)
+            cost = {"flops": parent.tally.flops - flops, "seconds": time.thread_time() - cpu,
+                    "wall_seconds": time.perf_counter() - wall}
+            directory.mkdir(parents=True, exist_ok=True)
+            staging = directory / f".{CORPUS_VECTORS_FILE}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"
+            with open(staging, "wb") as out:
+                np.save(out, vectors)
+            staging.rename(directory / CORPUS_VECTORS_FILE)
+            write_text_atomically(manifest, json.dumps({"identity": identity, "texts_digest": digest,
+                                                        "texts": len(texts), "cost": cost}, indent=2, sort_keys=True))
+            publish_subtree(directory)
+            record.update(reused=False, cost=cost)
+            return vectors
+
+    return encode_corpus, record
+
+
+def _parent_identity(trial: TrialConfig) -> tuple[str, dict[str, Any]]:
+    """The parent's content hash and how mining and screening run it (`_parent_encoder`), as
+    the sets' versions record them: the encode length, the parent's pooling and the code."""
+    manifest = verify_checkpoint(trial.parent)
+    encoding = {"max_length": trial.contrastive.pair_length, "pooling": manifest["pooling"]["method"],
+                "prefixes": checkpoint_prefixes(manifest), "code": code_revision(sources=MINING_CODE)}
+    return manifest["content_hash"], encoding
+
+
+def mine_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, schedule, offsets, progress=print) -> Path:
+    """Mine hard negatives for the scheduled pairs with the parent encoder (cached by version).
+
+    The candidate pool is the prepared corpus's training split; known positives, their
+    near-duplicate groups and every recipe-dev / final-eval document are never negatives.
+    A user's own pairs (their builder no built-in one) have no corpus documents: they are
+    mined with `outside_corpus` (`embedlab.negatives.mining.mine_hard_negatives`).
+    The encoder runs on CUDA when this process sees a GPU (on a GPU cluster the sweep gives a
+    mining trial's driver a GPU share: `embedlab.sweep.cluster.trial_driver_resources`).
+    """
+    table = scheduled_rows(pairs_path, schedule, offsets, PAIR_SCHEMA.names)
+    pairs = [Pair(**{**row, "doc_ids": tuple(row["doc_ids"])}) for row in table]
+    outside = frozenset(p.pair_id for p in pairs if p.builder not in PAIR_BUILDERS)
+    config = MiningConfig(negatives_per_query=trial.contrastive.hard_negatives,
+                          top_k=trial.contrastive.mining_top_k, false_negative_margin=trial.contrastive.mining_margin)
+    encoder_id, encoding = _parent_identity(trial)
+    # Every positive of each row's group, rows the schedule does not read included.
+    group_positives = group_positive_texts(pairs_path)
+    version = mining_version(encoder_id=encoder_id, corpus_revision=prepared.data_revision, config=config,
+                             pair_ids=[p.pair_id for p in pairs], pairs_digest=pairs_digest(pairs, group_positives),
+                             encoding=encoding)
+    directory = prepared.directory / "mined" / version[:16]
+    node_path(directory)  # on a cluster with remote storage: another node's published set, fetched
+    if not (directory / "manifest.json").is_file():
+        parent = _parent_encoder(trial, progress, "mining: encoding")
+        encode_corpus, corpus = corpus_vectors(prepared, encoder_id, encoding, parent, progress)
+        mined = mine_hard_negatives(pairs, prepared.corpus.read(), parent.encode, encode_query=parent.encode_query,
+                                    encode_corpus=encode_corpus, config=config,
+                                    encoder_id=encoder_id, corpus_revision=prepared.data_revision,
+                                    progress=progress, outside_corpus=outside, group_positives=group_positives,
+                                    encoding=encoding)
+        # The report and the cost first, the set last (its manifest marks it complete): a
+        # trial that finds the manifest finds them too. Each file is staged under its
+        # writer's own name, as trials needing the same set may mine it at once.
+        directory.mkdir(parents=True, exist_ok=True)
+        write_text_atomically(directory / "report.md", mined.report())
+        write_text_atomically(directory / MINING_COST_FILE, json.dumps(_mining_cost(parent, corpus), indent=2,
+                                                                       sort_keys=True))
+        mined.save(directory)
+        progress(f"mining: {len(pairs):,} pairs, negatives in {directory} (version {version[:16]}) on "
+                 f"{parent.device}, {parent.tally.flops:.3g} encode FLOPs")
+        publish_subtree(directory)  # every node's trials read the same set
+    return directory
+
+
+def _mining_cost(parent: "_ParentEncoder", corpus: dict[str, Any]) -> dict[str, Any]:
+    """What a mined set cost: its own encoding and search, plus the corpus vectors' encoding
+    when they were reused (counted in every set that uses them, as a shared set is counted in
+    each trial's row), so a set's recorded cost does not depend on which trial mined first."""
+    cost = parent.cost()
+    if corpus.get("reused"):
+        for key in ("flops", "seconds", "wall_seconds"):
+            cost[key] += corpus["cost"][key]
+    return {**cost, "corpus_vectors": corpus}
+
+
+def given_negatives_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, schedule, offsets,
+                               progress=print) -> Path | None:
+    """The scheduled pairs' given negatives (a user source's own), screened by the false-negative
+    margin under the parent encoder (`contrastive.given_negative_margin`), in
+    `given-negatives/<version>/` (negatives.parquet in the mined sets' schema, manifest.json
+    with the counts, compute.json with the encoding cost); None when no scheduled pair has any.
+    Cached by version: the parent and how it encodes (`_parent_identity`), the pairs table's
+    bytes, the margin and the pairs."""
+    rows = scheduled_rows(pairs_path, schedule, offsets, ["pair_id", "query", "positive", "negatives"])
+    pairs = [GivenPair(r["pair_id"], r["query"], r["positive"], tuple(r["negatives"])) for r in rows]
+    if not any(p.negatives for p in pairs):
+        return None
+    margin = trial.contrastive.given_margin
+    encoder_id, encoding = (None, None) if margin is None else _parent_identity(trial)
+    identity = {"format": GIVEN_FORMAT, "encoder_id": encoder_id, "encoding": encoding,
+                "code": code_revision(sources=MINING_CODE),
+                "pairs_table": file_sha256(Path(pairs_path)), "margin": margin, "pair_ids": sorted(p.pair_id for p in pairs)}
+    version = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+    directory = prepared.directory / "given-negatives" / version[:16]
+    node_path(directory)
+    if not (directory / GIVEN_MANIFEST).is_file():
+        parent = None if margin is None else _parent_encoder(trial, progress, "given negatives: encoding")
+        table, counts = screen_given_negatives(pairs, None if parent is None else parent.encode, margin=margin,
+                                               encode_query=None if parent is None else parent.encode_query)
+        directory.mkdir(parents=True, exist_ok=True)
+        staging = directory / f".{NEGATIVES_FILE}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"
+        pq.write_table(table, staging)
+        staging.rename(directory / NEGATIVES_FILE)
+        if parent is not None:
+            write_text_atomically(directory / MINING_COST_FILE, json.dumps(parent.cost(), indent=2, sort_keys=True))
+        write_text_atomically(directory / GIVEN_MANIFEST, json.dumps({**identity, "version": version,
+                                                                      "counts": counts}, indent=2, sort_keys=True))
+        progress(f"given negatives: {counts['kept']:,} of {counts['given']:,} kept for {counts['pairs_with_given']:,} "
+                 f"pairs; {counts['dropped']} (margin {margin})")
+        publish_subtree(directory)
+    return directory
+
+
+def given_negative_counts(directory: Path | None) -> dict[str, Any] | None:
+    """The counts of a screened set of given negatives (`given_negatives_for_phase3`)."""
+    return None if directory is None else json.loads((directory / GIVEN_MANIFEST).read_text())["counts"]
+
+
+def mining_compute(directory: Path | None, prefix: str = "compute/mining") -> dict[str, float]:
+    """`compute/mining_*` of a trial: what mining its negatives cost (encode FLOPs, CPU and
+    wall seconds), outside the training budget and reported beside it (a set is mined once
+    per parent, pairs and settings, then shared by every trial that needs the same set, so a
+    sum over trials counts it again).
+    `prefix` "compute/given_negatives": the same for screening its given negatives."""
+    if directory is None:
+        return {}
+    path = directory / MINING_COST_FILE
+    cost = json.loads(path.read_text()) if path.is_file() else {}
+    return {f"{prefix}_flops": float(cost.get("flops", math.nan)),
+            f"{prefix}_seconds": float(cost.get("seconds", math.nan)),
+            f"{prefix}_wall_seconds": float(cost.get("wall_seconds", math.nan))}

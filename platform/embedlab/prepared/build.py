@@ -1,0 +1,260 @@
+"""From sources to a frozen training stream: corpus -> tokenizer -> pieces -> evaluation task.
+
+Everything a study's trials share is prepared once, before any trial starts, in a
+directory named by the hash of the data config, the source revisions and the code that
+builds it (`BUILD_SOURCES`), so repeated runs reuse it, two configs never share one by
+accident, and changed preparation code prepares afresh. The directory is written under a
+staging name of its own writer and renamed when complete, so a half-built one is never used.
+
+    corpus/              documents.parquet + manifest.json (see data.corpus)
+    tokenizer_sample.parquet   ids of the training-split documents the tokenizer saw
+    tokenizer.json       trained on that sample only
+    pieces.parquet       training documents tokenised into pieces of <= L tokens (Ray Data)
+    tasks/<name>/        the built-in retrieval task in BEIR format
+    retention/           the retention panel (probe passages, graded pairs) from recipe-dev text
+    prepared.json        hashes, resolved mixture, tokens and truncation per source
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from embedlab.contamination.audit import audit
+from embedlab.prepared.audits import task_audit
+from embedlab.core import store
+from embedlab.core.code_identity import code_revision
+from embedlab.core.beir import write_task
+from embedlab.core.config import DataConfig
+from embedlab.prepared.card import card_dict, write_card
+from embedlab.prepared.directory import PreparedData
+from embedlab.sources import builtin
+from embedlab.sources.corpus import Corpus, build_corpus, resolve_sources
+from embedlab.sources.document import document_text
+from embedlab.sources.external import external_provenance
+from embedlab.sources.mixture import resolve_mixture
+from embedlab.prepared.pieces import PIECES_FILE, build_pieces, piece_stats
+from embedlab.tasks.builtin_tasks import BUILTIN_TASKS, build_builtin_task, decontaminate
+from embedlab.tokenizer.frozen import describe, save_tokenizer, train_tokenizer
+
+FORMAT = "embedlab-prepared/4"  # the human-readable part of the key; `code_revision` is the rest
+# The package's source files whose code decides the prepared bytes (corpus, tokenizer, pieces,
+# tasks, retention panel, the audits and the card), relative to the package root. Their
+# content is part of the cache key, so a change to any of them prepares afresh instead of
+# reusing a directory that older code built.
+BUILD_SOURCES = (
+    "prepared/build.py", "prepared/directory.py", "sources/corpus.py", "sources/builtin.py", "sources/document.py",
+    "sources/dedup.py", "sources/external.py", "core/config/sources.py", "sources/rights.py", "sources/mixture.py",
+    "streams/packed.py", "streams/packing.py", "contamination/audit.py", "contamination/gate.py", "contamination/saved.py",
+    "contamination/stages.py", "prepared/card.py", "tokenizer/frozen.py", "core/beir.py", "tasks/builtin_tasks.py",
+    "tasks/retention.py",
+)
+
+
+@functools.cache
+def build_code_revision() -> str:
+    """`code_revision` of this installation's `BUILD_SOURCES`, computed once per process."""
+    return code_revision(BUILD_SOURCES)
+
+
+def prepare_key(config: DataConfig, code: str | None = None) -> str:
+    """Hash of everything that decides the prepared bytes: the format, the config, the source
+    revisions and the code that builds the data (`code`, default `build_code_revision()`)."""
+    names = resolve_sources(config)
+    external = {s.name: external_provenance(s)["revision"] for s in (*config.local_files, *config.hf_datasets)}
+    payload = {
+        "format": FORMAT,
+        "code": build_code_revision() if code is None else code,
+        # Without the pair sources: they decide no byte of the directory (a user's pairs are
+        # frozen inside it per source content, `embedlab.pairs.user`), so a phase-3 study
+        # that adds its own pairs reuses its phase-1 parent's directory and tokenizer.
+        "config": config.phase1_dict(),
+        "sources": {n: builtin.source_revision(n) for n in names} | external,
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def prepare_data(
+    config: DataConfig,
+    cache_dir: Path | None = None,
+    progress: Callable[[str], None] = print,
+) -> PreparedData:
+    """Prepare (or reuse) the data directory for `config`."""
+    cache_dir = Path(cache_dir) if cache_dir is not None else store.cache_dir()
+    directory = cache_dir / f"prepared-{prepare_key(config)}"
+    record_path = directory / "prepared.json"
+    if record_path.is_file():
+        progress(f"data: reusing {directory}")
+        return PreparedData(directory=directory, record=json.loads(record_path.read_text()))
+    # Every writer stages under its own name (pid and a random suffix: two hosts sharing the
+    # cache may run equal pids); the rename below publishes one whole directory.
+    staging = cache_dir / f".staging-{directory.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    progress(f"data: preparing {directory}")
+    keep_ray_data_off_the_console()
+    try:
+        record = _prepare_into(config, staging, progress)
+        (staging / "prepared.json").write_text(json.dumps(record, indent=2, sort_keys=True))
+        _audit_and_card(PreparedData(directory=staging, record=record), progress)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)  # a failed build leaves no half-built copy behind
+        raise
+    try:
+        staging.rename(directory)
+    except OSError:
+        # Another process finished the same directory first; its content is identical.
+        shutil.rmtree(staging, ignore_errors=True)
+    return PreparedData(directory=directory, record=json.loads(record_path.read_text()))
+
+
+def keep_ray_data_off_the_console() -> None:
+    """Keep Ray Data's own lines (execution plans and the progress it logs at INFO when stdout
+    is no terminal, its progress bars when it is) off the console, which carries embedlab's
+    progress lines; they stay in Ray's log files (`<session>/logs/ray-data/`). Errors still
+    reach the console. A `RAY_DATA_LOGGING_CONFIG` of the user's own is left alone. For the
+    driver (a worker's output is not forwarded to it); calling it again changes nothing."""
+    import logging
+
+    import ray.data
+
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    if os.environ.get("RAY_DATA_LOGGING_CONFIG"):
+        return
+    for handler in logging.getLogger("ray.data").handlers:
+        # Ray Data's console handler is its one stream handler that writes no file.
+        if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+            handler.setLevel(logging.ERROR)
+
+
+def _prepare_into(config: DataConfig, directory: Path, progress: Callable[[str], None]) -> dict:
+    started = time.perf_counter()
+    corpus = build_corpus(config, directory / "corpus", progress)
+    mixture = resolve_mixture(config.mixture.share_map, list(corpus.manifest["sources"]))
+    sample = _tokenizer_sample(corpus, list(mixture.shares), config)
+    pq.write_table(pa.table({"doc_id": sample["doc_id"]}), directory / "tokenizer_sample.parquet")
+    progress(f"data: training tokenizer ({config.tokenizer_kind}, vocab {config.tokenizer_vocab_size}) "
+             f"on {len(sample['doc_id']):,} training-split documents")
+    texts = [document_text(t, x) for t, x in zip(sample["title"], sample["text"])]
+    tokenizer = save_tokenizer(
+        train_tokenizer(texts, config.tokenizer_vocab_size, kind=config.tokenizer_kind,
+                        progress=lambda line: progress(f"data: {line}")), directory
+    )
+    progress("data: tokenising training documents into pieces on Ray Data")
+    step = time.perf_counter()
+    pieces = build_pieces(
+        corpus.documents_path, tokenizer.path, sequence_length=config.sequence_length,
+        sources=list(mixture.shares), out_path=directory / PIECES_FILE, progress=progress,
+    )
+    progress(f"data: pieces written in {time.perf_counter() - step:.1f}s")
+    tasks = _build_tasks(corpus, directory / "tasks", config, progress)
+    # Here: the retention module imports torch, which nothing else preparing data (nor a Ray
+    # Data task importing this module) needs.
+    from embedlab.tasks.retention import build_panel
+
+    progress("data: building the retention panel")
+    retention = build_panel(corpus.read(), directory / "retention")
+    progress(f"data: retention panel: {retention}")
+    progress(f"data: prepared in {time.perf_counter() - started:.1f}s")
+    return {
+        "format": FORMAT,
+        "code_revision": build_code_revision(),
+        "config": config.phase1_dict(),
+        "corpus_hash": corpus.hash,
+        "tokenizer_hash": tokenizer.hash,
+        "tokenizer": describe(tokenizer.tokenizer),
+        "tokenizer_vocab_size": tokenizer.vocab_size,
+        "tokenizer_sample_documents": len(sample["doc_id"]),
+        "data_revision": hashlib.sha256(
+            f"{corpus.hash}:{tokenizer.hash}:{_file_hash(directory / PIECES_FILE)}".encode()
+        ).hexdigest(),
+        "sequence_length": config.sequence_length,
+        "mixture": {
+            "shares": mixture.shares,
+            "origin": mixture.origin,
+            "notes": list(mixture.notes),
+            "max_epochs": config.mixture.max_epochs,
+            "schedule": config.mixture.schedule,
+            "seed": config.mixture.seed,
+        },
+        "pieces": piece_stats(pieces, config.sequence_length),
+        "tasks": tasks,
+        "retention": retention,
+    }
+
+
+def _build_tasks(corpus: Corpus, directory: Path, config: DataConfig, progress: Callable[[str], None]) -> dict:
+    """Build each built-in task the corpus can make, decontaminated against all training-split text."""
+    built: dict[str, dict] = {}
+    for name in BUILTIN_TASKS:
+        if name not in corpus.manifest["sources"]:
+            continue
+        progress(f"data: building task {name} and removing what the training split contains")
+        task = build_builtin_task(name, corpus)
+        train = corpus.read(split="train").select(["doc_id", "title", "text"]).to_pydict()
+        stage = ((d, document_text(t, x)) for d, t, x in zip(train["doc_id"], train["title"], train["text"]))
+        report = audit([task], {"training-split": stage}, threshold=config.near_duplicate_threshold, progress=None)
+        task, summary = decontaminate(task, report.findings)
+        write_task(task, directory / name)
+        (directory / name / "decontamination.json").write_text(json.dumps(summary, indent=2))
+        progress(f"data: built task {name}: {len(task.corpus)} documents, {summary['queries_kept']} queries "
+                 f"per split ({len(summary['queries_removed'])} queries, {len(summary['documents_removed'])} "
+                 "documents removed: found in training-split text)")
+        built[name] = {"hash": task.hash, "queries": summary["queries_kept"], "documents": len(task.corpus),
+                       "queries_removed": len(summary["queries_removed"]),
+                       "documents_removed": len(summary["documents_removed"])}
+    return built
+
+
+def _audit_and_card(prepared: PreparedData, progress: Callable[[str], None]) -> None:
+    """Audit the phase-1 stages against each built task, then write the data card."""
+    audits = {
+        task_dir.name: task_audit(prepared, task_dir, progress)
+        for task_dir in sorted((prepared.directory / "tasks").glob("*"))
+    }
+    user_pairs = {path.parent.name: json.loads(path.read_text())
+                  for path in sorted((prepared.directory / "user-pairs").glob("*/record.json"))}
+    write_card(prepared.directory, card_dict(prepared.record, prepared.corpus.manifest, audits, user_pairs))
+
+
+def refresh_card(prepared: PreparedData, progress: Callable[[str], None] = print) -> None:
+    """Write the data card again, now with every user pair set frozen in the directory
+    (`embedlab.pairs.user`); the audits are read from their saved reports. A directory
+    without a card (none `prepare_data` wrote) is left as it is."""
+    if (prepared.directory / "data_card.json").is_file():
+        _audit_and_card(prepared, progress)
+
+
+def _tokenizer_sample(corpus: Corpus, sources: list[str], config: DataConfig) -> dict[str, list]:
+    """Training-split documents of the mixture's sources, an equal number per source.
+
+    Each source contributes the documents with the smallest content hashes: a
+    deterministic sample that favours neither the start of a source nor the largest one.
+    """
+    table = corpus.read(split="train", sources=sources).sort_by(
+        [("source", "ascending"), ("hash", "ascending")]
+    )
+    per_source = max(1, config.tokenizer_sample_documents // max(len(sources), 1))
+    columns = table.select(["doc_id", "source", "title", "text"]).to_pydict()
+    kept: dict[str, list] = {"doc_id": [], "title": [], "text": []}
+    taken: dict[str, int] = {}
+    for doc_id, source, title, text in zip(columns["doc_id"], columns["source"], columns["title"], columns["text"]):
+        if taken.get(source, 0) >= per_source:
+            continue
+        taken[source] = taken.get(source, 0) + 1
+        kept["doc_id"].append(doc_id)
+        kept["title"].append(title)
+        kept["text"].append(text)
+    return kept
+
+
+def _file_hash(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()

@@ -1,0 +1,1 @@
+"""Orchestration and statistics: a run directory and the records written into it."""

@@ -1,0 +1,1 @@
+"""Orchestration and statistics: trial tables, the calibrated paired test, ladders and reruns."""
