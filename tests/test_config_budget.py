@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from embedlab import Budget, Study, recipes
-from embedlab.core.config import ConfigError, DEFAULT_BUDGET, TrainConfig, TrialConfig, nest_flat_budget
+from embedlab.core.config import ConfigError, DEFAULT_BUDGET, TrainConfig, TrialConfig
+from embedlab.core.schema import nest_flat_budget
 from embedlab.stats.table import STUDY_BUDGETS, budget_scope, budget_unit, declared_budget
 from embedlab.studies.study import load_study
 

@@ -18,6 +18,10 @@ class UsageError(UserError, ValueError):
     a machine without it, demo study files that are not where they were looked for)."""
 
 
+class ConfigError(UserError, ValueError):
+    """A config value is invalid; the message names the field."""
+
+
 class UnknownKey(UserError, KeyError):
     """A name the user gave (an arm, a split) that is not there; still a KeyError for callers."""
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from embedlab.core import store
 from embedlab.core.errors import RunRecordError
+from embedlab.core.schema import upgrade
 from embedlab.records.scores import TrialScores
 
 # Defined here, the run directory's layout, not in the modules that read them (table, paired):
@@ -85,7 +86,7 @@ def read_record(location: str, kind: str, required: tuple[str, ...] = ()) -> dic
 
 def trial_records(run_dir: str) -> list[tuple[str, dict[str, Any]]]:
     """(location, row) of every trial row of the run (`trials/*.json`), each checked by `read_record`."""
-    return [(p, read_record(p, "a trial row", TRIAL_FIELDS))
+    return [(p, upgrade(read_record(p, "a trial row", TRIAL_FIELDS), "row"))
             for p in store.list_files(store.join(run_dir, TRIALS_DIR), ".json")]
 
 

@@ -87,9 +87,11 @@ class PerQuery:
 def final_trials(table: pd.DataFrame) -> pd.DataFrame:
     """The rows statistics are computed over: finished grid trials."""
     keep = pd.Series(True, index=table.index)
-    if "status" in table:  # rows without one were written before unfinished trials were recorded
+    # Rows read from records have both (`embedlab.core.schema.upgrade`); a row of a table built
+    # by hand without one is, as a record without one, a finished final trial.
+    if "status" in table:
         keep &= table["status"].fillna("finished") == "finished"
-    if "stage" in table:  # rows without one were written before tuning trials existed
+    if "stage" in table:
         keep &= table["stage"].fillna("final") == "final"
     return table[keep]
 

@@ -33,7 +33,8 @@ import pandas as pd
 from scipy import stats
 
 from embedlab.core import store
-from embedlab.core.config import Budget, nest_flat_budget
+from embedlab.core.config import Budget, budget_unit_of, declared_amounts
+from embedlab.core.schema import upgrade
 from embedlab.core.errors import RunRecordError, UsageError, UserError
 from embedlab.records.rundir import last_error_line, read_record, trial_records
 from embedlab.stats.paired import final_trials
@@ -84,7 +85,7 @@ def read_study_record(run_dir: str | Path) -> dict:
     location = store.join(run_dir, STUDY_FILE)
     if not store.is_file(location):
         raise FileNotFoundError(f"{run_dir} is not an embedlab run directory (no {STUDY_FILE})")
-    record = read_record(location, "a study record", ("study",))
+    record = upgrade(read_record(location, "a study record", ("study",)), "record")
     study = record["study"]
     absent = [key for key in ("name", "metric", "arms") if not isinstance(study, dict) or key not in study]
     if absent:
@@ -97,21 +98,18 @@ def _phase(study: dict) -> int:
     return max((arm.get("phase") or 1 for arm in study["arms"].values()), default=1)
 
 
-def _budget(study: dict) -> Budget | None:
-    """The Budget a study record holds, None for one recorded with the older flat keys."""
-    return Budget(**study["budget"]) if isinstance(study.get("budget"), dict) else None
+def _budget(record: dict) -> tuple[dict, int, dict]:
+    """A study record's budget mapping, its phase and its study, upgraded (`embedlab.core.schema`)."""
+    study = upgrade(record, "record")["study"]
+    return study.get("budget") or {}, _phase(study), study
 
 
 def budget_unit(record: dict) -> str:
-    """The unit the study's arms are held equal in: tokens, pairs, flops or device_seconds."""
-    study = record["study"]
-    budget = _budget(study)
-    if budget is not None:  # one Budget: its unit follows from its amounts
-        unit = budget.unit(_phase(study))
-    elif "budget_unit" in study:  # the flat keys, with the unit the study resolved
-        unit = study["budget_unit"]
-    else:  # recorded before budget_unit existed: the unit the phase trained to
-        unit = "pairs" if study.get("budget_pairs", 0) > 0 and _phase(study) > 1 else "tokens"
+    """The unit the study's arms are held equal in: tokens, pairs, flops or device_seconds; the
+    unit its record names (`budget_unit`, which schema-1 studies recorded), else the one its
+    budget's amounts give (`Budget.unit`)."""
+    budget, phase, study = _budget(record)
+    unit = study.get("budget_unit") or budget_unit_of(budget, phase)
     if unit not in UNIT_COLUMNS:
         raise UsageError(f"study.budget_unit: {unit!r} is not one of {', '.join(UNIT_COLUMNS)}")
     return unit
@@ -119,20 +117,16 @@ def budget_unit(record: dict) -> str:
 
 def declared_budget(record: dict, unit: str) -> float | None:
     """The study's per-trial budget in `unit` (`STUDY_BUDGETS`), or None when the record
-    declares none (0 or absent: older records, or a unit the study does not train to)."""
-    study = record["study"]
-    budget = _budget(study)
-    if budget is not None:
-        value = budget.declared(_phase(study)).get(unit)
-    else:  # the flat budget_* keys of older records
-        value = nest_flat_budget(study, "study").get("budget", {}).get(unit)
+    declares none (0 or absent, or a unit the study does not train to)."""
+    budget, phase, _ = _budget(record)
+    value = declared_amounts(budget, phase).get(unit)
     return float(value) if isinstance(value, (int, float)) and value > 0 else None
 
 
 def budget_scope(record: dict) -> str:
     """What the study's FLOPs budget counts (`Budget.scope`): "phase" or "lineage"."""
-    budget = nest_flat_budget(record["study"], "study").get("budget", {})
-    return budget.get("scope", "phase")  # absent: recorded before scopes
+    budget, _, _ = _budget(record)
+    return budget.get("scope") or Budget.scope
 
 
 def load_table(run_dir: str | Path) -> pd.DataFrame:

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from embedlab.core import config as config_module, store
-from embedlab.core.config import Budget, ConfigError, FLAT_BUDGET_KEYS, TrialConfig, nest_flat_budget
+from embedlab.core.config import Budget, ConfigError, TrialConfig
+from embedlab.core.schema import FLAT_BUDGET_KEYS, upgrade
 from embedlab.core.errors import UnknownKey
 from embedlab.evaluate.panel import METRICS, UnknownPanelMetric, resolve_study_metric
 
@@ -427,8 +428,8 @@ class Study:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> Study:
-        """Inverse of `to_dict`; also reads a study recorded with the older flat budget keys
-        (`_recorded_budget`)."""
+        """Inverse of `to_dict`, for a study of any schema (`embedlab.core.schema.upgrade`)."""
+        raw = upgrade(raw, "study")
         arms = {arm: TrialConfig.from_dict(config) for arm, config in raw["arms"].items()}
         return cls(
             name=raw["name"],
@@ -447,14 +448,10 @@ class Study:
 
 
 def _recorded_budget(raw: dict[str, Any], arms: dict[str, TrialConfig]) -> Budget:
-    """The Budget of a recorded study. One recorded with the older flat keys (`budget_tokens`
-    ...) gets the same trials it had then: where it declared no pairs (0, phase 1) its arms
-    trained to their own figure, which is theirs still; its resolved `budget_unit` must be the
-    one the Budget derives, as a unit chosen apart from the amounts is no longer expressible."""
-    budget = dict(nest_flat_budget(raw, "study")["budget"])
-    if not budget.get("pairs"):
-        budget["pairs"] = next(iter(arms.values())).train.budget.pairs
-    budget = Budget(**budget)
+    """The Budget of a recorded study (upgraded: one mapping). A unit it recorded beside the
+    amounts (`budget_unit`, schema 1) must be the one the Budget derives, as a unit chosen apart
+    from the amounts is no longer expressible."""
+    budget = Budget(**raw["budget"])
     phase = next(iter(arms.values())).phase
     recorded = raw.get("budget_unit") or budget.unit(phase)
     if recorded != budget.unit(phase):

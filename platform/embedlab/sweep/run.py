@@ -16,9 +16,10 @@ from embedlab.artifacts.sync import STORAGE_ENV
 from embedlab.core import code_identity, store
 from embedlab.core.config import TrialConfig
 from embedlab.core.errors import UsageError
-from embedlab.tasks.resolve import arm_eval_tasks
+from embedlab.core.schema import SCHEMA
 from embedlab.sweep import capacity
 from embedlab.sweep.arm_data import prepare_arms, publish_prepared
+from embedlab.tasks.resolve import arm_eval_tasks
 from embedlab.sweep.cluster import (TRIAL_DRIVER_RESOURCES, GpuShares, check_fits, connect, gpu_shares,
                                     local_resources, trial_driver_resources)
 from embedlab.checkpoints.io import verify_checkpoint, versions
@@ -180,6 +181,7 @@ def run_sweep(
     if resume is None:
         run_dir = new_run_dir(store.resolve(storage), study.name)
         record = {
+            "schema": SCHEMA,
             "study": study.to_dict(),
             "arm_order": list(study.arms),  # the JSON below sorts keys; the study's order is kept here
             "study_hash": study.hash,

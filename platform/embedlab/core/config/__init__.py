@@ -16,11 +16,8 @@ from typing import Any
 
 from embedlab.core.config.sources import BEIRPairs, BUILDER_NAMES, HFDataset, HFPairs, LocalFiles, PairFiles
 from embedlab.core.config.tasks import HubTask, PanelError, check_task_names
-from embedlab.core.errors import UserError
-
-
-class ConfigError(UserError, ValueError):
-    """A config value is invalid; the message names the field."""
+from embedlab.core.errors import ConfigError
+from embedlab.core.schema import upgrade
 
 
 def _check(condition: bool, field_name: str, message: str) -> None:
@@ -371,11 +368,7 @@ class Budget:
         """What a trial of `phase` trains to: measured FLOPs or device seconds when set, else
         its phase's data (tokens in phase 1, pairs in phases 2-3)."""
         _check(phase in (1, 2, 3), "phase", "must be 1, 2 or 3")
-        if self.flops > 0:
-            return "flops"
-        if self.device_seconds > 0:
-            return "device_seconds"
-        return "tokens" if phase == 1 else "pairs"
+        return budget_unit_of(dataclasses.asdict(self), phase)
 
     def amount(self, phase: int) -> float:
         """The budget in its unit for a trial of `phase`."""
@@ -389,32 +382,29 @@ class Budget:
         """The amount in each unit the budget declares for a trial of `phase`: tokens (phase
         1's data, and the record's figure in phases 2-3), pairs in phases 2-3 only (a phase-1
         trial reads none), FLOPs and device seconds when set."""
-        amounts = {"tokens": self.tokens, "pairs": self.pairs if phase > 1 else 0,
-                   "flops": self.flops, "device_seconds": self.device_seconds}
-        return {unit: amount for unit, amount in amounts.items() if amount > 0}
+        return declared_amounts(dataclasses.asdict(self), phase)
+
+
+def budget_unit_of(amounts: dict[str, Any], phase: int) -> str:
+    """`Budget.unit` of a budget's mapping (`Budget`'s fields; one absent counts as 0), so a
+    recorded study's unit reads the same whether or not it holds every field."""
+    if (amounts.get("flops") or 0) > 0:
+        return "flops"
+    if (amounts.get("device_seconds") or 0) > 0:
+        return "device_seconds"
+    return "tokens" if phase == 1 else "pairs"
+
+
+def declared_amounts(amounts: dict[str, Any], phase: int) -> dict[str, float]:
+    """`Budget.declared` of a budget's mapping (one absent field counts as 0)."""
+    declared = {unit: amounts.get(unit) or 0 for unit in ("tokens", "pairs", "flops", "device_seconds")}
+    if phase == 1:
+        declared["pairs"] = 0
+    return {unit: amount for unit, amount in declared.items() if amount > 0}
 
 
 # TrainConfig's budget when none is given: a demo-sized phase 1, 2,000 pairs in phases 2-3.
 DEFAULT_BUDGET = Budget(tokens=100_000, pairs=2_000)
-# The flat keys configs and study records held before the budget was one object, and the
-# Budget field each is now: run directories written then still load (`nest_flat_budget`).
-FLAT_BUDGET_KEYS = {"budget_tokens": "tokens", "budget_pairs": "pairs", "budget_flops": "flops",
-                    "budget_device_seconds": "device_seconds", "budget_scope": "scope"}
-
-
-def nest_flat_budget(raw: dict[str, Any], section: str) -> dict[str, Any]:
-    """`raw` (a TrainConfig's or a study's mapping) with the flat budget keys of older run
-    directories (`FLAT_BUDGET_KEYS`) moved into one `budget` mapping; `raw` itself when it
-    has none. Both layouts at once is a ConfigError: which one holds would be a guess."""
-    flat = [key for key in FLAT_BUDGET_KEYS if key in raw]
-    if not flat:
-        return raw
-    if "budget" in raw:
-        raise ConfigError(f"{section}: has both a budget mapping and the older flat keys {flat}; keep one")
-    rest = {key: value for key, value in raw.items() if key not in FLAT_BUDGET_KEYS}
-    return {**rest, "budget": {FLAT_BUDGET_KEYS[key]: raw[key] for key in flat}}
-
-
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """Phase-1 optimisation and the compute budget.
@@ -789,8 +779,9 @@ class TrialConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> TrialConfig:
-        """Inverse of `to_dict`; unknown keys are errors that name them."""
-        return build_config(cls, raw, "trial")
+        """Inverse of `to_dict`, for a mapping of any schema (`embedlab.core.schema.upgrade`);
+        unknown keys are errors that name them."""
+        return build_config(cls, upgrade(raw, "config"), "trial")
 
 
 def build_config(kind: type, raw: dict[str, Any], section: str) -> Any:
@@ -798,8 +789,6 @@ def build_config(kind: type, raw: dict[str, Any], section: str) -> Any:
     configs are built recursively, and unknown or missing keys are ConfigErrors that name them."""
     if not isinstance(raw, dict):
         raise ConfigError(f"{section}: expected a mapping, got {type(raw).__name__}")
-    if kind is TrainConfig:  # written before the budget was one object: flat budget_* keys
-        raw = nest_flat_budget(raw, section)
     hints = typing.get_type_hints(kind)
     names = {f.name for f in dataclasses.fields(kind)}
     unknown = set(raw) - names
