@@ -16,8 +16,6 @@ among them) cannot be audited here; the audit covers every text it scored.
 Run:  embedlab sweep ablations/distillation.py --parent PHASE2_CHECKPOINT_DIR [--profile cpu]
 """
 
-from dataclasses import replace
-
 from embedlab import Study, recipes
 
 TEACHER = "all-MiniLM-L6-v2"
@@ -26,15 +24,15 @@ TEACHER = "all-MiniLM-L6-v2"
 def study(profile: str = recipes.DEFAULT_PROFILE) -> Study:
     p = recipes.profile(profile)
     base = recipes.phase3_baseline(profile)
-    base = replace(base, contrastive=replace(base.contrastive, teacher=TEACHER))
-    control = replace(base, contrastive=replace(base.contrastive, kl_weight=0.0))
+    base = recipes.derive(base, {"contrastive.distillation.teacher": TEACHER})
+    control = recipes.derive(base, {"contrastive.distillation.kl_weight": 0.0})
     return Study(
         name="distillation",
-        factor="contrastive.kl_weight",
+        factor="contrastive.distillation.kl_weight",
         arms={
             "infonce": control,
-            "infonce-kl": replace(base, contrastive=replace(base.contrastive, kl_weight=0.5)),
-            "kl-only": replace(base, contrastive=replace(base.contrastive, kl_weight=1.0)),
+            "infonce-kl": recipes.derive(base, {"contrastive.distillation.kl_weight": 0.5}),
+            "kl-only": recipes.derive(base, {"contrastive.distillation.kl_weight": 1.0}),
         },
         seeds=p.seeds,
         budget=recipes.budget_for(p, phase=3, control=control),

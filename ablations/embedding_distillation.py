@@ -21,8 +21,6 @@ beside the training budget, not inside it (`compute/teacher_flops`), once per se
 Run:  embedlab sweep ablations/embedding_distillation.py --parent PHASE2_CHECKPOINT_DIR [--profile cpu]
 """
 
-from dataclasses import replace
-
 from embedlab import Study, recipes
 
 TEACHER = "all-MiniLM-L6-v2"
@@ -31,14 +29,14 @@ TEACHER = "all-MiniLM-L6-v2"
 def study(profile: str = recipes.DEFAULT_PROFILE) -> Study:
     p = recipes.profile(profile)
     base = recipes.phase3_baseline(profile)
-    base = replace(base, contrastive=replace(base.contrastive, teacher=TEACHER, hard_negatives=0))
-    control = replace(base, contrastive=replace(base.contrastive, embedding_mse_weight=0.0))
+    base = recipes.derive(base, {"contrastive.distillation.teacher": TEACHER, "contrastive.negatives.count": 0})
+    control = recipes.derive(base, {"contrastive.distillation.embedding_mse_weight": 0.0})
     return Study(
         name="embedding-distillation",
-        factor="contrastive.embedding_mse_weight",
+        factor="contrastive.distillation.embedding_mse_weight",
         arms={
             "infonce": control,
-            "infonce-embedding": replace(base, contrastive=replace(base.contrastive, embedding_mse_weight=0.5)),
+            "infonce-embedding": recipes.derive(base, {"contrastive.distillation.embedding_mse_weight": 0.5}),
         },
         seeds=p.seeds,
         budget=recipes.budget_for(p, phase=3, control=control),

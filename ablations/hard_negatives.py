@@ -11,21 +11,19 @@ per parent and pair set and shared by every seed of the mined arm; each trial re
 Run:  embedlab sweep ablations/hard_negatives.py --parent PHASE2_CHECKPOINT_DIR [--profile demo]
 """
 
-from dataclasses import replace
-
 from embedlab import Study, recipes
 
 
 def study(profile: str = recipes.DEFAULT_PROFILE) -> Study:
     p = recipes.profile(profile)
     base = recipes.phase3_baseline(profile)
-    control = replace(base, contrastive=replace(base.contrastive, hard_negatives=0))
+    control = recipes.derive(base, {"contrastive.negatives.count": 0})
     return Study(
         name="hard-negatives",
-        factor="contrastive.hard_negatives",
+        factor="contrastive.negatives.count",
         arms={
             "in-batch": control,
-            "mined-2": replace(base, contrastive=replace(base.contrastive, hard_negatives=2)),
+            "mined-2": recipes.derive(base, {"contrastive.negatives.count": 2}),
         },
         seeds=p.seeds,
         budget=recipes.budget_for(p, phase=3, control=control),

@@ -27,7 +27,7 @@ def with_keywords(pairs: tuple[tuple[str, float], ...], share: float) -> tuple[t
 def study(profile: str = recipes.DEFAULT_PROFILE) -> Study:
     p = recipes.profile(profile)
     base = recipes.phase3_baseline(profile)
-    control = replace(base, contrastive=replace(base.contrastive, hard_negatives=0))
+    control = recipes.derive(base, {"contrastive.negatives.count": 0})
     keywords = replace(control, contrastive=replace(
         control.contrastive, pairs=with_keywords(control.contrastive.pairs, KEYWORD_SHARE)))
     return Study(

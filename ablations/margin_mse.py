@@ -11,8 +11,6 @@ no weight.
 Run:  embedlab sweep ablations/margin_mse.py --parent PHASE2_CHECKPOINT_DIR [--profile cpu]
 """
 
-from dataclasses import replace
-
 from embedlab import Study, recipes
 
 TEACHER = "all-MiniLM-L6-v2"
@@ -21,15 +19,15 @@ TEACHER = "all-MiniLM-L6-v2"
 def study(profile: str = recipes.DEFAULT_PROFILE) -> Study:
     p = recipes.profile(profile)
     base = recipes.phase3_baseline(profile)
-    base = replace(base, contrastive=replace(base.contrastive, teacher=TEACHER))
-    control = replace(base, contrastive=replace(base.contrastive, margin_mse_weight=0.0))
+    base = recipes.derive(base, {"contrastive.distillation.teacher": TEACHER})
+    control = recipes.derive(base, {"contrastive.distillation.margin_mse_weight": 0.0})
     return Study(
         name="margin-mse",
-        factor="contrastive.margin_mse_weight",
+        factor="contrastive.distillation.margin_mse_weight",
         arms={
             "infonce": control,
-            "infonce-margin": replace(base, contrastive=replace(base.contrastive, margin_mse_weight=0.5)),
-            "margin-only": replace(base, contrastive=replace(base.contrastive, margin_mse_weight=1.0)),
+            "infonce-margin": recipes.derive(base, {"contrastive.distillation.margin_mse_weight": 0.5}),
+            "margin-only": recipes.derive(base, {"contrastive.distillation.margin_mse_weight": 1.0}),
         },
         seeds=p.seeds,
         budget=recipes.budget_for(p, phase=3, control=control),

@@ -19,15 +19,14 @@ def study(profile: str = recipes.DEFAULT_PROFILE) -> Study:
     width = base.model.width
     quarter = width // 4
     base = replace(base, eval=replace(base.eval, dims=(quarter,)))
-    control = replace(base, contrastive=replace(base.contrastive, matryoshka_dims=()))
+    control = recipes.derive(base, {"contrastive.matryoshka.dims": ()})
     return Study(
         name="matryoshka",
-        factor="contrastive.matryoshka_dims",
+        factor="contrastive.matryoshka.dims",
         arms={
             "full": control,
-            "nested": replace(base, contrastive=replace(base.contrastive,
-                                                        matryoshka_dims=(quarter, width // 2, width))),
-            "quarter": replace(base, contrastive=replace(base.contrastive, matryoshka_dims=(quarter,))),
+            "nested": recipes.derive(base, {"contrastive.matryoshka.dims": (quarter, width // 2, width)}),
+            "quarter": recipes.derive(base, {"contrastive.matryoshka.dims": (quarter,)}),
         },
         seeds=p.seeds,
         budget=recipes.budget_for(p, phase=2, control=control),

@@ -11,21 +11,19 @@ pairs.
 Run:  embedlab sweep ablations/prefixes.py --parent PHASE1_CHECKPOINT_DIR [--profile cpu]
 """
 
-from dataclasses import replace
-
 from embedlab import Study, recipes
 
 
 def study(profile: str = recipes.DEFAULT_PROFILE) -> Study:
     p = recipes.profile(profile)
     base = recipes.phase2_baseline(profile)
-    control = replace(base, contrastive=replace(base.contrastive, query_prefix="query: ", passage_prefix="passage: "))
+    control = recipes.derive(base, {"contrastive.prefixes.query": "query: ", "contrastive.prefixes.passage": "passage: "})
     return Study(
         name="prefixes",
         factor="contrastive",
         arms={
             "query-passage": control,
-            "none": replace(base, contrastive=replace(base.contrastive, query_prefix="", passage_prefix="")),
+            "none": recipes.derive(base, {"contrastive.prefixes.query": "", "contrastive.prefixes.passage": ""}),
         },
         seeds=p.seeds,
         budget=recipes.budget_for(p, phase=2, control=control),

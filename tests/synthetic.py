@@ -14,7 +14,8 @@ import numpy as np
 import torch
 
 from embedlab.core.config import (
-    DEFAULT_BUDGET, ContrastiveConfig, DataConfig, MaskingConfig, ModelConfig, ScheduleConfig, TrainConfig, TrialConfig,
+    DEFAULT_BUDGET, ContrastiveConfig, DataConfig, DistillationConfig, MaskingConfig, ModelConfig, NegativesConfig,
+    ScheduleConfig, TrainConfig, TrialConfig,
 )
 from embedlab.train.loop import RunOptions, TrainingLoop, run
 from embedlab.train.session import LocalSession
@@ -122,9 +123,11 @@ def hard_negative_rows(frozen, count: int = 16) -> dict[str, np.ndarray]:
     return rows
 
 
-def phase3_trial(parent: Path, **contrastive: Any) -> TrialConfig:
-    """Phase 3 from `parent` with two hard negatives a pair (`contrastive` overrides)."""
-    settings = ContrastiveConfig(pairs=(("a", 0.5), ("b", 0.5)), pair_length=16, hard_negatives=2, **contrastive)
+def phase3_trial(parent: Path, **distillation: Any) -> TrialConfig:
+    """Phase 3 from `parent` with two hard negatives a pair (`distillation`: the fields of its
+    distillation section)."""
+    settings = ContrastiveConfig(pairs=(("a", 0.5), ("b", 0.5)), pair_length=16, negatives=NegativesConfig(count=2),
+                                 distillation=DistillationConfig(**distillation))
     return dataclasses.replace(contrastive_trial(parent), phase=3, contrastive=settings)
 
 

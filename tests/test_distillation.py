@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import synthetic
-from embedlab.core.config import ConfigError, ContrastiveConfig
+from embedlab.core.config import ConfigError, ContrastiveConfig, DistillationConfig, NegativesConfig
 from embedlab.objectives.contrastive import multi_positive_infonce, pair_masks
 from embedlab.objectives.distillation import (
     TermSum, embedding_mse, kl_distillation, kl_rows, margin_mse, margin_pairs, own_candidate_scores,
@@ -410,9 +410,9 @@ def test_the_teacher_scores_each_text_as_the_student_sees_it(frozen):
     seen = as_student_sees(pairs, settings, frozen)
     assert [p.pair_id for p in seen] == ["p1", "p2"] and [d for d, _ in seen[0].negatives] == ["d1", "d2"]
     for whole, cut in zip(pairs, seen):
-        for prefix, text, part in ((settings.query_prefix, whole.query, cut.query),
-                                   (settings.passage_prefix, whole.positive, cut.positive),
-                                   *((settings.passage_prefix, t, c) for (_, t), (_, c) in
+        for prefix, text, part in ((settings.prefixes.query, whole.query, cut.query),
+                                   (settings.prefixes.passage, whole.positive, cut.positive),
+                                   *((settings.prefixes.passage, t, c) for (_, t), (_, c) in
                                      zip(whole.negatives, cut.negatives))):
             assert part == _brute_force_cut(frozen, text, prefix, settings.pair_length - 2)
             ids = frozen.encode_batch([prefix + part])[0]
@@ -435,18 +435,19 @@ def test_the_real_teacher_scores_reproducibly():
 
 
 def test_the_config_refuses_distillation_it_cannot_run():
-    for fields, message in (({"kl_weight": 0.5, "hard_negatives": 2}, "need a teacher"),
-                            ({"kl_weight": 0.5, "teacher": TEACHER}, "hard_negatives >= 1"),
-                            ({"kl_weight": 0.7, "margin_mse_weight": 0.5, "teacher": TEACHER, "hard_negatives": 2},
-                             "at most 1"),
-                            ({"kl_weight": -0.1}, r"must be in \[0, 1\]"),
-                            ({"teacher": "gpt"}, "valid"),
-                            ({"kl_student_temperature": 0.0}, "positive"),
-                            ({"teacher_min_confidence": 3.0}, r"in \[-2, 2\]")):
+    two = NegativesConfig(count=2)
+    for fields, negatives, message in (({"kl_weight": 0.5}, two, "need a teacher"),
+                                       ({"kl_weight": 0.5, "teacher": TEACHER}, NegativesConfig(), "negatives.count >= 1"),
+                                       ({"kl_weight": 0.7, "margin_mse_weight": 0.5, "teacher": TEACHER}, two,
+                                        "at most 1"),
+                                       ({"kl_weight": -0.1}, two, r"must be in \[0, 1\]"),
+                                       ({"teacher": "gpt"}, two, "valid"),
+                                       ({"student_temperature": 0.0}, two, "positive"),
+                                       ({"min_confidence": 3.0}, two, r"in \[-2, 2\]")):
         with pytest.raises(ConfigError, match=message):
-            ContrastiveConfig(**fields)
-    settings = ContrastiveConfig(teacher=TEACHER, hard_negatives=2, kl_weight=1.0)
-    assert settings.distillation_weight == 1.0
+            ContrastiveConfig(negatives=negatives, distillation=DistillationConfig(**fields))
+    settings = ContrastiveConfig(negatives=NegativesConfig(count=2), distillation=DistillationConfig(teacher=TEACHER, kl_weight=1.0))
+    assert settings.distillation.weight == 1.0
 
 
 def test_termsum_mean_of_nothing_is_zero_not_nan():

@@ -117,7 +117,7 @@ def test_the_readme_study_loads_as_printed(tmp_path):
     pairs.write_text('{"query": "a question", "positive": "its answer"}\n', encoding="utf-8")
     (tmp_path / "my_study.py").write_text(code.replace("/abs/path/my_pairs.jsonl", str(pairs)), encoding="utf-8")
     study = load_study(tmp_path / "my_study.py", "cpu")
-    assert list(study.arms) == ["in-batch", "mined-2"] and study.factor == "contrastive.hard_negatives"
+    assert list(study.arms) == ["in-batch", "mined-2"] and study.factor == "contrastive.negatives.count"
     assert study.budget.flops is not None and study.budget.flops > 0
 
 

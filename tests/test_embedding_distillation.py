@@ -1,5 +1,5 @@
 """Embedding distillation: the student's unit embeddings of training-split documents regressed
-onto a teacher's (`contrastive.embedding_mse_weight`). The fixed projection against its stated
+onto a teacher's (`contrastive.distillation.embedding_mse_weight`). The fixed projection against its stated
 definition, the cut to the student's pair length against a brute-force search over token
 boundaries, the documents' assignment and the set's masks and refusals, and the term in
 training: GradCache = plain, two gloo workers = one process (beside KL and MarginMSE), the
@@ -18,7 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import synthetic
-from embedlab.core.config import ConfigError, ContrastiveConfig
+from embedlab.core.config import ConfigError, ContrastiveConfig, DistillationConfig
 from embedlab.objectives.contrastive import multi_positive_infonce, pair_masks
 from embedlab.teacher import embeddings as te, labels as teacher_labels
 from embedlab.teacher.labels import TeacherLabelsError
@@ -136,14 +136,14 @@ def test_a_set_gives_each_pair_its_text_and_target_and_masks_what_it_lacks(tmp_p
 
 
 def test_the_config_takes_embedding_distillation_in_phase_2_too():
-    settings = ContrastiveConfig(teacher=TEACHER, embedding_mse_weight=0.5)  # no negatives needed
-    assert settings.distillation_weight == 0.5 and settings.score_distillation_weight == 0
+    settings = ContrastiveConfig(distillation=DistillationConfig(teacher=TEACHER, embedding_mse_weight=0.5))  # no negatives
+    assert settings.distillation.weight == 0.5 and settings.distillation.score_weight == 0
     with pytest.raises(ConfigError, match="need a teacher"):
-        ContrastiveConfig(embedding_mse_weight=0.5)
+        DistillationConfig(embedding_mse_weight=0.5)
     with pytest.raises(ConfigError, match="at most 1"):
-        ContrastiveConfig(teacher=TEACHER, hard_negatives=1, kl_weight=0.6, embedding_mse_weight=0.6)
+        DistillationConfig(teacher=TEACHER, kl_weight=0.6, embedding_mse_weight=0.6)
     with pytest.raises(ConfigError, match=r"must be in \[0, 1\]"):
-        ContrastiveConfig(teacher=TEACHER, embedding_mse_weight=1.5)
+        DistillationConfig(teacher=TEACHER, embedding_mse_weight=1.5)
 
 
 # --- the term in training: GradCache and workers -------------------------------------------------
@@ -279,7 +279,7 @@ def test_the_loop_reports_the_embedding_term_in_its_weighted_sum(frozen, parent,
 
     trial = synthetic.contrastive_trial(parent)
     trial = dataclasses.replace(trial, contrastive=dataclasses.replace(
-        trial.contrastive, teacher=TEACHER, embedding_mse_weight=EMBED_WEIGHT))
+        trial.contrastive, distillation=DistillationConfig(teacher=TEACHER, embedding_mse_weight=EMBED_WEIGHT)))
     loop = synthetic.make_loop(trial, frozen)
     rows = _document_rows(frozen, synthetic.pair_rows(frozen, 16), trial.model.width)
     batches = LocalSession(rows, tmp_path).global_batches(trial.train.batch_rows)

@@ -15,7 +15,7 @@ import pytest
 
 from embedlab.contamination.audit import ContaminationError
 from embedlab.core.beir import load_task
-from embedlab.core.config import ContrastiveConfig
+from embedlab.core.config import ContrastiveConfig, DistillationConfig, NegativesConfig
 from embedlab.prepared.directory import PreparedData
 
 from conftest import audit_would_find, plain_words, tiny_budget, tiny_trial
@@ -97,9 +97,9 @@ def test_sweep_gate_refuses_final_eval_items_planted_in_the_pairs(data):
     }
 
 
-def phase3_setup(data: PreparedData, tmp_path, **contrastive):
-    """A phase-3 trial from a random phase-2 parent (two mined negatives a pair; `contrastive`
-    adds fields), its pairs table, the schedule and offsets `run_contrastive` derives, and the
+def phase3_setup(data: PreparedData, tmp_path, **distillation):
+    """A phase-3 trial from a random phase-2 parent (two mined negatives a pair; `distillation`
+    the fields of its distillation section), its pairs table, the schedule and offsets `run_contrastive` derives, and the
     mined set it finds (mined here, so the run reuses it)."""
     from embedlab.checkpoints.io import save_checkpoint
     from embedlab.checkpoints.state import data_seed
@@ -115,7 +115,8 @@ def phase3_setup(data: PreparedData, tmp_path, **contrastive):
     model = MLMModel(base.model)
     save_checkpoint(parent, model.encoder, head=model.mlm_head, tokenizer=data.tokenizer, fields={"phase": 2})
     trial = dataclasses.replace(base, phase=3, parent=str(parent), contrastive=ContrastiveConfig(
-        pairs=((BUILDERS[0], 1.0),), pair_length=32, hard_negatives=2, mining_top_k=50, **contrastive))
+        pairs=((BUILDERS[0], 1.0),), pair_length=32, negatives=NegativesConfig(count=2, top_k=50),
+        distillation=DistillationConfig(**distillation)))
     pairs_path = pair_table_path(data, list(BUILDERS), **QUIET)
     step_pairs = trial.train.num_workers * trial.train.batch_rows * trial.train.microbatches
     schedule, offsets = pair_schedule(pairs_path, dict(trial.contrastive.pairs),

@@ -12,7 +12,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import synthetic
-from embedlab.core.config import ConfigError, ContrastiveConfig
+from embedlab.core.config import ConfigError, ContrastiveConfig, MatryoshkaConfig
 from embedlab.objectives.contrastive import multi_positive_infonce, pair_masks
 from embedlab.objectives.gather import gather_no_grad, gather_with_grad
 from embedlab.objectives.gradcache import gradcache_step
@@ -143,8 +143,8 @@ def test_the_step_counts_every_widths_score_matrices(frozen, parent, tmp_path, g
 
     trial = synthetic.contrastive_trial(parent, gradcache=gradcache)
     trial = dataclasses.replace(trial, contrastive=dataclasses.replace(trial.contrastive, mlm_weight=0.0))
-    nested = dataclasses.replace(trial, contrastive=dataclasses.replace(trial.contrastive, matryoshka_dims=(8, 16, 32),
-                                                                         matryoshka_weights=(1.0, 1.0, 2.0)))
+    nested = dataclasses.replace(trial, contrastive=dataclasses.replace(
+        trial.contrastive, matryoshka=MatryoshkaConfig(dims=(8, 16, 32), weights=(1.0, 1.0, 2.0))))
     rows = synthetic.pair_rows(frozen, 16)
     full_counted, full_reference = reference_step_flops(trial, frozen, rows, tmp_path / "full")
     nested_counted, nested_reference = reference_step_flops(nested, frozen, rows, tmp_path / "nested")
@@ -159,13 +159,14 @@ def test_the_config_refuses_widths_it_cannot_train():
                                    ((0, 8), (), "positive integer"), ((8, 16), (1.0,), "one positive weight"),
                                    ((8, 16), (1.0, 0.0), "one positive weight")):
         with pytest.raises(ConfigError, match=message):
-            ContrastiveConfig(matryoshka_dims=dims, matryoshka_weights=weights)
-    assert ContrastiveConfig(matryoshka_dims=[8, 16]).matryoshka_dims == (8, 16)  # a study's list
-    assert ContrastiveConfig().trained_widths(128) == ((128,), (1.0,))
-    assert ContrastiveConfig(matryoshka_dims=(32, 128)).trained_widths(128) == ((32, 128), (1.0, 1.0))
+            MatryoshkaConfig(dims=dims, weights=weights)
+    assert MatryoshkaConfig(dims=[8, 16]).dims == (8, 16)  # a study's list
+    assert ContrastiveConfig().matryoshka.trained_widths(128) == ((128,), (1.0,))
+    assert MatryoshkaConfig(dims=(32, 128)).trained_widths(128) == ((32, 128), (1.0, 1.0))
     trial = synthetic.contrastive_trial(Path("parent"))  # never read: the config alone
     with pytest.raises(ConfigError, match="at most model.width=32"):
-        dataclasses.replace(trial, contrastive=dataclasses.replace(trial.contrastive, matryoshka_dims=(16, 64)))
+        dataclasses.replace(trial, contrastive=dataclasses.replace(trial.contrastive,
+                                                                   matryoshka=MatryoshkaConfig(dims=(16, 64))))
 
 
 # --- scoring at truncated widths (eval.dims) ---------------------------------------------------
@@ -252,7 +253,7 @@ def test_a_study_metric_at_a_width_needs_every_arm_to_score_it():
 
     study = load_study(Path(__file__).parent.parent / "ablations" / "matryoshka.py", "cpu")
     assert study.metric == "dev/dim32/ndcg@10"
-    assert {arm: config.contrastive.matryoshka_dims for arm, config in study.arms.items()} == {
+    assert {arm: config.contrastive.matryoshka.dims for arm, config in study.arms.items()} == {
         "full": (), "nested": (32, 64, 128), "quarter": (32,)}
     assert all(config.eval.dims == (32,) for config in study.arms.values())
     with pytest.raises(ConfigError, match=r"width 16, which arms \['full', 'nested', 'quarter'\] do not list"):

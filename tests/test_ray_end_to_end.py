@@ -189,7 +189,7 @@ def test_evaluate_cli_builtin_task_uses_the_checkpoints_data(trained, prepared, 
 def phase2(trained, prepared, tmp_path_factory):
     import dataclasses
 
-    from embedlab.core.config import ContrastiveConfig
+    from embedlab.core.config import ContrastiveConfig, DistillationConfig, NegativesConfig
     from embedlab.train.contrastive import run_contrastive
 
     _, parent = trained
@@ -242,10 +242,11 @@ def test_phase3_with_mined_negatives_from_phase2(phase2, prepared, tmp_path_fact
     trial2, parent = phase2
     trial = dataclasses.replace(
         trial2, phase=3, parent=parent.checkpoint.path,
-        contrastive=dataclasses.replace(trial2.contrastive, mlm_weight=0.0, hard_negatives=2, pooling="cls",
-                                        symmetric=False, gradcache_chunk=4, mining_top_k=2000,
-                                        teacher="all-MiniLM-L6-v2", kl_weight=0.3, margin_mse_weight=0.2,
-                                        embedding_mse_weight=0.2),
+        contrastive=dataclasses.replace(trial2.contrastive, mlm_weight=0.0, pooling="cls", symmetric=False,
+                                        gradcache_chunk=4, negatives=NegativesConfig(count=2, top_k=2000),
+                                        distillation=DistillationConfig(teacher="all-MiniLM-L6-v2", kl_weight=0.3,
+                                                                        margin_mse_weight=0.2,
+                                                                        embedding_mse_weight=0.2)),
     )
     result = run_contrastive(trial, prepared, storage_path=tmp_path_factory.mktemp("phase3"), name="phase3",
                              progress=lambda m: None)
@@ -346,17 +347,15 @@ def test_dual_heads_whole_word_phase1(ray_session, prepared, tmp_path):
 
 USER_PAIRS_STUDY = """
 from dataclasses import replace
-from embedlab import Budget, Study
-from embedlab.core.config import TrialConfig
-from embedlab.pairs.readers import PairFiles
+from embedlab import Budget, Study, recipes
+from embedlab.core.config import PairFiles, TrialConfig
 
 def study(profile=None):
     base = TrialConfig.from_dict({config!r})
     data = replace(base.data, pair_files=(PairFiles(name="my-pairs", path={pairs!r}, rights="Debian package descriptions, each under its package's licence"),))
     arm = replace(base, data=data, parent=None)
-    return Study(name="user-pairs", factor="contrastive.given_negative_margin", seeds=(0,),
-                 budget=Budget(tokens=1, pairs=64), arms={{"margin": arm, "no-margin": replace(arm, contrastive=replace(
-                     arm.contrastive, given_negative_margin="off"))}})
+    return Study(name="user-pairs", factor="contrastive.negatives.given_margin", seeds=(0,),
+                 budget=Budget(tokens=1, pairs=64), arms={{"margin": arm, "no-margin": recipes.derive(arm, {{"contrastive.negatives.given_margin": "off"}})}})
 """
 
 
@@ -369,6 +368,7 @@ def test_phase3_on_user_pairs_ends_in_a_table_and_a_release(phase2, prepared, tm
     import dataclasses
 
     from embedlab.core.beir import Task, write_task
+    from embedlab.core.config import NegativesConfig
     from embedlab.tasks.heldout import DPKG_STATUS, read_dpkg_status
 
     trial2, parent = phase2
@@ -399,7 +399,7 @@ def test_phase3_on_user_pairs_ends_in_a_table_and_a_release(phase2, prepared, tm
     trial = dataclasses.replace(
         trial2, phase=3, eval=dataclasses.replace(trial2.eval, task=str(task_dir)),
         contrastive=dataclasses.replace(trial2.contrastive, pairs=(("my-pairs", 0.75), ("title-body", 0.25)),
-                                        mlm_weight=0.0, hard_negatives=1, mine_negatives=False))
+                                        mlm_weight=0.0, negatives=NegativesConfig(count=1, mine=False)))
     study_file = tmp_path / "user_pairs.py"
     study_file.write_text(USER_PAIRS_STUDY.format(config=trial.to_dict(), pairs=str(pairs_file)))
     runs = tmp_path / "runs"

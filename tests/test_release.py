@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from embedlab.checkpoints.io import CheckpointError, load_encoder, save_checkpoint
-from embedlab.core.config import ContrastiveConfig, DataConfig, EvalConfig, ModelConfig, TrialConfig
+from embedlab.core.config import (ContrastiveConfig, DataConfig, EvalConfig, MatryoshkaConfig, ModelConfig, PrefixConfig,
+                                  TrialConfig)
 from embedlab.model.encode import encode_texts
 from embedlab.model.encoder import Encoder, MLMModel
 from embedlab.release.export import ZERO_VECTOR_RULE, export_release
@@ -37,7 +38,7 @@ def tiny_trial(pooling: str) -> TrialConfig:
         data=DataConfig(tokenizer_vocab_size=300, sequence_length=64),
         eval=EvalConfig(max_length=MAX_LENGTH),
         phase=2,
-        contrastive=ContrastiveConfig(pooling=pooling, query_prefix="query: ", passage_prefix="passage: "),
+        contrastive=ContrastiveConfig(pooling=pooling, prefixes=PrefixConfig(query="query: ", passage="passage: ")),
     )
 
 
@@ -53,7 +54,7 @@ def write_checkpoint(directory, pooling: str):
     settings = trial.contrastive
     return save_checkpoint(
         directory / "checkpoint", model.encoder, head=model.mlm_head, tokenizer=tokenizer,
-        pooling=settings.pooling, prefixes={"query": settings.query_prefix, "passage": settings.passage_prefix},
+        pooling=settings.pooling, prefixes={"query": settings.prefixes.query, "passage": settings.prefixes.passage},
         fields={"phase": 2, "parent_hash": PARENT_HASH, "config": trial.to_dict(), "data_revision": "rev-test"},
     )
 
@@ -238,8 +239,8 @@ def test_truncate_dim_gives_the_trained_widths_scores(tmp_path, offline):
     from embedlab.objectives.matryoshka import truncate
 
     trial = tiny_trial("mean")
-    trial = dataclasses.replace(trial, contrastive=dataclasses.replace(trial.contrastive, matryoshka_dims=(8, 32),
-                                                                       matryoshka_weights=(1.0, 0.5)))
+    trial = dataclasses.replace(trial, contrastive=dataclasses.replace(
+        trial.contrastive, matryoshka=MatryoshkaConfig(dims=(8, 32), weights=(1.0, 0.5))))
     tokenizer = save_tokenizer(train_tokenizer(TEXTS * 10, 300), tmp_path / "tokenizer")
     torch.manual_seed(0)
     model = MLMModel(trial.model)

@@ -275,12 +275,12 @@ def test_config_unknown_keys_are_named():
 
 def test_contrastive_phase_config_rules():
     """Phases 2-3 refuse a length schedule and negatives outside phase 3."""
-    from embedlab.core.config import ContrastiveConfig, TrainConfig
+    from embedlab.core.config import ContrastiveConfig, NegativesConfig, TrainConfig
 
     with pytest.raises(ConfigError, match="train.length_schedule"):
         TrialConfig(phase=2, parent="p", train=TrainConfig(length_schedule=((0.5, 64), (0.5, 128))))
-    with pytest.raises(ConfigError, match="hard_negatives"):
-        TrialConfig(phase=2, parent="p", contrastive=ContrastiveConfig(hard_negatives=2))
+    with pytest.raises(ConfigError, match="negatives.count"):
+        TrialConfig(phase=2, parent="p", contrastive=ContrastiveConfig(negatives=NegativesConfig(count=2)))
     with pytest.raises(ConfigError, match="continue_optimizer"):
         ContrastiveConfig(continue_optimizer=True)
 

@@ -26,7 +26,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from embedlab.studies.recipes import derive
 from embedlab.core.config import (DEFAULT_BUDGET, Budget, ConfigError, ContrastiveConfig, DataConfig, MixtureConfig,
+                                  NegativesConfig,
                              TrialConfig)
 from embedlab.pairs.readers import PairFiles
 from embedlab.prepared.directory import PreparedData
@@ -267,8 +269,9 @@ def test_given_negatives_reach_the_phase3_batch_and_the_margin_drops_a_close_one
         dev_fraction=0.01, test_fraction=0.01, mixture=MixtureConfig(max_epochs=8))
     trial = TrialConfig(model=synthetic.MODEL, data=data, phase=3, parent=str(parent),
                         train=dataclasses.replace(TrialConfig().train, budget=pairs_budget(2), batch_rows=1, num_workers=1),
-                        contrastive=ContrastiveConfig(pairs=(("mine", 1.0),), pair_length=16, hard_negatives=2,
-                                                      mine_negatives=False, given_negative_margin=margin))
+                        contrastive=ContrastiveConfig(pairs=(("mine", 1.0),), pair_length=16,
+                                                      negatives=NegativesConfig(count=2, mine=False,
+                                                                                given_margin=margin)))
     pairs_path = pair_table_path(prepared, ["mine"], data=data, **QUIET)
     schedule, offsets = trial_pair_schedule(trial, pairs_path)
     given = given_negatives_for_phase3(trial, prepared, pairs_path, schedule, offsets, **QUIET)
@@ -298,7 +301,7 @@ def test_given_negatives_reach_the_phase3_batch_and_the_margin_drops_a_close_one
         passage_prefix="", negatives_path=str(mined), negatives_per_pair=2, given_negatives_path=str(given / "negatives.parquet"))
     assert filled["negative_group"].tolist() == [[group_hash(given_doc_id("mine:p", 0)), group_hash("other")]]
 
-    off = dataclasses.replace(trial, contrastive=dataclasses.replace(trial.contrastive, given_negative_margin="off"))
+    off = derive(trial, {"contrastive.negatives.given_margin": "off"})
     kept_all = given_negatives_for_phase3(off, prepared, pairs_path, schedule, offsets, **QUIET)
     assert given_negative_counts(kept_all)["dropped"] == {"positive-text": 0, "near-positive": 0, "false-negative-margin": 0}
     assert [r["negative"] for r in pq.read_table(kept_all / "negatives.parquet").to_pylist()] == [far, close]
@@ -393,7 +396,7 @@ def _mining_trial(tmp_path: Path) -> TrialConfig:
     return TrialConfig(model=synthetic.MODEL, data=data, phase=3, parent=str(parent),
                        train=dataclasses.replace(TrialConfig().train, budget=pairs_budget(8), batch_rows=2, num_workers=1),
                        contrastive=ContrastiveConfig(pairs=(("mine", 0.5), ("title-body", 0.5)), pair_length=16,
-                                                     hard_negatives=2, mining_top_k=5, mining_margin=0.0))
+                                                     negatives=NegativesConfig(count=2, top_k=5, margin=0.0)))
 
 
 def test_phase3_mines_negatives_for_user_pairs_beside_built_in_ones(prepared, tmp_path):
@@ -408,7 +411,8 @@ def test_phase3_mines_negatives_for_user_pairs_beside_built_in_ones(prepared, tm
     trial = _mining_trial(tmp_path)
     data = trial.data
     assert mines_negatives(trial) and not mines_negatives(dataclasses.replace(
-        trial, contrastive=dataclasses.replace(trial.contrastive, mine_negatives=False, given_negative_margin="off")))
+        trial, contrastive=dataclasses.replace(trial.contrastive, negatives=dataclasses.replace(
+            trial.contrastive.negatives, mine=False, given_margin="off"))))
     path = pair_table_path(prepared, ["mine", "title-body"], data=data, **QUIET)
     schedule, offsets = trial_pair_schedule(trial, path)
     mined = MinedSet.load(mine_for_phase3(trial, prepared, path, schedule, offsets, **QUIET))
@@ -696,7 +700,7 @@ def test_mining_from_a_parent_on_object_storage_equals_mining_from_its_local_cop
         trial = TrialConfig(model=synthetic.MODEL, data=data, phase=3, parent=location,
                             train=dataclasses.replace(TrialConfig().train, budget=pairs_budget(8), batch_rows=2, num_workers=1),
                             contrastive=ContrastiveConfig(pairs=(("title-body", 1.0),), pair_length=16,
-                                                          hard_negatives=2, mining_top_k=5, mining_margin=0.0))
+                                                          negatives=NegativesConfig(count=2, top_k=5, margin=0.0)))
         path = pair_table_path(prepared, ["title-body"], data=data, **QUIET)
         schedule, offsets = trial_pair_schedule(trial, path)
         directory = mine_for_phase3(trial, prepared, path, schedule, offsets, **QUIET)

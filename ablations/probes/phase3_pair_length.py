@@ -9,7 +9,7 @@ from embedlab import Budget, Study, recipes
 
 def study(profile: str = "cpu") -> Study:
     base = recipes.phase3_baseline(profile)
-    control = replace(base, contrastive=replace(base.contrastive, hard_negatives=0))
+    control = recipes.derive(base, {"contrastive.negatives.count": 0})
     lr = lambda v: replace(control, train=replace(control.train, learning_rate=v))
     return Study(
         name="phase3-probe-len", factor="contrastive.pair_length",

@@ -64,7 +64,7 @@ def pair_batch(prepared, bench: ContrastiveBench) -> dict[str, torch.Tensor]:
     window = {"rows": [rows], "source_index": [np.array([builders.index(builder_of[r]) for r in rows], np.int32)]}
     batch = tokenize_pair_window(
         window, pairs_path=str(path), tokenizer_path=str(prepared.tokenizer_path), length=bench.pair_length,
-        query_prefix=settings.query_prefix, passage_prefix=settings.passage_prefix, negatives_path=None,
+        query_prefix=settings.prefixes.query, passage_prefix=settings.prefixes.passage, negatives_path=None,
         negatives_per_pair=0,
     )
     return {name: torch.from_numpy(np.asarray(column)) for name, column in batch.items()}

@@ -21,6 +21,11 @@ than this code's is refused, as guessing at it could misread it. Each step:
                     which its trials trained to. A trial row without `status` or `stage` (written
                     before unfinished trials and tuning trials were recorded) is a finished
                     final trial.
+    schema 2 -> 3   phases 2-3's config in sections: a trial config's flat contrastive fields
+                    move into `negatives`, `distillation`, `matryoshka` and `prefixes`
+                    (`CONTRASTIVE_MOVES`, e.g. `hard_negatives` -> `negatives.count`), and the
+                    config paths a study names (its factor, its searches) and a row records (its
+                    factor, its `param/<path>` columns) follow them.
 
 A step added later goes here, as a function of the kinds it changes, and in the list above;
 `tests/test_records.py` reads every run record under `docs/results/runs/` through it and holds
@@ -34,12 +39,29 @@ from typing import Any
 
 from embedlab.core.errors import ConfigError, RunRecordError
 
-SCHEMA = 2
+SCHEMA = 3
 KINDS = ("record", "study", "config", "row")
 # The flat keys configs and study records held before the budget was one object (schema 1),
 # and the Budget field each is now.
 FLAT_BUDGET_KEYS = {"budget_tokens": "tokens", "budget_pairs": "pairs", "budget_flops": "flops",
                     "budget_device_seconds": "device_seconds", "budget_scope": "scope"}
+
+
+# Schema 3: ContrastiveConfig's flat fields of schema 2, and the section and field each is now.
+CONTRASTIVE_MOVES = {
+    "hard_negatives": ("negatives", "count"), "mining_top_k": ("negatives", "top_k"),
+    "mining_margin": ("negatives", "margin"), "mine_negatives": ("negatives", "mine"),
+    "given_negative_margin": ("negatives", "given_margin"),
+    "teacher": ("distillation", "teacher"), "teacher_query_prefix": ("distillation", "query_prefix"),
+    "teacher_passage_prefix": ("distillation", "passage_prefix"), "kl_weight": ("distillation", "kl_weight"),
+    "margin_mse_weight": ("distillation", "margin_mse_weight"),
+    "embedding_mse_weight": ("distillation", "embedding_mse_weight"),
+    "kl_student_temperature": ("distillation", "student_temperature"),
+    "kl_teacher_temperature": ("distillation", "teacher_temperature"),
+    "teacher_min_confidence": ("distillation", "min_confidence"),
+    "matryoshka_dims": ("matryoshka", "dims"), "matryoshka_weights": ("matryoshka", "weights"),
+    "query_prefix": ("prefixes", "query"), "passage_prefix": ("prefixes", "passage"),
+}
 
 
 def upgrade(record: dict[str, Any], kind: str) -> dict[str, Any]:
@@ -64,6 +86,11 @@ def _record(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def _study(study: dict[str, Any]) -> dict[str, Any]:
+    if isinstance(study.get("factor"), str):
+        study["factor"] = config_path(study["factor"])
+    if isinstance(study.get("search"), list):
+        study["search"] = [{**s, "path": config_path(s["path"])} if isinstance(s, dict) and "path" in s else s
+                           for s in study["search"]]
     arms = study.get("arms")
     if isinstance(arms, dict):
         study["arms"] = {arm: _config(config) if isinstance(config, dict) else config for arm, config in arms.items()}
@@ -81,13 +108,46 @@ def _study(study: dict[str, Any]) -> dict[str, Any]:
 def _config(config: dict[str, Any]) -> dict[str, Any]:
     if isinstance(config.get("train"), dict):
         config["train"] = nest_flat_budget(config["train"], "trial.train")
+    if isinstance(config.get("contrastive"), dict):
+        config["contrastive"] = nest_contrastive(config["contrastive"])
     return config
 
 
 def _row(row: dict[str, Any]) -> dict[str, Any]:
     row.setdefault("status", "finished")
     row.setdefault("stage", "final")
+    if isinstance(row.get("factor"), str):
+        row["factor"] = config_path(row["factor"])
+    for key in [k for k in row if k.startswith("param/")]:
+        row[f"param/{config_path(key[len('param/'):])}"] = row.pop(key)
     return row
+
+
+def config_path(path: str) -> str:
+    """A dotted config path as the current schema names it (`contrastive.hard_negatives` ->
+    `contrastive.negatives.count`); any other path as it is."""
+    section, _, rest = path.partition(".")
+    if section == "contrastive" and rest in CONTRASTIVE_MOVES:
+        return ".".join((section, *CONTRASTIVE_MOVES[rest]))
+    return path
+
+
+def nest_contrastive(raw: dict[str, Any]) -> dict[str, Any]:
+    """A contrastive section with the flat fields of schema 2 (`CONTRASTIVE_MOVES`) moved into
+    their sections; `raw` itself when it has none. A flat field beside its section's own value
+    is a ConfigError: which one holds would be a guess."""
+    flat = [key for key in CONTRASTIVE_MOVES if key in raw]
+    if not flat:
+        return raw
+    nested = {key: value for key, value in raw.items() if key not in CONTRASTIVE_MOVES}
+    for key in flat:
+        section, name = CONTRASTIVE_MOVES[key]
+        part = dict(nested.get(section) or {})
+        if name in part:
+            raise ConfigError(f"contrastive: has both {key} and {section}.{name}; keep one")
+        part[name] = raw[key]
+        nested[section] = part
+    return nested
 
 
 _STEPS = {"record": _record, "study": _study, "config": _config, "row": _row}

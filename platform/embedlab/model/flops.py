@@ -180,19 +180,19 @@ def expected_step_flops(trial: TrialConfig, *, attention: bool = True) -> float:
     kernel = attention_path(model, device=device, half=half, length=length, training=True)
     mode = GRADCACHE if settings.gradcache_chunk else TRAINED
     # Queries, positives, negatives and, with embedding distillation, one document a pair.
-    texts = batch * (2 + settings.hard_negatives + (1 if settings.embedding_mse_weight > 0 else 0))
+    texts = batch * (2 + settings.negatives.count + (1 if settings.distillation.embedding_mse_weight > 0 else 0))
     # GradCache cuts each side into chunks: the dense area is the same, B * L^2 either way.
     per_microbatch = encoder_flops(model, texts, length, keep * texts * length * length, mode=mode,
                                    recomputes=kernel.recomputes)
     gathered = workers if settings.gather_across_workers and workers > 1 else 1
-    for width in settings.trained_widths(model.width)[0]:  # a score matrix per trained width
+    for width in settings.matryoshka.trained_widths(model.width)[0]:  # a score matrix per trained width
         per_microbatch += PASSES[TRAINED] * similarity_forward_flops(
-            batch, gathered * batch * (1 + settings.hard_negatives), width)
+            batch, gathered * batch * (1 + settings.negatives.count), width)
         if settings.symmetric:
             per_microbatch += PASSES[TRAINED] * similarity_forward_flops(batch, gathered * batch, width)
-    if settings.score_distillation_weight > 0:  # each query's own candidates, at the widest trained width
+    if settings.distillation.score_weight > 0:  # each query's own candidates, at the widest trained width
         per_microbatch += PASSES[TRAINED] * similarity_forward_flops(
-            batch, 1 + settings.hard_negatives, settings.trained_widths(model.width)[0][-1])
+            batch, 1 + settings.negatives.count, settings.matryoshka.trained_widths(model.width)[0][-1])
     if settings.mlm_weight > 0:
         copies = 2 * batch
         per_microbatch += encoder_flops(model, copies, length, keep * copies * length * length, mode=TRAINED,

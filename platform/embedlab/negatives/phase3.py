@@ -176,8 +176,8 @@ def mine_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, schedule, of
     table = scheduled_rows(pairs_path, schedule, offsets, PAIR_SCHEMA.names)
     pairs = [Pair(**{**row, "doc_ids": tuple(row["doc_ids"])}) for row in table]
     outside = frozenset(p.pair_id for p in pairs if p.builder not in PAIR_BUILDERS)
-    config = MiningConfig(negatives_per_query=trial.contrastive.hard_negatives,
-                          top_k=trial.contrastive.mining_top_k, false_negative_margin=trial.contrastive.mining_margin)
+    config = MiningConfig(negatives_per_query=trial.contrastive.negatives.count,
+                          top_k=trial.contrastive.negatives.top_k, false_negative_margin=trial.contrastive.negatives.margin)
     encoder_id, encoding = _parent_identity(trial)
     # Every positive of each row's group, rows the schedule does not read included.
     group_positives = group_positive_texts(pairs_path)
@@ -222,7 +222,7 @@ def _mining_cost(parent: "_ParentEncoder", corpus: dict[str, Any]) -> dict[str, 
 def given_negatives_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, schedule, offsets,
                                progress=print) -> Path | None:
     """The scheduled pairs' given negatives (a user source's own), screened by the false-negative
-    margin under the parent encoder (`contrastive.given_negative_margin`), in
+    margin under the parent encoder (`contrastive.negatives.given_margin`), in
     `given-negatives/<version>/` (negatives.parquet in the mined sets' schema, manifest.json
     with the counts, compute.json with the encoding cost); None when no scheduled pair has any.
     Cached by version: the parent and how it encodes (`_parent_identity`), the pairs table's
@@ -231,7 +231,7 @@ def given_negatives_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, s
     pairs = [GivenPair(r["pair_id"], r["query"], r["positive"], tuple(r["negatives"])) for r in rows]
     if not any(p.negatives for p in pairs):
         return None
-    margin = trial.contrastive.given_margin
+    margin = trial.contrastive.negatives.given_threshold
     encoder_id, encoding = (None, None) if margin is None else _parent_identity(trial)
     identity = {"format": GIVEN_FORMAT, "encoder_id": encoder_id, "encoding": encoding,
                 "code": code_revision(sources=MINING_CODE),

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from embedlab.core import store
+from embedlab.core.schema import upgrade
 from embedlab.tokenizer.frozen import FILE_NAME as TOKENIZER_FILE
 from embedlab.checkpoints.io import (
     ENCODER_FILE, MANIFEST_FILE, CheckpointError, content_hash, load_encoder, local_checkpoint, staged_directory,
@@ -132,12 +133,13 @@ def _release_manifest(checkpoint: dict[str, Any]) -> dict[str, Any]:
 
 
 def _trained_widths(checkpoint: dict[str, Any]) -> dict[str, Any]:
-    """The widths the checkpoint's phase trained its contrastive term at (`matryoshka_dims`; the
-    full width alone without them), and how a consumer reproduces a truncated width."""
-    config = checkpoint["config"]
+    """The widths the checkpoint's phase trained its contrastive term at (`contrastive.matryoshka`;
+    the full width alone without them), and how a consumer reproduces a truncated width."""
+    config = upgrade(checkpoint["config"], "config")  # a checkpoint of any schema
     width = config["model"]["width"]
-    dims = list(config.get("contrastive", {}).get("matryoshka_dims") or [width])
-    weights = list(config.get("contrastive", {}).get("matryoshka_weights") or [1.0] * len(dims))
+    matryoshka = config.get("contrastive", {}).get("matryoshka", {})
+    dims = list(matryoshka.get("dims") or [width])
+    weights = list(matryoshka.get("weights") or [1.0] * len(dims))
     return {
         "trained_widths": dims, "weights": weights, "phase": checkpoint.get("phase"),
         "truncate": "SentenceTransformer(path, truncate_dim=d) keeps the first d coordinates of the unit "

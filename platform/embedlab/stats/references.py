@@ -18,8 +18,8 @@ def distilled_teacher(arms: dict[str, Any]) -> str | None:
     """The teacher any arm's config distils from (a teacher with a weight), else None."""
     for config in arms.values():
         settings = config.contrastive
-        if settings.teacher and settings.distillation_weight > 0:
-            return settings.teacher
+        if settings.distillation.teacher and settings.distillation.weight > 0:
+            return settings.distillation.teacher
     return None
 
 

@@ -167,8 +167,10 @@ def load_table(run_dir: str | Path) -> pd.DataFrame:
 def teacher_made(arms: dict[str, Any]) -> tuple[str, ...]:
     """What a teacher made for the study's arms, read from their configs: "labels" (scores of
     each query's candidates, for KL or MarginMSE) and "documents" (vectors of unlabelled text,
-    for embedding distillation), in that order; () for a study that distils nothing."""
-    weights = [(arm.get("contrastive") or {}) for arm in arms.values() if isinstance(arm, dict)]
+    for embedding distillation), in that order; () for a study that distils nothing. `arms`
+    are the configs of an upgraded study record (`embedlab.core.schema`)."""
+    weights = [(arm.get("contrastive") or {}).get("distillation") or {} for arm in arms.values()
+               if isinstance(arm, dict)]
     made = {"labels": any((w.get("kl_weight") or 0) > 0 or (w.get("margin_mse_weight") or 0) > 0 for w in weights),
             "documents": any((w.get("embedding_mse_weight") or 0) > 0 for w in weights)}
     return tuple(name for name, used in made.items() if used)

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from embedlab.core.config import (DEFAULT_BUDGET, MODEL_PRESETS, Budget, ConfigError, ContrastiveConfig, DataConfig,
-                             MaskingConfig, MixtureConfig, TrainConfig, TrialConfig)
+                                  MaskingConfig, MixtureConfig, NegativesConfig, TrainConfig, TrialConfig)
 from embedlab.core.config.sources import HFPairs
 from embedlab.sources.builtin import available_sources
 from embedlab.sources.external import HFDataset
@@ -242,11 +243,29 @@ def phase3_baseline(profile_name: str = "demo") -> TrialConfig:
         contrastive=dataclasses.replace(
             base.contrastive,
             pairs=profile(profile_name).phase3_pair_shares,
-            hard_negatives=2,
-            mining_top_k=200,
+            negatives=NegativesConfig(count=2, top_k=200),
         ),
         train=dataclasses.replace(base.train, learning_rate=profile(profile_name).phase3_learning_rate),
     )
+
+
+def derive(config: TrialConfig, changes: dict[str, Any]) -> TrialConfig:
+    """`config` with the fields at dotted paths replaced, validated again (a bad value names its
+    field): `derive(base, {"contrastive.negatives.count": 2})` is the arm `base` with two mined
+    negatives, the way a study varies a field inside a section without spelling each level's
+    `dataclasses.replace`. A path that names no field is a ConfigError."""
+    raw = config.to_dict()
+    for path, value in changes.items():
+        node = raw
+        *parents, leaf = path.split(".")
+        for key in parents:
+            if not isinstance(node.get(key), dict):
+                raise ConfigError(f"{path}: not a config path")
+            node = node[key]
+        if leaf not in node:
+            raise ConfigError(f"{path}: not a config path")
+        node[leaf] = value
+    return TrialConfig.from_dict(raw)
 
 
 def budget_for(p: Profile, phase: int, control: TrialConfig | None = None) -> Budget:

@@ -29,6 +29,7 @@ from typing import Any
 from embedlab.core import config as config_module, store
 from embedlab.core.config import Budget, ConfigError, TrialConfig
 from embedlab.core.schema import FLAT_BUDGET_KEYS, upgrade
+from embedlab.studies.recipes import derive
 from embedlab.core.errors import UnknownKey
 from embedlab.evaluate.panel import METRICS, UnknownPanelMetric, resolve_study_metric
 
@@ -59,22 +60,6 @@ class Search:
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> Search:
         return cls(path=raw["path"], low=raw["low"], high=raw["high"], log=raw["log"], choices=tuple(raw["choices"]))
-
-
-def set_path(config: TrialConfig, values: dict[str, Any]) -> TrialConfig:
-    """The config with dotted paths replaced (validated again, so a bad value names its field)."""
-    raw = config.to_dict()
-    for path, value in values.items():
-        node = raw
-        *parents, leaf = path.split(".")
-        for key in parents:
-            if not isinstance(node.get(key), dict):
-                raise ConfigError(f"{path}: not a config path")
-            node = node[key]
-        if leaf not in node:
-            raise ConfigError(f"{path}: not a config path")
-        node[leaf] = value
-    return TrialConfig.from_dict(raw)
 
 
 def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -244,7 +229,7 @@ class Study:
                 # Every choice and both ends of a range make valid configs: a bad value found
                 # here names its field, instead of failing each trial that draws it.
                 for value in item.choices or (item.low, item.high):
-                    set_path(config, {item.path: value})
+                    derive(config, {item.path: value})
 
     def _check_tuning_seeds(self) -> None:
         clash = sorted(set(self.seeds) & set(self.tuning_seeds))

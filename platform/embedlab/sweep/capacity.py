@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 
 from embedlab.core.config import TrialConfig
 from embedlab.core.errors import UsageError
-from embedlab.studies.study import set_path
+from embedlab.studies.recipes import derive
 
 # Fixed rules, not settings: none of them changes what a study computes.
 # Between reads of the cluster's resources while waiting, and at most this long between two
@@ -66,7 +66,7 @@ def at_searched_maximum(arms: dict[str, TrialConfig], search: tuple) -> tuple[di
     pick any), and whether the search named any."""
     worst = {item.path: max(item.choices) if item.choices else item.high
              for item in search if item.path in RESOURCE_PATHS}
-    return ({arm: set_path(trial, worst) for arm, trial in arms.items()} if worst else dict(arms)), bool(worst)
+    return ({arm: derive(trial, worst) for arm, trial in arms.items()} if worst else dict(arms)), bool(worst)
 
 
 def check_options(max_concurrent: int | None, wait_s: float) -> None:

@@ -141,10 +141,10 @@ class GpuShares:
 
 def mines_negatives(trial: TrialConfig) -> bool:
     """Whether the trial's driver encodes with the parent before training: phase 3 with
-    `contrastive.hard_negatives`, mining them or screening given negatives by the margin."""
+    `contrastive.negatives.count`, mining them or screening given negatives by the margin."""
     settings = trial.contrastive
-    return trial.phase == 3 and settings.hard_negatives > 0 and (
-        settings.mine_negatives or (bool(trial.data.pair_sources) and settings.given_margin is not None))
+    return trial.phase == 3 and settings.negatives.count > 0 and (
+        settings.negatives.mine or (bool(trial.data.pair_sources) and settings.negatives.given_threshold is not None))
 
 
 def _trainer_gpus(trial: TrialConfig) -> float:

@@ -16,7 +16,8 @@ from embedlab.tasks.resolve import arm_eval_tasks
 from embedlab.prepared.directory import PreparedData
 from embedlab.records.rundir import error_text, finished_rows, write_per_query, write_row
 from embedlab.records.scores import score_trial
-from embedlab.studies.study import Study, set_path
+from embedlab.studies.recipes import derive
+from embedlab.studies.study import Study
 from embedlab.sweep.progress import EVAL_PROGRESS, evaluate_with_progress
 from embedlab.train.contrastive import run_contrastive
 from embedlab.train.nonfinite import NonFiniteError
@@ -119,7 +120,7 @@ def run_trial(study: Study, identity: dict[str, Any], params: dict[str, Any], co
     code_identity.check_same_code(context["code"])
     arm, seed, stage, trial_id = identity["arm"], identity["seed"], identity["stage"], identity["trial_id"]
     run_dir = context["run_dir"]
-    trial = set_path(study.trial_config(arm, seed, context.get("parent")), params)
+    trial = derive(study.trial_config(arm, seed, context.get("parent")), params)
     # This node's copy (fetched and verified when the run's storage is remote).
     prepared = PreparedData(local_directory(context["prepared"][arm]), context["prepared"][arm])
     identity = {

@@ -368,7 +368,7 @@ def measured_plan(study: Study, measurement: Measurement, *, gpu_here: bool) -> 
         notes.append(f"arm {other} trains preset {a['model']} at length {a['sequence_length']} in phase {study.phase}; "
                      f"the measurement is of preset {measurement.preset} at length {measurement.sequence_length} in "
                      "phase 1: its FLOP/s is carried over unchanged")
-    if any(c.contrastive.hard_negatives and c.contrastive.mine_negatives for c in configs.values()):
+    if any(c.contrastive.negatives.count and c.contrastive.negatives.mine for c in configs.values()):
         notes.append("mining hard negatives (a no-grad pass of the parent over the training documents, once per "
                      "parent) is outside the training budget and not counted")
     if study.budget.scope == "lineage":

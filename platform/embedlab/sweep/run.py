@@ -27,7 +27,8 @@ from embedlab.records.rundir import finished_rows, new_run_dir, write_json
 from embedlab.records.scores import score_trial
 from embedlab.stats.references import distilled_teacher, score_teacher
 from embedlab.stats.table import STUDY_FILE, read_study_record
-from embedlab.studies.study import Study, load_study, set_path, study_origin
+from embedlab.studies.recipes import derive
+from embedlab.studies.study import Study, load_study, study_origin
 from embedlab.sweep.driver import trial_driver, trial_params
 from embedlab.sweep.experiment import fit
 from embedlab.sweep.gate import check_contamination, check_pair_schedules
@@ -277,7 +278,7 @@ def _driver_resources(study: Study, shares: GpuShares):
     from ray import tune  # here: Ray, which a dry run does not need
 
     def request(config: dict[str, Any]):
-        trial = set_path(study.arms[config.get("trial", config)["arm"]], trial_params(config))
+        trial = derive(study.arms[config.get("trial", config)["arm"]], trial_params(config))
         return tune.PlacementGroupFactory([trial_driver_resources(trial, shares)])
 
     return request

@@ -1,5 +1,5 @@
 """Teacher embeddings: a frozen teacher's vectors of unlabelled training-split text, the targets
-of embedding distillation (`contrastive.embedding_mse_weight`).
+of embedding distillation (`contrastive.distillation.embedding_mse_weight`).
 
 Embedding distillation needs no pairs: the student learns from documents alone. To ride on
 the pair stream's schedule, worker split and budget, each scheduled pair is given one

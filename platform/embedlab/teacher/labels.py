@@ -1,6 +1,6 @@
 """Teacher labels: a frozen teacher's scores of the (query, candidate) rows phase 3 trains on.
 
-For a phase-3 trial with a `contrastive.teacher`, every scheduled pair's query is scored by
+For a phase-3 trial with a `contrastive.distillation.teacher`, every scheduled pair's query is scored by
 the teacher against its positive and against each of its negatives, exactly as the stream
 gives them to training (`embedlab.negatives.reading.pair_negatives`). The scores are computed
 once and stored under the prepared data, in `teacher-labels/<version>/`:

@@ -2,7 +2,7 @@
 
 `teacher_labels_for_phase3` scores the scheduled pairs' queries against their positives and
 the negatives the stream gives them (`embedlab.negatives.reading.pair_negatives`), each text
-cut as the student sees it (`as_student_sees`), with the trial's `contrastive.teacher`, once
+cut as the student sees it (`as_student_sees`), with the trial's `contrastive.distillation.teacher`, once
 per version under the prepared data (`embedlab.teacher.labels`), publishes the set to
 every node and refuses a set whose manifest names other inputs.
 `embedlab.train.contrastive.run_contrastive` calls it, audits the set's texts against the
@@ -54,12 +54,12 @@ def teacher_labels_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, sc
     negatives_path = None if mined is None else str(mined / NEGATIVES_FILE)
     given_path = None if given is None else str(given / NEGATIVES_FILE)
     negatives = pair_negatives([r["pair_id"] for r in rows], negatives_path=negatives_path,
-                               given_negatives_path=given_path, negatives_per_pair=settings.hard_negatives)
+                               given_negatives_path=given_path, negatives_per_pair=settings.negatives.count)
     identity = labels_identity(
-        teacher=teacher_identity(settings.teacher), query_prefix=settings.teacher_query_prefix,
-        passage_prefix=settings.teacher_passage_prefix, pairs_table=file_sha256(Path(pairs_path)),
+        teacher=teacher_identity(settings.distillation.teacher), query_prefix=settings.distillation.query_prefix,
+        passage_prefix=settings.distillation.passage_prefix, pairs_table=file_sha256(Path(pairs_path)),
         negative_sets={"mined": None if mined is None else mined.name, "given": None if given is None else given.name},
-        negatives_per_pair=settings.hard_negatives, pair_ids=[r["pair_id"] for r in rows],
+        negatives_per_pair=settings.negatives.count, pair_ids=[r["pair_id"] for r in rows],
         student_view=student_view(settings, prepared.tokenizer), code=code_revision(sources=TEACHER_CODE),
     )
     directory = prepared.directory / "teacher-labels" / labels_version(identity)[:16]
@@ -74,7 +74,7 @@ def teacher_labels_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, sc
 def student_view(settings: ContrastiveConfig, tokenizer: FrozenTokenizer) -> dict[str, Any]:
     """What decides the text the student sees of a pair, and so the teacher's cut."""
     return {"tokenizer": tokenizer.hash, "pair_length": settings.pair_length,
-            "query_prefix": settings.query_prefix, "passage_prefix": settings.passage_prefix}
+            "query_prefix": settings.prefixes.query, "passage_prefix": settings.prefixes.passage}
 
 
 def as_student_sees(pairs: list[ScoredPair], settings: ContrastiveConfig,
@@ -89,7 +89,7 @@ def as_student_sees(pairs: list[ScoredPair], settings: ContrastiveConfig,
             cuts[prefix, text] = cut_to_tokens(tokenizer, text, prefix=prefix, max_tokens=settings.pair_length - 2)
         return cuts[prefix, text]
 
-    query, passage = settings.query_prefix, settings.passage_prefix
+    query, passage = settings.prefixes.query, settings.prefixes.passage
     return [ScoredPair(p.pair_id, cut(p.query, query), cut(p.positive, passage),
                        tuple((doc_id, cut(text, passage)) for doc_id, text in p.negatives)) for p in pairs]
 
@@ -100,11 +100,11 @@ def _score(trial: TrialConfig, tokenizer, rows, negatives, identity: dict, direc
     settings = trial.contrastive
     pairs = [ScoredPair(r["pair_id"], r["query"], r["positive"], tuple(negatives[r["pair_id"]])) for r in rows]
     progress(f"teacher labels: cutting {len(pairs):,} pairs' texts to the student's {settings.pair_length} "
-             f"tokens and scoring them with {settings.teacher}")
+             f"tokens and scoring them with {settings.distillation.teacher}")
     pairs = as_student_sees(pairs, settings, tokenizer)
-    encode, cost = measured_encode(load_teacher(settings.teacher))
-    table = score_pairs(encode, pairs, query_prefix=settings.teacher_query_prefix,
-                        passage_prefix=settings.teacher_passage_prefix, progress=progress)
+    encode, cost = measured_encode(load_teacher(settings.distillation.teacher))
+    table = score_pairs(encode, pairs, query_prefix=settings.distillation.query_prefix,
+                        passage_prefix=settings.distillation.passage_prefix, progress=progress)
     write_labels(directory, table, identity, cost())
     progress(f"teacher labels: {table.num_rows:,} scores in {directory}, {cost()['flops']:.3g} teacher FLOPs")
     publish_subtree(directory)
@@ -120,8 +120,8 @@ def teacher_label_record(directory: Path | None, settings) -> dict[str, Any] | N
         "set": directory.name, "labels": "teacher (a model's judgments, not human ones)",
         "teacher": manifest["teacher"], "query_prefix": manifest["query_prefix"],
         "passage_prefix": manifest["passage_prefix"], "counts": manifest["counts"],
-        "min_confidence": settings.teacher_min_confidence,
-        "pairs_below_confidence": pairs_below_confidence(directory, settings.teacher_min_confidence),
+        "min_confidence": settings.distillation.min_confidence,
+        "pairs_below_confidence": pairs_below_confidence(directory, settings.distillation.min_confidence),
         "compute": teacher_compute(directory), "disclosure": manifest["disclosure"],
     }
 
@@ -152,8 +152,8 @@ def teacher_embeddings_for_trial(trial: TrialConfig, prepared, pairs_path: Path,
     pair_ids = [r["pair_id"] for r in scheduled_rows(pairs_path, schedule, offsets, ["pair_id"])]
     tokenizer = prepared.tokenizer
     identity = embeddings.embeddings_identity(
-        teacher=teacher_identity(settings.teacher), passage_prefix=settings.teacher_passage_prefix,
-        student_prefix=settings.passage_prefix, corpus_revision=prepared.data_revision,
+        teacher=teacher_identity(settings.distillation.teacher), passage_prefix=settings.distillation.passage_prefix,
+        student_prefix=settings.prefixes.passage, corpus_revision=prepared.data_revision,
         tokenizer_hash=tokenizer.hash, pair_length=settings.pair_length, student_width=trial.model.width,
         seed=data_seed(trial), pair_ids=pair_ids, code=code_revision(sources=embeddings.EMBEDDINGS_CODE),
     )
@@ -176,11 +176,11 @@ def _encode_documents(trial: TrialConfig, prepared, tokenizer, pair_ids: list[st
                zip(doc_ids, train["title"].to_pylist(), train["text"].to_pylist())}
     assigned = embeddings.assign_documents(pair_ids, doc_ids, data_seed(trial))
     progress(f"teacher embeddings: cutting {len(pair_ids):,} training-split documents to "
-             f"{settings.pair_length} tokens and encoding them with {settings.teacher}")
-    texts = [cut_to_tokens(tokenizer, text_of[assigned[p]], prefix=settings.passage_prefix,
+             f"{settings.pair_length} tokens and encoding them with {settings.distillation.teacher}")
+    texts = [cut_to_tokens(tokenizer, text_of[assigned[p]], prefix=settings.prefixes.passage,
                            max_tokens=settings.pair_length - 2) for p in pair_ids]
-    encode, cost = measured_encode(load_teacher(settings.teacher))
-    vectors = embeddings.encode_texts(encode, texts, prefix=settings.teacher_passage_prefix, progress=progress)
+    encode, cost = measured_encode(load_teacher(settings.distillation.teacher))
+    vectors = embeddings.encode_texts(encode, texts, prefix=settings.distillation.passage_prefix, progress=progress)
     table = embeddings.embeddings_table(pair_ids, [assigned[p] for p in pair_ids], texts,
                                         embeddings.project(vectors, trial.model.width))
     embeddings.write_embeddings(directory, table, identity, cost())

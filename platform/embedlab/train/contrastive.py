@@ -193,7 +193,7 @@ class ContrastiveLoop(TrainingLoop):
         # count is known before the forward pass (GradCache needs it up front).
         # Distillation's counts come from the teacher masks on the host, so they too are known
         # before the forward pass: one all-reduce for all three.
-        distilling = self.settings.distillation_weight > 0
+        distilling = self.settings.distillation.weight > 0
         queries = torch.tensor([float(sum(len(b["group"]) for b in batches))], dtype=torch.float64)
         known = self.all_reduce(torch.cat([queries, local_distill_counts(batches)]) if distilling else queries).tolist()
         valid = self.anchors_per_query * int(known[0])
@@ -391,7 +391,7 @@ class ContrastiveLoop(TrainingLoop):
             "head": head,
             "tokenizer": self.tokenizer,
             "pooling": settings.pooling,
-            "prefixes": {"query": settings.query_prefix, "passage": settings.passage_prefix},
+            "prefixes": {"query": settings.prefixes.query, "passage": settings.prefixes.passage},
             "fields": {
                 "phase": trial.phase,
                 "parent_hash": self.parent.manifest["content_hash"],
@@ -410,16 +410,16 @@ class ContrastiveLoop(TrainingLoop):
                                  else None),
                     "reduction": "sum over valid anchors / global valid anchors; gradients summed over workers",
                     "candidates": "gathered across workers" if settings.gather_across_workers else "local",
-                    "hard_negatives": settings.hard_negatives,
+                    "hard_negatives": settings.negatives.count,
                     "mined_set": loop_config.get("mined_version"),
                     "given_negatives": loop_config.get("given_negatives"),
                     "effective_candidates": metrics["train/effective_candidates"],
                     **({"distillation": {
-                        "kl_weight": settings.kl_weight, "margin_mse_weight": settings.margin_mse_weight,
-                        "embedding_mse_weight": settings.embedding_mse_weight,
-                        "infonce_weight": 1.0 - settings.distillation_weight,
-                        "kl_temperatures": {"student": settings.kl_student_temperature,
-                                            "teacher": settings.kl_teacher_temperature},
+                        "kl_weight": settings.distillation.kl_weight, "margin_mse_weight": settings.distillation.margin_mse_weight,
+                        "embedding_mse_weight": settings.distillation.embedding_mse_weight,
+                        "infonce_weight": 1.0 - settings.distillation.weight,
+                        "kl_temperatures": {"student": settings.distillation.student_temperature,
+                                            "teacher": settings.distillation.teacher_temperature},
                         "scores": "cosines of each query's own positive and negatives at the widest trained width",
                         "embedding_mse": "the unit embedding of one training-split document per pair, at the "
                                          "full width, regressed onto the teacher's projected vector of it",
@@ -427,7 +427,7 @@ class ContrastiveLoop(TrainingLoop):
                                      "embedding rows)",
                         "teacher_labels": loop_config.get("teacher_labels"),
                         "teacher_embeddings": loop_config.get("teacher_embeddings"),
-                    }} if settings.distillation_weight > 0 else {}),
+                    }} if settings.distillation.weight > 0 else {}),
                 },
                 "optimizer_start": "optimizer state and schedule clock reset at the phase start",
                 "mixture": {
@@ -502,33 +502,33 @@ def run_contrastive(trial: TrialConfig, prepared, *, storage_path: Path, name: s
         check_training_data(prepared, task_dir, overlap_policy, progress, pairs_path=pairs_path)
     schedule, offsets = trial_pair_schedule(trial, pairs_path)
     mined = given = None
-    if trial.phase == 3 and settings.hard_negatives:
+    if trial.phase == 3 and settings.negatives.count:
         given = given_negatives_for_phase3(trial, prepared, pairs_path, schedule, offsets, progress)
-        if settings.mine_negatives:
+        if settings.negatives.mine:
             mined = mine_for_phase3(trial, prepared, pairs_path, schedule, offsets, progress)
             # Mined negatives exist only now: checked here, after mining and before training.
             for task_dir in task_dirs:
                 check_mined_negatives(prepared, task_dir, mined, overlap_policy, progress)
     labels = documents = None
     # A teacher without a weight is inert (a study's control arm keeps the field its arms set).
-    if trial.phase == 3 and settings.score_distillation_weight > 0:
+    if trial.phase == 3 and settings.distillation.score_weight > 0:
         labels = teacher_labels_for_phase3(trial, prepared, pairs_path, schedule, offsets, mined=mined, given=given,
                                            progress=progress)
         # What the teacher scored is training input too: checked before any step uses it.
         for task_dir in task_dirs:
             check_teacher_labels(prepared, task_dir, labels, overlap_policy, progress)
-    if settings.embedding_mse_weight > 0:
+    if settings.distillation.embedding_mse_weight > 0:
         documents = teacher_embeddings_for_trial(trial, prepared, pairs_path, schedule, offsets, progress=progress)
         for task_dir in task_dirs:
             check_teacher_embeddings(prepared, task_dir, documents, overlap_policy, progress)
     streams = [pair_dataset(
         pairs_path, schedule, offsets, tokenizer_path=prepared.tokenizer_path, length=settings.pair_length,
-        query_prefix=settings.query_prefix, passage_prefix=settings.passage_prefix,
+        query_prefix=settings.prefixes.query, passage_prefix=settings.prefixes.passage,
         negatives_path=None if mined is None else mined / "negatives.parquet",
-        negatives_per_pair=settings.hard_negatives,
+        negatives_per_pair=settings.negatives.count,
         given_negatives_path=None if given is None else given / "negatives.parquet",
         teacher_labels_path=None if labels is None else labels / LABELS_FILE,
-        teacher_min_confidence=settings.teacher_min_confidence,
+        teacher_min_confidence=settings.distillation.min_confidence,
         teacher_embeddings_path=None if documents is None else documents / EMBEDDINGS_FILE,
         split=split,
     ) for split in worker_splits(trial.train.num_workers, trial.train.batch_rows)]

@@ -5,7 +5,7 @@ positives and, in phase 3, hard negatives; `gather_with_grad`), and with
 `contrastive.symmetric` the reverse direction too (this worker's positives against every
 worker's queries), pooled as sums and counts (`embedlab.objectives.contrastive.pooled`).
 
-With `contrastive.matryoshka_dims` the term is the weighted sum of that term at each listed
+With `contrastive.matryoshka.dims` the term is the weighted sum of that term at each listed
 width of the truncated, re-normalised embeddings (`embedlab.objectives.matryoshka`), gathered
 and scored per width.
 
@@ -18,13 +18,13 @@ microbatch with gradients and backpropagates that objective; GradCache
 and weight, so it accumulates the plain path's gradient with one chunk's activations,
 with or without a joint MLM term.
 
-With `contrastive.kl_weight` / `margin_mse_weight` (phase 3 with teacher labels) each query's
+With `contrastive.distillation.kl_weight` / `margin_mse_weight` (phase 3 with teacher labels) each query's
 own positive and negatives are scored once more, as one batched matmul at the widest trained
 width, and the KL and MarginMSE terms (`embedlab.objectives.distillation`) are folded into
 the term's loss sum against their global counts (`DistillCounts`, known from the teacher
 masks before the forward pass): the same single objective on both paths.
 
-With `contrastive.embedding_mse_weight` each row also brings its pair's training-split
+With `contrastive.distillation.embedding_mse_weight` each row also brings its pair's training-split
 document (`distill_ids`) and the teacher's target for it (`teacher_embedding`). The documents
 are encoded as a third group appended to the candidates' passes, so GradCache chunks and
 recomputes them like any candidate; they are split off before the InfoNCE (they are nobody's
@@ -175,20 +175,20 @@ class ContrastiveStep:
 
         scores = FlopTally()  # the score matrices, counted at the shapes they are computed at
 
-        widths, weights = settings.trained_widths(self.model.width)
+        widths, weights = settings.matryoshka.trained_widths(self.model.width)
 
-        distilling = settings.distillation_weight > 0
+        distilling = settings.distillation.weight > 0
         if distilling and distill is None:
             raise ValueError("contrastive distillation weights need the step's DistillCounts")
-        if settings.score_distillation_weight > 0:
+        if settings.distillation.score_weight > 0:
             if "teacher_scores" not in batch:
-                raise ValueError("contrastive.kl_weight / margin_mse_weight need the stream's teacher_scores")
+                raise ValueError("contrastive.distillation.kl_weight / margin_mse_weight need the stream's teacher_scores")
             teacher = to_device(batch["teacher_scores"], device)
             teacher_mask = torch.isfinite(teacher)
         documents = 0  # the embedding-distillation rows appended to the candidates' passes
-        if settings.embedding_mse_weight > 0:
+        if settings.distillation.embedding_mse_weight > 0:
             if "distill_ids" not in batch or "teacher_embedding" not in batch:
-                raise ValueError("contrastive.embedding_mse_weight needs the stream's distill_ids and teacher_embedding")
+                raise ValueError("contrastive.distillation.embedding_mse_weight needs the stream's distill_ids and teacher_embedding")
             host_sides.append(batch["distill_ids"])
             documents = len(batch["distill_ids"])
             targets = to_device(batch["teacher_embedding"], device)
@@ -196,7 +196,7 @@ class ContrastiveStep:
 
         def contrastive_term(queries: torch.Tensor, local_candidates: torch.Tensor) -> ContrastiveLoss:
             """The term at every trained width (`embedlab.objectives.matryoshka`; the full width
-            alone unless `contrastive.matryoshka_dims` lists others), with distillation."""
+            alone unless `contrastive.matryoshka.dims` lists others), with distillation."""
             # The documents are no one's candidates: split off before the InfoNCE sees them.
             candidates, document_rows = ((local_candidates[:-documents], local_candidates[-documents:]) if documents
                                          else (local_candidates, None))
@@ -213,21 +213,21 @@ class ContrastiveStep:
             parts = {}
             if document_rows is not None:
                 parts["embedding_mse"] = (embedding_mse(document_rows, targets, target_mask),
-                                          settings.embedding_mse_weight, distill.embedding)
-            if not settings.score_distillation_weight:
+                                          settings.distillation.embedding_mse_weight, distill.embedding)
+            if not settings.distillation.score_weight:
                 return with_distillation(term, parts, valid)
             width = widths[-1]
             if width != queries.shape[1]:
                 queries, local_candidates = truncate(queries, width), truncate(local_candidates, width)
             own = own_candidate_scores(queries, local_candidates, teacher.shape[1] - 1)
             scores.similarity(len(queries), teacher.shape[1], width)
-            if settings.kl_weight:
+            if settings.distillation.kl_weight:
                 parts["kl"] = (kl_distillation(own, teacher, teacher_mask,
-                                               student_temperature=settings.kl_student_temperature,
-                                               teacher_temperature=settings.kl_teacher_temperature),
-                               settings.kl_weight, distill.kl)
-            if settings.margin_mse_weight:
-                parts["margin_mse"] = (margin_mse(own, teacher, teacher_mask), settings.margin_mse_weight,
+                                               student_temperature=settings.distillation.student_temperature,
+                                               teacher_temperature=settings.distillation.teacher_temperature),
+                               settings.distillation.kl_weight, distill.kl)
+            if settings.distillation.margin_mse_weight:
+                parts["margin_mse"] = (margin_mse(own, teacher, teacher_mask), settings.distillation.margin_mse_weight,
                                        distill.margin)
             return with_distillation(term, parts, valid)
 

@@ -1,0 +1,84 @@
+"""Everything one trial needs (`TrialConfig`): the resolved config saved next to its results."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from embedlab.core.config.checks import build_config, check
+from embedlab.core.config.contrastive import ContrastiveConfig
+from embedlab.core.config.data import DataConfig
+from embedlab.core.config.evaluation import EvalConfig
+from embedlab.core.config.model import MODEL_PRESETS, MaskingConfig, ModelConfig
+from embedlab.core.config.train import TrainConfig
+from embedlab.core.schema import upgrade
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrialConfig:
+    """Everything one trial needs: the resolved config saved next to its results."""
+
+    model: ModelConfig = field(default_factory=lambda: MODEL_PRESETS["small"])
+    masking: MaskingConfig = field(default_factory=MaskingConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    phase: int = 1
+    contrastive: ContrastiveConfig = field(default_factory=ContrastiveConfig)
+    parent: str | None = None  # the parent checkpoint directory (phases 2 and 3, and extensions)
+    # Phase 1 continued from `parent`'s encoder and MLM head, e.g. at a longer length (the
+    # recipe's 2,048-token extension): a stage of its own, evaluated on its own.
+    extension: bool = False
+
+    def __post_init__(self) -> None:
+        check(self.phase in (1, 2, 3), "phase", "must be 1, 2 or 3")
+        # Phases 2-3 need a parent before they train; a study may supply it at sweep time.
+        check(self.parent is None or self.phase > 1 or self.extension, "parent",
+              "phase 1 starts from scratch; continuing from a parent is an extension (extension=True)")
+        check(not self.extension or self.phase == 1, "extension", "continues phase 1 (MLM); phases 2-3 always "
+              "start from a parent")
+        check(not (self.extension and self.masking.head_per_ratio), "extension",
+              "continues the parent's single MLM head; one head per ratio is a phase-1 arm from scratch")
+        check(self.phase > 1 or self.train.budget.scope == "phase", "train.budget.scope",
+              "'lineage' charges a parent's training to a phase-2 or phase-3 child; phase 1 counts its own")
+        check(self.phase == 1 or not self.train.length_schedule, "train.length_schedule",
+              "belongs to phase 1 (pair lengths are contrastive.pair_length)")
+        if self.train.length_schedule:
+            lengths = [length for _, length in self.train.length_schedule]
+            check(all(self.data.sequence_length % length == 0 for length in lengths), "train.length_schedule",
+                  f"lengths {lengths} must divide data.sequence_length={self.data.sequence_length}, "
+                  "the length rows are packed at")
+        check(self.phase == 3 or self.contrastive.negatives.count == 0, "contrastive.negatives.count",
+              "mined hard negatives belong to phase 3")
+        check(not self.eval.dims or self.eval.dims[-1] < self.model.width, "eval.dims",
+              f"widths must be below model.width={self.model.width} (the full width is always scored), got "
+              f"{list(self.eval.dims)}")
+        dims = self.contrastive.matryoshka.dims
+        check(not dims or dims[-1] <= self.model.width, "contrastive.matryoshka.dims",
+              f"widths must be at most model.width={self.model.width}, got {list(dims)}")
+        check(self.contrastive.mlm_weight == 0 or self.masking.strategy == "token", "masking.strategy",
+              "the joint phase-2 MLM term masks pair texts token by token (they carry no word starts)")
+        check(
+            self.data.sequence_length <= self.model.max_length,
+            "data.sequence_length",
+            f"must be <= model.max_length={self.model.max_length}",
+        )
+        check(
+            self.data.tokenizer_vocab_size <= self.model.vocab_size,
+            "data.tokenizer_vocab_size",
+            f"must be <= model.vocab_size={self.model.vocab_size}",
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> TrialConfig:
+        """Inverse of `to_dict`, for a mapping of any schema (`embedlab.core.schema.upgrade`);
+        unknown keys are errors that name them."""
+        return build_config(cls, upgrade(raw, "config"), "trial")
