@@ -17,8 +17,9 @@ from embedlab.core.config import (
     DEFAULT_BUDGET, ContrastiveConfig, DataConfig, DistillationConfig, MaskingConfig, ModelConfig, NegativesConfig,
     ScheduleConfig, TrainConfig, TrialConfig,
 )
-from embedlab.train.loop import RunOptions, TrainingLoop, run
+from embedlab.train.loop import TrainingLoop, run
 from embedlab.train.session import LocalSession
+from embedlab.train.worker import RunOptions, WorkerConfig
 
 MODEL = ModelConfig(layers=2, width=32, heads=2, ffn_width=64, vocab_size=320, max_length=64, dropout=0.1)
 DATA = DataConfig(sequence_length=32, tokenizer_vocab_size=256)
@@ -70,12 +71,10 @@ def write_parent(directory: Path, frozen) -> Path:
     return directory
 
 
-def loop_config(trial: TrialConfig, frozen) -> dict[str, Any]:
-    return {
-        "trial": trial.to_dict(), "tokenizer_path": str(frozen.path), "tokenizer_hash": frozen.hash,
-        "data_revision": "synthetic", "sources": ["a", "b"], "intended_shares": {"a": 0.5, "b": 0.5},
-        "schedule": {"version": "synthetic"},
-    }
+def loop_config(trial: TrialConfig, frozen) -> WorkerConfig:
+    return WorkerConfig(trial=trial, tokenizer_path=str(frozen.path), tokenizer_hash=frozen.hash,
+                        data_revision="synthetic", sources=("a", "b"), intended_shares={"a": 0.5, "b": 0.5},
+                        schedule={"version": "synthetic"})
 
 
 def mlm_rows(frozen, count: int, seed: int = 0) -> dict[str, np.ndarray]:

@@ -141,7 +141,7 @@ def test_recorded_consumption_and_a_cut_last_step(frozen, parent, pairs_path, tm
     schedule, _ = one_source(pairs_path, step_pairs, schedule_target(schedule_units(trial), step_pairs))
     rows = synthetic.pair_rows(frozen, len(schedule.source))
     rows["builder_index"] = schedule.source.astype(np.int64)
-    config = {**synthetic.loop_config(trial, frozen), "sources": list(SHARES), "intended_shares": SHARES}
+    config = dataclasses.replace(synthetic.loop_config(trial, frozen), sources=tuple(SHARES), intended_shares=SHARES)
     loop = ContrastiveLoop(config, rank=0, world=1, device=torch.device("cpu"))
     session = LocalSession(rows, tmp_path)
     run(loop, session)

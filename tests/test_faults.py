@@ -184,7 +184,7 @@ def test_killed_worker_restarts_and_ends_as_uninterrupted(two_worker_phase1, pre
     from safetensors.torch import load_file
 
     from embedlab.checkpoints.io import verify_checkpoint
-    from embedlab.train.loop import RunOptions
+    from embedlab.train.worker import RunOptions
     from embedlab.train.metrics_log import read_metrics
     from embedlab.train.phase1 import run_phase1
     from embedlab.train.session import FaultDrill

@@ -189,7 +189,7 @@ def test_evaluate_cli_builtin_task_uses_the_checkpoints_data(trained, prepared, 
 def phase2(trained, prepared, tmp_path_factory):
     import dataclasses
 
-    from embedlab.core.config import ContrastiveConfig, DistillationConfig, NegativesConfig
+    from embedlab.core.config import ContrastiveConfig
     from embedlab.train.contrastive import run_contrastive
 
     _, parent = trained
@@ -237,6 +237,7 @@ def test_phase3_with_mined_negatives_from_phase2(phase2, prepared, tmp_path_fact
     import pyarrow.parquet as pq
     import torch
 
+    from embedlab.core.config import DistillationConfig, NegativesConfig
     from embedlab.train.contrastive import run_contrastive
 
     trial2, parent = phase2

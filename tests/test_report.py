@@ -35,7 +35,7 @@ from embedlab.checkpoints.io import save_checkpoint
 from embedlab.studies.study import Study
 from embedlab.train.loop import run as run_loop
 from embedlab.train.metrics_log import FILE_NAME as METRICS_LOG, MetricsLog
-from embedlab.train.phase1 import Phase1Loop, phase1_loop_config, trial_schedule
+from embedlab.train.phase1 import Phase1Loop, phase1_worker_config, trial_schedule
 from embedlab.train.session import LocalSession
 
 FIGURES = ("mixture", "lengths-0", "masks", "mlm", "similarity", "spectrum", "phases", "runtime")
@@ -92,7 +92,7 @@ def _train_phase1(directory: Path, trial, prepared) -> tuple[str, dict]:
               for window in schedule_windows(schedule, offsets)]
     rows = {key: np.concatenate([part[key] for part in packed]) for key in packed[0]}
     session = _LoggedSession(rows, directory)
-    loop = Phase1Loop(phase1_loop_config(trial, prepared, schedule), rank=0, world=1, device=torch.device("cpu"))
+    loop = Phase1Loop(phase1_worker_config(trial, prepared, schedule), rank=0, world=1, device=torch.device("cpu"))
     run_loop(loop, session)
     return str(session.checkpoints[-1]), session.reports[-1]
 

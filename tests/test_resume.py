@@ -187,7 +187,7 @@ def test_contrastive_resume_on_ray_by_run_name(ray_session, prepared, tmp_path):
 
     from embedlab.core.config import ContrastiveConfig
     from embedlab.train.contrastive import run_contrastive
-    from embedlab.train.loop import RunOptions
+    from embedlab.train.worker import RunOptions
     from embedlab.train.metrics_log import read_metrics
 
     from conftest import tiny_budget, tiny_trial

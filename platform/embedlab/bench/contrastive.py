@@ -33,6 +33,7 @@ from embedlab.pairs.table import pair_table_path
 from embedlab.prepared.directory import PreparedData
 from embedlab.streams.pair_stream import tokenize_pair_window
 from embedlab.train.contrastive import ContrastiveLoop
+from embedlab.train.worker import WorkerConfig
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -82,9 +83,9 @@ def contrastive_loop(prepared, parent: Path, bench: ContrastiveBench, gradcache_
                           budget=dataclasses.replace(DEFAULT_BUDGET, pairs=10**9)),
     )
     builders = [name for name, _ in settings.pairs]
-    config = {"trial": trial.to_dict(), "tokenizer_path": str(prepared.tokenizer_path),
-              "tokenizer_hash": prepared.record["tokenizer_hash"], "sources": builders,
-              "intended_shares": dict(settings.pairs), "schedule": {"version": "bench"}}
+    config = WorkerConfig(trial=trial, tokenizer_path=str(prepared.tokenizer_path),
+                          tokenizer_hash=prepared.record["tokenizer_hash"], data_revision=prepared.data_revision,
+                          sources=tuple(builders), intended_shares=dict(settings.pairs), schedule={"version": "bench"})
     return ContrastiveLoop(config, rank=0, world=1, device=torch.device("cpu"))
 
 

@@ -54,7 +54,7 @@ from embedlab.prepared.directory import PreparedData
 from embedlab.sources.mixture import Schedule
 from embedlab.streams.packed import pack_window, packed_dataset, schedule_windows, worker_items, worker_rows
 from embedlab.train.loop import run
-from embedlab.train.phase1 import Phase1Loop, phase1_loop_config, trial_schedule, trial_streams
+from embedlab.train.phase1 import Phase1Loop, phase1_worker_config, trial_schedule, trial_streams
 from embedlab.train.session import DatasetSession, PREFETCH_BATCHES
 
 SPLIT_WORKERS = (1, 2, 4)  # worker counts the split stream is read at
@@ -97,7 +97,7 @@ def one_pass(trial: TrialConfig, prepared: PreparedData, drawn: tuple[Schedule, 
     offsets) as one worker; the loop's figures."""
     schedule, _ = drawn
     session = DatasetSession(worker_streams(trial, prepared, drawn, 1)[0], prefetch_batches)
-    loop = Phase1Loop(phase1_loop_config(trial, prepared, schedule), rank=0, world=1, device=torch.device("cpu"))
+    loop = Phase1Loop(phase1_worker_config(trial, prepared, schedule), rank=0, world=1, device=torch.device("cpu"))
     started = time.perf_counter()
     run(loop, session)
     final = session.reports[-1]

@@ -32,6 +32,7 @@ clock runs over the rest of the budget, and it reports `budget/inherited_flops` 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,22 +42,22 @@ import torch
 from embedlab.artifacts.sync import node_path
 from embedlab.checkpoints.io import HEAD_FILE, load_parent, local_checkpoint
 from embedlab.checkpoints.state import data_seed, seed_everything, seed_for
-from embedlab.teacher.audit import check_teacher_embeddings, check_teacher_labels
-from embedlab.negatives.reading import check_mined_negatives
-from embedlab.pairs.audit import check_training_data
 from embedlab.core.config import ModelConfig, TrialConfig
-from embedlab.tasks.resolve import arm_eval_tasks
 from embedlab.model.encoder import Encoder, MLMModel
 from embedlab.model.flops import FORWARD, FlopTally, TRAINED, attention_path
 from embedlab.negatives.phase3 import given_negative_counts, given_negatives_for_phase3, mine_for_phase3, mining_compute
+from embedlab.negatives.reading import check_mined_negatives
 from embedlab.objectives.contrastive import LearnableTemperature
 from embedlab.objectives.gather import gather_no_grad, gather_with_grad
 from embedlab.objectives.masking import mask_tokens
 from embedlab.objectives.mlm import mlm_loss_sum
+from embedlab.pairs.audit import check_training_data
 from embedlab.pairs.table import pair_table_path, recorded_pair_table
 from embedlab.sources.mixture import schedule_target
 from embedlab.streams.packed import worker_splits
 from embedlab.streams.pair_stream import pair_dataset, pair_schedule
+from embedlab.tasks.resolve import arm_eval_tasks
+from embedlab.teacher.audit import check_teacher_embeddings, check_teacher_labels
 from embedlab.teacher.embeddings import EMBEDDINGS_FILE
 from embedlab.teacher.labels import LABELS_FILE
 from embedlab.teacher.phase3 import (teacher_compute_figures, teacher_embedding_record, teacher_embeddings_for_trial,
@@ -67,11 +68,12 @@ from embedlab.train.compiling import compile_blocks, resolve_compile
 from embedlab.train.contrastive_step import (ContrastiveStep, DISTILLATION_TERMS, DistillCounts, local,
     local_distill_counts)
 from embedlab.train.launch import fit
-from embedlab.train.loop import Progress, RunOptions, TrainingLoop, run_on_ray
+from embedlab.train.loop import Progress, TrainingLoop, run_on_ray
 from embedlab.train.mlm_step import all_reduce_gradients, no_reduce, prepare_microbatch, sum_all_reduce
 from embedlab.train.nonfinite import finite_update
 from embedlab.train.optim import build_optimizer, set_learning_rate
 from embedlab.train.precision import forward_precision, half_activations, resolve_precision
+from embedlab.train.worker import MadeForTrial, RunOptions, WorkerConfig
 
 
 def _grad_vector(model: torch.nn.Module) -> torch.Tensor:
@@ -103,15 +105,42 @@ class ContrastiveProgress(Progress):
     consumed_tokens: list[float] = field(default_factory=list)
 
 
+class StepCounts:
+    """A step's counts on this worker, by name, summed across workers in one all-reduce: its
+    queries (`pairs`), their non-padding `tokens`, the `candidates` its anchors were scored
+    against, its valid `anchors` and the training `flops` its passes ran. Float64, so the sums
+    are exact integers where they count."""
+
+    NAMES = ("pairs", "tokens", "candidates", "anchors", "flops")
+
+    def __init__(self) -> None:
+        self.values = torch.zeros(len(self.NAMES), dtype=torch.float64)
+
+    def add(self, **amounts: float) -> None:
+        for name, amount in amounts.items():
+            self.values[self.NAMES.index(name)] += amount
+
+    def set(self, **amounts: float) -> None:
+        for name, amount in amounts.items():
+            self.values[self.NAMES.index(name)] = amount
+
+    def get(self, name: str) -> float:
+        return float(self.values[self.NAMES.index(name)])
+
+    def all_reduced(self, all_reduce: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, float]:
+        """Every count summed over the workers, by name."""
+        return dict(zip(self.NAMES, all_reduce(self.values).tolist()))
+
+
 class ContrastiveLoop(TrainingLoop):
     """Phase 2 or 3 on one worker, from the trial's parent checkpoint (module docstring)."""
 
-    def __init__(self, loop_config: dict[str, Any], *, rank: int, world: int, device: torch.device) -> None:
-        trial = TrialConfig.from_dict(loop_config["trial"])
-        self.trial, self.loop_config, self.rank, self.world, self.device = trial, loop_config, rank, world, device
+    def __init__(self, worker: WorkerConfig, *, rank: int, world: int, device: torch.device) -> None:
+        trial = worker.trial
+        self.trial, self.worker, self.rank, self.world, self.device = trial, worker, rank, world, device
         settings = self.settings = trial.contrastive
         torch.set_num_threads(trial.train.torch_threads)
-        self.tokenizer = load_tokenizer(node_path(loop_config["tokenizer_path"]), expected_hash=loop_config["tokenizer_hash"])
+        self.tokenizer = load_tokenizer(node_path(worker.tokenizer_path), expected_hash=worker.tokenizer_hash)
         self.joint = settings.mlm_weight > 0
         self.from_parent = settings.init == "parent"
         # A contrastive-only child carries its parent's MLM head along, frozen (its own dense,
@@ -157,7 +186,7 @@ class ContrastiveLoop(TrainingLoop):
         )
         self.host_ban = torch.tensor(self.tokenizer.special_ids)  # never masked (the joint term's copies)
         self.random_range = (len(self.tokenizer.special_ids), self.tokenizer.vocab_size)
-        self.builders = loop_config["sources"]
+        self.builders = list(worker.sources)
         self.progress = ContrastiveProgress(consumed_pairs=[0.0] * len(self.builders),
                                             consumed_tokens=[0.0] * len(self.builders))
         # Since the last report (empty at every checkpoint, which always reports):
@@ -202,7 +231,7 @@ class ContrastiveLoop(TrainingLoop):
         # Distillation arms: this worker's InfoNCE, KL, MarginMSE and embedding MSE sums.
         parts_local = torch.zeros(1 + len(DISTILLATION_TERMS), dtype=torch.float64, device=self.device)
         terms = torch.zeros(2, dtype=torch.float64, device=self.device)  # this worker's valid anchors, candidates
-        counts = torch.zeros(5, dtype=torch.float64)  # queries, pair tokens, candidates, anchors, FLOPs
+        counts = StepCounts()
         taus = []
         for batch in batches:
             term, flops, tau = self._contrastive_backward(batch, valid, distill)
@@ -213,8 +242,8 @@ class ContrastiveLoop(TrainingLoop):
                     named[name].loss_sum.detach().double() if name in named else
                     torch.zeros((), dtype=torch.float64, device=self.device) for name in DISTILLATION_TERMS])
             terms += torch.stack([term.valid, term.candidate_sum]).double()
-            counts += torch.tensor([float(len(batch["group"])), float(batch["tokens"].sum()), 0.0,
-                                    float(term.anchors), flops], dtype=torch.float64)
+            counts.add(pairs=float(len(batch["group"])), tokens=float(batch["tokens"].sum()),
+                       anchors=float(term.anchors), flops=flops)
             taus.append(tau)
         # The step's figures stay on the device until one read, with the gradient norm.
         figures = {"loss": self.all_reduce(loss_local), "valid": terms[0], "candidates": terms[1]}
@@ -226,7 +255,7 @@ class ContrastiveLoop(TrainingLoop):
             # contrastive part costs one more gradient all-reduce a step in joint arms.
             contrastive_grad = self.all_reduce(_grad_vector(self.parameters))
             figures["mlm"], global_count, mlm_flops = self._mlm_backward(batches)
-            counts[4] += mlm_flops
+            counts.add(flops=mlm_flops)
         all_reduce_gradients(self.parameters, self.all_reduce)
         if contrastive_grad is not None:
             figures["train/grad_norm_contrastive"] = contrastive_grad.norm()
@@ -239,10 +268,10 @@ class ContrastiveLoop(TrainingLoop):
         read = dict(zip(figures, torch.cat([value.double().reshape(1) for value in figures.values()]).tolist()))
         if parts is not None:
             parts = parts.tolist()
-        anchors = int(counts[3])
+        anchors = int(counts.get("anchors"))
         if read["valid"] != anchors:  # before any update: every query's own positive is a candidate
             raise RuntimeError(f"worker {self.rank}: {anchors - int(read['valid'])} anchors without a positive")
-        counts[2] = read["candidates"]
+        counts.set(candidates=read["candidates"])
         loss_total, norm = read["loss"], read["norm"]
         mlm_mean = read["mlm"] / max(global_count, 1) if self.joint else 0.0
         # All three figures are global, so every worker takes the same decision.
@@ -250,16 +279,16 @@ class ContrastiveLoop(TrainingLoop):
         if not rejected:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        counts = self.all_reduce(counts)
+        totals = counts.all_reduced(self.all_reduce)
         # A rejected step's batch counts as consumed (embedlab.train.nonfinite).
         progress = self.progress
         progress.steps += 1
         progress.batches += len(batches)
-        progress.pairs += int(counts[0])
-        progress.tokens += int(counts[1])
-        progress.candidate_sum += int(counts[2])
-        progress.anchors += int(counts[3])
-        progress.flops += float(counts[4])
+        progress.pairs += int(totals["pairs"])
+        progress.tokens += int(totals["tokens"])
+        progress.candidate_sum += int(totals["candidates"])
+        progress.anchors += int(totals["anchors"])
+        progress.flops += totals["flops"]
         if not rejected:
             self.window.append(loss_total / max(valid, 1))
             if parts is not None:
@@ -356,9 +385,8 @@ class ContrastiveLoop(TrainingLoop):
             **({"budget/inherited_flops": self.charged_flops,
                 "budget/total_flops": self.charged_flops + progress.flops}
                if self.trial.train.budget.scope == "lineage" else {}),
-            **self.loop_config.get("mining_compute", {}),
-            **teacher_compute_figures(self.loop_config.get("teacher_labels"),
-                                      self.loop_config.get("teacher_embeddings")),
+            **self.worker.made.mining_compute,
+            **teacher_compute_figures(self.worker.made.teacher_labels, self.worker.made.teacher_embeddings),
         }
         self.window, self.window_mlm, self.window_terms = [], [], {}
         return metrics
@@ -383,7 +411,7 @@ class ContrastiveLoop(TrainingLoop):
                 self.temperature.log_temperature.copy_(tensors["log_temperature"])
 
     def checkpoint_contents(self, metrics: dict[str, Any]) -> dict[str, Any]:
-        trial, settings, loop_config = self.trial, self.settings, self.loop_config
+        trial, settings, made = self.trial, self.settings, self.worker.made
         encoder, head = self.weights()
         head_origin = "the parent's" if self.parent.head_restored else "fresh"
         return {
@@ -411,8 +439,8 @@ class ContrastiveLoop(TrainingLoop):
                     "reduction": "sum over valid anchors / global valid anchors; gradients summed over workers",
                     "candidates": "gathered across workers" if settings.gather_across_workers else "local",
                     "hard_negatives": settings.negatives.count,
-                    "mined_set": loop_config.get("mined_version"),
-                    "given_negatives": loop_config.get("given_negatives"),
+                    "mined_set": made.mined_version,
+                    "given_negatives": made.given_negatives,
                     "effective_candidates": metrics["train/effective_candidates"],
                     **({"distillation": {
                         "kl_weight": settings.distillation.kl_weight, "margin_mse_weight": settings.distillation.margin_mse_weight,
@@ -425,18 +453,18 @@ class ContrastiveLoop(TrainingLoop):
                                          "full width, regressed onto the teacher's projected vector of it",
                         "reduction": "each term's sum / its global count (KL rows, MarginMSE pairs, "
                                      "embedding rows)",
-                        "teacher_labels": loop_config.get("teacher_labels"),
-                        "teacher_embeddings": loop_config.get("teacher_embeddings"),
+                        "teacher_labels": made.teacher_labels,
+                        "teacher_embeddings": made.teacher_embeddings,
                     }} if settings.distillation.weight > 0 else {}),
                 },
                 "optimizer_start": "optimizer state and schedule clock reset at the phase start",
                 "mixture": {
-                    "intended_pair_shares": loop_config["intended_shares"],
+                    "intended_pair_shares": self.worker.intended_shares,
                     "observed_pair_shares": {k.rsplit("/", 1)[1]: v for k, v in metrics.items()
                                              if k.startswith("data/observed_pair_share/")},
                     "observed_token_shares": {k.rsplit("/", 1)[1]: v for k, v in metrics.items()
                                               if k.startswith("data/observed_token_share/")},
-                    "schedule": loop_config["schedule"],
+                    "schedule": self.worker.schedule,
                 },
             },
         }
@@ -532,23 +560,21 @@ def run_contrastive(trial: TrialConfig, prepared, *, storage_path: Path, name: s
         teacher_embeddings_path=None if documents is None else documents / EMBEDDINGS_FILE,
         split=split,
     ) for split in worker_splits(trial.train.num_workers, trial.train.batch_rows)]
+    made = MadeForTrial(
+        mined_version=None if mined is None else mined.name,
+        mining_compute={**mining_compute(mined), **mining_compute(given, "compute/given_negatives")},
+        given_negatives=given_negative_counts(given), teacher_labels=teacher_label_record(labels, settings),
+        teacher_embeddings=teacher_embedding_record(documents),
+    )
+    worker = WorkerConfig(
+        trial=trial, tokenizer_path=str(prepared.tokenizer_path), tokenizer_hash=prepared.record["tokenizer_hash"],
+        data_revision=prepared.data_revision, sources=tuple(schedule.sources), intended_shares=shares,
+        schedule={"version": schedule.version, "seed": schedule.seed, "pairs": int(len(schedule.item))},
+        run=options, made=made,
+    )
     return fit(
         contrastive_worker,
-        {
-            "trial": trial.to_dict(),
-            "tokenizer_path": str(prepared.tokenizer_path),
-            "tokenizer_hash": prepared.record["tokenizer_hash"],
-            "data_revision": prepared.data_revision,
-            "sources": list(schedule.sources),
-            "intended_shares": shares,
-            "schedule": {"version": schedule.version, "seed": schedule.seed, "pairs": int(len(schedule.item))},
-            "mined_version": None if mined is None else mined.name,
-            "mining_compute": {**mining_compute(mined), **mining_compute(given, "compute/given_negatives")},
-            "given_negatives": given_negative_counts(given),
-            "teacher_labels": teacher_label_record(labels, settings),
-            "teacher_embeddings": teacher_embedding_record(documents),
-            "run": options.to_dict(),
-        },
+        worker.to_dict(),
         trial,
         streams,
         storage_path=storage_path,

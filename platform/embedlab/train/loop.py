@@ -36,7 +36,8 @@ from embedlab.train.device_time import DeviceClock
 from embedlab.train.nonfinite import NonFiniteError, REJECTED_UPDATE_POLICY, STOPPED_KEY
 from embedlab.train.optim import optimizer_record
 from embedlab.train.precision import PRECISION_POLICY, resolve_precision
-from embedlab.train.session import Batch, FaultDrill, RaySession, Session
+from embedlab.train.session import Batch, RaySession, Session
+from embedlab.train.worker import RunOptions, WorkerConfig
 from embedlab.checkpoints.state import (
     RESUME_POLICY,
     RNG_STREAMS,
@@ -66,27 +67,11 @@ class Progress:
     last_step_cost: float = 0.0  # budget units the last step consumed (the final step is cut to fit)
 
 
-@dataclass(frozen=True)
-class RunOptions:
-    """How one attempt runs, beside the trial config (not part of a trial's identity)."""
-
-    stop_after_step: int | None = None
-    fault_drill: FaultDrill | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, raw: dict[str, Any] | None) -> RunOptions:
-        raw = raw or {}
-        drill = raw.get("fault_drill")
-        return cls(stop_after_step=raw.get("stop_after_step"), fault_drill=FaultDrill(**drill) if drill else None)
-
-
 class TrainingLoop:
     """A phase's model, optimizer, generators and counters; see the module docstring."""
 
     trial: TrialConfig
+    worker: WorkerConfig
     rank: int
     world: int
     device: torch.device
@@ -183,7 +168,7 @@ class TrainingLoop:
         return {
             "config": self.trial.to_dict(),
             "seed": train.seed,
-            "data_revision": self.loop_config["data_revision"],
+            "data_revision": self.worker.data_revision,
             "precision": {"policy": resolve_precision(train), "means": PRECISION_POLICY[resolve_precision(train)]},
             "compile": compile_record(train),
             "optimizer": {
@@ -325,9 +310,10 @@ def run_on_ray(make_loop: Callable[..., TrainingLoop], loop_config: dict[str, An
     repeat the same rejections.
     """
     session = RaySession()
-    loop = make_loop(loop_config, rank=session.rank, world=session.world, device=session.device)
+    worker = WorkerConfig.from_dict(loop_config)  # Ray Train's mapping of `WorkerConfig.to_dict()`
+    loop = make_loop(worker, rank=session.rank, world=session.world, device=session.device)
     try:
-        run(loop, session, RunOptions.from_dict(loop_config.get("run")))
+        run(loop, session, worker.run)
     except NonFiniteError as error:
         return {"stopped": "non-finite", "rejected_in_a_row": error.rejected_in_a_row, "step": error.step}
     return None

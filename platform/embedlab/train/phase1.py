@@ -37,7 +37,8 @@ from embedlab.train.budget import consumption, schedule_units, step_units
 from embedlab.train.compiling import compile_blocks, resolve_compile
 from embedlab.train.launch import fit
 from embedlab.train.length import split_rows, stage_length
-from embedlab.train.loop import Progress, RunOptions, TrainingLoop, run_on_ray
+from embedlab.train.loop import Progress, TrainingLoop, run_on_ray
+from embedlab.train.worker import RunOptions, WorkerConfig
 from embedlab.train.mlm_step import (
     Microbatch,
     StepResult,
@@ -66,11 +67,11 @@ class Phase1Loop(TrainingLoop):
     """Phase-1 MLM on one worker: masks its rows with its own masking generator and steps
     until the all-reduced consumption in the trial's budget unit reaches the budget."""
 
-    def __init__(self, loop_config: dict[str, Any], *, rank: int, world: int, device: torch.device) -> None:
-        trial = TrialConfig.from_dict(loop_config["trial"])
-        self.trial, self.loop_config, self.rank, self.world, self.device = trial, loop_config, rank, world, device
+    def __init__(self, worker: WorkerConfig, *, rank: int, world: int, device: torch.device) -> None:
+        trial = worker.trial
+        self.trial, self.worker, self.rank, self.world, self.device = trial, worker, rank, world, device
         torch.set_num_threads(trial.train.torch_threads)
-        self.tokenizer = load_tokenizer(node_path(loop_config["tokenizer_path"]), expected_hash=loop_config["tokenizer_hash"])
+        self.tokenizer = load_tokenizer(node_path(worker.tokenizer_path), expected_hash=worker.tokenizer_hash)
         torch.manual_seed(seed_for(trial.train.seed, "init"))  # identical weights on every worker
         self.mixed = trial.masking.mixed_ratios
         self.model = (
@@ -92,7 +93,7 @@ class Phase1Loop(TrainingLoop):
         self.all_reduce = sum_all_reduce(device) if world > 1 else no_reduce
         self.eligible_ban = torch.tensor(self.tokenizer.special_ids)
         self.random_range = (len(self.tokenizer.special_ids), self.tokenizer.vocab_size)
-        self.sources = loop_config["sources"]
+        self.sources = list(worker.sources)
         self.batches_per_step = trial.train.microbatches
         self.progress = Phase1Progress(consumed_by_source=[0.0] * len(self.sources))
         # Since the last report (empty at every checkpoint, which always reports):
@@ -266,7 +267,7 @@ class Phase1Loop(TrainingLoop):
         return model.encoder, model.heads if isinstance(model, MultiHeadMLMModel) else model.mlm_head
 
     def checkpoint_contents(self, metrics: dict[str, Any]) -> dict[str, Any]:
-        trial, model, loop_config = self.trial, self.model, self.loop_config
+        trial, model, worker = self.trial, self.model, self.worker
         encoder, head = self.weights()
         return {
             "encoder": encoder,
@@ -305,12 +306,12 @@ class Phase1Loop(TrainingLoop):
                            "crossing a cut continues in the next row at position 0",
                 },
                 "mixture": {
-                    "intended_shares": loop_config["intended_shares"],
+                    "intended_shares": worker.intended_shares,
                     "observed_token_shares": {
                         k.removeprefix("data/observed_share/"): v
                         for k, v in metrics.items() if k.startswith("data/observed_share/")
                     },
-                    "schedule": loop_config["schedule"],
+                    "schedule": self.worker.schedule,
                 },
             },
         }
@@ -369,7 +370,7 @@ def run_phase1(
     A run of a `name` that has checkpoints under `storage_path` resumes from the latest.
     """
     schedule, offsets = trial_schedule(trial, prepared)
-    return fit(phase1_worker, phase1_loop_config(trial, prepared, schedule, options), trial,
+    return fit(phase1_worker, phase1_worker_config(trial, prepared, schedule, options).to_dict(), trial,
                trial_streams(trial, prepared, schedule, offsets),
                storage_path=storage_path, name=name, callbacks=callbacks)
 
@@ -383,16 +384,13 @@ def trial_streams(trial: TrialConfig, prepared: PreparedData, schedule: Schedule
                            batch_rows=trial.train.batch_rows)
 
 
-def phase1_loop_config(trial: TrialConfig, prepared: PreparedData, schedule: Schedule,
-                       options: RunOptions = RunOptions()) -> dict[str, Any]:
+def phase1_worker_config(trial: TrialConfig, prepared: PreparedData, schedule: Schedule,
+                         options: RunOptions = RunOptions()) -> WorkerConfig:
     """What every worker's `Phase1Loop` is built from."""
-    return {
-        "trial": trial.to_dict(),
-        "tokenizer_path": str(prepared.tokenizer_path),
-        "tokenizer_hash": prepared.record["tokenizer_hash"],
-        "data_revision": prepared.data_revision,
-        "sources": list(schedule.sources),
-        "intended_shares": prepared.record["mixture"]["shares"],
-        "schedule": {"version": schedule.version, "seed": schedule.seed, "pieces": int(len(schedule.item))},
-        "run": options.to_dict(),
-    }
+    return WorkerConfig(
+        trial=trial, tokenizer_path=str(prepared.tokenizer_path), tokenizer_hash=prepared.record["tokenizer_hash"],
+        data_revision=prepared.data_revision, sources=tuple(schedule.sources),
+        intended_shares=prepared.record["mixture"]["shares"],
+        schedule={"version": schedule.version, "seed": schedule.seed, "pieces": int(len(schedule.item))},
+        run=options,
+    )

@@ -44,3 +44,17 @@ from embedlab.core.config.sources import (
 from embedlab.core.config.tasks import (
     check_fraction, check_task_names, HubTask, HubTaskError, MEAN, PanelError,
 )
+
+__all__ = [
+    "ATTENTION_PATHS", "BATCH_COMPOSITIONS", "BEIRPairs", "Budget", "BUDGET_SCOPES", "budget_unit_of",
+    "build_config", "BUILDER_NAMES", "check", "check_fraction", "check_positive", "check_task_names",
+    "ColumnMapping", "COMPILE_MODES", "ConfigError", "ContrastiveConfig", "DataConfig", "declared_amounts",
+    "DEFAULT_BUDGET", "DEFAULT_MAX_RETENTION_DROP", "DistillationConfig", "EvalConfig", "ExternalSource",
+    "FUSED_MODES", "GIVEN_MARGIN_WORDS", "GroupSettings", "HFDataset", "HFPairs", "HubTask", "HubTaskError",
+    "INITIALISATIONS", "LocalFiles", "MASKING_STRATEGIES", "MaskingConfig", "MatryoshkaConfig", "MEAN",
+    "MixtureConfig", "model_preset", "MODEL_PRESETS", "ModelConfig", "NegativesConfig", "OptimizerConfig",
+    "PAIR_SOURCE_FIELDS", "PairFiles", "PairSource", "PanelError", "PARAMETER_CATEGORIES", "POOLING_METHODS",
+    "PRECISIONS", "PrefixConfig", "read_mapping_file", "REPLACEMENT_POLICY", "SAMPLING_SCHEDULES",
+    "SCHEDULE_KINDS", "ScheduleConfig", "SourceError", "task_name", "TEACHERS", "TOKENIZER_KINDS",
+    "TrainConfig", "TrialConfig",
+]
