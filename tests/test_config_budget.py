@@ -82,7 +82,7 @@ def test_the_unit_is_flops_then_device_seconds_then_the_phase_data(fields, phase
     declared = budget.declared(phase)
     assert ("pairs" in declared) == (phase > 1) and declared["tokens"] == 100_000
     assert set(declared) - {"tokens", "pairs"} == ({unit} if unit not in ("tokens", "pairs") else set())
-    with pytest.raises(ConfigError, match="phase: must be 1, 2 or 3"):
+    with pytest.raises(ConfigError, match=r"phase: 4; valid: 1 \(masked language modelling\), 2"):
         budget.unit(4)
 
 

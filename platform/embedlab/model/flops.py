@@ -25,6 +25,7 @@ losses, the optimizer) is not counted, as FlopCounterMode does not count it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -148,54 +149,80 @@ class FlopTally:
         return flops
 
 
-def expected_step_flops(trial: TrialConfig, *, attention: bool = True) -> float:
-    """One step's training FLOPs for `trial`, all workers, predicted from its config alone: how
-    a study turns a data budget of its control arm into a FLOPs budget, and how the planner
-    sizes a pilot. Rows are taken full (packing leaves well under 1% padding; pairs are padded
-    to `pair_length`) and as one segment each on the dense path, which is exact for a phase-2
-    or phase-3 arm on the dense path and an upper bound on the variable-length paths; a
-    phase-1 step's head is predicted at the expected masking ratio of every position. Without
-    `attention`, attention is left out: a lower bound for sizing data schedules. The trial
-    itself always counts what it runs."""
+def _step_setup(trial: TrialConfig) -> tuple[torch.device, bool]:
+    """The device and half precision a trial's steps run at, from its config alone."""
+    train = trial.train
+    half = train.precision == "bf16" or (train.precision == "auto" and train.use_gpu)
+    return torch.device("cuda" if train.use_gpu else "cpu"), half
+
+
+def mlm_step_flops(trial: TrialConfig, *, attention: bool = True) -> float:
+    """One masked-language-modelling step's training FLOPs (phase 1), all workers, predicted
+    from the config alone: rows taken full (packing leaves well under 1% padding) and as one
+    segment each on the dense path, an upper bound on the variable-length paths; the head at
+    the expected masking ratio of every position. Without `attention`, attention is left out:
+    a lower bound for sizing data schedules. The trial itself always counts what it runs."""
     keep = 1.0 if attention else 0.0
     model, train = trial.model, trial.train
-    cuda = train.use_gpu
-    half = train.precision == "bf16" or (train.precision == "auto" and cuda)
-    device = torch.device("cuda" if cuda else "cpu")
+    device, half = _step_setup(trial)
     workers, rows = train.num_workers, train.batch_rows * train.microbatches
-    if trial.phase == 1:
-        length = trial.data.sequence_length
-        kernel = attention_path(model, device=device, half=half, length=length, training=True)
-        if trial.masking.mixed_ratios:
-            weights = sum(weight for _, weight in trial.masking.mixed_ratios)
-            ratio = sum(r * weight for r, weight in trial.masking.mixed_ratios) / weights
-        else:
-            ratio = trial.masking.ratio
-        per_worker = encoder_flops(model, rows, length, keep * rows * length * length, mode=TRAINED,
-                                   recomputes=kernel.recomputes)
-        per_worker += PASSES[TRAINED] * head_forward_flops(model, ratio * rows * length)
-        return workers * per_worker
+    length = trial.data.sequence_length
+    kernel = attention_path(model, device=device, half=half, length=length, training=True)
+    if trial.masking.mixed_ratios:
+        weights = sum(weight for _, weight in trial.masking.mixed_ratios)
+        ratio = sum(r * weight for r, weight in trial.masking.mixed_ratios) / weights
+    else:
+        ratio = trial.masking.ratio
+    per_worker = encoder_flops(model, rows, length, keep * rows * length * length, mode=TRAINED,
+                               recomputes=kernel.recomputes)
+    per_worker += PASSES[TRAINED] * head_forward_flops(model, ratio * rows * length)
+    return workers * per_worker
+
+
+def contrastive_step_flops(trial: TrialConfig, *, attention: bool = True) -> float:
+    """One contrastive step's training FLOPs (phases 2-3), all workers, predicted from the config
+    alone: pairs padded to `pair_length`, exact on the dense path; every text a pair encodes
+    (query, positive, negatives, a distillation document), every score matrix at every trained
+    width, the distillation scores and a joint MLM term. Without `attention`, attention is left
+    out (a lower bound). The trial itself always counts what it runs."""
+    keep = 1.0 if attention else 0.0
+    model, train = trial.model, trial.train
+    device, half = _step_setup(trial)
+    workers = train.num_workers
     settings = trial.contrastive
+    negatives = settings.negatives.count
     length, batch = settings.pair_length, train.batch_rows
     kernel = attention_path(model, device=device, half=half, length=length, training=True)
     mode = GRADCACHE if settings.gradcache_chunk else TRAINED
     # Queries, positives, negatives and, with embedding distillation, one document a pair.
-    texts = batch * (2 + settings.negatives.count + (1 if settings.distillation.embedding_mse_weight > 0 else 0))
+    texts = batch * (2 + negatives + (1 if settings.distillation.embedding_mse_weight > 0 else 0))
     # GradCache cuts each side into chunks: the dense area is the same, B * L^2 either way.
     per_microbatch = encoder_flops(model, texts, length, keep * texts * length * length, mode=mode,
                                    recomputes=kernel.recomputes)
     gathered = workers if settings.gather_across_workers and workers > 1 else 1
-    for width in settings.matryoshka.trained_widths(model.width)[0]:  # a score matrix per trained width
-        per_microbatch += PASSES[TRAINED] * similarity_forward_flops(
-            batch, gathered * batch * (1 + settings.negatives.count), width)
+    widths = settings.matryoshka.trained_widths(model.width)[0]
+    for width in widths:  # a score matrix per trained width
+        per_microbatch += PASSES[TRAINED] * similarity_forward_flops(batch, gathered * batch * (1 + negatives), width)
         if settings.symmetric:
             per_microbatch += PASSES[TRAINED] * similarity_forward_flops(batch, gathered * batch, width)
     if settings.distillation.score_weight > 0:  # each query's own candidates, at the widest trained width
-        per_microbatch += PASSES[TRAINED] * similarity_forward_flops(
-            batch, 1 + settings.negatives.count, settings.matryoshka.trained_widths(model.width)[0][-1])
+        per_microbatch += PASSES[TRAINED] * similarity_forward_flops(batch, 1 + negatives, widths[-1])
     if settings.mlm_weight > 0:
         copies = 2 * batch
         per_microbatch += encoder_flops(model, copies, length, keep * copies * length * length, mode=TRAINED,
                                         recomputes=kernel.recomputes)
         per_microbatch += PASSES[TRAINED] * head_forward_flops(model, trial.masking.ratio * copies * length)
     return workers * train.microbatches * per_microbatch
+
+
+# The FLOP model of each config section a phase trains by (`PhaseSpec.section`): a new phase
+# that trains by a new section registers its model here.
+STEP_FLOPS: dict[str, Callable[..., float]] = {"masking": mlm_step_flops, "contrastive": contrastive_step_flops}
+
+
+def expected_step_flops(trial: TrialConfig, *, attention: bool = True) -> float:
+    """One step's training FLOPs for `trial`, all workers, predicted from its config alone by
+    its phase's FLOP model (`STEP_FLOPS`): how a study turns a data budget of its control arm
+    into a FLOPs budget, and how the planner sizes a pilot. Without `attention`, attention is
+    left out: a lower bound for sizing data schedules. The trial itself always counts what it runs."""
+    return STEP_FLOPS[trial.spec.section](trial, attention=attention)

@@ -11,6 +11,7 @@ from matplotlib.colors import ListedColormap, to_rgb
 from matplotlib.patches import Patch
 
 from embedlab.artifacts.sync import local_directory
+from embedlab.core.config import phase_spec
 from embedlab.report import measure
 from embedlab.report.collect import Run
 from embedlab.report.plotting import Caption, Figure, color, grid, hide_unused, new_figure, new_mosaic, to_png
@@ -38,7 +39,7 @@ def mixture_figure(runs: list[Run]) -> Figure | None:
     figure, axes = new_figure(rows, cols, height=3.0)
     observations, notes = [], set()
     for ax, run in zip(axes.flat, runs):
-        pairs = run.phase > 1
+        pairs = phase_spec(run.phase).reads_pairs
         intended = _shares(run, "intended_share")
         observed = _shares(run, "observed_pair_share" if pairs else "observed_share")
         tokens = _shares(run, "observed_token_share") if pairs else {}

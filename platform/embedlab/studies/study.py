@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from embedlab.core import config as config_module, store
-from embedlab.core.config import Budget, ConfigError, TrialConfig
-from embedlab.core.schema import FLAT_BUDGET_KEYS, upgrade
-from embedlab.studies.recipes import derive
+from embedlab.core.config import Budget, ConfigError, PhaseSpec, TrialConfig, phase_spec
 from embedlab.core.errors import UnknownKey
+from embedlab.core.schema import FLAT_BUDGET_KEYS, upgrade
 from embedlab.evaluate.panel import METRICS, UnknownPanelMetric, resolve_study_metric
+from embedlab.studies.recipes import derive
 
 # Tuning trial k of every arm runs at seed TUNING_SEED_OFFSET + k: the same seeds for every
 # arm (equal tuning conditions), and far from the small seeds studies use (0, 1, 2).
@@ -151,7 +151,7 @@ class Study:
         # The Budget checked its own values (a FLOPs budget for 'lineage' among them); the
         # phase is the study's. Its unit is derived from it (`Budget.unit`), so phase 1 never
         # trains on pairs and a FLOPs or device-time amount is set exactly when it is the unit.
-        if self.budget.scope == "lineage" and self.phase == 1:
+        if self.budget.scope == "lineage" and not self.spec.from_parent:
             raise ConfigError("study.budget.scope: 'lineage' adds a parent's training FLOPs to its children's, so "
                               "it needs a phase-2 or phase-3 study with a FLOPs budget")
         self._check_controlled()
@@ -302,9 +302,14 @@ class Study:
         return next(iter(self.arms.values())).phase
 
     @property
+    def spec(self) -> PhaseSpec:
+        """The phase the study's arms train (`embedlab.core.config.phases`)."""
+        return phase_spec(self.phase)
+
+    @property
     def needs_parent(self) -> bool:
         """Phases 2-3 and phase-1 extensions start from a parent checkpoint."""
-        return self.phase > 1 or any(config.extension for config in self.arms.values())
+        return self.spec.from_parent or any(config.extension for config in self.arms.values())
 
     def trial_config(self, arm: str, seed: int, parent: str | None = None) -> TrialConfig:
         """The arm's config with the study's budget, this seed and (phases 2-3) the parent
@@ -315,7 +320,7 @@ class Study:
         # The study's one Budget on every arm: no arm can train to a budget of its own.
         train = dataclasses.replace(config.train, budget=self.budget, seed=seed)
         config = dataclasses.replace(config, train=train, parent=parent or config.parent)
-        if (config.phase > 1 or config.extension) and config.parent is None:
+        if (config.spec.from_parent or config.extension) and config.parent is None:
             stage = "a phase-1 extension" if config.extension else f"phase {config.phase}"
             raise ConfigError(f"study {self.name}: {stage} needs a parent checkpoint "
                               "(embedlab sweep --parent CKPT_DIR)")

@@ -140,10 +140,11 @@ class GpuShares:
 
 
 def mines_negatives(trial: TrialConfig) -> bool:
-    """Whether the trial's driver encodes with the parent before training: phase 3 with
-    `contrastive.negatives.count`, mining them or screening given negatives by the margin."""
+    """Whether the trial's driver encodes with the parent before training: a phase with hard
+    negatives (`contrastive.negatives.count`, phase 3), mining them or screening given negatives
+    by the margin."""
     settings = trial.contrastive
-    return trial.phase == 3 and settings.negatives.count > 0 and (
+    return trial.spec.negatives and settings.negatives.count > 0 and (
         settings.negatives.mine or (bool(trial.data.pair_sources) and settings.negatives.given_threshold is not None))
 
 

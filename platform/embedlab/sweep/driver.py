@@ -12,16 +12,15 @@ from embedlab.artifacts.sync import local_directory
 from embedlab.checkpoints.io import read_manifest
 from embedlab.core import code_identity, store
 from embedlab.core.config import TrialConfig
-from embedlab.tasks.resolve import arm_eval_tasks
 from embedlab.prepared.directory import PreparedData
 from embedlab.records.rundir import error_text, finished_rows, write_per_query, write_row
 from embedlab.records.scores import score_trial
 from embedlab.studies.recipes import derive
 from embedlab.studies.study import Study
 from embedlab.sweep.progress import EVAL_PROGRESS, evaluate_with_progress
-from embedlab.train.contrastive import run_contrastive
+from embedlab.tasks.resolve import arm_eval_tasks
 from embedlab.train.nonfinite import NonFiniteError
-from embedlab.train.phase1 import run_phase1
+from embedlab.train.phases import phase_of
 
 
 def train_trial(trial: TrialConfig, prepared: PreparedData, *, storage_path: str | Path, name: str,
@@ -30,10 +29,8 @@ def train_trial(trial: TrialConfig, prepared: PreparedData, *, storage_path: str
     Phases 2-3 pass their pairs and mined negatives through the contamination gate first,
     under the study's disclosed-overlap policy `overlap_policy`; `progress` gets the lines of
     that work before training (the audit, mining, teacher labels and documents)."""
-    if trial.phase == 1:
-        return run_phase1(trial, prepared, storage_path=storage_path, name=name, callbacks=callbacks)
-    return run_contrastive(trial, prepared, storage_path=storage_path, name=name, callbacks=callbacks,
-                           overlap_policy=overlap_policy, progress=progress)
+    return phase_of(trial).run(trial, prepared, storage_path=storage_path, name=name, callbacks=callbacks,
+                               overlap_policy=overlap_policy, progress=progress)
 
 
 def trial_driver(config: dict[str, Any], *, context: dict[str, Any]) -> None:
@@ -157,7 +154,7 @@ def run_trial(study: Study, identity: dict[str, Any], params: dict[str, Any], co
 
     scored = score_trial(evaluate, arm_eval_tasks(trial.eval, context["prepared"][arm]), trial.eval.split,
                          str(prepared.directory / "retention"))
-    intended = prepared.record["mixture"]["shares"] if trial.phase == 1 else dict(trial.contrastive.pairs)
+    intended = phase_of(trial).intended_shares(trial, prepared.record)
     row = trial_row(identity, result.metrics, intended, scored.columns, checkpoint=checkpoint_dir,
                     checkpoint_hash=scored.main["checkpoint_hash"], data_revision=prepared.data_revision)
     if stage == "final" and any(r.get("status") == "finished" and r.get("stage", "final") == "final"

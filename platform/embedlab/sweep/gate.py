@@ -43,7 +43,7 @@ def check_contamination(study: Study, prepared: dict[str, dict], progress: Calla
     for arm, config in study.arms.items():
         record = prepared[arm]
         data = PreparedData(Path(record["directory"]), record)
-        builders = sorted(dict(config.contrastive.pairs)) if config.phase > 1 else []
+        builders = sorted(dict(config.contrastive.pairs)) if config.spec.reads_pairs else []
         # A user's pair sources (config.data.pair_files ...) join the table: their queries,
         # positives and given negatives are checked with the built-in pairs.
         pairs_path = pair_table_path(data, builders, progress, data=config.data) if builders else None
@@ -66,7 +66,7 @@ def check_pair_schedules(study: Study, prepared: dict[str, dict], parent: str | 
     """Refuse, before any trial starts, a phase-2/3 arm whose pair schedule the frozen pairs
     cannot fill within the repetition cap (`data.mixture.max_epochs`): otherwise every trial
     of that arm fails inside Ray, one after the other, and the study ranks the arms that ran."""
-    if study.phase == 1:
+    if not study.spec.reads_pairs:
         return
     for arm in study.arms:
         trial = study.trial_config(arm, study.seeds[0], parent)

@@ -126,7 +126,7 @@ def pilot_config(study: Study, arm: str, parent: str | None, reports: int) -> Tr
         budget["flops"] = steps * expected_step_flops(config)
         budget["pairs"] = max(train.budget.pairs, steps * rows * 4)
         budget["tokens"] = max(train.budget.tokens, steps * capacity * 2)
-    elif config.phase == 1:
+    elif config.spec.data_unit == "tokens":
         budget["tokens"] = steps * capacity
     else:
         budget["pairs"] = steps * rows
@@ -343,7 +343,7 @@ def measured_arm(study: Study, arm: str, measurement: Measurement) -> dict[str, 
         seconds = flops / rate
     return {"trials": (study.search_trials if study.search else 0) + len(study.seeds), "workers": workers,
             "model": config.model.preset, "layers": config.model.layers, "width": config.model.width,
-            "sequence_length": config.data.sequence_length if config.phase == 1 else config.contrastive.pair_length,
+            "sequence_length": config.contrastive.pair_length if config.spec.reads_pairs else config.data.sequence_length,
             "precision": config.train.precision, "steps": math.ceil(flops / step_flops), "step_flops": step_flops,
             "units_per_step": units, "units_per_second": units * rate / step_flops, "training_flops": flops,
             "trial_seconds": seconds}
@@ -375,7 +375,7 @@ def measured_plan(study: Study, measurement: Measurement, *, gpu_here: bool) -> 
         notes.append("lineage budget: an arm that starts from the parent's weights trains the total less the "
                      "parent's recorded FLOPs, so its time here is an upper bound")
     data = first.data
-    sources = [*data.hf_datasets, *(data.hf_pairs if study.phase > 1 else ())]
+    sources = [*data.hf_datasets, *(data.hf_pairs if first.spec.reads_pairs else ())]
     return {
         "study": study.name, "phase": study.phase, "profile": study.profile, "estimate": "measured",
         "budget_unit": study.unit,

@@ -47,7 +47,7 @@ def preflight(study: Study, *, storage: str | Path | None = None, resume: str | 
     pair_sources, documents, tasks = {}, {}, {}
     for arm in study.arms:
         config = study.trial_config(arm, study.seeds[0], (parent or "PARENT") if study.needs_parent else parent)
-        if study.phase > 1:
+        if config.spec.reads_pairs:
             check_pair_shares(dict(config.contrastive.pairs), config.data)
         for source in config.data.pair_sources:
             pair_sources.setdefault(source, None)

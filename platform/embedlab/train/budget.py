@@ -45,10 +45,11 @@ def schedule_units(trial: TrialConfig) -> int:
 
 
 def step_units(trial: TrialConfig) -> int:
-    """The data one full step reads, all workers: row positions (phase 1) or pairs (2-3)."""
+    """The data one full step reads, all workers, in its phase's data unit: row positions of
+    packed rows (tokens, phase 1) or pairs (phases 2-3)."""
     train = trial.train
     rows = train.num_workers * train.batch_rows * train.microbatches
-    return rows * trial.data.sequence_length if trial.phase == 1 else rows
+    return rows * trial.data.sequence_length if trial.spec.data_unit == "tokens" else rows
 
 
 def final_rows(remaining: float, last_step: float, rows: int) -> int:

@@ -530,7 +530,7 @@ def run_contrastive(trial: TrialConfig, prepared, *, storage_path: Path, name: s
         check_training_data(prepared, task_dir, overlap_policy, progress, pairs_path=pairs_path)
     schedule, offsets = trial_pair_schedule(trial, pairs_path)
     mined = given = None
-    if trial.phase == 3 and settings.negatives.count:
+    if trial.spec.negatives and settings.negatives.count:
         given = given_negatives_for_phase3(trial, prepared, pairs_path, schedule, offsets, progress)
         if settings.negatives.mine:
             mined = mine_for_phase3(trial, prepared, pairs_path, schedule, offsets, progress)
@@ -539,7 +539,9 @@ def run_contrastive(trial: TrialConfig, prepared, *, storage_path: Path, name: s
                 check_mined_negatives(prepared, task_dir, mined, overlap_policy, progress)
     labels = documents = None
     # A teacher without a weight is inert (a study's control arm keeps the field its arms set).
-    if trial.phase == 3 and settings.distillation.score_weight > 0:
+    # Teacher labels score each query's negatives: only a phase with them (the config refuses a
+    # score weight without negatives).
+    if trial.spec.negatives and settings.distillation.score_weight > 0:
         labels = teacher_labels_for_phase3(trial, prepared, pairs_path, schedule, offsets, mined=mined, given=given,
                                            progress=progress)
         # What the teacher scored is training input too: checked before any step uses it.

@@ -6,6 +6,7 @@ phases 2-3's contrastive section); a study varies it through `dataclasses.replac
 name the field and the allowed values. One module per section:
 
     checks        the field check, and configs built from JSON-like values (`build_config`)
+    phases        the phases a trial can train and what each reads (`PHASES`, `phase_spec`)
     model         the encoder's shape and presets, phase 1's masking
     data          sources, dedup, splits, tokenizer, mixture and packing
     train         the budget and phase 1's optimisation
@@ -36,6 +37,7 @@ from embedlab.core.config.contrastive import (
     MatryoshkaConfig, NegativesConfig, POOLING_METHODS, PrefixConfig, TEACHERS,
 )
 from embedlab.core.config.evaluation import DEFAULT_MAX_RETENTION_DROP, EvalConfig, task_name
+from embedlab.core.config.phases import PHASES, PhaseSpec, phase_spec
 from embedlab.core.config.trial import TrialConfig
 from embedlab.core.config.sources import (
     BEIRPairs, BUILDER_NAMES, ColumnMapping, ExternalSource, HFDataset, HFPairs, LocalFiles, PairFiles,
@@ -46,6 +48,7 @@ from embedlab.core.config.tasks import (
 )
 
 __all__ = [
+    "PHASES", "PhaseSpec", "phase_spec",
     "ATTENTION_PATHS", "BATCH_COMPOSITIONS", "BEIRPairs", "Budget", "BUDGET_SCOPES", "budget_unit_of",
     "build_config", "BUILDER_NAMES", "check", "check_fraction", "check_positive", "check_task_names",
     "ColumnMapping", "COMPILE_MODES", "ConfigError", "ContrastiveConfig", "DataConfig", "declared_amounts",

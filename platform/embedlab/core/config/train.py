@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from embedlab.core.config.checks import check, check_positive
+from embedlab.core.config.phases import phase_spec
 
 
 SCHEDULE_KINDS = ("linear", "cosine", "wsd", "constant")
@@ -137,7 +138,7 @@ class Budget:
     def unit(self, phase: int) -> str:
         """What a trial of `phase` trains to: measured FLOPs or device seconds when set, else
         its phase's data (tokens in phase 1, pairs in phases 2-3)."""
-        check(phase in (1, 2, 3), "phase", "must be 1, 2 or 3")
+        phase_spec(phase)  # a ConfigError naming the valid phases, whatever the amounts
         return budget_unit_of(dataclasses.asdict(self), phase)
 
     def amount(self, phase: int) -> float:
@@ -145,8 +146,8 @@ class Budget:
         return getattr(self, self.unit(phase))
 
     def data(self, phase: int) -> int:
-        """The phase's data figure: tokens in phase 1, pairs in phases 2-3."""
-        return self.tokens if phase == 1 else self.pairs
+        """The phase's data figure: tokens in phase 1, pairs in phases 2-3 (its `data_unit`)."""
+        return getattr(self, phase_spec(phase).data_unit)
 
     def declared(self, phase: int) -> dict[str, float]:
         """The amount in each unit the budget declares for a trial of `phase`: tokens (phase
@@ -162,13 +163,13 @@ def budget_unit_of(amounts: dict[str, Any], phase: int) -> str:
         return "flops"
     if (amounts.get("device_seconds") or 0) > 0:
         return "device_seconds"
-    return "tokens" if phase == 1 else "pairs"
+    return phase_spec(phase).data_unit
 
 
 def declared_amounts(amounts: dict[str, Any], phase: int) -> dict[str, float]:
     """`Budget.declared` of a budget's mapping (one absent field counts as 0)."""
     declared = {unit: amounts.get(unit) or 0 for unit in ("tokens", "pairs", "flops", "device_seconds")}
-    if phase == 1:
+    if phase_spec(phase).data_unit == "tokens":  # the tokens are every phase's record; pairs only where read
         declared["pairs"] = 0
     return {unit: amount for unit, amount in declared.items() if amount > 0}
 

@@ -11,6 +11,7 @@ from embedlab.core.config.checks import build_config, check
 from embedlab.core.config.contrastive import ContrastiveConfig
 from embedlab.core.config.data import DataConfig
 from embedlab.core.config.evaluation import EvalConfig
+from embedlab.core.config.phases import PhaseSpec, phase_spec
 from embedlab.core.config.model import MODEL_PRESETS, MaskingConfig, ModelConfig
 from embedlab.core.config.train import TrainConfig
 from embedlab.core.schema import upgrade
@@ -33,24 +34,24 @@ class TrialConfig:
     extension: bool = False
 
     def __post_init__(self) -> None:
-        check(self.phase in (1, 2, 3), "phase", "must be 1, 2 or 3")
+        spec = phase_spec(self.phase)
         # Phases 2-3 need a parent before they train; a study may supply it at sweep time.
-        check(self.parent is None or self.phase > 1 or self.extension, "parent",
+        check(self.parent is None or spec.from_parent or self.extension, "parent",
               "phase 1 starts from scratch; continuing from a parent is an extension (extension=True)")
-        check(not self.extension or self.phase == 1, "extension", "continues phase 1 (MLM); phases 2-3 always "
+        check(not self.extension or not spec.from_parent, "extension", "continues phase 1 (MLM); phases 2-3 always "
               "start from a parent")
         check(not (self.extension and self.masking.head_per_ratio), "extension",
               "continues the parent's single MLM head; one head per ratio is a phase-1 arm from scratch")
-        check(self.phase > 1 or self.train.budget.scope == "phase", "train.budget.scope",
+        check(spec.from_parent or self.train.budget.scope == "phase", "train.budget.scope",
               "'lineage' charges a parent's training to a phase-2 or phase-3 child; phase 1 counts its own")
-        check(self.phase == 1 or not self.train.length_schedule, "train.length_schedule",
+        check(spec.data_unit == "tokens" or not self.train.length_schedule, "train.length_schedule",
               "belongs to phase 1 (pair lengths are contrastive.pair_length)")
         if self.train.length_schedule:
             lengths = [length for _, length in self.train.length_schedule]
             check(all(self.data.sequence_length % length == 0 for length in lengths), "train.length_schedule",
                   f"lengths {lengths} must divide data.sequence_length={self.data.sequence_length}, "
                   "the length rows are packed at")
-        check(self.phase == 3 or self.contrastive.negatives.count == 0, "contrastive.negatives.count",
+        check(spec.negatives or self.contrastive.negatives.count == 0, "contrastive.negatives.count",
               "mined hard negatives belong to phase 3")
         check(not self.eval.dims or self.eval.dims[-1] < self.model.width, "eval.dims",
               f"widths must be below model.width={self.model.width} (the full width is always scored), got "
@@ -70,6 +71,11 @@ class TrialConfig:
             "data.tokenizer_vocab_size",
             f"must be <= model.vocab_size={self.model.vocab_size}",
         )
+
+    @property
+    def spec(self) -> PhaseSpec:
+        """The phase this trial trains (`embedlab.core.config.phases`)."""
+        return phase_spec(self.phase)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
