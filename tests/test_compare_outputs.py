@@ -77,3 +77,17 @@ def test_an_empty_before_directory_is_not_a_pass(tmp_path):
     after = write(tmp_path / "a", [row()], BENCH)
     problems = compare_outputs.compare(before, after)
     assert f"{before}: no table.*.json" in problems and "table.study.json: only after" in problems
+
+
+def test_the_before_runs_as_the_after_commit_reads_them_are_what_is_compared(tmp_path, capsys):
+    """With `table-read-by-after.STUDY.json` (the before commit's records tabled by the after
+    commit, through the schema's upgrade), that is compared in place of the before commit's own
+    table: a config path the after commit renamed reads alike, a changed measurement still differs."""
+    before = write(tmp_path / "b", [row(factor="contrastive.hard_negatives")], BENCH)
+    (before / "table-read-by-after.study.json").write_text(json.dumps([row(factor="contrastive.negatives.count")]))
+    after = write(tmp_path / "a", [row(factor="contrastive.negatives.count")], BENCH)
+    assert compare_outputs.main([str(before), str(after)]) == 0
+    assert "table.study.json (before: as after reads its records): 1 trials" in capsys.readouterr().out
+    (before / "table-read-by-after.study.json").write_text(
+        json.dumps([row(factor="contrastive.negatives.count", **{"dev/ndcg@10": 0.5})]))
+    assert compare_outputs.main([str(before), str(after)]) == 1

@@ -4,6 +4,9 @@
 
 Each directory holds what `workers/same-outputs.sh` wrote for one commit: `table.STUDY.json`
 (`embedlab table RUN --json` of each demo run) and `bench.json` (`embedlab bench --json`).
+BEFORE_DIR may also hold `table-read-by-after.STUDY.json`: its runs' records as the AFTER commit
+reads them (through `embedlab.core.schema.upgrade`); those are compared in its place, so a
+refactor that moves a config field compares what the two commits measured in one layout.
 
 - Tables: the same studies, the same trials (arm, seed, stage) and the same columns, and every
   value bitwise equal (NaN equals NaN) except the columns in RUN_VARYING: wall-clock times,
@@ -82,6 +85,8 @@ def key_paths(value: Any, prefix: str = "") -> set[str]:
 def compare(before: Path, after: Path) -> list[str]:
     """Every difference between two output directories, each as one printable line."""
     problems = []
+    read_by_after = {p.name.replace("table-read-by-after.", "table.", 1): p
+                     for p in before.glob("table-read-by-after.*.json")}
     tables_a = {p.name for p in before.glob("table.*.json")}
     tables_b = {p.name for p in after.glob("table.*.json")}
     if not tables_a:
@@ -89,11 +94,12 @@ def compare(before: Path, after: Path) -> list[str]:
     problems += [f"{name}: only before" for name in sorted(tables_a - tables_b)]
     problems += [f"{name}: only after" for name in sorted(tables_b - tables_a)]
     for name in sorted(tables_a & tables_b):
-        rows_a = json.loads((before / name).read_text())
+        rows_a = json.loads((read_by_after.get(name) or before / name).read_text())
         rows_b = json.loads((after / name).read_text())
         found = compare_tables(rows_a, rows_b)
         compared = sorted({c for r in rows_a for c in r if not run_varying(c)})
-        print(f"{name}: {len(rows_a)} trials, {len(compared)} columns compared bitwise: "
+        print(f"{name}{' (before: as after reads its records)' if name in read_by_after else ''}: "
+              f"{len(rows_a)} trials, {len(compared)} columns compared bitwise: "
               + ("identical" if not found else f"{len(found)} differences"))
         problems += [f"{name}: {line}" for line in found]
     bench_a = key_paths(json.loads((before / "bench.json").read_text()))

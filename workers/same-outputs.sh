@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Same outputs at two commits: `make demo`'s tables and `embedlab bench --json`'s keys, each
 # commit in its own fresh clone with its own empty data cache, then workers/compare_outputs.py.
+# The BEFORE commit's run records are tabled by the AFTER commit too (`table-read-by-after.*`):
+# what the comparison reads, so a change of the record schema (a config field moved, read
+# through embedlab.core.schema.upgrade) compares what both commits measured, in one layout.
 # The check a refactor must pass ("behaviour unchanged"); about 30 min on 2 cores.
 #
 #   workers/same-outputs.sh BEFORE AFTER [WORK_DIR]     (commits; WORK_DIR default /tmp/same-outputs)
@@ -38,4 +41,8 @@ status=0
 wait $pid_before || { echo "before: failed, see $work/before/*.log" >&2; status=1; }
 wait $pid_after || { echo "after: failed, see $work/after/*.log" >&2; status=1; }
 [ $status = 0 ] || exit 1
+for run in "$work/before/repo/runs/"*/; do
+    study=$(basename "$run" | sed 's/-[0-9]\{8\}-[0-9]\{6\}$//')
+    "$work/after/repo/.venv/bin/embedlab" table "$run" --json > "$work/before/table-read-by-after.$study.json"
+done
 "$repo/.venv/bin/python" "$repo/workers/compare_outputs.py" "$work/before" "$work/after"
