@@ -472,7 +472,7 @@ def test_one_process_at_a_time_scores_a_set(tmp_path):
     """While one holder has a set's scoring lock, another cannot take it; after, it can."""
     import fcntl
 
-    from embedlab.negatives.phase3 import directory_lock
+    from embedlab.artifacts.build import directory_lock
 
     directory = tmp_path / "teacher-labels" / "abc"
     with directory_lock(directory):

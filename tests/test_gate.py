@@ -188,7 +188,8 @@ def test_two_writers_of_one_pairs_table_both_succeed(data):
     expected = builtin_pairs_table(build_pairs(data.corpus.read(split="train"), list(BUILDERS), split="train", seed=0))
     expected = expected.sort_by([("builder", "ascending"), ("pair_id", "ascending")])
     assert pq.read_table(paths[0]).equals(expected)
-    assert sorted(p.name for p in paths[0].parent.iterdir()) == [paths[0].name]
+    # The table and its lock (a hidden file, kept), no staging copy left behind.
+    assert sorted(p.name for p in paths[0].parent.iterdir() if not p.name.endswith(".lock")) == [paths[0].name]
 
 
 def test_sweep_refuses_a_pair_budget_past_the_repetition_cap_before_any_trial(data):

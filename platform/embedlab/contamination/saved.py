@@ -11,23 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from embedlab.artifacts.build import write_json_staged
 from embedlab.contamination.audit import AuditReport, audit
 from embedlab.core.beir import load_task
-
-
-def write_json_atomically(path: Path, content: dict) -> None:
-    """Write `path` whole or not at all. Concurrent trials may audit the same file: each
-    stages under its own name (pid and a random suffix), and the rename is atomic, so a
-    reader sees one writer's whole report."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
-    staging.write_text(json.dumps(content, indent=2, sort_keys=True))
-    staging.rename(path)
 
 
 def report_content(report: AuditReport) -> dict:
@@ -58,5 +47,5 @@ def stage_file_audit(
         return json.loads(saved.read_text())
     progress(f"audit: task {task.name} ({task_dir}) against stage {stage} ({path})")
     content = report_content(audit([task], {stage: items}, threshold=threshold, progress=progress))
-    write_json_atomically(saved, content)
+    write_json_staged(saved, content)
     return content

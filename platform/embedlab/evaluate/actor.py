@@ -30,7 +30,6 @@ import logging
 import os
 import threading
 import time
-from pathlib import Path
 
 import ray
 

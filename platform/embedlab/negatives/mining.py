@@ -42,9 +42,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 import re
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -56,6 +54,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from embedlab.artifacts.build import write_json_staged, write_staged
 from embedlab.pairs.builders import Pair
 from embedlab.sources.dedup import NearDuplicateIndex
 from embedlab.sources.document import document_text, normalise_text
@@ -184,9 +183,7 @@ class MinedSet:
         one writer's whole file, never two writers' bytes interleaved."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        negatives = _staging_name(directory / NEGATIVES_FILE)
-        pq.write_table(self.to_table(), negatives)
-        negatives.rename(directory / NEGATIVES_FILE)
+        write_staged(directory / NEGATIVES_FILE, lambda staging: pq.write_table(self.to_table(), staging))
         manifest = {
             "format": FORMAT,
             "version": self.version,
@@ -200,7 +197,7 @@ class MinedSet:
             "pairs_digest": self.pairs_digest,
         }
         # Written last, so a directory with a manifest holds a complete set.
-        write_text_atomically(directory / MANIFEST_FILE, json.dumps(manifest, indent=2, sort_keys=True))
+        write_json_staged(directory / MANIFEST_FILE, manifest)
         return directory
 
     @classmethod
@@ -300,19 +297,6 @@ class MinedSet:
                 "",
             ]
         return "\n".join(lines).rstrip() + "\n"
-
-
-def _staging_name(path: Path) -> Path:
-    """A hidden name beside `path` that is this writer's alone."""
-    return path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
-
-
-def write_text_atomically(path: Path | str, text: str) -> None:
-    """Write `path` whole or not at all, staged under this writer's own name (see `MinedSet.save`)."""
-    path = Path(path)
-    staging = _staging_name(path)
-    staging.write_text(text)
-    staging.rename(path)
 
 
 def _optional(value: float | None) -> str:

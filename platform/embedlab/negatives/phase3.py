@@ -11,14 +11,10 @@ calls them and passes the sets' paths to the pair stream; the workers only read 
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import math
-import os
 import time
-import uuid
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -31,9 +27,9 @@ import torch
 from embedlab.core.config import TrialConfig
 from embedlab.negatives.mining import (
     GIVEN_FORMAT, NEGATIVES_FILE, GivenPair, MiningConfig, mine_hard_negatives, mining_version, pairs_digest,
-    screen_given_negatives, write_text_atomically,
+    screen_given_negatives,
 )
-from embedlab.artifacts.sync import node_path, publish_subtree
+from embedlab.artifacts.build import Artifact, build_once
 from embedlab.checkpoints.io import load_encoder, verify_checkpoint
 from embedlab.core.store import file_sha256
 from embedlab.checkpoints.io import checkpoint_prefixes
@@ -97,19 +93,6 @@ def _parent_encoder(trial: TrialConfig, progress, label: str) -> _ParentEncoder:
 
 
 
-@contextlib.contextmanager
-def directory_lock(directory: Path):
-    """An exclusive lock beside `directory` for this node's processes (`fcntl.flock`), held while
-    a cached set is checked for and made: trials starting together make it once, the rest reuse it."""
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    with open(directory.parent / f".{directory.name}.lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def corpus_vectors(prepared, encoder_id: str, encoding: dict[str, Any], parent: "_ParentEncoder",
                    progress=print) -> tuple[Any, dict[str, Any]]:
     """`encode_corpus(texts)` for `mine_hard_negatives`: the training-split documents' passage
@@ -120,36 +103,33 @@ def corpus_vectors(prepared, encoder_id: str, encoding: dict[str, Any], parent: 
     The texts' digest is checked, so a set is only ever read for the texts it was made from."""
     identity = {"format": CORPUS_VECTORS_FORMAT, "encoder_id": encoder_id, "encoding": encoding,
                 "corpus_revision": prepared.data_revision}
-    version = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
-    directory = prepared.directory / CORPUS_VECTORS_DIR / version[:16]
+    directory = Artifact(kind=CORPUS_VECTORS_DIR, inputs=identity).under(prepared.directory)
     record: dict[str, Any] = {"set": directory.name}
 
     def encode_corpus(texts: list[str]) -> np.ndarray:
         digest = hashlib.sha256("\0".join(texts).encode()).hexdigest()
-        node_path(directory)  # on a cluster with remote storage: another node's published set, fetched
-        with directory_lock(directory):
-            manifest = directory / "manifest.json"
-            if manifest.is_file():
-                made = json.loads(manifest.read_text())
-                if (made["identity"], made["texts_digest"], made["texts"]) != (identity, digest, len(texts)):
-                    raise ValueError(f"{directory}: corpus vectors of other inputs than this mining's")
-                progress(f"mining: {len(texts):,} training documents' vectors reused from {directory}")
-                record.update(reused=True, cost=made["cost"])
-                return np.load(directory / CORPUS_VECTORS_FILE)
+        built: dict[str, Any] = {}
+
+        def build(staging: Path) -> None:
             flops, cpu, wall = parent.tally.flops, time.thread_time(), time.perf_counter()
-            vectors = np.ascontiguousarray(parent.encode(texts), dtype=np.float32)
+            built["vectors"] = np.ascontiguousarray(parent.encode(texts), dtype=np.float32)
             cost = {"flops": parent.tally.flops - flops, "seconds": time.thread_time() - cpu,
                     "wall_seconds": time.perf_counter() - wall}
-            directory.mkdir(parents=True, exist_ok=True)
-            staging = directory / f".{CORPUS_VECTORS_FILE}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"
-            with open(staging, "wb") as out:
-                np.save(out, vectors)
-            staging.rename(directory / CORPUS_VECTORS_FILE)
-            write_text_atomically(manifest, json.dumps({"identity": identity, "texts_digest": digest,
-                                                        "texts": len(texts), "cost": cost}, indent=2, sort_keys=True))
-            publish_subtree(directory)
-            record.update(reused=False, cost=cost)
-            return vectors
+            with open(staging / CORPUS_VECTORS_FILE, "wb") as out:
+                np.save(out, built["vectors"])
+            (staging / "manifest.json").write_text(json.dumps({"identity": identity, "texts_digest": digest,
+                                                              "texts": len(texts), "cost": cost},
+                                                             indent=2, sort_keys=True))
+
+        build_once(directory, build, progress=progress)
+        made = json.loads((directory / "manifest.json").read_text())
+        if (made["identity"], made["texts_digest"], made["texts"]) != (identity, digest, len(texts)):
+            raise ValueError(f"{directory}: corpus vectors of other inputs than this mining's")
+        record.update(reused="vectors" not in built, cost=made["cost"])
+        if "vectors" in built:
+            return built["vectors"]
+        progress(f"mining: {len(texts):,} training documents' vectors reused from {directory}")
+        return np.load(directory / CORPUS_VECTORS_FILE)
 
     return encode_corpus, record
 
@@ -184,9 +164,10 @@ def mine_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, schedule, of
     version = mining_version(encoder_id=encoder_id, corpus_revision=prepared.data_revision, config=config,
                              pair_ids=[p.pair_id for p in pairs], pairs_digest=pairs_digest(pairs, group_positives),
                              encoding=encoding)
-    directory = prepared.directory / "mined" / version[:16]
-    node_path(directory)  # on a cluster with remote storage: another node's published set, fetched
-    if not (directory / "manifest.json").is_file():
+    # The set's version hashes the code that mines it (`encoding`): it names the artifact alone.
+    directory = Artifact(kind="mined", inputs={"version": version}).under(prepared.directory)
+
+    def build(staging: Path) -> None:
         parent = _parent_encoder(trial, progress, "mining: encoding")
         encode_corpus, corpus = corpus_vectors(prepared, encoder_id, encoding, parent, progress)
         mined = mine_hard_negatives(pairs, prepared.corpus.read(), parent.encode, encode_query=parent.encode_query,
@@ -194,18 +175,13 @@ def mine_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, schedule, of
                                     encoder_id=encoder_id, corpus_revision=prepared.data_revision,
                                     progress=progress, outside_corpus=outside, group_positives=group_positives,
                                     encoding=encoding)
-        # The report and the cost first, the set last (its manifest marks it complete): a
-        # trial that finds the manifest finds them too. Each file is staged under its
-        # writer's own name, as trials needing the same set may mine it at once.
-        directory.mkdir(parents=True, exist_ok=True)
-        write_text_atomically(directory / "report.md", mined.report())
-        write_text_atomically(directory / MINING_COST_FILE, json.dumps(_mining_cost(parent, corpus), indent=2,
-                                                                       sort_keys=True))
-        mined.save(directory)
+        (staging / "report.md").write_text(mined.report())
+        (staging / MINING_COST_FILE).write_text(json.dumps(_mining_cost(parent, corpus), indent=2, sort_keys=True))
+        mined.save(staging)
         progress(f"mining: {len(pairs):,} pairs, negatives in {directory} (version {version[:16]}) on "
                  f"{parent.device}, {parent.tally.flops:.3g} encode FLOPs")
-        publish_subtree(directory)  # every node's trials read the same set
-    return directory
+
+    return build_once(directory, build, progress=progress)
 
 
 def _mining_cost(parent: "_ParentEncoder", corpus: dict[str, Any]) -> dict[str, Any]:
@@ -236,25 +212,22 @@ def given_negatives_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, s
     identity = {"format": GIVEN_FORMAT, "encoder_id": encoder_id, "encoding": encoding,
                 "code": code_revision(sources=MINING_CODE),
                 "pairs_table": file_sha256(Path(pairs_path)), "margin": margin, "pair_ids": sorted(p.pair_id for p in pairs)}
-    version = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
-    directory = prepared.directory / "given-negatives" / version[:16]
-    node_path(directory)
-    if not (directory / GIVEN_MANIFEST).is_file():
+    artifact = Artifact(kind="given-negatives", inputs=identity)
+    directory = artifact.under(prepared.directory)
+
+    def build(staging: Path) -> None:
         parent = None if margin is None else _parent_encoder(trial, progress, "given negatives: encoding")
         table, counts = screen_given_negatives(pairs, None if parent is None else parent.encode, margin=margin,
                                                encode_query=None if parent is None else parent.encode_query)
-        directory.mkdir(parents=True, exist_ok=True)
-        staging = directory / f".{NEGATIVES_FILE}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"
-        pq.write_table(table, staging)
-        staging.rename(directory / NEGATIVES_FILE)
+        pq.write_table(table, staging / NEGATIVES_FILE)
         if parent is not None:
-            write_text_atomically(directory / MINING_COST_FILE, json.dumps(parent.cost(), indent=2, sort_keys=True))
-        write_text_atomically(directory / GIVEN_MANIFEST, json.dumps({**identity, "version": version,
-                                                                      "counts": counts}, indent=2, sort_keys=True))
+            (staging / MINING_COST_FILE).write_text(json.dumps(parent.cost(), indent=2, sort_keys=True))
+        (staging / GIVEN_MANIFEST).write_text(json.dumps({**identity, "version": artifact.key, "counts": counts},
+                                                         indent=2, sort_keys=True))
         progress(f"given negatives: {counts['kept']:,} of {counts['given']:,} kept for {counts['pairs_with_given']:,} "
                  f"pairs; {counts['dropped']} (margin {margin})")
-        publish_subtree(directory)
-    return directory
+
+    return build_once(directory, build, progress=progress)
 
 
 def given_negative_counts(directory: Path | None) -> dict[str, Any] | None:

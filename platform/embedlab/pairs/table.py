@@ -9,10 +9,6 @@ so a table frozen by other code or other inputs is rebuilt, never reused.
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -23,7 +19,7 @@ from embedlab.core.config import ConfigError, DataConfig
 from embedlab.pairs.builders import PAIR_BUILDERS, PAIR_SCHEMA, Pair, build_pairs, merge_positive_groups, pairs_to_table
 from embedlab.pairs.readers import USER_PAIR_SCHEMA
 from embedlab.pairs.user import user_pair_table, user_pairs_dir
-from embedlab.core.code_identity import code_revision
+from embedlab.artifacts.build import Artifact, build_once
 from embedlab.prepared.directory import PreparedData
 
 # 3: USER_PAIR_SCHEMA (positives, negatives, scores) and user pair sources; 4: a user pair's every positive a row
@@ -75,25 +71,25 @@ def pair_table_path(
     built_in = [name for name in builders if name in PAIR_BUILDERS]
     user_dir = user_pairs_dir(prepared, data, progress) if users else None
     # The builders' code is part of the key: pairs frozen by older code are rebuilt, not reused.
-    key = hashlib.sha256(json.dumps([PAIRS_FORMAT, code_revision(sources=PAIR_SOURCES), sorted(builders),
-                                     None if user_dir is None else user_dir.name]).encode()).hexdigest()[:12]
-    path = prepared.directory / "pairs" / f"{key}.parquet"
+    artifact = Artifact(kind="pairs", inputs={"format": PAIRS_FORMAT, "builders": sorted(builders),
+                                              "user_pairs": None if user_dir is None else user_dir.name},
+                        code=PAIR_SOURCES, suffix=".parquet", length=12)
+    path = artifact.under(prepared.directory)
     if path.is_file():
         return path
-    progress(f"data: building pairs ({', '.join(builders)}) from the training split")
-    pairs = build_pairs(prepared.corpus.read(split="train"), built_in, split="train", seed=0) if built_in else []
-    table = builtin_pairs_table(pairs)
-    if user_dir is not None:
-        table = _with_user_pairs(table, user_pair_table(user_dir, users))
-    table = table.sort_by([("builder", "ascending"), ("pair_id", "ascending")])
-    path.parent.mkdir(exist_ok=True)
-    # Concurrent trials may build the same table: each writes its own staging file, and the
-    # rename is atomic, so a reader sees a whole table from one of them.
-    staging = path.with_suffix(f".{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
-    pq.write_table(table, staging)
-    staging.rename(path)
-    progress(f"data: {table.num_rows:,} pairs frozen in {path}")
-    return path
+
+    def build(staging: Path) -> None:
+        progress(f"data: building pairs ({', '.join(builders)}) from the training split")
+        pairs = build_pairs(prepared.corpus.read(split="train"), built_in, split="train", seed=0) if built_in else []
+        table = builtin_pairs_table(pairs)
+        if user_dir is not None:
+            table = _with_user_pairs(table, user_pair_table(user_dir, users))
+        table = table.sort_by([("builder", "ascending"), ("pair_id", "ascending")])
+        pq.write_table(table, staging)
+        progress(f"data: {table.num_rows:,} pairs frozen in {path}")
+
+    # Published with the prepared data by the sweep, which records the table before any trial.
+    return build_once(path, build, shared=False, progress=progress)
 
 
 def builtin_pairs_table(pairs: list[Pair]) -> pa.Table:

@@ -24,11 +24,7 @@ and the code that reads them, so an edited file is read afresh and an unchanged 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
-import os
-import shutil
-import uuid
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -43,7 +39,7 @@ from embedlab.pairs.readers import (
     PairReadStats, group_pairs, pair_source_provenance, read_pairs, split_pairs, user_pairs_to_table,
 )
 from embedlab.core.config.sources import SourceError
-from embedlab.core.code_identity import code_revision
+from embedlab.artifacts.build import Artifact, build_once
 from embedlab.prepared.build import refresh_card
 from embedlab.prepared.directory import PreparedData
 
@@ -57,66 +53,62 @@ CODE = ("pairs/user.py", "pairs/readers.py", "core/config/sources.py", "sources/
 _REVISION_FIELDS = ("revision", "resolved_revision", "content_revision")
 
 
-def _identity(config: DataConfig) -> dict[str, Any]:
-    """Everything that decides the frozen pairs (reads and hashes every source's files)."""
+def user_pairs_artifact(config: DataConfig) -> Artifact:
+    """`config`'s frozen user pairs as an artifact: the sources, their revisions (every source's
+    files read and hashed), the dedup and split settings, and the code that freezes them."""
     revisions = []
     for source in config.pair_sources:
         provenance = pair_source_provenance(source)
         revisions.append({k: provenance[k] for k in _REVISION_FIELDS if k in provenance})
-    return {
+    inputs = {
         "format": FORMAT,
-        "code": code_revision(sources=CODE),
         "sources": [{"kind": type(s).__name__, **dataclasses.asdict(s)} for s in config.pair_sources],
         "revisions": revisions,
         "near_duplicate_threshold": config.near_duplicate_threshold,
         "split": {"dev_fraction": config.dev_fraction, "test_fraction": config.test_fraction,
                   "split_seed": config.split_seed},
     }
+    return Artifact(kind=DIRECTORY, inputs=inputs, code=CODE)
 
 
 def user_pairs_key(config: DataConfig) -> str:
     """The key of `config`'s frozen user pairs: equal sources and content, equal key."""
-    return hashlib.sha256(json.dumps(_identity(config), sort_keys=True).encode()).hexdigest()[:16]
+    return user_pairs_artifact(config).name
 
 
 def user_pairs_dir(prepared: PreparedData, config: DataConfig, progress: Callable[[str], None] = print) -> Path:
-    """The frozen pairs of `config`'s pair sources inside `prepared`, built on first use."""
+    """The frozen pairs of `config`'s pair sources inside `prepared`, built on first use (once:
+    `embedlab.artifacts.build`; the sweep publishes them with the prepared data)."""
     if not config.pair_sources:
         raise ValueError("the data config names no pair sources (data.pair_files, hf_pairs, beir_pairs)")
-    key = user_pairs_key(config)
-    directory = prepared.directory / DIRECTORY / key
+    artifact = user_pairs_artifact(config)
+    directory = artifact.under(prepared.directory)
     if (directory / RECORD_FILE).is_file():
         return directory
-    progress(f"data: reading pair sources {', '.join(config.pair_source_names)}")
-    pairs, provenance = [], []
-    for source in config.pair_sources:
-        stats = PairReadStats()
-        read = read_pairs(source, stats=stats)
-        if not read:  # frozen as 0 pairs, it would fail later as a mixture share with no items
-            raise SourceError(f"pair source {source.name!r} ({getattr(source, 'path', None) or source.dataset}): "
-                              f"no pairs in {stats.records:,} records: an empty source is refused")
-        pairs += read
-        provenance.append(pair_source_provenance(source, stats))
-    grouped = group_pairs(pairs, config.near_duplicate_threshold)
-    split = split_pairs(grouped, config.dev_fraction, config.test_fraction, config.split_seed)
-    table = pa.concat_tables([user_pairs_to_table(split, name) for name in SPLITS])
-    record = _record(key, config, provenance, split, grouped.duplicates, pairs)
-    # Trials may build the same directory at once: each stages its own, the rename publishes one.
-    staging = directory.with_name(f".{key}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
-    staging.mkdir(parents=True)
-    try:
-        pq.write_table(table, staging / PAIRS_FILE)
+
+    def build(staging: Path) -> None:
+        progress(f"data: reading pair sources {', '.join(config.pair_source_names)}")
+        pairs, provenance = [], []
+        for source in config.pair_sources:
+            stats = PairReadStats()
+            read = read_pairs(source, stats=stats)
+            if not read:  # frozen as 0 pairs, it would fail later as a mixture share with no items
+                raise SourceError(f"pair source {source.name!r} ({getattr(source, 'path', None) or source.dataset}): "
+                                  f"no pairs in {stats.records:,} records: an empty source is refused")
+            pairs += read
+            provenance.append(pair_source_provenance(source, stats))
+        grouped = group_pairs(pairs, config.near_duplicate_threshold)
+        split = split_pairs(grouped, config.dev_fraction, config.test_fraction, config.split_seed)
+        record = _record(artifact.name, config, provenance, split, grouped.duplicates, pairs)
+        pq.write_table(pa.concat_tables([user_pairs_to_table(split, name) for name in SPLITS]), staging / PAIRS_FILE)
         (staging / RECORD_FILE).write_text(json.dumps(record, indent=2, sort_keys=True))
-        staging.rename(directory)
-    except OSError:
-        if not (directory / RECORD_FILE).is_file():
-            raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    counts = record["splits"]
-    progress(f"data: {len(split):,} user pairs in {record['groups']:,} groups frozen in {directory} "
-             f"({sum(c['train'] for c in counts.values()):,} train, {sum(c['dev'] for c in counts.values()):,} dev, "
-             f"{sum(c['test'] for c in counts.values()):,} test; {len(grouped.duplicates):,} exact duplicates removed)")
+        counts = record["splits"]
+        progress(f"data: {len(split):,} user pairs in {record['groups']:,} groups frozen in {directory} "
+                 f"({sum(c['train'] for c in counts.values()):,} train, "
+                 f"{sum(c['dev'] for c in counts.values()):,} dev, {sum(c['test'] for c in counts.values()):,} "
+                 f"test; {len(grouped.duplicates):,} exact duplicates removed)")
+
+    build_once(directory, build, shared=False, progress=progress)
     refresh_card(prepared, progress)
     return directory
 

@@ -16,7 +16,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from embedlab.contamination.audit import audit
-from embedlab.contamination.saved import report_content, write_json_atomically
+from embedlab.artifacts.build import write_json_staged
+from embedlab.contamination.saved import report_content
 from embedlab.contamination.stages import PHASE1_STAGES
 from embedlab.core.beir import load_task
 from embedlab.prepared.directory import PreparedData
@@ -50,5 +51,5 @@ def task_audit(prepared: PreparedData, task_dir: Path, progress: Callable[[str],
     progress(f"audit: task {task.name} ({task_dir}) against stages {', '.join(PHASE1_STAGES)}")
     stages = {name: items() for name, items in phase1_stages(prepared).items()}
     content = report_content(audit([task], stages, threshold=prepared.near_duplicate_threshold, progress=progress))
-    write_json_atomically(path, content)
+    write_json_staged(path, content)
     return content

@@ -21,9 +21,7 @@ import functools
 import hashlib
 import json
 import os
-import shutil
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -32,6 +30,7 @@ import pyarrow.parquet as pq
 
 from embedlab.contamination.audit import audit
 from embedlab.prepared.audits import task_audit
+from embedlab.artifacts.build import Artifact, build_once
 from embedlab.core import store
 from embedlab.core.code_identity import code_revision
 from embedlab.core.beir import write_task
@@ -67,21 +66,26 @@ def build_code_revision() -> str:
     return code_revision(BUILD_SOURCES)
 
 
-def prepare_key(config: DataConfig, code: str | None = None) -> str:
-    """Hash of everything that decides the prepared bytes: the format, the config, the source
-    revisions and the code that builds the data (`code`, default `build_code_revision()`)."""
+def prepared_artifact(config: DataConfig, code: str | None = None) -> Artifact:
+    """The prepared directory of `config` as an artifact: the format, the config and the source
+    revisions decide its bytes, with the code that builds them (`BUILD_SOURCES`; `code`, a
+    revision of another copy of that code, in its place)."""
     names = resolve_sources(config)
     external = {s.name: external_provenance(s)["revision"] for s in (*config.local_files, *config.hf_datasets)}
-    payload = {
+    inputs = {
         "format": FORMAT,
-        "code": build_code_revision() if code is None else code,
         # Without the pair sources: they decide no byte of the directory (a user's pairs are
         # frozen inside it per source content, `embedlab.pairs.user`), so a phase-3 study
         # that adds its own pairs reuses its phase-1 parent's directory and tokenizer.
         "config": config.phase1_dict(),
         "sources": {n: builtin.source_revision(n) for n in names} | external,
     }
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+    return Artifact(kind="prepared", inputs=inputs, code=BUILD_SOURCES, revision=code)
+
+
+def prepare_key(config: DataConfig, code: str | None = None) -> str:
+    """The key of `config`'s prepared directory (`prepared_artifact`), its name's part after `prepared-`."""
+    return prepared_artifact(config, code).name
 
 
 def prepare_data(
@@ -89,30 +93,23 @@ def prepare_data(
     cache_dir: Path | None = None,
     progress: Callable[[str], None] = print,
 ) -> PreparedData:
-    """Prepare (or reuse) the data directory for `config`."""
+    """Prepare (or reuse) the data directory for `config`, built once (`embedlab.artifacts.build`).
+    Not shared on its own: the sweep publishes it, with what trials add to it, to every node."""
     cache_dir = Path(cache_dir) if cache_dir is not None else store.cache_dir()
     directory = cache_dir / f"prepared-{prepare_key(config)}"
     record_path = directory / "prepared.json"
     if record_path.is_file():
         progress(f"data: reusing {directory}")
         return PreparedData(directory=directory, record=json.loads(record_path.read_text()))
-    # Every writer stages under its own name (pid and a random suffix: two hosts sharing the
-    # cache may run equal pids); the rename below publishes one whole directory.
-    staging = cache_dir / f".staging-{directory.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     progress(f"data: preparing {directory}")
     keep_ray_data_off_the_console()
-    try:
+
+    def build(staging: Path) -> None:
         record = _prepare_into(config, staging, progress)
         (staging / "prepared.json").write_text(json.dumps(record, indent=2, sort_keys=True))
         _audit_and_card(PreparedData(directory=staging, record=record), progress)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)  # a failed build leaves no half-built copy behind
-        raise
-    try:
-        staging.rename(directory)
-    except OSError:
-        # Another process finished the same directory first; its content is identical.
-        shutil.rmtree(staging, ignore_errors=True)
+
+    build_once(directory, build, shared=False, progress=progress)
     return PreparedData(directory=directory, record=json.loads(record_path.read_text()))
 
 

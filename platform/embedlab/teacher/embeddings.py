@@ -47,7 +47,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from embedlab.artifacts.sync import node_path
-from embedlab.negatives.mining import write_text_atomically
 from embedlab.teacher import labels as teacher_labels
 from embedlab.teacher.labels import TeacherLabelsError
 
@@ -135,11 +134,11 @@ def embeddings_table(pair_ids: Sequence[str], doc_ids: Sequence[str], texts: Seq
 
 
 def write_embeddings(directory: Path, table: pa.Table, identity: dict[str, Any], cost: dict[str, Any]) -> Path:
-    """Save a set: the table and its cost first, the manifest last (it marks the set complete)."""
+    """Save a set: the table, its cost and its manifest (`teacher.labels.write_table_and_cost`)."""
     teacher_labels.write_table_and_cost(directory, EMBEDDINGS_FILE, table, cost)
     counts = {"pairs": table.num_rows, "documents": len(set(table["doc_id"].to_pylist())),
               "empty_texts": sum(1 for t in table["text"].to_pylist() if not t)}
-    write_text_atomically(directory / MANIFEST_FILE, json.dumps(
+    (directory / MANIFEST_FILE).write_text(json.dumps(
         {**identity, "version": embeddings_version(identity), "counts": counts,
          "labels": "teacher embeddings (a model's vectors of unlabelled text)", "disclosure": VECTORS_DISCLOSURE},
         indent=2, sort_keys=True))

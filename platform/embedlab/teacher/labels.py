@@ -49,7 +49,6 @@ import pyarrow.parquet as pq
 
 from embedlab.artifacts.sync import node_path
 from embedlab.core.errors import UserError
-from embedlab.negatives.mining import write_text_atomically
 
 LABELS_FILE = "labels.parquet"
 MANIFEST_FILE = "manifest.json"
@@ -181,17 +180,15 @@ def measured_encode(teacher) -> tuple[Callable[[list[str]], np.ndarray], Callabl
 
 
 def write_table_and_cost(directory: Path, name: str, table: pa.Table, cost: dict[str, Any]) -> None:
-    """A set's table (staged under its own name, then renamed) and its `COST_FILE`: what a set
-    writes before its manifest (teacher embeddings share it)."""
+    """A set's table and its `COST_FILE` (teacher embeddings share it). A set is written into
+    a staging directory that `embedlab.artifacts.build.build_once` renames into place whole."""
     directory.mkdir(parents=True, exist_ok=True)
-    staging = directory / f".{name}.{time.time_ns()}.tmp"
-    pq.write_table(table, staging)
-    staging.rename(directory / name)
-    write_text_atomically(directory / COST_FILE, json.dumps(cost, indent=2, sort_keys=True))
+    pq.write_table(table, directory / name)
+    (directory / COST_FILE).write_text(json.dumps(cost, indent=2, sort_keys=True))
 
 
 def write_labels(directory: Path, table: pa.Table, identity: dict[str, Any], cost: dict[str, Any]) -> Path:
-    """Save a set: the table and its cost first, the manifest last (it marks the set complete)."""
+    """Save a set: the table, its cost and its manifest (`write_table_and_cost`)."""
     write_table_and_cost(directory, LABELS_FILE, table, cost)
     # One value per pair (each of its rows repeats it): True, False, or None without a negative.
     agrees = dict(zip(table["pair_id"].to_pylist(), table["agrees"].to_pylist()))
@@ -199,7 +196,7 @@ def write_labels(directory: Path, table: pa.Table, identity: dict[str, Any], cos
               "teacher_agrees": sum(value is True for value in agrees.values()),
               "teacher_disagrees": sum(value is False for value in agrees.values()),
               "pairs_without_negatives": sum(value is None for value in agrees.values())}
-    write_text_atomically(directory / MANIFEST_FILE, json.dumps(
+    (directory / MANIFEST_FILE).write_text(json.dumps(
         {**identity, "version": labels_version(identity), "counts": counts, "labels": "teacher",
          "disclosure": DISCLOSURE}, indent=2, sort_keys=True))
     return directory

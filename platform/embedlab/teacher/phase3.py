@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from embedlab.artifacts.sync import node_path, publish_subtree
+from embedlab.artifacts.build import Artifact, build_once
 from embedlab.core.config import ContrastiveConfig, TrialConfig
 from embedlab.negatives.mining import NEGATIVES_FILE
 from embedlab.core.code_identity import code_revision
@@ -32,7 +32,7 @@ from embedlab.teacher.labels import (
 from embedlab.checkpoints.state import data_seed
 from embedlab.core.store import file_sha256
 from embedlab.negatives.mining import TRAIN_SPLIT
-from embedlab.negatives.phase3 import directory_lock, scheduled_rows
+from embedlab.negatives.phase3 import scheduled_rows
 from embedlab.tasks.baselines import MINILM, minilm_identity
 from embedlab.teacher import embeddings as embeddings
 from embedlab.teacher.student_view import cut_to_tokens
@@ -62,11 +62,10 @@ def teacher_labels_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, sc
         negatives_per_pair=settings.negatives.count, pair_ids=[r["pair_id"] for r in rows],
         student_view=student_view(settings, prepared.tokenizer), code=code_revision(sources=TEACHER_CODE),
     )
-    directory = prepared.directory / "teacher-labels" / labels_version(identity)[:16]
-    node_path(directory)  # on a cluster with remote storage: another node's published set, fetched
-    with directory_lock(directory):  # trials starting together score a set once, the rest reuse it
-        if not (directory / MANIFEST_FILE).is_file():
-            _score(trial, prepared.tokenizer, rows, negatives, identity, directory, progress)
+    # The set's version hashes the code that scores it (`identity["code"]`): it names the artifact alone.
+    directory = Artifact(kind="teacher-labels", inputs={"version": labels_version(identity)}).under(prepared.directory)
+    build_once(directory, lambda staging: _score(trial, prepared.tokenizer, rows, negatives, identity, staging,
+                                                 directory, progress), progress=progress)
     load_manifest(directory, identity)
     return directory
 
@@ -94,9 +93,10 @@ def as_student_sees(pairs: list[ScoredPair], settings: ContrastiveConfig,
                        tuple((doc_id, cut(text, passage)) for doc_id, text in p.negatives)) for p in pairs]
 
 
-def _score(trial: TrialConfig, tokenizer, rows, negatives, identity: dict, directory: Path, progress) -> None:
+def _score(trial: TrialConfig, tokenizer, rows, negatives, identity: dict, staging: Path, directory: Path,
+           progress) -> None:
     """Score the scheduled pairs' candidates, as the student sees them, with the trial's teacher
-    and save the set."""
+    and save the set in `staging` (renamed to `directory` once whole)."""
     settings = trial.contrastive
     pairs = [ScoredPair(r["pair_id"], r["query"], r["positive"], tuple(negatives[r["pair_id"]])) for r in rows]
     progress(f"teacher labels: cutting {len(pairs):,} pairs' texts to the student's {settings.pair_length} "
@@ -105,9 +105,8 @@ def _score(trial: TrialConfig, tokenizer, rows, negatives, identity: dict, direc
     encode, cost = measured_encode(load_teacher(settings.distillation.teacher))
     table = score_pairs(encode, pairs, query_prefix=settings.distillation.query_prefix,
                         passage_prefix=settings.distillation.passage_prefix, progress=progress)
-    write_labels(directory, table, identity, cost())
+    write_labels(staging, table, identity, cost())
     progress(f"teacher labels: {table.num_rows:,} scores in {directory}, {cost()['flops']:.3g} teacher FLOPs")
-    publish_subtree(directory)
 
 
 def teacher_label_record(directory: Path | None, settings) -> dict[str, Any] | None:
@@ -157,18 +156,19 @@ def teacher_embeddings_for_trial(trial: TrialConfig, prepared, pairs_path: Path,
         tokenizer_hash=tokenizer.hash, pair_length=settings.pair_length, student_width=trial.model.width,
         seed=data_seed(trial), pair_ids=pair_ids, code=code_revision(sources=embeddings.EMBEDDINGS_CODE),
     )
-    directory = prepared.directory / "teacher-embeddings" / embeddings.embeddings_version(identity)[:16]
-    node_path(directory)  # on a cluster with remote storage: another node's published set, fetched
-    with directory_lock(directory):  # trials starting together encode a set once, the rest reuse it
-        if not (directory / embeddings.MANIFEST_FILE).is_file():
-            _encode_documents(trial, prepared, tokenizer, sorted(set(pair_ids)), identity, directory, progress)
+    directory = Artifact(kind="teacher-embeddings",
+                         inputs={"version": embeddings.embeddings_version(identity)}).under(prepared.directory)
+    build_once(directory, lambda staging: _encode_documents(trial, prepared, tokenizer, sorted(set(pair_ids)),
+                                                            identity, staging, directory, progress),
+               progress=progress)
     embeddings.load_manifest(directory, identity)
     return directory
 
 
 def _encode_documents(trial: TrialConfig, prepared, tokenizer, pair_ids: list[str], identity: dict,
-                      directory: Path, progress) -> None:
-    """Assign, cut and encode each pair's training-split document; save the set."""
+                      staging: Path, directory: Path, progress) -> None:
+    """Assign, cut and encode each pair's training-split document; save the set in `staging`
+    (renamed to `directory` once whole)."""
     settings = trial.contrastive
     train = prepared.corpus.read(split=TRAIN_SPLIT)
     doc_ids = train["doc_id"].to_pylist()
@@ -183,9 +183,8 @@ def _encode_documents(trial: TrialConfig, prepared, tokenizer, pair_ids: list[st
     vectors = embeddings.encode_texts(encode, texts, prefix=settings.distillation.passage_prefix, progress=progress)
     table = embeddings.embeddings_table(pair_ids, [assigned[p] for p in pair_ids], texts,
                                         embeddings.project(vectors, trial.model.width))
-    embeddings.write_embeddings(directory, table, identity, cost())
+    embeddings.write_embeddings(staging, table, identity, cost())
     progress(f"teacher embeddings: {table.num_rows:,} targets in {directory}, {cost()['flops']:.3g} teacher FLOPs")
-    publish_subtree(directory)
 
 
 def teacher_embedding_record(directory: Path | None) -> dict[str, Any] | None:

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import torch
 from torch import nn
 
 from embedlab.core.config import TrainConfig
