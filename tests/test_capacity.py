@@ -8,7 +8,7 @@ import math
 import pytest
 
 from embedlab.core.errors import UsageError
-from embedlab.sweep.capacity import RESERVED_CPUS, TrialNeed, request_from_autoscaler, trial_needs, wait_for_capacity
+from embedlab.sweep.capacity import RESERVED_CPUS, TrialNeed, trial_needs, wait_for_capacity
 from embedlab.sweep.cluster import max_concurrent_trials
 
 from conftest import tiny_trial

@@ -7,7 +7,6 @@ import json
 import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-import pytest
 
 from conftest import FIXTURES
 

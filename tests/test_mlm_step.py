@@ -8,7 +8,7 @@ from embedlab.core.config import MaskingConfig, ModelConfig
 from embedlab.model.encoder import MLMModel
 from embedlab.objectives.masking import MaskedBatch, mask_tokens
 from embedlab.objectives.mlm import combine, mlm_loss_sum
-from embedlab.train.mlm_step import Microbatch, accumulate_gradients, no_reduce, prepare_microbatch, sum_all_reduce
+from embedlab.train.mlm_step import Microbatch, accumulate_gradients, prepare_microbatch, sum_all_reduce
 
 from gloo import run_on_two_workers
 

@@ -150,7 +150,7 @@ def test_a_mixture_naming_a_user_source_schedules_its_train_rows_by_share(prepar
     from embedlab.pairs.table import pair_table_path
     from embedlab.pairs.user import RECORD_FILE, user_pairs_dir
     from embedlab.sweep.gate import check_pair_schedules
-    from embedlab.train.contrastive import trial_pair_schedule
+    from embedlab.train.trial_data import trial_pair_schedule
 
     rows = user_rows()
     rows[0]["negatives"] = [rows[0]["positive"].upper(), *rows[0]["negatives"]]  # dropped and counted
@@ -243,7 +243,7 @@ def test_given_negatives_reach_the_phase3_batch_and_the_margin_drops_a_close_one
     from embedlab.negatives.phase3 import given_negative_counts, given_negatives_for_phase3
     from embedlab.pairs.table import pair_table_path
     from embedlab.streams.pair_stream import group_hash, tokenize_pair_window
-    from embedlab.train.contrastive import trial_pair_schedule
+    from embedlab.train.trial_data import trial_pair_schedule
 
     frozen = synthetic.tokenizer(tmp_path / "tokenizer")
     parent = synthetic.write_parent(tmp_path / "parent", frozen)
@@ -409,7 +409,7 @@ def test_phase3_mines_negatives_for_user_pairs_beside_built_in_ones(prepared, tm
     from embedlab.negatives.phase3 import mine_for_phase3
     from embedlab.pairs.table import pair_table_path
     from embedlab.sweep.cluster import mines_negatives
-    from embedlab.train.contrastive import trial_pair_schedule
+    from embedlab.train.trial_data import trial_pair_schedule
 
     trial = _mining_trial(tmp_path)
     data = trial.data
@@ -432,7 +432,7 @@ def test_a_changed_encode_length_or_mining_code_mines_a_new_set(prepared, tmp_pa
     from embedlab.negatives import phase3 as phase3_negatives
     from embedlab.negatives.mining import MinedSet
     from embedlab.pairs.table import pair_table_path
-    from embedlab.train.contrastive import trial_pair_schedule
+    from embedlab.train.trial_data import trial_pair_schedule
 
     trial = _mining_trial(tmp_path)
     data = trial.data
@@ -464,7 +464,7 @@ def test_corpus_vectors_are_encoded_once_and_a_reusing_set_equals_one_mined_with
     from embedlab.negatives.mining import MinedSet
     from embedlab.negatives.phase3 import CORPUS_VECTORS_DIR, MINING_COST_FILE, mine_for_phase3
     from embedlab.pairs.table import pair_table_path
-    from embedlab.train.contrastive import trial_pair_schedule
+    from embedlab.train.trial_data import trial_pair_schedule
 
     trial = _mining_trial(tmp_path)
     other = dataclasses.replace(trial, train=dataclasses.replace(trial.train, seed=trial.train.seed + 1))
@@ -501,7 +501,7 @@ def test_every_positive_of_a_multi_positive_beir_query_is_a_row_of_its_group_and
     from embedlab.pairs.readers import BEIRPairs, beir_doc_text
     from embedlab.pairs.table import pair_table_path
     from embedlab.pairs.user import RECORD_FILE, user_pairs_dir
-    from embedlab.train.contrastive import trial_pair_schedule
+    from embedlab.train.trial_data import trial_pair_schedule
 
     docs = [summary_and_body(f) for f in USER_FUNCTIONS[:4]]
     corpus = {f"d{i}": (USER_FUNCTIONS[i].__qualname__, docs[i][1]) for i in range(4)}
@@ -691,7 +691,7 @@ def test_mining_from_a_parent_on_object_storage_equals_mining_from_its_local_cop
     from embedlab.negatives.mining import MinedSet
     from embedlab.negatives.phase3 import mine_for_phase3
     from embedlab.pairs.table import pair_table_path
-    from embedlab.train.contrastive import trial_pair_schedule
+    from embedlab.train.trial_data import trial_pair_schedule
 
     monkeypatch.setenv("EMBEDLAB_CACHE", str(tmp_path / "node-cache"))
     parent = synthetic.write_parent(tmp_path / "parent", synthetic.tokenizer(tmp_path / "tokenizer"))

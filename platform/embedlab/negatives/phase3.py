@@ -15,6 +15,7 @@ import hashlib
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -143,13 +144,15 @@ def _parent_identity(trial: TrialConfig) -> tuple[str, dict[str, Any]]:
     return manifest["content_hash"], encoding
 
 
-def mine_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, schedule, offsets, progress=print) -> Path:
+def mine_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, schedule, offsets, progress=print, *,
+                    check: Callable[[Path], Any] | None = None) -> Path:
     """Mine hard negatives for the scheduled pairs with the parent encoder (cached by version).
 
     The candidate pool is the prepared corpus's training split; known positives, their
     near-duplicate groups and every recipe-dev / final-eval document are never negatives.
     A user's own pairs (their builder no built-in one) have no corpus documents: they are
-    mined with `outside_corpus` (`embedlab.negatives.mining.mine_hard_negatives`).
+    mined with `outside_corpus` (`embedlab.negatives.mining.mine_hard_negatives`). `check` is the
+    set's post-condition (`embedlab.artifacts.build.build_once`): the contamination gate.
     The encoder runs on CUDA when this process sees a GPU (on a GPU cluster the sweep gives a
     mining trial's driver a GPU share: `embedlab.sweep.cluster.trial_driver_resources`).
     """
@@ -181,7 +184,7 @@ def mine_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, schedule, of
         progress(f"mining: {len(pairs):,} pairs, negatives in {directory} (version {version[:16]}) on "
                  f"{parent.device}, {parent.tally.flops:.3g} encode FLOPs")
 
-    return build_once(directory, build, progress=progress)
+    return build_once(directory, build, check=check, progress=progress)
 
 
 def _mining_cost(parent: "_ParentEncoder", corpus: dict[str, Any]) -> dict[str, Any]:

@@ -18,16 +18,16 @@ from embedlab.negatives.mining import NEGATIVES_FILE
 from embedlab.negatives.reading import mined_set_items
 from embedlab.pairs.audit import check_training_data, pair_texts, table_items
 from embedlab.pairs.builders import PAIR_BUILDERS, build_pairs
+from embedlab.pairs.table import PAIR_TABLES, pair_table_name, pair_table_path
 from embedlab.pairs.user import user_pair_table, user_pairs_dir
 from embedlab.prepared.audits import phase1_stages
-from embedlab.teacher.embeddings import EMBEDDINGS_FILE, teacher_embedding_items
-from embedlab.teacher.labels import LABELS_FILE, teacher_label_items
-from embedlab.tasks.resolve import arm_eval_tasks
-from embedlab.pairs.table import PAIR_TABLES, pair_table_name, pair_table_path
 from embedlab.prepared.directory import PreparedData
 from embedlab.sources.mixture import MixtureError
 from embedlab.studies.study import Study
-from embedlab.train.contrastive import trial_pair_schedule
+from embedlab.tasks.resolve import arm_eval_tasks
+from embedlab.teacher.embeddings import EMBEDDINGS_FILE, teacher_embedding_items
+from embedlab.teacher.labels import LABELS_FILE, teacher_label_items
+from embedlab.train.trial_data import trial_pair_schedule
 
 
 def check_contamination(study: Study, prepared: dict[str, dict], progress: Callable[[str], None]) -> list[dict]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,31 @@ def _seed_range(seeds: tuple[int, ...]) -> str:
     return f"{seeds[0]}..{seeds[-1]}" if len(seeds) > 2 else ", ".join(map(str, seeds))
 
 
+@dataclass(frozen=True)
+class Resolved:
+    """What a sweep runs and where (`resolve`): the study at its budget scale, the storage root
+    (remote: an object store every node reads through), the parent and what a lineage budget
+    charges each arm, and, for a resumed run, its directory and record."""
+
+    study: Study
+    study_path: str | Path
+    storage: str | Path
+    storage_root: str
+    remote: bool
+    parent: str | None
+    lineage: dict[str, dict[str, float]]
+    run_dir: str | None = None
+    record: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The cluster a sweep runs on (`start_cluster`): trials at once and the GPU shares."""
+
+    concurrency: int
+    shares: GpuShares
+
+
 def run_sweep(
     study_path: str | Path,
     *,
@@ -112,13 +138,32 @@ def run_sweep(
     and only the missing ones run. `max_concurrent` trials run at once (default: as many as
     the cluster's resources hold); on an autoscaling cluster that does not hold one trial
     of every arm yet, the sweep waits up to `wait_for_resources` seconds for its nodes
-    (`embedlab.sweep.capacity`; 0 refuses at once)."""
-    from ray import tune  # here: Ray, which a dry run does not need
+    (`embedlab.sweep.capacity`; 0 refuses at once).
 
+    Named stages, each with a typed result: `resolve` the study, parent and run, `verify`
+    every check that needs no cluster, `start_cluster`, `prepare` each arm's data and pass the
+    gate, `record_run`, `score_references` (parent, teacher), then `launch` the trials."""
+    resolved = resolve(study_path, storage=storage, parent=parent, profile=profile, resume=resume,
+                       budget_scale=budget_scale)
+    verify(resolved, address=address, max_concurrent=max_concurrent, wait_for_resources=wait_for_resources,
+           progress=progress)
+    cluster = start_cluster(resolved, address=address, max_concurrent=max_concurrent,
+                            wait_for_resources=wait_for_resources, progress=progress)
+    prepared, overlap = prepare(resolved, progress)
+    run_dir, record = record_run(resolved, prepared, overlap, progress)
+    score_references(resolved, prepared, run_dir, record, cluster, progress)
+    launch(resolved, prepared, run_dir, record, cluster, progress)
+    return run_dir
+
+
+def resolve(study_path: str | Path, *, storage: str | Path, parent: str | None, profile: str | None,
+            resume: str | Path | None, budget_scale: float) -> Resolved:
+    """The study, its storage root, its parent (with what a lineage budget charges) and, on
+    `resume`, the run it continues: refused when the study or the embedlab source changed."""
     store.check_location(resume if resume is not None else storage)  # no credentials in a location
     storage_root = store.parent(store.resolve(resume)) if resume is not None else store.resolve(storage)
-    remote = store.local_path(storage_root) is None
     study = load_study(study_path, profile, budget_scale)
+    run_dir = record = None
     if resume is not None:
         run_dir = store.resolve(resume)
         record = read_study_record(run_dir)
@@ -143,23 +188,39 @@ def run_sweep(
         # lineage-scoped budget needs and it does not record.
         lineage = study.lineage_budgets(verify_checkpoint(parent))
         parent = store.resolve(parent)
-    # Every check a dry run makes, before Ray starts and data are prepared.
-    preflight(study, storage=None if resume is not None else storage, resume=resume, parent=parent,
-              progress=progress)
+    return Resolved(study=study, study_path=study_path, storage=storage, storage_root=storage_root,
+                    remote=store.local_path(storage_root) is None, parent=parent, lineage=lineage,
+                    run_dir=run_dir, record=record)
+
+
+def verify(resolved: Resolved, *, address: str | None, max_concurrent: int | None, wait_for_resources: float,
+           progress: Callable[[str], None]) -> None:
+    """Every check a dry run makes (`embedlab.sweep.preflight`), and, for a local cluster, that
+    this machine holds the study: before Ray starts and data are prepared."""
+    resume = resolved.run_dir
+    preflight(resolved.study, storage=None if resume is not None else resolved.storage, resume=resume,
+              parent=resolved.parent, progress=progress)
     import ray  # here: Ray, which a dry run does not need
 
     capacity.check_options(max_concurrent, wait_for_resources)
     if address is None and not ray.is_initialized() and not os.environ.get("RAY_ADDRESS"):
         # A local cluster would offer this machine: a study that cannot run here fails now,
         # naming the profile that can, not after the cluster has started.
-        check_fits(study_path, study, local_resources(), "this machine")
-    # Every process of the job (not this driver) reads prepared data through the storage root.
-    connect(address, progress, job_env={STORAGE_ENV: storage_root} if remote else None)
-    from embedlab.evaluate.actor import get_evaluator  # here: Ray (the actor's module imports it)
+        check_fits(resolved.study_path, resolved.study, local_resources(), "this machine")
 
-    cluster = f"the cluster at {address}" if address else "the cluster"
+
+def start_cluster(resolved: Resolved, *, address: str | None, max_concurrent: int | None,
+                  wait_for_resources: float, progress: Callable[[str], None]) -> Cluster:
+    """Join (or start) the cluster and wait, where allowed, until one trial of every arm fits."""
+    import ray  # here: Ray, which a dry run does not need
+
+    study = resolved.study
+    # Every process of the job (not this driver) reads prepared data through the storage root.
+    connect(address, progress, job_env={STORAGE_ENV: resolved.storage_root} if resolved.remote else None)
+    where = f"the cluster at {address}" if address else "the cluster"
     concurrency, resources = capacity.wait_for_capacity(
-        lambda present: check_fits(study_path, study, present, cluster, gpu_shares(study.arms, present, study.search)),
+        lambda present: check_fits(resolved.study_path, study, present, where,
+                                   gpu_shares(study.arms, present, study.search)),
         ray.cluster_resources, needs=capacity.trial_needs(study.arms, study.search), timeout_s=wait_for_resources,
         max_concurrent=max_concurrent, progress=progress,
         request=lambda bundles: capacity.request_from_autoscaler(bundles, progress))
@@ -168,41 +229,70 @@ def run_sweep(
         progress(f"ray: GPU shares: evaluator {shares.evaluator:g}, mining trial drivers {shares.mining_driver:g}"
                  if shares.evaluator else "ray: evaluation and mining encode on CPU: one trial's workers take "
                  f"every one of the cluster's {resources['GPU']:g} GPUs")
-    budget = study.budget_text
     progress(f"study {study.name} (phase {study.phase}, profile {study.profile or '-'}): {len(study.arms)} arms x "
-             f"{len(study.seeds)} seeds at {budget} each")
-    for arm, split in lineage.items():
+             f"{len(study.seeds)} seeds at {study.budget_text} each")
+    for arm, split in resolved.lineage.items():
         progress(f"budget: arm {arm} inherits {split['inherited_flops']:.4g} FLOPs with its weights and trains "
                  f"{split['phase_flops']:.4g} in phase {study.phase}")
+    return Cluster(concurrency=concurrency, shares=shares)
+
+
+def prepare(resolved: Resolved, progress: Callable[[str], None]) -> tuple[dict[str, dict], list[dict]]:
+    """Each arm's prepared data (`embedlab.sweep.arm_data`), past the gate: the contamination
+    audit of its phase-1 stages and pairs (the final-eval findings a disclosed policy allows are
+    returned) and pair schedules the frozen pairs can fill; published to every node when the
+    storage is remote."""
+    study = resolved.study
     prepared = prepare_arms(study, progress)
     overlap = check_contamination(study, prepared, progress)
-    check_pair_schedules(study, prepared, parent)
-    if remote:  # no shared disk: every node fetches the driver's prepared bytes by hash
-        publish_prepared(prepared, storage_root, progress)
-    if resume is None:
-        run_dir = new_run_dir(store.resolve(storage), study.name)
+    check_pair_schedules(study, prepared, resolved.parent)
+    if resolved.remote:  # no shared disk: every node fetches the driver's prepared bytes by hash
+        publish_prepared(prepared, resolved.storage_root, progress)
+    return prepared, overlap
+
+
+def record_run(resolved: Resolved, prepared: dict[str, dict], overlap: list[dict],
+               progress: Callable[[str], None]) -> tuple[str, dict[str, Any]]:
+    """The run directory and its study record (`study.json`, `prepared.json`): a new one, or the
+    resumed run's."""
+    study = resolved.study
+    if resolved.run_dir is not None:
+        run_dir, record = resolved.run_dir, dict(resolved.record)
+    else:
+        run_dir = new_run_dir(store.resolve(resolved.storage), study.name)
         record = {
             "schema": SCHEMA,
             "study": study.to_dict(),
             "arm_order": list(study.arms),  # the JSON below sorts keys; the study's order is kept here
             "study_hash": study.hash,
-            "study_file": store.resolve(study_path),
-            "study_source": store.read_text(study_path),
-            "study_origin": str(study_origin(study_path)),
+            "study_file": store.resolve(resolved.study_path),
+            "study_source": store.read_text(resolved.study_path),
+            "study_origin": str(study_origin(resolved.study_path)),
             "versions": versions(),
             "code": code_identity.current().to_dict(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "final_eval_overlap": overlap,
-            "parent": parent,
-            **({"lineage_budgets": lineage} if lineage else {}),
+            "parent": resolved.parent,
+            **({"lineage_budgets": resolved.lineage} if resolved.lineage else {}),
         }
         write_json(store.join(run_dir, STUDY_FILE), record)
         write_json(store.join(run_dir, "prepared.json"), prepared)
     progress(f"results in {run_dir}")
+    return run_dir, record
+
+
+def score_references(resolved: Resolved, prepared: dict[str, dict], run_dir: str, record: dict[str, Any],
+                     cluster: Cluster, progress: Callable[[str], None]) -> None:
+    """The parent's scores under the same evaluator (gains and forgetting side by side) and a
+    distilling study's teacher's, into the study record, once per run."""
+    import ray  # here: Ray, which a dry run does not need
+
+    from embedlab.evaluate.actor import get_evaluator  # here: Ray (the actor's module imports it)
+
+    study, parent = resolved.study, resolved.parent
     # Created by this driver, so it outlives every trial; detached, it stays for later sweeps.
-    evaluator = get_evaluator(num_gpus=shares.evaluator)
+    evaluator = get_evaluator(num_gpus=cluster.shares.evaluator)
     if parent is not None and "parent_scores" not in record:
-        # The parent under the same evaluator, so gains and forgetting show side by side.
         arm = next(iter(study.arms))
         config = study.trial_config(arm, study.seeds[0], parent)
         directory = Path(prepared[arm]["directory"])
@@ -225,25 +315,64 @@ def run_sweep(
         record["teacher_scores"] = score_teacher(teacher, task_dir, config.eval.split)
         write_json(store.join(run_dir, STUDY_FILE), record)
         progress(f"teacher {teacher}: {study.metric} {record['teacher_scores'].get(study.metric, float('nan')):.4f}")
+
+
+def launch(resolved: Resolved, prepared: dict[str, dict], run_dir: str, record: dict[str, Any], cluster: Cluster,
+           progress: Callable[[str], None]) -> None:
+    """Optuna's tuning trials where the study searches, then every grid trial not yet done, as
+    Tune experiments; a phase 2-3 grid trial's data (negatives, teacher sets) is built and gated
+    first (`build_trial_data`), once, so trials only read it."""
+    from ray import tune  # here: Ray, which a dry run does not need
+
+    study = resolved.study
     # "code": every trial checks that it imported the code this driver runs (`driver.run_trial`).
-    context = {"study": study.to_dict(), "prepared": prepared, "run_dir": run_dir, "parent": parent,
+    context = {"study": study.to_dict(), "prepared": prepared, "run_dir": run_dir, "parent": resolved.parent,
                "code": code_identity.current().to_dict()}
-    driver = tune.with_resources(tune.with_parameters(trial_driver, context=context), _driver_resources(study, shares))
+    driver = tune.with_resources(tune.with_parameters(trial_driver, context=context),
+                                 _driver_resources(study, cluster.shares))
     rows = finished_rows(run_dir)
     kept = [r for r in rows if _kept_on_resume(r)]
-    if resume is not None:
+    if resolved.run_dir is not None:
         progress(resume_line(rows, study.trials))
     best: dict[str, dict[str, Any]] = {arm: {} for arm in study.arms}
     if study.search:
-        best = tune_arms(study, driver, run_dir, record, rows, concurrency, progress)
+        best = tune_arms(study, driver, run_dir, record, rows, cluster.concurrency, progress)
         write_json(store.join(run_dir, "search.json"), best)
     done = _done_grid_trials(kept)
     todo = [{"arm": arm, "seed": seed, "stage": "final", "params": best[arm]}
             for arm in study.arms for seed in study.seeds if (arm, seed) not in done]
     if todo:
-        progress(f"tune: {len(todo)} trials, at most {concurrency} at a time")
-        fit(driver, {"trial": tune.grid_search(todo)}, run_dir, "grid", concurrency, progress, study=study)
-    return run_dir
+        build_trial_data(resolved, prepared, todo, cluster.shares, progress)
+        progress(f"tune: {len(todo)} trials, at most {cluster.concurrency} at a time")
+        fit(driver, {"trial": tune.grid_search(todo)}, run_dir, "grid", cluster.concurrency, progress, study=study)
+
+
+def build_trial_data(resolved: Resolved, prepared: dict[str, dict], todo: list[dict[str, Any]],
+                     shares: GpuShares, progress: Callable[[str], None]) -> None:
+    """Build and gate what each phase 2-3 grid trial in `todo` trains on
+    (`embedlab.train.trial_data`) before any trial starts, so each set is made once and the
+    trials find it: one trial's at a time, in a Ray task shaped like its own driver (its
+    resources, a GPU share where it mines on a GPU cluster; published to every node as it is
+    made)."""
+    study = resolved.study
+    if not study.spec.reads_pairs:
+        return
+    import ray  # here: Ray, which a dry run does not need
+
+    from embedlab.train.trial_data import build_trial_data as build  # here: torch, which a dry run does not need
+
+    progress(f"data: building and checking what the {len(todo)} trial(s) train on, before any starts")
+    for entry in todo:
+        trial = derive(study.trial_config(entry["arm"], entry["seed"], resolved.parent), entry["params"])
+        wanted = trial_driver_resources(trial, shares)
+        task = ray.remote(build).options(num_cpus=wanted["CPU"], memory=wanted["memory"],
+                                         num_gpus=wanted.get("GPU", 0))
+        try:
+            lines = ray.get(task.remote(trial.to_dict(), prepared[entry["arm"]], study.disclosed_overlap))
+        except ray.exceptions.RayTaskError as error:
+            raise error.cause from None  # the task's own error (a ContaminationError, ...), not Ray's wrapper
+        for line in lines:
+            progress(f"trial data {entry['arm']} seed {entry['seed']}: {line}")
 
 
 def resume_line(rows: list[dict[str, Any]], trials: int) -> str:

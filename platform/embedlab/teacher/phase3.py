@@ -16,6 +16,7 @@ teacher and projected to the student's width (`embedlab.teacher.embeddings`).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +48,10 @@ def teacher_identity(name: str) -> dict:
 
 
 def teacher_labels_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, schedule, offsets, *,
-                              mined: Path | None, given: Path | None, progress=print) -> Path:
-    """The trial's teacher-labels set (module docstring), scored now if no trial scored it before."""
+                              mined: Path | None, given: Path | None, progress=print,
+                              check: Callable[[Path], Any] | None = None) -> Path:
+    """The trial's teacher-labels set (module docstring), scored now if no trial scored it before;
+    `check`, its post-condition, the contamination gate."""
     settings = trial.contrastive
     rows = scheduled_rows(pairs_path, schedule, offsets, ["pair_id", "query", "positive"])
     negatives_path = None if mined is None else str(mined / NEGATIVES_FILE)
@@ -65,7 +68,7 @@ def teacher_labels_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, sc
     # The set's version hashes the code that scores it (`identity["code"]`): it names the artifact alone.
     directory = Artifact(kind="teacher-labels", inputs={"version": labels_version(identity)}).under(prepared.directory)
     build_once(directory, lambda staging: _score(trial, prepared.tokenizer, rows, negatives, identity, staging,
-                                                 directory, progress), progress=progress)
+                                                 directory, progress), check=check, progress=progress)
     load_manifest(directory, identity)
     return directory
 
@@ -145,8 +148,9 @@ def teacher_compute_figures(record: dict[str, Any] | None,
 
 
 def teacher_embeddings_for_trial(trial: TrialConfig, prepared, pairs_path: Path, schedule, offsets, *,
-                                 progress=print) -> Path:
-    """The trial's teacher-embeddings set (module docstring), encoded now if no trial encoded it."""
+                                 progress=print, check: Callable[[Path], Any] | None = None) -> Path:
+    """The trial's teacher-embeddings set (module docstring), encoded now if no trial encoded it;
+    `check`, its post-condition, the contamination gate."""
     settings = trial.contrastive
     pair_ids = [r["pair_id"] for r in scheduled_rows(pairs_path, schedule, offsets, ["pair_id"])]
     tokenizer = prepared.tokenizer
@@ -160,7 +164,7 @@ def teacher_embeddings_for_trial(trial: TrialConfig, prepared, pairs_path: Path,
                          inputs={"version": embeddings.embeddings_version(identity)}).under(prepared.directory)
     build_once(directory, lambda staging: _encode_documents(trial, prepared, tokenizer, sorted(set(pair_ids)),
                                                             identity, staging, directory, progress),
-               progress=progress)
+               check=check, progress=progress)
     embeddings.load_manifest(directory, identity)
     return directory
 

@@ -41,39 +41,33 @@ import torch
 
 from embedlab.artifacts.sync import node_path
 from embedlab.checkpoints.io import HEAD_FILE, load_parent, local_checkpoint
-from embedlab.checkpoints.state import data_seed, seed_everything, seed_for
+from embedlab.checkpoints.state import seed_everything, seed_for
 from embedlab.core.config import ModelConfig, TrialConfig
 from embedlab.model.encoder import Encoder, MLMModel
 from embedlab.model.flops import FORWARD, FlopTally, TRAINED, attention_path
-from embedlab.negatives.phase3 import given_negative_counts, given_negatives_for_phase3, mine_for_phase3, mining_compute
-from embedlab.negatives.reading import check_mined_negatives
 from embedlab.objectives.contrastive import LearnableTemperature
 from embedlab.objectives.gather import gather_no_grad, gather_with_grad
 from embedlab.objectives.masking import mask_tokens
 from embedlab.objectives.mlm import mlm_loss_sum
-from embedlab.pairs.audit import check_training_data
-from embedlab.pairs.table import pair_table_path, recorded_pair_table
-from embedlab.sources.mixture import schedule_target
 from embedlab.streams.packed import worker_splits
-from embedlab.streams.pair_stream import pair_dataset, pair_schedule
-from embedlab.tasks.resolve import arm_eval_tasks
-from embedlab.teacher.audit import check_teacher_embeddings, check_teacher_labels
+from embedlab.streams.pair_stream import pair_dataset
 from embedlab.teacher.embeddings import EMBEDDINGS_FILE
 from embedlab.teacher.labels import LABELS_FILE
-from embedlab.teacher.phase3 import (teacher_compute_figures, teacher_embedding_record, teacher_embeddings_for_trial,
-    teacher_label_record, teacher_labels_for_phase3)
+from embedlab.teacher.phase3 import (teacher_compute_figures)
 from embedlab.tokenizer.frozen import load_tokenizer
-from embedlab.train.budget import consumption, recorded_flops, schedule_units, split_lineage_budget, step_units
+from embedlab.train.budget import consumption, recorded_flops, split_lineage_budget
 from embedlab.train.compiling import compile_blocks, resolve_compile
 from embedlab.train.contrastive_step import (ContrastiveStep, DISTILLATION_TERMS, DistillCounts, local,
     local_distill_counts)
+from embedlab.negatives.mining import NEGATIVES_FILE
 from embedlab.train.launch import fit
 from embedlab.train.loop import Progress, TrainingLoop, run_on_ray
 from embedlab.train.mlm_step import all_reduce_gradients, no_reduce, prepare_microbatch, sum_all_reduce
 from embedlab.train.nonfinite import finite_update
 from embedlab.train.optim import build_optimizer, set_learning_rate
 from embedlab.train.precision import forward_precision, half_activations, resolve_precision
-from embedlab.train.worker import MadeForTrial, RunOptions, WorkerConfig
+from embedlab.train.trial_data import trial_data
+from embedlab.train.worker import RunOptions, WorkerConfig
 
 
 def _grad_vector(model: torch.nn.Module) -> torch.Tensor:
@@ -494,85 +488,35 @@ def contrastive_worker(loop_config: dict[str, Any]) -> dict[str, Any] | None:
     return run_on_ray(ContrastiveLoop, loop_config)
 
 
-def trial_pair_schedule(trial: TrialConfig, pairs_path: Path):
-    """The trial's pair schedule over its frozen pairs table and each builder's first row:
-    sized for its budget with the stream's margin, capped at `data.mixture.max_epochs` (a
-    `MixtureError` when the table cannot fill it), in the trial's batch composition."""
-    return pair_schedule(
-        pairs_path, dict(trial.contrastive.pairs),
-        target_pairs=schedule_target(schedule_units(trial), step_units(trial)),
-        max_epochs=trial.data.mixture.max_epochs, seed=data_seed(trial),
-        composition=trial.contrastive.batch_composition, step_pairs=step_units(trial),
-    )
-
-
 def run_contrastive(trial: TrialConfig, prepared, *, storage_path: Path, name: str, callbacks: list | None = None,
                     progress=print, options: RunOptions = RunOptions(), overlap_policy: str | None = None):
     """Fit one phase-2 or phase-3 `TorchTrainer` on the trial's pair stream.
 
-    Before it trains, the trial's pairs and (phase 3) its freshly mined negatives pass the
-    contamination gate against its evaluation task (`embedlab.contamination.gate`): final-eval
-    items in them refuse the run with a ContaminationError unless `overlap_policy` (the
-    study's disclosed-overlap policy) is given. A run of a `name` that has checkpoints under
-    `storage_path` resumes from the latest.
+    Before it trains, what it trains on is built or found, each part past the contamination
+    gate against its evaluation tasks (`embedlab.train.trial_data`): final-eval items refuse
+    the run with a ContaminationError unless `overlap_policy` (the study's disclosed-overlap
+    policy) is given. A run of a `name` that has checkpoints under `storage_path` resumes from
+    the latest.
     """
     settings = trial.contrastive
-    shares = dict(settings.pairs)
-    pairs_path = recorded_pair_table(prepared, list(shares)) or pair_table_path(prepared, list(shares), progress,
-                                                                                data=trial.data)
-    # Every task of a panel, as the sweep resolved them into the prepared record.
-    record = {**prepared.record, "directory": str(prepared.directory)}
-    task_dirs = [Path(directory) for _, directory in arm_eval_tasks(trial.eval, record)]
-    # The sweep checked these pairs before any trial started; the audit is saved, so this
-    # costs nothing there and covers a run started on its own. A user pair's given negatives
-    # are in the table, so they are checked with it.
-    for task_dir in task_dirs:
-        check_training_data(prepared, task_dir, overlap_policy, progress, pairs_path=pairs_path)
-    schedule, offsets = trial_pair_schedule(trial, pairs_path)
-    mined = given = None
-    if trial.spec.negatives and settings.negatives.count:
-        given = given_negatives_for_phase3(trial, prepared, pairs_path, schedule, offsets, progress)
-        if settings.negatives.mine:
-            mined = mine_for_phase3(trial, prepared, pairs_path, schedule, offsets, progress)
-            # Mined negatives exist only now: checked here, after mining and before training.
-            for task_dir in task_dirs:
-                check_mined_negatives(prepared, task_dir, mined, overlap_policy, progress)
-    labels = documents = None
-    # A teacher without a weight is inert (a study's control arm keeps the field its arms set).
-    # Teacher labels score each query's negatives: only a phase with them (the config refuses a
-    # score weight without negatives).
-    if trial.spec.negatives and settings.distillation.score_weight > 0:
-        labels = teacher_labels_for_phase3(trial, prepared, pairs_path, schedule, offsets, mined=mined, given=given,
-                                           progress=progress)
-        # What the teacher scored is training input too: checked before any step uses it.
-        for task_dir in task_dirs:
-            check_teacher_labels(prepared, task_dir, labels, overlap_policy, progress)
-    if settings.distillation.embedding_mse_weight > 0:
-        documents = teacher_embeddings_for_trial(trial, prepared, pairs_path, schedule, offsets, progress=progress)
-        for task_dir in task_dirs:
-            check_teacher_embeddings(prepared, task_dir, documents, overlap_policy, progress)
+    data = trial_data(trial, prepared, overlap_policy=overlap_policy, progress=progress)
     streams = [pair_dataset(
-        pairs_path, schedule, offsets, tokenizer_path=prepared.tokenizer_path, length=settings.pair_length,
-        query_prefix=settings.prefixes.query, passage_prefix=settings.prefixes.passage,
-        negatives_path=None if mined is None else mined / "negatives.parquet",
+        data.pairs_path, data.schedule, data.offsets, tokenizer_path=prepared.tokenizer_path,
+        length=settings.pair_length, query_prefix=settings.prefixes.query, passage_prefix=settings.prefixes.passage,
+        negatives_path=None if data.mined is None else data.mined / NEGATIVES_FILE,
         negatives_per_pair=settings.negatives.count,
-        given_negatives_path=None if given is None else given / "negatives.parquet",
-        teacher_labels_path=None if labels is None else labels / LABELS_FILE,
+        given_negatives_path=None if data.given is None else data.given / NEGATIVES_FILE,
+        teacher_labels_path=None if data.labels is None else data.labels / LABELS_FILE,
         teacher_min_confidence=settings.distillation.min_confidence,
-        teacher_embeddings_path=None if documents is None else documents / EMBEDDINGS_FILE,
+        teacher_embeddings_path=None if data.documents is None else data.documents / EMBEDDINGS_FILE,
         split=split,
     ) for split in worker_splits(trial.train.num_workers, trial.train.batch_rows)]
-    made = MadeForTrial(
-        mined_version=None if mined is None else mined.name,
-        mining_compute={**mining_compute(mined), **mining_compute(given, "compute/given_negatives")},
-        given_negatives=given_negative_counts(given), teacher_labels=teacher_label_record(labels, settings),
-        teacher_embeddings=teacher_embedding_record(documents),
-    )
+    schedule = data.schedule
     worker = WorkerConfig(
         trial=trial, tokenizer_path=str(prepared.tokenizer_path), tokenizer_hash=prepared.record["tokenizer_hash"],
-        data_revision=prepared.data_revision, sources=tuple(schedule.sources), intended_shares=shares,
+        data_revision=prepared.data_revision, sources=tuple(schedule.sources), intended_shares=dict(settings.pairs),
         schedule={"version": schedule.version, "seed": schedule.seed, "pairs": int(len(schedule.item))},
-        run=options, made=made,
+        run=options, made=data.made(settings),
     )
     return fit(
         contrastive_worker,
