@@ -371,8 +371,8 @@ def build_trial_data(resolved: Resolved, prepared: dict[str, dict], todo: list[d
             lines = ray.get(task.remote(trial.to_dict(), prepared[entry["arm"]], study.disclosed_overlap))
         except ray.exceptions.RayTaskError as error:
             raise error.cause from None  # the task's own error (a ContaminationError, ...), not Ray's wrapper
-        for line in lines:
-            progress(f"trial data {entry['arm']} seed {entry['seed']}: {line}")
+        for line in lines:  # named by its trial, as the trial's own lines are (`progress.TrialProgress`)
+            progress(f"trial final {entry['arm']} seed {entry['seed']}: {line}")
 
 
 def resume_line(rows: list[dict[str, Any]], trials: int) -> str:
