@@ -9,7 +9,6 @@ afresh. The phase-1 audit of a prepared directory is saved the same way
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -17,19 +16,12 @@ from pathlib import Path
 from embedlab.artifacts.build import write_json_staged
 from embedlab.contamination.audit import AuditReport, audit
 from embedlab.core.beir import load_task
+from embedlab.core.store import file_sha256
 
 
 def report_content(report: AuditReport) -> dict:
     """What a saved audit holds: the report's findings and counts, and its markdown."""
     return {**report.to_dict(), "markdown": report.to_markdown()}
-
-
-def _file_hash(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()[:16]
 
 
 def stage_file_audit(
@@ -42,7 +34,7 @@ def stage_file_audit(
     if not Path(path).is_file():
         raise FileNotFoundError(f"stage {stage}: no file {path} to audit")
     task = load_task(task_dir)
-    saved = Path(audits_dir) / f"{task.hash}-{stage}-{_file_hash(path)}.json"
+    saved = Path(audits_dir) / f"{task.hash}-{stage}-{file_sha256(path)[:16]}.json"
     if saved.is_file():
         return json.loads(saved.read_text())
     progress(f"audit: task {task.name} ({task_dir}) against stage {stage} ({path})")

@@ -32,6 +32,7 @@ from embedlab.contamination.audit import audit
 from embedlab.prepared.audits import task_audit
 from embedlab.artifacts.build import Artifact, build_once
 from embedlab.core import store
+from embedlab.core.store import file_sha256
 from embedlab.core.code_identity import code_revision
 from embedlab.core.beir import write_task
 from embedlab.core.config import DataConfig
@@ -171,7 +172,7 @@ def _prepare_into(config: DataConfig, directory: Path, progress: Callable[[str],
         "tokenizer_vocab_size": tokenizer.vocab_size,
         "tokenizer_sample_documents": len(sample["doc_id"]),
         "data_revision": hashlib.sha256(
-            f"{corpus.hash}:{tokenizer.hash}:{_file_hash(directory / PIECES_FILE)}".encode()
+            f"{corpus.hash}:{tokenizer.hash}:{file_sha256(directory / PIECES_FILE)}".encode()
         ).hexdigest(),
         "sequence_length": config.sequence_length,
         "mixture": {
@@ -251,7 +252,3 @@ def _tokenizer_sample(corpus: Corpus, sources: list[str], config: DataConfig) ->
         kept["title"].append(title)
         kept["text"].append(text)
     return kept
-
-
-def _file_hash(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()

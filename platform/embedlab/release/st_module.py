@@ -27,7 +27,8 @@ from sentence_transformers.base.modules import InputModule
 from embedlab.core.config import POOLING_METHODS
 from embedlab.model.encoder import Encoder
 from embedlab.model.pooling import mean_pool
-from embedlab.tokenizer.frozen import FILE_NAME as TOKENIZER_FILE, FrozenTokenizer, file_hash
+from embedlab.core.store import file_sha256
+from embedlab.tokenizer.frozen import FILE_NAME as TOKENIZER_FILE, FrozenTokenizer
 from embedlab.checkpoints.io import (
     ENCODER_FILE,
     MANIFEST_FILE,
@@ -129,7 +130,7 @@ class EmbedlabTransformer(InputModule):
         save_file(state, str(directory / ENCODER_FILE))
         if self.frozen_tokenizer.path.resolve() != (directory / TOKENIZER_FILE).resolve():
             shutil.copyfile(self.frozen_tokenizer.path, directory / TOKENIZER_FILE)  # bytes kept: the hash holds
-        files = {ENCODER_FILE: file_hash(directory / ENCODER_FILE)}
+        files = {ENCODER_FILE: file_sha256(directory / ENCODER_FILE)}
         manifest = {
             **self.manifest,
             "files": files,

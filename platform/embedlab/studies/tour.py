@@ -26,6 +26,8 @@ class Stage:
 
 @dataclass(frozen=True)
 class Tour:
+    """Studies of consecutive phases under one profile, each stage's winner promoted into the next."""
+
     name: str
     stages: tuple[Stage, ...]
     profile: str

@@ -23,7 +23,6 @@ The tokenizer is trained on the training split only and identified by the sha256
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from collections.abc import Callable, Iterable, Iterator, Sized
@@ -35,6 +34,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 
 from embedlab.core.config import TOKENIZER_KINDS
 from embedlab.core.errors import UserError
+from embedlab.core.store import file_sha256
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
@@ -142,10 +142,6 @@ _UNTRAINED = {
 }
 
 
-def file_hash(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
 @dataclass(frozen=True)
 class FrozenTokenizer:
     """A saved tokenizer with its content hash and the ids the objectives need."""
@@ -202,7 +198,7 @@ def load_tokenizer(path: Path, expected_hash: str | None = None) -> FrozenTokeni
         path = path / FILE_NAME
     if not path.is_file():
         raise FileNotFoundError(f"tokenizer file not found: {path}")
-    digest = file_hash(path)
+    digest = file_sha256(path)
     if expected_hash is not None and digest != expected_hash:
         raise TokenizerMismatchError(
             f"tokenizer {path} has hash {digest[:12]}..., expected {expected_hash[:12]}...: "
