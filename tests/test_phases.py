@@ -53,7 +53,8 @@ def _phase_number_tests(tree: ast.AST) -> list[int]:
     """Lines comparing something's `phase` (an attribute or a name) with a number literal."""
     def is_phase(node: ast.AST) -> bool:
         return (isinstance(node, ast.Attribute) and node.attr == "phase") or (
-            isinstance(node, ast.Name) and node.id == "phase")
+            isinstance(node, ast.Name) and node.id == "phase") or (
+            isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and node.slice.value == "phase")
 
     def is_number(node: ast.AST) -> bool:
         return isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool) or (
@@ -80,5 +81,6 @@ def test_no_module_chooses_by_phase_number():
 
 
 def test_the_scan_finds_a_phase_compared_with_a_number():
-    tree = ast.parse("if trial.phase == 1:\n    pass\nok = phase in (2, 3)\nfine = spec.reads_pairs\n")
-    assert _phase_number_tests(tree) == [1, 3]
+    tree = ast.parse("if trial.phase == 1:\n    pass\nok = phase in (2, 3)\nfine = spec.reads_pairs\n"
+                     "last = record['phase'] < 3\n")
+    assert _phase_number_tests(tree) == [1, 3, 5]

@@ -341,6 +341,20 @@ def _unit_rows(vectors: np.ndarray, count: int, what: str) -> np.ndarray:
     return array / np.maximum(norms, np.float32(1e-12))
 
 
+@dataclass(frozen=True)
+class Candidates:
+    """What a search found for each pair, before any rule (`search_candidates`): the training
+    documents (ids, groups, texts) that were indexed, each pair's query-positive score, and its
+    top-k candidates as (score, row) arrays of shape (pairs, top_k), best first (row -1: none)."""
+
+    doc_ids: list[str]
+    groups: list[str]
+    texts: list[str]
+    positive_scores: np.ndarray
+    scores: np.ndarray
+    rows: np.ndarray
+
+
 def mine_hard_negatives(
     pairs: list[Pair],
     corpus: pa.Table,
@@ -372,12 +386,56 @@ def mine_hard_negatives(
     joins the set's version, so an encoder run differently is a new set. `encode_corpus`
     (default `encode`) embeds the training-split documents: the same passage encoding, which a
     caller may serve from a cache of the corpus's vectors (`embedlab.negatives.phase3`).
+
+    Three stages: `checked_inputs` (the pairs and the corpus they come from), `search_candidates`
+    (encode and search: every pair's top-k, no rule applied yet), `select_negatives` (the rules).
     """
+    group_of, train = checked_inputs(pairs, corpus, outside_corpus)
+    candidates = search_candidates(pairs, corpus, train, encode, config=config, encoder_id=encoder_id,
+                                   progress=progress, encode_query=encode_query, encode_corpus=encode_corpus)
+    negatives, dropped = select_negatives(pairs, candidates, group_of, config, group_positives)
+    found = [negative for pair_negatives in negatives.values() for negative in pair_negatives]
+    text_of = dict(zip(candidates.doc_ids, candidates.texts))
+    per_query = Counter(len(pair_negatives) for pair_negatives in negatives.values())
+    counts = {
+        "queries": len(pairs),
+        "queries_with_negatives": sum(1 for pair_negatives in negatives.values() if pair_negatives),
+        "negatives": len(found),
+        # String keys, as JSON stores them, so a loaded set equals the mined one.
+        "negatives_per_query": {str(n): per_query[n] for n in sorted(per_query)},
+        "training_documents_indexed": len(candidates.texts),
+        "dev_test_documents_left_out": corpus.num_rows - len(candidates.texts),
+        "candidates": int(candidates.rows.size),
+        "dropped": {rule: dropped[rule] for rule in RULES},
+        "mean_positive_score": float(candidates.positive_scores.mean()),
+        "mean_negative_score": float(np.mean([n.score for n in found])) if found else None,
+    }
+    progress(f"mining: {counts['negatives']:,} negatives for {counts['queries_with_negatives']:,} of "
+             f"{len(pairs):,} queries; dropped {counts['dropped']}")
+    digest = pairs_digest(pairs, group_positives)
+    return MinedSet(
+        version=mining_version(encoder_id=encoder_id, corpus_revision=corpus_revision, config=config,
+                               pair_ids=[pair.pair_id for pair in pairs], pairs_digest=digest, encoding=encoding),
+        pairs_digest=digest,
+        encoding=dict(encoding or {}),
+        encoder_id=encoder_id,
+        corpus_revision=corpus_revision,
+        config=config,
+        negatives=negatives,
+        counts=counts,
+        queries={pair.pair_id: (pair.query, pair.positive) for pair in pairs if negatives[pair.pair_id]},
+        documents={negative.doc_id: text_of[negative.doc_id] for negative in found},
+    )
+
+
+def checked_inputs(pairs: list[Pair], corpus: pa.Table,
+                   outside_corpus: frozenset[str]) -> tuple[dict[str, str], pa.Table]:
+    """Every corpus document's group, and the training split the candidates come from; a
+    ValueError for pairs that repeat or name documents the corpus does not have (their
+    near-duplicates could not be excluded), or a corpus without the columns or a training split."""
     if not pairs:
         raise ValueError("no pairs to mine negatives for")
-    digest = pairs_digest(pairs, group_positives)
-    pair_ids = [pair.pair_id for pair in pairs]
-    repeated = sorted(pair_id for pair_id, n in Counter(pair_ids).items() if n > 1)
+    repeated = sorted(pair_id for pair_id, n in Counter(pair.pair_id for pair in pairs).items() if n > 1)
     if repeated:
         raise ValueError(f"pair ids listed more than once: {repeated[:5]}")
     missing = [column for column in CORPUS_COLUMNS if column not in corpus.column_names]
@@ -392,18 +450,33 @@ def mine_hard_negatives(
     train = corpus.filter(pc.equal(corpus["split"], TRAIN_SPLIT))
     if train.num_rows == 0:
         raise ValueError("the corpus table has no training-split documents to mine from")
-    doc_ids = train["doc_id"].to_pylist()
-    groups = train["group_id"].to_pylist()
-    texts = [document_text(title, text) for title, text in zip(train["title"].to_pylist(), train["text"].to_pylist())]
+    return group_of, train
 
+
+def search_candidates(pairs: list[Pair], corpus: pa.Table, train: pa.Table, encode: Callable[[list[str]], np.ndarray],
+                      *, config: MiningConfig, encoder_id: str, progress: Callable[[str], None],
+                      encode_query: Callable[[list[str]], np.ndarray] | None = None,
+                      encode_corpus: Callable[[list[str]], np.ndarray] | None = None) -> Candidates:
+    """The training documents, queries and positives encoded, and every query's `config.top_k`
+    nearest documents by exact inner product (no rule applied yet)."""
+    texts = [document_text(title, text) for title, text in zip(train["title"].to_pylist(), train["text"].to_pylist())]
     progress(f"mining: encoding {len(texts):,} training documents ({corpus.num_rows - len(texts):,} dev/test "
              f"documents left out) and {len(pairs):,} pairs with {encoder_id}")
     doc_vectors = _unit_rows((encode_corpus or encode)(texts), len(texts), "documents")
     query_vectors = _unit_rows((encode_query or encode)([pair.query for pair in pairs]), len(pairs), "queries")
     positive_vectors = _unit_rows(encode([pair.positive for pair in pairs]), len(pairs), "positives")
-    positive_scores = np.einsum("ij,ij->i", query_vectors, positive_vectors)
     scores, rows = search(doc_vectors, query_vectors, config.top_k)
+    return Candidates(doc_ids=train["doc_id"].to_pylist(), groups=train["group_id"].to_pylist(), texts=texts,
+                      positive_scores=np.einsum("ij,ij->i", query_vectors, positive_vectors), scores=scores, rows=rows)
 
+
+def select_negatives(pairs: list[Pair], candidates: Candidates, group_of: dict[str, str], config: MiningConfig,
+                     group_positives: Mapping[str, Iterable[str]] | None = None,
+                     ) -> tuple[dict[str, tuple[MinedNegative, ...]], Counter[str]]:
+    """Each pair's negatives among its candidates, by `RULES` in order (known positive, same
+    group, positive text, near positive, the false-negative margin), then `config.skip_top`
+    skipped and `config.negatives_per_query` kept; and the candidates each rule dropped."""
+    texts, doc_ids, groups = candidates.texts, candidates.doc_ids, candidates.groups
     dropped: Counter[str] = Counter()
 
     @functools.cache
@@ -419,18 +492,17 @@ def mine_hard_negatives(
         positive_texts.setdefault(pair.positive_group, set()).add(pair.positive)
     for group, group_texts in positive_texts.items():
         positives_of[group] = {_words(text) for text in group_texts}
-    near_groups = _near_positive_groups(positive_texts, {row: texts[row] for row in np.unique(rows).tolist()
+    near_groups = _near_positive_groups(positive_texts, {row: texts[row] for row in np.unique(candidates.rows).tolist()
                                                          if row >= 0})
-
     mined: dict[str, tuple[MinedNegative, ...]] = {}
     for i, pair in enumerate(pairs):
         own = set(pair.doc_ids)
         own_groups = {group_of[doc_id] for doc_id in pair.doc_ids if doc_id in group_of}
         positives = positives_of[pair.positive_group]
-        positive_score = float(positive_scores[i])
+        positive_score = float(candidates.positive_scores[i])
         ceiling = positive_score - config.false_negative_margin
         survivors: list[MinedNegative] = []
-        for rank, (score, row) in enumerate(zip(scores[i].tolist(), rows[i].tolist()), start=1):
+        for rank, (score, row) in enumerate(zip(candidates.scores[i].tolist(), candidates.rows[i].tolist()), start=1):
             if doc_ids[row] in own:
                 dropped["known-positive"] += 1
             elif groups[row] in own_groups:
@@ -446,39 +518,7 @@ def mine_hard_negatives(
                                                score=score, positive_score=positive_score))
         dropped["skip-top"] += min(config.skip_top, len(survivors))
         mined[pair.pair_id] = tuple(survivors[config.skip_top : config.skip_top + config.negatives_per_query])
-
-    negatives = {pair_id: mined[pair_id] for pair_id in sorted(mined)}
-    found = [negative for pair_negatives in negatives.values() for negative in pair_negatives]
-    text_of = dict(zip(doc_ids, texts))
-    per_query = Counter(len(pair_negatives) for pair_negatives in negatives.values())
-    counts = {
-        "queries": len(pairs),
-        "queries_with_negatives": sum(1 for pair_negatives in negatives.values() if pair_negatives),
-        "negatives": len(found),
-        # String keys, as JSON stores them, so a loaded set equals the mined one.
-        "negatives_per_query": {str(n): per_query[n] for n in sorted(per_query)},
-        "training_documents_indexed": len(texts),
-        "dev_test_documents_left_out": corpus.num_rows - len(texts),
-        "candidates": int(rows.size),
-        "dropped": {rule: dropped[rule] for rule in RULES},
-        "mean_positive_score": float(positive_scores.mean()),
-        "mean_negative_score": float(np.mean([n.score for n in found])) if found else None,
-    }
-    progress(f"mining: {counts['negatives']:,} negatives for {counts['queries_with_negatives']:,} of "
-             f"{len(pairs):,} queries; dropped {counts['dropped']}")
-    return MinedSet(
-        version=mining_version(encoder_id=encoder_id, corpus_revision=corpus_revision, config=config,
-                               pair_ids=pair_ids, pairs_digest=digest, encoding=encoding),
-        pairs_digest=digest,
-        encoding=dict(encoding or {}),
-        encoder_id=encoder_id,
-        corpus_revision=corpus_revision,
-        config=config,
-        negatives=negatives,
-        counts=counts,
-        queries={pair.pair_id: (pair.query, pair.positive) for pair in pairs if negatives[pair.pair_id]},
-        documents={negative.doc_id: text_of[negative.doc_id] for negative in found},
-    )
+    return {pair_id: mined[pair_id] for pair_id in sorted(mined)}, dropped
 
 
 # ---------------------------------------------------------------------------------------------

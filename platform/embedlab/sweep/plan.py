@@ -56,7 +56,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from embedlab.core.config import DataConfig, TrainConfig, TrialConfig, model_preset
+from embedlab.core.config import DataConfig, TrainConfig, TrialConfig, model_preset, phase_spec
 from embedlab.core.errors import UsageError
 from embedlab.tasks.resolve import resolve_task
 from embedlab.model.flops import expected_step_flops
@@ -524,8 +524,8 @@ def format_measured_plan(plan: dict[str, Any]) -> str:
         f"  rule: {plan['rule']}",
         f"  budget per trial: {_amount(plan['budget'])} {unit} (the study's {record})",
         f"  model {first['model']} ({first['layers']} layers, width {first['width']}), "
-        + (f"sequence length {first['sequence_length']}" if plan["phase"] == 1 else
-           f"pair length {first['sequence_length']}")
+        + (f"pair length {first['sequence_length']}" if phase_spec(plan["phase"]).reads_pairs else
+           f"sequence length {first['sequence_length']}")
         + f", {first['workers']} GPUs a trial, {first['precision']}",
         *[f"  data: {s['name']} = {s['dataset']}" + (f" {s['config']}" if s["config"] else "") + f" @ {s['revision']}"
           for s in plan["data_sources"]],

@@ -30,6 +30,7 @@ import json
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ import pandas as pd
 from embedlab.artifacts.sync import local_directory
 from embedlab.core import beir, store
 from embedlab.core.code_identity import PACKAGE_DIR
-from embedlab.core.config import DEFAULT_MAX_RETENTION_DROP, EvalConfig, MaskingConfig, build_config
+from embedlab.core.config import DEFAULT_MAX_RETENTION_DROP, PHASES, EvalConfig, MaskingConfig, build_config
 from embedlab.core.errors import UserError
 from embedlab.records.rundir import last_error_line
 from embedlab.stats.paired import final_trials
@@ -201,6 +202,18 @@ def breaks_margin(drop: dict[str, Any], max_drop: float) -> bool:
     return drop["drop"] > max_drop + MARGIN_TOLERANCE
 
 
+@dataclass(frozen=True)
+class Choice:
+    """The study's winner (`choose`): the arm, its best seed's row, the ranking it won, its
+    retention drops and the retention metrics it could not be checked on (and why)."""
+
+    arm: str
+    row: dict[str, Any]
+    ranking: pd.DataFrame
+    drops: dict[str, dict[str, Any]]
+    not_compared: dict[str, str]
+
+
 def promote(
     run_dir: str | Path,
     *,
@@ -220,13 +233,31 @@ def promote(
 
     Refused (PromotionError) when an (arm, seed) the study declared has no finished trial with
     the metric, unless `allow_missing_seeds` (then every arm still needs one seed, and the
-    ranking records the seeds each arm had)."""
-    from embedlab.checkpoints.io import verify_checkpoint  # here: torch, which choosing a winner from the trial table does not need
+    ranking records the seeds each arm had).
 
+    Named stages: `check_request` (the metric, the margin, an earlier promotion), `ranked_trials`
+    (every declared seed scored, compute matched), `choose` (best arm by its mean on recipe-dev
+    within the retention margin), then the final-eval split read once for the winner
+    (`final_eval`), the record (`promotion_record`) and the next step (`next_step`)."""
     run_dir = store.resolve(run_dir)
+    record, metric, previous = check_request(run_dir, metric, max_retention_drop, replace)
+    table = ranked_trials(run_dir, record, metric, allow_missing_seeds, progress)
+    choice = choose(table, record, metric, arm, max_retention_drop)
+    # Selection is over: the winner is fixed before its final-eval number exists.
+    scored = final_eval(run_dir, record, choice.row, metric)
+    promotion = promotion_record(run_dir, record, table, choice, scored, metric, max_retention_drop, previous)
+    report_promotion(promotion, choice, metric, progress)
+    next_step(run_dir, record, promotion, next_study, progress)
+    store.write_text(store.join(run_dir, PROMOTION_FILE), json.dumps(promotion, indent=2, sort_keys=True, default=str))
+    return promotion
+
+
+def check_request(run_dir: str, metric: str | None, max_retention_drop: float,
+                  replace: bool) -> tuple[dict[str, Any], str, dict[str, Any] | None]:
+    """The run's study record, the metric promotion ranks by (a recipe-dev one: selection
+    never reads final-eval) and an earlier promotion, which only `replace` may replace."""
     record = read_study_record(run_dir)
-    study = record["study"]
-    metric = metric or study["metric"]
+    metric = metric or record["study"]["metric"]
     if not dev_measure(metric).startswith("dev/"):
         raise PromotionError(f"--metric {metric}: promotion reads recipe-dev metrics only (dev/...); "
                              "final-eval numbers never take part in selection")
@@ -239,14 +270,19 @@ def promote(
             f"{run_dir}: already promoted ({winner.get('arm')} seed {winner.get('seed')}, {PROMOTION_FILE}); "
             "promoting again would read the final-eval split again, which selection must never see twice: "
             "pass --replace to replace that decision (the new record says the split was read again)")
-    rungs = _ladder_rungs(run_dir)
+    return record, metric, previous
+
+
+def ranked_trials(run_dir: str, record: dict[str, Any], metric: str, allow_missing_seeds: bool,
+                  progress: Callable[[str], None]) -> pd.DataFrame:
+    """The finished grid trials scored on `metric`, every declared (arm, seed) among them (or,
+    with `allow_missing_seeds`, every arm), their compute shown equal."""
+    study = record["study"]
     table = load_table(run_dir)
     if table.empty:
         raise PromotionError(f"{run_dir}: no finished trials to promote")
-    stopped = table[table["status"].fillna("finished").isin(["nonfinite", "failed"])] \
-        if "status" in table.columns else table.iloc[0:0]
-    if "stage" in stopped.columns:  # a failed tuning trial is not why a grid trial is missing
-        stopped = stopped[stopped["stage"].fillna("final") == "final"]
+    # A stopped grid trial (a failed tuning trial is not why a grid trial is missing).
+    stopped = table[table["status"].isin(["nonfinite", "failed"]) & (table["stage"] == "final")]
     table = final_trials(table)
     if metric not in table.columns:
         raise PromotionError(f"--metric {metric}: not a column of the trial table")
@@ -267,84 +303,114 @@ def promote(
     if missing:
         progress(f"promote: --allow-missing-seeds: ranking on fewer seeds than the study declared "
                  f"({len(study['seeds'])}): missing (arm, seed) {missing}")
-    unit = budget_unit(record)
-    check_equal_compute(table, unit)
-    matched = compute_match_line(table, unit)
+    check_equal_compute(table, budget_unit(record))
+    return table
+
+
+def choose(table: pd.DataFrame, record: dict[str, Any], metric: str, arm: str | None,
+           max_retention_drop: float) -> Choice:
+    """The best arm by its mean `metric` over seeds (or `arm`) whose retention stays within the
+    margin of the parent's, and its best seed; RetentionMarginError naming the first that broke
+    it when a better arm did."""
     ranking = rank_arms(table, metric, record["arm_order"])
-    candidates = [arm] if arm is not None else list(ranking.index)
     if arm is not None and arm not in ranking.index:
         raise PromotionError(f"--arm {arm}: not an arm of this study; arms: {list(ranking.index)}")
-    parent_scores = record.get("parent_scores") or {}
-    parent = parent_retention(parent_scores)
+    parent = parent_retention(record.get("parent_scores") or {})
     chosen = refusal = None
-    for candidate in candidates:
+    for candidate in [arm] if arm is not None else list(ranking.index):
         rows = table[table["arm"] == candidate]
         pairs, not_compared = retention_pairs(parent, {c for c in rows if rows[c].notna().any()},
                                               arm_masking_ratio(record, candidate))
         drops = arm_retention(rows, candidate, parent, pairs)
         broken = {k: v for k, v in drops.items() if breaks_margin(v, max_retention_drop)}
         if not broken:
-            chosen = (candidate, rows.loc[rows[metric].idxmax()].to_dict(), drops, not_compared)
+            chosen = Choice(arm=candidate, row=rows.loc[rows[metric].idxmax()].to_dict(), ranking=ranking,
+                            drops=drops, not_compared=not_compared)
             break
         if refusal is None:
             refusal = (candidate, broken)
     if refusal is not None:
-        raise RetentionMarginError(*refusal, max_retention_drop, chosen[0] if chosen else None)
-    winner, row, drops, not_compared = chosen
+        raise RetentionMarginError(*refusal, max_retention_drop, chosen.arm if chosen else None)
+    return chosen
+
+
+def promotion_record(run_dir: str, record: dict[str, Any], table: pd.DataFrame, choice: Choice,
+                     scored: dict[str, Any], metric: str, max_retention_drop: float,
+                     previous: dict[str, Any] | None) -> dict[str, Any]:
+    """`promotion.json`: the decision, the final-eval number it read once, what compute the
+    arms were matched on, the retention check, the winner's checkpoint and its lineage."""
+    from embedlab.checkpoints.io import verify_checkpoint  # here: torch, which choosing a winner does not need
+
+    row, ranking = choice.row, choice.ranking
     manifest = verify_checkpoint(row["checkpoint"])
-    # Selection is over: the winner is fixed before its final-eval number exists.
-    scored = final_eval(run_dir, record, row, metric)
     promotion = {
         "run_dir": str(run_dir),
-        "study": study["name"],
+        "study": record["study"]["name"],
         "study_hash": record["study_hash"],
         "phase": int(row["phase"]),
         "metric": metric,
         "selection": "best arm by mean over seeds on recipe-dev; its best seed's checkpoint",
         "ranking": [{"arm": a, "mean": float(r["mean"]), "seeds": int(r["count"])} for a, r in ranking.iterrows()],
-        "winner": {"arm": winner, "seed": int(row["seed"]), "trial_id": row["trial_id"], metric: float(row[metric])},
+        "winner": {"arm": choice.arm, "seed": int(row["seed"]), "trial_id": row["trial_id"], metric: float(row[metric])},
         "final_eval": scored,
-        "compute_match": matched,
+        "compute_match": compute_match_line(table, budget_unit(record)),
         "retention": {"max_drop": max_retention_drop, "unit": MARGIN_UNIT, "over": "the arm's mean over its seeds",
-                      "parent_scored": bool(parent_scores), "drops": drops, "not_compared": not_compared},
+                      "parent_scored": bool(record.get("parent_scores")), "drops": choice.drops,
+                      "not_compared": choice.not_compared},
         "checkpoint": row["checkpoint"],
         "lineage": {k: manifest[k] for k in LINEAGE_FIELDS if k in manifest},
         "promoted": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "final_eval_reads": 1 + (int(previous.get("final_eval_reads", 1)) if previous else 0),
     }
+    rungs = _ladder_rungs(run_dir)
     if rungs:
-        promotion["ladder"] = _ladder_record(rungs, winner)
-        progress(f"promote: {promotion['ladder']['line']}")
+        promotion["ladder"] = _ladder_record(rungs, choice.arm)
     if previous is not None:
         promotion["replaces"] = {k: previous.get(k) for k in ("winner", "final_eval", "promoted")}
+    return promotion
+
+
+def report_promotion(promotion: dict[str, Any], choice: Choice, metric: str, progress: Callable[[str], None]) -> None:
+    """The decision's lines: the ladder, a replaced promotion, the winner, the compute match,
+    the final-eval number beside dev, and the retention check metric by metric."""
+    row, scored, winner = choice.row, promotion["final_eval"], choice.arm
+    if "ladder" in promotion:
+        progress(f"promote: {promotion['ladder']['line']}")
+    if "replaces" in promotion:
         progress(f"promote: --replace: this run's final-eval split has now been read "
                  f"{promotion['final_eval_reads']} times (recorded in {PROMOTION_FILE})")
     progress(f"promote: {winner} (seed {int(row['seed'])}) wins on {metric} "
-             f"{ranking.loc[winner, 'mean']:.4f} mean over {int(ranking.loc[winner, 'count'])} seeds")
-    progress(f"promote: {matched}")
+             f"{choice.ranking.loc[winner, 'mean']:.4f} mean over {int(choice.ranking.loc[winner, 'count'])} seeds")
+    progress(f"promote: {promotion['compute_match']}")
     if scored["value"] is not None:
         progress(f"promote: final eval {scored['metric']} {scored['value']:.4f} on {scored['task']} "
                  f"({scored['queries']} queries), beside dev {float(row[metric]):.4f}: {FINAL_EVAL_NOTE}")
     else:
         progress(f"promote: final eval not scored: {scored['reason']}")
-    if not parent_scores:
+    if not promotion["retention"]["parent_scored"]:
         progress("promote: no parent scores (phase 1 starts from scratch): retention margin not applicable")
     else:
-        progress(f"promote: retention margin {max_retention_drop:g} ({MARGIN_UNIT}), on {winner}'s mean over its seeds")
-    for key, value in drops.items():
+        progress(f"promote: retention margin {promotion['retention']['max_drop']:g} ({MARGIN_UNIT}), "
+                 f"on {winner}'s mean over its seeds")
+    for key, value in choice.drops.items():
         progress(f"promote: {retention_line(key, value)}")
-    for key, reason in not_compared.items():
+    for key, reason in choice.not_compared.items():
         progress(f"promote: {key} not checked: {reason}")
-    if promotion["phase"] < 3:
-        next_path = _resolve_next(record, promotion["phase"], next_study)
-        child = _write_next_study(run_dir, next_path, promotion, study.get("profile") or None)
+
+
+def next_step(run_dir: str, record: dict[str, Any], promotion: dict[str, Any], next_study: str | Path | None,
+              progress: Callable[[str], None]) -> None:
+    """The next phase's study, written beside the run with the winner as its parent; after the
+    last phase, the command that releases the winner."""
+    phase = promotion["phase"]
+    if phase + 1 in PHASES:
+        child = _write_next_study(run_dir, _resolve_next(record, phase, next_study), promotion,
+                                  record["study"].get("profile") or None)
         promotion["next_study"] = str(child)
         progress(f"promote: next phase study {child}")
     else:
-        promotion["release"] = f"embedlab export {row['checkpoint']} OUT_DIR"
-        progress(f"promote: phase 3 is the last; release with: {promotion['release']}")
-    store.write_text(store.join(run_dir, PROMOTION_FILE), json.dumps(promotion, indent=2, sort_keys=True, default=str))
-    return promotion
+        promotion["release"] = f"embedlab export {promotion['checkpoint']} OUT_DIR"
+        progress(f"promote: phase {phase} is the last; release with: {promotion['release']}")
 
 
 def retention_line(metric: str, drop: dict[str, Any]) -> str:

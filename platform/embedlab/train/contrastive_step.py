@@ -35,7 +35,7 @@ against their global count like the other terms.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -158,6 +158,22 @@ class ContrastiveStep:
         step's global valid count `valid`; with distillation, `distill` the step's global
         counts of its terms); returns the term, the FLOPs this worker's passes ran and the
         temperature used."""
+        settings = self.settings
+        microbatch, host_sides = self.microbatch(batch, valid, distill)
+        flops = self.encode_flops((batch["query_ids"], torch.cat(host_sides)))
+        queries, candidates = self.rows(batch["query_ids"]), self.rows(torch.cat(host_sides))
+        weight = contrastive_weight(settings)
+        if settings.gradcache_chunk:
+            term = gradcache_step(self.encode, queries, candidates, microbatch.term, global_valid=valid, scale=weight)
+        else:
+            term = microbatch.term(self.encode(*queries), self.encode(*candidates))
+            term.objective(valid, weight).backward()
+        return term, flops + microbatch.scores.flops, microbatch.tau
+
+    def microbatch(self, batch: dict[str, torch.Tensor], valid: int,
+                   distill: DistillCounts | None) -> tuple[Microbatch, list[torch.Tensor]]:
+        """What scoring `batch` needs on the device (`Microbatch`), and the host id tensors its
+        candidates' pass encodes after the queries': positives, negatives, distillation documents."""
         settings, device = self.settings, self.device
         host_sides = [batch["positive_ids"]]  # the stream's CPU tensors, read for FLOPs
         groups = [batch["group"]]
@@ -167,98 +183,32 @@ class ContrastiveStep:
             host_sides.append(batch["negative_ids"].reshape(rows * k, length))
             groups.append(batch["negative_group"].reshape(-1))
             exclude.append(batch["negative_len"].reshape(-1) == 0)
-        query_groups = to_device(batch["group"], device)
         groups, exclude = to_device(torch.cat(groups), device), to_device(torch.cat(exclude), device)
-        candidate_groups = self.gather_ids(groups)
-        ineligible = self.gather_ids(exclude.long()).bool()
-        tau = self.temperature() if self.temperature is not None else settings.temperature
-
-        scores = FlopTally()  # the score matrices, counted at the shapes they are computed at
-
-        widths, weights = settings.matryoshka.trained_widths(self.model.width)
-
-        distilling = settings.distillation.weight > 0
-        if distilling and distill is None:
+        if settings.distillation.weight > 0 and distill is None:
             raise ValueError("contrastive distillation weights need the step's DistillCounts")
+        teacher = teacher_mask = targets = target_mask = None
         if settings.distillation.score_weight > 0:
             if "teacher_scores" not in batch:
-                raise ValueError("contrastive.distillation.kl_weight / margin_mse_weight need the stream's teacher_scores")
+                raise ValueError("contrastive.distillation.kl_weight / margin_mse_weight need the stream's "
+                                 "teacher_scores")
             teacher = to_device(batch["teacher_scores"], device)
             teacher_mask = torch.isfinite(teacher)
         documents = 0  # the embedding-distillation rows appended to the candidates' passes
         if settings.distillation.embedding_mse_weight > 0:
             if "distill_ids" not in batch or "teacher_embedding" not in batch:
-                raise ValueError("contrastive.distillation.embedding_mse_weight needs the stream's distill_ids and teacher_embedding")
+                raise ValueError("contrastive.distillation.embedding_mse_weight needs the stream's distill_ids and "
+                                 "teacher_embedding")
             host_sides.append(batch["distill_ids"])
             documents = len(batch["distill_ids"])
             targets = to_device(batch["teacher_embedding"], device)
             target_mask = to_device(embedding_mask(batch), device)
-
-        def contrastive_term(queries: torch.Tensor, local_candidates: torch.Tensor) -> ContrastiveLoss:
-            """The term at every trained width (`embedlab.objectives.matryoshka`; the full width
-            alone unless `contrastive.matryoshka.dims` lists others), with distillation."""
-            # The documents are no one's candidates: split off before the InfoNCE sees them.
-            candidates, document_rows = ((local_candidates[:-documents], local_candidates[-documents:]) if documents
-                                         else (local_candidates, None))
-            if widths == (queries.shape[1],):
-                term = width_term(queries, candidates)
-            else:
-                term = matryoshka_loss(width_term, queries, candidates, widths, weights)
-            return distillation_terms(term, queries, candidates, document_rows) if distilling else term
-
-        def distillation_terms(term: ContrastiveLoss, queries: torch.Tensor, local_candidates: torch.Tensor,
-                               document_rows: torch.Tensor | None):
-            """KL and MarginMSE over each query's own candidates at the widest trained width;
-            embedding MSE of the documents at the full width."""
-            parts = {}
-            if document_rows is not None:
-                parts["embedding_mse"] = (embedding_mse(document_rows, targets, target_mask),
-                                          settings.distillation.embedding_mse_weight, distill.embedding)
-            if not settings.distillation.score_weight:
-                return with_distillation(term, parts, valid)
-            width = widths[-1]
-            if width != queries.shape[1]:
-                queries, local_candidates = truncate(queries, width), truncate(local_candidates, width)
-            own = own_candidate_scores(queries, local_candidates, teacher.shape[1] - 1)
-            scores.similarity(len(queries), teacher.shape[1], width)
-            if settings.distillation.kl_weight:
-                parts["kl"] = (kl_distillation(own, teacher, teacher_mask,
-                                               student_temperature=settings.distillation.student_temperature,
-                                               teacher_temperature=settings.distillation.teacher_temperature),
-                               settings.distillation.kl_weight, distill.kl)
-            if settings.distillation.margin_mse_weight:
-                parts["margin_mse"] = (margin_mse(own, teacher, teacher_mask), settings.distillation.margin_mse_weight,
-                                       distill.margin)
-            return with_distillation(term, parts, valid)
-
-        def width_term(queries: torch.Tensor, local_candidates: torch.Tensor) -> ContrastiveLoss:
-            """This worker's queries against every worker's candidates (+ the reverse direction)."""
-            masks = pair_masks(query_groups, candidate_groups,
-                               exclude=ineligible[None, :].expand(len(queries), -1).contiguous())
-            candidates = self.gather(local_candidates)
-            scores.similarity(len(queries), len(candidates), queries.shape[1])
-            term = multi_positive_infonce(queries, candidates, masks.positive, masks.eligible, temperature=tau)
-            if settings.symmetric:
-                # Reverse direction: this worker's positives against every worker's queries,
-                # pooled with the forward term so sums and counts stay exact across workers.
-                reverse = pair_masks(query_groups, self.gather_ids(query_groups))
-                all_queries = self.gather(queries)
-                scores.similarity(len(queries), len(all_queries), queries.shape[1])
-                term = pooled([term, multi_positive_infonce(
-                    local_candidates[: len(queries)], all_queries, reverse.positive, reverse.eligible,
-                    temperature=tau,
-                )])
-            return term
-
-        flops = self.encode_flops((batch["query_ids"], torch.cat(host_sides)))
-        queries, candidates = self.rows(batch["query_ids"]), self.rows(torch.cat(host_sides))
-        weight = contrastive_weight(settings)
-        if settings.gradcache_chunk:
-            term = gradcache_step(self.encode, queries, candidates, contrastive_term, global_valid=valid, scale=weight)
-        else:
-            term = contrastive_term(self.encode(*queries), self.encode(*candidates))
-            term.objective(valid, weight).backward()
-        return term, flops + scores.flops, tau
+        microbatch = Microbatch(
+            step=self, query_groups=to_device(batch["group"], device), candidate_groups=self.gather_ids(groups),
+            ineligible=self.gather_ids(exclude.long()).bool(),
+            tau=self.temperature() if self.temperature is not None else settings.temperature,
+            valid=valid, distill=distill, documents=documents, teacher=teacher, teacher_mask=teacher_mask,
+            targets=targets, target_mask=target_mask)
+        return microbatch, host_sides
 
     def encode_flops(self, texts: tuple[torch.Tensor, ...]) -> float:
         """FLOPs of encoding each (B, L) id tensor with gradients: one trained pass, or with
@@ -269,3 +219,85 @@ class ContrastiveStep:
                 tally.encode(self.model, (part != self.pad_id).long(), mode=GRADCACHE if chunk else TRAINED,
                              device=self.device, half=self.half, training=True)
         return tally.flops
+
+
+@dataclass
+class Microbatch:
+    """One microbatch's groups, masks, temperature and teacher targets on the device, and the
+    score matrices' FLOPs (`scores`, counted at the shapes they are computed at): what its
+    contrastive term (`term`) reads, the same on the plain path and on each GradCache chunk."""
+
+    step: ContrastiveStep
+    query_groups: torch.Tensor
+    candidate_groups: torch.Tensor  # every worker's
+    ineligible: torch.Tensor  # every worker's candidates that are no one's (an empty negative slot)
+    tau: torch.Tensor | float
+    valid: int
+    distill: DistillCounts | None
+    documents: int  # embedding-distillation rows appended to this worker's candidates
+    teacher: torch.Tensor | None
+    teacher_mask: torch.Tensor | None
+    targets: torch.Tensor | None
+    target_mask: torch.Tensor | None
+    scores: FlopTally = field(default_factory=FlopTally)
+
+    def term(self, queries: torch.Tensor, local_candidates: torch.Tensor) -> ContrastiveLoss:
+        """The term at every trained width (`embedlab.objectives.matryoshka`; the full width
+        alone unless `contrastive.matryoshka.dims` lists others), with distillation."""
+        settings = self.step.settings
+        widths, weights = settings.matryoshka.trained_widths(self.step.model.width)
+        # The documents are no one's candidates: split off before the InfoNCE sees them.
+        candidates, document_rows = ((local_candidates[:-self.documents], local_candidates[-self.documents:])
+                                     if self.documents else (local_candidates, None))
+        if widths == (queries.shape[1],):
+            term = self.width_term(queries, candidates)
+        else:
+            term = matryoshka_loss(self.width_term, queries, candidates, widths, weights)
+        if settings.distillation.weight > 0:
+            return self.distillation_terms(term, queries, candidates, document_rows, widths[-1])
+        return term
+
+    def width_term(self, queries: torch.Tensor, local_candidates: torch.Tensor) -> ContrastiveLoss:
+        """This worker's queries against every worker's candidates (+ the reverse direction)."""
+        step = self.step
+        masks = pair_masks(self.query_groups, self.candidate_groups,
+                           exclude=self.ineligible[None, :].expand(len(queries), -1).contiguous())
+        candidates = step.gather(local_candidates)
+        self.scores.similarity(len(queries), len(candidates), queries.shape[1])
+        term = multi_positive_infonce(queries, candidates, masks.positive, masks.eligible, temperature=self.tau)
+        if step.settings.symmetric:
+            # Reverse direction: this worker's positives against every worker's queries,
+            # pooled with the forward term so sums and counts stay exact across workers.
+            reverse = pair_masks(self.query_groups, step.gather_ids(self.query_groups))
+            all_queries = step.gather(queries)
+            self.scores.similarity(len(queries), len(all_queries), queries.shape[1])
+            term = pooled([term, multi_positive_infonce(
+                local_candidates[: len(queries)], all_queries, reverse.positive, reverse.eligible,
+                temperature=self.tau,
+            )])
+        return term
+
+    def distillation_terms(self, term: ContrastiveLoss, queries: torch.Tensor, local_candidates: torch.Tensor,
+                           document_rows: torch.Tensor | None, width: int) -> ContrastiveLoss:
+        """KL and MarginMSE over each query's own candidates at the widest trained `width`;
+        embedding MSE of the documents at the full width."""
+        settings, distill = self.step.settings.distillation, self.distill
+        parts = {}
+        if document_rows is not None:
+            parts["embedding_mse"] = (embedding_mse(document_rows, self.targets, self.target_mask),
+                                      settings.embedding_mse_weight, distill.embedding)
+        if not settings.score_weight:
+            return with_distillation(term, parts, self.valid)
+        if width != queries.shape[1]:
+            queries, local_candidates = truncate(queries, width), truncate(local_candidates, width)
+        own = own_candidate_scores(queries, local_candidates, self.teacher.shape[1] - 1)
+        self.scores.similarity(len(queries), self.teacher.shape[1], width)
+        if settings.kl_weight:
+            parts["kl"] = (kl_distillation(own, self.teacher, self.teacher_mask,
+                                           student_temperature=settings.student_temperature,
+                                           teacher_temperature=settings.teacher_temperature),
+                           settings.kl_weight, distill.kl)
+        if settings.margin_mse_weight:
+            parts["margin_mse"] = (margin_mse(own, self.teacher, self.teacher_mask), settings.margin_mse_weight,
+                                   distill.margin)
+        return with_distillation(term, parts, self.valid)
