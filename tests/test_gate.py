@@ -155,21 +155,24 @@ def test_phase3_refuses_a_final_eval_document_planted_in_its_mined_negatives(dat
     assert [(f["item_id"], f["match"]) for f in allowed] == [(doc_id, "exact")]
 
 
-def test_two_writers_of_one_pairs_table_both_succeed(data):
-    """Two trials that build the same frozen pairs table at once (both past the cache check
-    before either writes) each stage their own file: both get the table, whole, and no staging
-    file is left. With one shared staging name the second rename found nothing to rename."""
+def test_two_writers_of_one_pairs_table_build_it_once(data):
+    """Two trials that ask for the same frozen pairs table at once: one builds it under the
+    artifact's lock while the other waits, then finds it (`embedlab.artifacts.build.build_once`);
+    both get the table, whole, it is built once, and no staging file is left."""
     import threading
+    import time
 
     from embedlab.pairs.builders import build_pairs
     from embedlab.pairs.table import builtin_pairs_table, pair_table_path
 
     shutil.rmtree(data.directory / "pairs", ignore_errors=True)
-    both_checked = threading.Barrier(2)
+    started, builds = threading.Event(), []
 
     def progress(line: str) -> None:
         if line.startswith("data: building pairs"):
-            both_checked.wait(timeout=120)
+            builds.append(line)
+            started.set()
+            time.sleep(1.0)  # the other writer asks while this one builds
 
     paths, errors = [], []
 
@@ -179,12 +182,14 @@ def test_two_writers_of_one_pairs_table_both_succeed(data):
         except Exception as error:  # noqa: BLE001 - the test reports whatever a writer raised
             errors.append(error)
 
-    writers = [threading.Thread(target=build) for _ in range(2)]
-    for writer in writers:
-        writer.start()
-    for writer in writers:
+    first = threading.Thread(target=build)
+    first.start()
+    assert started.wait(timeout=120)
+    second = threading.Thread(target=build)
+    second.start()
+    for writer in (first, second):
         writer.join(timeout=240)
-    assert errors == [] and len(paths) == 2 and paths[0] == paths[1]
+    assert errors == [] and len(paths) == 2 and paths[0] == paths[1] and len(builds) == 1
     expected = builtin_pairs_table(build_pairs(data.corpus.read(split="train"), list(BUILDERS), split="train", seed=0))
     expected = expected.sort_by([("builder", "ascending"), ("pair_id", "ascending")])
     assert pq.read_table(paths[0]).equals(expected)

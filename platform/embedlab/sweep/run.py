@@ -35,6 +35,7 @@ from embedlab.sweep.experiment import fit
 from embedlab.sweep.gate import check_contamination, check_pair_schedules
 from embedlab.sweep.preflight import preflight
 from embedlab.sweep.tuning import tune_arms
+from embedlab.train.trial_data import build_trial_data as build_trial_data_task, makes_sets
 
 
 def dry_run(study_path: str | Path, *, profile: str | None = None, parent: str | None = None,
@@ -355,24 +356,32 @@ def build_trial_data(resolved: Resolved, prepared: dict[str, dict], todo: list[d
     resources, a GPU share where it mines on a GPU cluster; published to every node as it is
     made)."""
     study = resolved.study
-    if not study.spec.reads_pairs:
+    trials = [(entry, derive(study.trial_config(entry["arm"], entry["seed"], resolved.parent), entry["params"]))
+              for entry in todo]
+    # A trial that makes no set reads the frozen pairs table the prepare stage built and gated.
+    trials = [(entry, trial) for entry, trial in trials if makes_sets(trial)]
+    if not trials:
         return
     import ray  # here: Ray, which a dry run does not need
+    from ray.util.queue import Queue
 
-    from embedlab.train.trial_data import build_trial_data as build  # here: torch, which a dry run does not need
-
-    progress(f"data: building and checking what the {len(todo)} trial(s) train on, before any starts")
-    for entry in todo:
-        trial = derive(study.trial_config(entry["arm"], entry["seed"], resolved.parent), entry["params"])
+    progress(f"data: building and checking what {len(trials)} trial(s) train on, before any starts")
+    lines = Queue()  # the task's progress lines, shown as they come: mining runs for minutes
+    for entry, trial in trials:
         wanted = trial_driver_resources(trial, shares)
-        task = ray.remote(build).options(num_cpus=wanted["CPU"], memory=wanted["memory"],
-                                         num_gpus=wanted.get("GPU", 0))
+        task = ray.remote(build_trial_data_task).options(num_cpus=wanted["CPU"], memory=wanted["memory"],
+                                                         num_gpus=wanted.get("GPU", 0))
+        done = task.remote(trial.to_dict(), prepared[entry["arm"]], study.disclosed_overlap, lines)
+        finished = False
+        while not finished:
+            finished = bool(ray.wait([done], timeout=0.5)[0])
+            while not lines.empty():  # named by its trial, as the trial's own lines are (`progress.TrialProgress`)
+                progress(f"trial final {entry['arm']} seed {entry['seed']}: {lines.get()}")
         try:
-            lines = ray.get(task.remote(trial.to_dict(), prepared[entry["arm"]], study.disclosed_overlap))
+            ray.get(done)
         except ray.exceptions.RayTaskError as error:
             raise error.cause from None  # the task's own error (a ContaminationError, ...), not Ray's wrapper
-        for line in lines:  # named by its trial, as the trial's own lines are (`progress.TrialProgress`)
-            progress(f"trial final {entry['arm']} seed {entry['seed']}: {line}")
+    lines.shutdown()
 
 
 def resume_line(rows: list[dict[str, Any]], trials: int) -> str:

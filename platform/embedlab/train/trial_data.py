@@ -65,6 +65,13 @@ class TrialData:
         )
 
 
+def makes_sets(trial: TrialConfig) -> bool:
+    """Whether `trial_data` makes sets for `trial` beyond its pairs table: negatives (given or
+    mined, phase 3) or a teacher's labels or document vectors."""
+    settings = trial.contrastive
+    return (trial.spec.negatives and settings.negatives.count > 0) or settings.distillation.weight > 0
+
+
 def trial_pair_schedule(trial: TrialConfig, pairs_path: Path):
     """The trial's pair schedule over its frozen pairs table and each builder's first row:
     sized for its budget with the stream's margin, capped at `data.mixture.max_epochs` (a
@@ -120,11 +127,10 @@ def trial_data(trial: TrialConfig, prepared: PreparedData, *, overlap_policy: st
     return TrialData(pairs_path=pairs_path, schedule=schedule, offsets=offsets, **made)
 
 
-def build_trial_data(trial: dict[str, Any], record: dict[str, Any], overlap_policy: str | None) -> list[str]:
+def build_trial_data(trial: dict[str, Any], record: dict[str, Any], overlap_policy: str | None, lines) -> None:
     """`trial_data` for one trial given as plain values (its config's mapping and its arm's
     prepared record), as the sweep runs it in a Ray task shaped like the trial's own driver, on
-    this node's copy of the prepared data; returns the progress lines it printed."""
-    lines: list[str] = []
+    this node's copy of the prepared data; its progress lines go to `lines` (a Ray queue the
+    sweep's driver prints from)."""
     prepared = PreparedData(local_directory(record), record)
-    trial_data(TrialConfig.from_dict(trial), prepared, overlap_policy=overlap_policy, progress=lines.append)
-    return lines
+    trial_data(TrialConfig.from_dict(trial), prepared, overlap_policy=overlap_policy, progress=lines.put)
