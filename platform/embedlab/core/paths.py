@@ -66,22 +66,27 @@ def require_directory(path: str | Path, what: str) -> Path:
 def require_output_dir(path: str | Path, what: str) -> Path:
     """`path` when a directory can be written there: it is one, or its nearest existing parent
     is a directory this user may write into."""
-    path = Path(path).absolute()
-    existing = next(p for p in (path, *path.parents) if kind(p) is not None)
-    found = kind(existing)
-    if found != "a directory":
-        where = "" if existing == path else f" ({existing} is on its way)"
-        raise UsageError(f"{what} {path}: {found}{where}, not a directory; give a directory, or a path to make one")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise UsageError(f"{what} {path}: {existing} is not writable by this user")
-    return path
+    _check_folder(Path(path), Path(path).absolute(), what)
+    return Path(path)
 
 
 def require_output_file(path: str | Path, what: str) -> Path:
     """`path` when a file can be written there: nothing is there yet, or a regular file is
-    (replaced), in a folder `require_output_dir` accepts."""
+    (replaced), in a folder `require_output_dir` would accept."""
     found = kind(path)
     if found not in (None, "a file"):
         raise UsageError(f"{what} {path}: {found}, not a file; give the path of a file to write")
-    require_output_dir(Path(path).absolute().parent, what)
+    _check_folder(Path(path), Path(path).absolute().parent, what)
     return Path(path)
+
+
+def _check_folder(given: Path, folder: Path, what: str) -> None:
+    """The folder `given` writes into (itself, or a file's parent) is a directory, or can be
+    made inside one this user may write into; the message names `given` and what is in the way."""
+    existing = next(p for p in (folder, *folder.parents) if kind(p) is not None)
+    found = kind(existing)
+    if found != "a directory":
+        where = f"{found}" if existing == given.absolute() else f"{existing} is {found}"
+        raise UsageError(f"{what} {given}: {where}, not a directory; name a path in a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"{what} {given}: {existing} is not writable by this user")

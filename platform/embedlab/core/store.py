@@ -52,7 +52,7 @@ TOKEN_FORMS = re.compile(
     r"|\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]+|(?<=Bearer )[^\s\'\"]+")
 # A URI inside a longer text (an error message, a progress line), and an address without a
 # scheme whose authority carries userinfo (`user:password@host:port`).
-_URI_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\'\"<>]+")
+_URI_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\'\"<>]*[^\s\'\"<>:,.;)]")  # not the sentence's punctuation
 _BARE_USERINFO = re.compile(r"(?<![\w/:.@-])[\w.%+-]+:[^\s/@'\"]*@(?=[\w.-]+:\d+\b)")
 # A URI's userinfo: what comes before the last `@` of an authority without `/`, or before an `@`
 # that follows `user:` (an S3 secret may hold `/`).

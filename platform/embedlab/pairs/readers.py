@@ -366,9 +366,8 @@ def _score(where: str, mapping: _Mapping, row: Row) -> float:
         except ValueError:
             pass
     if number is None or not math.isfinite(number):  # NaN and inf: no score says whether a row is a positive
-        shown = f"{value}" if isinstance(value, bool | int | float) else (
-            "NaN" if number is not None and math.isnan(number) else f"{number}" if number is not None else
-            f"a {type(value).__name__}" if not isinstance(value, str) else "text that is not a number")
+        shown = ("NaN" if math.isnan(number) else f"{number:g}") if number is not None else (
+            "text that is not a number" if isinstance(value, str) else f"a {type(value).__name__}")
         raise SourceError(f"{where}: column {column!r} is {shown}, expected a finite number")
     if mapping.score_is_label and number not in (0.0, 1.0):
         raise SourceError(

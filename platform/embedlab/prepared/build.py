@@ -242,11 +242,12 @@ def undone_on_refusal(directories: Iterable[Path], progress: Callable[[str], Non
     except UserError:
         for directory, (entries, cards) in before.items():
             added = sorted(_entries(directory) - entries, key=lambda e: -len(e.parts))
-            for entry in added:  # the deepest first
+            for entry in added:  # the deepest first, each with the lock `build_once` left beside it
                 if entry.is_dir() and not entry.is_symlink():
                     shutil.rmtree(entry)
                 else:
                     entry.unlink(missing_ok=True)
+                (entry.parent / f".{entry.name}.lock").unlink(missing_ok=True)
             for name, data in cards.items():
                 if data is None:
                     (directory / name).unlink(missing_ok=True)

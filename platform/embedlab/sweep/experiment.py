@@ -89,11 +89,15 @@ def tune_output_to_log(run_dir: str, progress: Callable[[str], None], *, verbose
     loggers = [logging.getLogger(name) for name in TUNE_LOGGERS]
     propagating = [logger.propagate for logger in loggers]
     with open(path, "a", encoding="utf-8") as log:
-        handler = logging.StreamHandler(log)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        # Ray's own handler (on the "ray" logger) is bypassed: with --verbose the console gets
+        # the same record from a handler of our own, once.
+        handlers = [logging.StreamHandler(log), *([logging.StreamHandler(sys.stderr)] if verbose else [])]
+        for handler in handlers:
+            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         for logger in loggers:
-            logger.addHandler(handler)
-            logger.propagate = verbose
+            for handler in handlers:
+                logger.addHandler(handler)
+            logger.propagate = False
 
         def shown(line: str) -> None:
             with contextlib.redirect_stdout(console):
@@ -104,7 +108,8 @@ def tune_output_to_log(run_dir: str, progress: Callable[[str], None], *, verbose
                 yield shown
         finally:
             for logger, propagate in zip(loggers, propagating):
-                logger.removeHandler(handler)
+                for handler in handlers:
+                    logger.removeHandler(handler)
                 logger.propagate = propagate
     if local is None:
         store.upload(path, store.join(run_dir, RAY_LOG))

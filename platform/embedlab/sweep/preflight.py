@@ -47,6 +47,7 @@ def preflight(study: Study, *, storage: str | Path | None = None, resume: str | 
               nodes: Sequence[Node] | None = None, resolve_hub: bool = False) -> list[str]:
     """Run every check (module docstring) and return one line per thing checked. `nodes`: where
     a worker must fit (default: this machine and the fleets' nodes)."""
+    store.cache_dir()  # EMBEDLAB_CACHE: a folder (or none yet) that prepared data can go into
     lines = []
     if resume is not None:
         lines.append(check_resume(resume, study))
