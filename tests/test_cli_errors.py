@@ -195,7 +195,7 @@ def test_every_printed_line_passes_the_redaction_rule():
         "gs://b/r?access_token=ya29.abc&X-Amz-Credential=c&sig=s": "gs://b/r?access_token=***&X-Amz-Credential=***&sig=***",
         "key AKIAIOSFODNN7EXAMPLE and hf_abcdefghijklmnopqrstuvwxyz0123": "key *** and ***",
         "Authorization: Bearer abc.def": "Authorization: Bearer ***",
-        "/home/me/runs@v2/study.py": "/home/me/runs@v2/study.py",
+        "/home/me/runs@v2/x": "/home/me/runs@v2/x",
         "s3://bucket/runs?region=eu-west-1": "s3://bucket/runs?region=eu-west-1",
         "mail me@example.com": "mail me@example.com",
     }

@@ -13,7 +13,7 @@ import yaml
 from embedlab.cli import main
 from embedlab.core.config import MODEL_PRESETS, ContrastiveConfig, NegativesConfig, TrialConfig
 from embedlab.model.memory import STATE_BYTES_PER_PARAMETER, encoder_parameters, gib, training_memory
-from embedlab.sweep.capacity import FLEET_NODES, this_machine
+from embedlab.sweep.capacity import FLEET_NODES
 
 from conftest import tiny_trial, write_study
 
@@ -66,9 +66,8 @@ def test_the_dry_run_states_the_memory_a_worker_needs(tmp_path, capsys):
     trial = tiny_trial(num_workers=1)
     path = write_study(tmp_path / "study.py", trial)
     memory = training_memory(trial)
-    largest = max((this_machine(), *FLEET_NODES), key=lambda node: node.host_memory)  # 192 GiB unless this is larger
     assert main(["sweep", path, "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert (f"    memory: at least {gib(memory.total)} per CPU worker ({memory.parameters:,} parameters: "
             f"{gib(memory.state)} of weights, gradients and AdamW state; {gib(memory.activations)} of activations a "
-            f"microbatch); {largest.name} holds {gib(largest.host_memory)}\n") in out
+            "microbatch)\n") in out

@@ -69,8 +69,9 @@ def this_machine() -> Node:
 
 def check_memory(arms: dict[str, TrialConfig], nodes: Sequence[Node], where: str) -> list[str]:
     """One line per arm (one line when they agree) stating the memory a worker needs
-    (`embedlab.model.memory.training_memory`); a UsageError naming the arm, the estimate and the
-    largest node when no node in `nodes` holds one worker (a GPU worker: in one GPU's memory; a
+    (`embedlab.model.memory.training_memory`: the same on every machine, so a plan reads alike
+    everywhere); a UsageError naming the arm, the estimate and the largest node when no node in
+    `nodes` holds one worker (a GPU worker: in one GPU's memory; a
     CPU worker: in the node's memory)."""
     lines = {}
     for arm, trial in arms.items():
@@ -84,7 +85,7 @@ def check_memory(arms: dict[str, TrialConfig], nodes: Sequence[Node], where: str
                 f"arm {arm}: a model of {trial.model.layers:,} layers at width {trial.model.width:,}, "
                 f"{trial.train.batch_rows} rows a microbatch, needs {need.text}; the largest of {where}, {held}, "
                 f"holds {gib(largest)}: use a smaller model or batch (or --profile)")
-        lines[arm] = f"memory: {need.text}; {held} holds {gib(largest)}"
+        lines[arm] = f"memory: {need.text}"  # the nodes are this machine's: named only in a refusal
     if len(set(lines.values())) == 1:
         return [next(iter(lines.values()))]
     return [f"{arm}: {line}" for arm, line in lines.items()]
