@@ -60,7 +60,7 @@ import traceback
 from embedlab.cli import bench, data, evaluate, export, model, stats, sweep
 from embedlab.cli.heldout import add_heldout_parser
 from embedlab.core.errors import UserError
-from embedlab.core.store import redact
+from embedlab.core.store import RedactedStream
 
 # The errors `main` shows in one line: the user's to fix, not a bug.
 USER_ERRORS = (UserError, FileNotFoundError, ConnectionError)
@@ -96,21 +96,6 @@ def main(argv: list[str] | None = None) -> int:
                 traceback.print_exception(error)
             print(f"error: {one_line(error)}", file=sys.stderr)
             return 2
-
-
-class RedactedStream:
-    """A text stream that writes what it is given with every credential masked
-    (`embedlab.core.store.redact`); anything else (fileno, isatty, encoding) is the stream's."""
-
-    def __init__(self, stream) -> None:
-        self._stream = stream
-
-    def write(self, text: str) -> int:
-        self._stream.write(redact(text))
-        return len(text)
-
-    def __getattr__(self, name: str):
-        return getattr(self._stream, name)
 
 
 def one_line(error: BaseException) -> str:

@@ -220,7 +220,8 @@ def _string_field(path: Path, number: int, record: dict[str, object], name: str)
         raise TaskFormatError(f"{path}:{number}: missing field {name!r}")
     value = record[name]
     if not isinstance(value, str):
-        raise TaskFormatError(f"{path}:{number}: field {name!r} must be a string, got {type(value).__name__}")
+        shown = repr(value) if value is None or isinstance(value, bool | int | float) else type(value).__name__
+        raise TaskFormatError(f"{path}:{number}: field {name!r} must be a string, got {shown}")
     return value
 
 

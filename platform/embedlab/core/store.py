@@ -114,6 +114,22 @@ def redact(text: str | Path) -> str:
     return TOKEN_FORMS.sub(MASK, text)
 
 
+class RedactedStream:
+    """A text stream that writes what it is given with every credential masked (`redact`):
+    the console of the `embedlab` command, and a run's ray.log. Anything else (fileno, isatty,
+    encoding, flush) is the wrapped stream's."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        self._stream.write(redact(text))
+        return len(text)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
 def _redact_uri(uri: str) -> str:
     """One URI with its userinfo and secret query values masked, its form otherwise kept."""
     scheme, rest = uri.split("://", 1)

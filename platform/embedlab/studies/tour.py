@@ -12,6 +12,7 @@ from pathlib import Path
 
 from embedlab.core import paths
 from embedlab.core.config import DEFAULT_MAX_RETENTION_DROP, ConfigError, check_fields
+from embedlab.core.errors import UserError
 from embedlab.studies.study import Study, load_study, run_user_code
 
 
@@ -72,8 +73,8 @@ def load_stage_studies(path: str | Path, tour: Tour) -> list[Study]:
         where = f"{path}: stage {number}/{len(tour.stages)} ({stage.study})"
         try:
             studies.append(load_study(stage_path(Path(path), stage), tour.profile))
-        except (ConfigError, FileNotFoundError) as error:
-            raise ConfigError(f"{where}: {error}") from None
+        except (UserError, FileNotFoundError) as error:  # the cause kept: `embedlab --debug` shows it
+            raise ConfigError(f"{where}: {error}") from error
         except Exception as error:
             error.add_note(f"while loading {where}")
             raise

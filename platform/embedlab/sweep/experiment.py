@@ -88,7 +88,8 @@ def tune_output_to_log(run_dir: str, progress: Callable[[str], None], *, verbose
     path.parent.mkdir(parents=True, exist_ok=True)
     loggers = [logging.getLogger(name) for name in TUNE_LOGGERS]
     propagating = [logger.propagate for logger in loggers]
-    with open(path, "a", encoding="utf-8") as log:
+    with open(path, "a", encoding="utf-8") as file:
+        log = store.RedactedStream(file)  # a record too: no credential in it
         # Ray's own handler (on the "ray" logger) is bypassed: with --verbose the console gets
         # the same record from a handler of our own, once.
         handlers = [logging.StreamHandler(log), *([logging.StreamHandler(sys.stderr)] if verbose else [])]
