@@ -63,6 +63,8 @@ def connect(address: str | None, progress: Callable[[str], None] = print, job_en
     """
     import ray  # here: Ray, which a dry run does not need
 
+    if address:  # a bad address is the user's mistake whether or not this process holds a cluster
+        check_address(address)
     untested = ray_compat.check_ray_version()
     if untested:
         progress(untested)
