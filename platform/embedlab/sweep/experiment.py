@@ -10,6 +10,7 @@ goes to the run directory's `ray.log`, and to the console too with `--verbose`."
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import sys
 import tempfile
@@ -88,7 +89,7 @@ def tune_output_to_log(run_dir: str, progress: Callable[[str], None], *, verbose
     path.parent.mkdir(parents=True, exist_ok=True)
     loggers = [logging.getLogger(name) for name in TUNE_LOGGERS]
     propagating = [logger.propagate for logger in loggers]
-    with open(path, "a", encoding="utf-8") as file:
+    with open(path, "a", encoding="utf-8", buffering=1) as file:  # by line: a killed driver keeps its lines
         log = store.RedactedStream(file)  # a record too: no credential in it
         # Ray's own handler (on the "ray" logger) is bypassed: with --verbose the console gets
         # the same record from a handler of our own, once.
@@ -100,20 +101,35 @@ def tune_output_to_log(run_dir: str, progress: Callable[[str], None], *, verbose
                 logger.addHandler(handler)
             logger.propagate = False
 
-        def shown(line: str) -> None:
-            with contextlib.redirect_stdout(console):
-                progress(line)
-
+        _CONSOLES.append(console)
         try:
             with contextlib.redirect_stdout(_Tee(log, console) if verbose else log):
-                yield shown
+                yield ConsoleLines(progress)
         finally:
+            _CONSOLES.pop()
             for logger, propagate in zip(loggers, propagating):
                 for handler in handlers:
                     logger.removeHandler(handler)
                 logger.propagate = propagate
     if local is None:
         store.upload(path, store.join(run_dir, RAY_LOG))
+
+
+# The consoles of the open `tune_output_to_log` blocks, the innermost last.
+_CONSOLES: list = []
+
+
+@dataclasses.dataclass(frozen=True)
+class ConsoleLines:
+    """`progress`, its lines printed to the console of the innermost `tune_output_to_log` block
+    rather than to the run's log. A value that holds no stream: Tune pickles its callbacks,
+    which call it, with the experiment's state."""
+
+    progress: Callable[[str], None]
+
+    def __call__(self, line: str) -> None:
+        with contextlib.redirect_stdout(_CONSOLES[-1]) if _CONSOLES else contextlib.nullcontext():
+            self.progress(line)
 
 
 class _Tee:
