@@ -568,3 +568,33 @@ def test_a_user_pairs_sweep_refused_for_too_few_pairs_leaves_no_trace_in_the_pre
              "study few-pairs, arm mask-15: its budget schedules more pairs than the frozen pairs hold", "'few'")
     assert shared.unchanged() and not (tmp_path / "runs").exists()
     assert sorted(p.name for p in prepared.directory.rglob(".*.lock") if "few" in p.name) == []
+
+
+def test_a_source_that_is_a_uri_is_refused_naming_its_scheme_only():
+    """Pair files, BEIR folders, document files and Hub dataset names that are URIs are refused
+    at construction, naming the field and the scheme, never the URI (it may carry a credential)."""
+    from embedlab.core.config import BEIRPairs, HFDataset, HFPairs, LocalFiles, PairFiles, SourceError
+
+    uri = "s3://AKIDKEY:S3CR3T@bucket/data"
+    for build, field in ((lambda: PairFiles(name="p", path=uri, rights="r"), "path"),
+                         (lambda: BEIRPairs(name="p", path=uri, rights="r"), "path"),
+                         (lambda: LocalFiles(name="p", path=uri), "path"),
+                         (lambda: HFPairs(name="p", dataset=uri, revision="0" * 40, rights="r"), "dataset"),
+                         (lambda: HFDataset(name="p", dataset=uri, revision="0" * 40), "dataset")):
+        with pytest.raises(SourceError) as error:
+            build()
+        assert str(error.value) == (f"source 'p': {field} is a s3:// URI; sources are read from this machine, so "
+                                    "copy the files to a local (or shared) disk and name that path (the URI is not "
+                                    "shown: it may carry a credential)")
+
+
+def test_a_task_folder_or_data_spec_of_the_wrong_kind_is_named(tmp_path, capsys):
+    """A BEIR task folder that is a file and `data build DIR`: what is there, not "not found"."""
+    from embedlab.core.beir import TaskFormatError, load_task
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    with pytest.raises(TaskFormatError) as error:
+        load_task(blocker)
+    assert str(error.value) == f"{blocker}: a file, not a task directory (corpus.jsonl, queries.jsonl, qrels/)"
+    _refused(capsys, ["data", "build", str(tmp_path)], f"data spec {tmp_path}: a directory, not a file")

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from embedlab.core import paths
 from embedlab.core.errors import UnknownKey, UserError, quoted
 
 CORPUS_FILE = "corpus.jsonl"
@@ -136,8 +137,10 @@ def load_task(path: str | Path, splits: list[str] | None = None) -> Task:
     qrels/test.tsv must exist whichever splits are read. Raises TaskFormatError.
     """
     root = Path(path)
-    if not root.is_dir():
-        raise TaskFormatError(f"{root}: task directory not found")
+    found = paths.kind(root)
+    if found != "a directory":
+        raise TaskFormatError(f"{root}: task directory not found" if found is None else
+                              f"{root}: {found}, not a task directory (corpus.jsonl, queries.jsonl, qrels/)")
     corpus = read_corpus(root / CORPUS_FILE)
     queries = read_queries(root / QUERIES_FILE)
     qrels = {

@@ -12,6 +12,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from embedlab.core import paths
 from embedlab.core.errors import ConfigError
 
 
@@ -140,9 +141,7 @@ def read_mapping_file(path: str | Path) -> dict[str, Any]:
     """A TOML (.toml) or JSON (.json) file's top-level mapping; ConfigError naming the file otherwise."""
     import tomllib
 
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"config file not found: {path}")
+    path = paths.require_file(path, "config file")
     text = path.read_text(encoding="utf-8")
     try:
         if path.suffix == ".toml":
