@@ -120,3 +120,83 @@ def test_the_profile_help_lists_every_profile_with_its_summary():
         flat = " ".join(subcommands.choices[command].format_help().split())
         for name, profile in PROFILES.items():
             assert f"{name} ({profile.summary})" in flat, (command, name)
+
+
+SECRET = "S3CR3T-never-printed"
+
+
+def test_a_credential_in_any_position_is_never_printed_or_written(tmp_path, capsys):
+    """A set of commands, each given the same secret in one position: a Ray address's userinfo
+    (ray:// and bare), a storage URI's userinfo and its query parameters (an AWS secret, a
+    token, a password, an S3 signature), a pair file given as an s3:// URI, a checkpoint URI.
+    Each is refused in one line; the secret is in nothing printed (stdout, stderr, with
+    --debug's traceback too) and in no file the commands wrote under tmp_path."""
+    from conftest import tiny_trial, write_study
+
+    study = write_study(tmp_path / "study.py", tiny_trial(num_workers=1),
+                        extra="budget=replace(DEFAULT_BUDGET, tokens=4_000)")
+    pairs_study = tmp_path / "pairs_study.py"
+    pairs_study.write_text(
+        "from dataclasses import replace\nfrom embedlab import Study, recipes\n"
+        "from embedlab.core.config import PairFiles\n\n"
+        "def study(profile='demo'):\n"
+        "    base = recipes.phase3_baseline('demo')\n"
+        f"    mine = PairFiles(name='mine', path='s3://AKIDKEY:{SECRET}@bucket/pairs.jsonl', rights='test')\n"
+        "    base = replace(base, data=replace(base.data, pair_files=(mine,)))\n"
+        "    return Study(name='p', factor='contrastive.temperature', seeds=(0,), budget=recipes.budget_for(\n"
+        "        recipes.profile('demo'), phase=3, control=base), arms={'a': base, 'b': replace(base, contrastive=\n"
+        "        replace(base.contrastive, temperature=0.1))})\n")
+    tour = str(REPOSITORY / "ablations" / "recipe.py")
+    written_before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    commands = [
+        ["sweep", study, "--dry-run", "--address", f"ray://user:{SECRET}@127.0.0.1:10001"],
+        ["sweep", study, "--address", f"user:{SECRET}@127.0.0.1:6379", "--storage", str(tmp_path / "runs")],
+        ["evaluator", "status", "--address", f"ray://admin:{SECRET}@127.0.0.1:10001"],
+        ["sweep", study, "--dry-run", "--storage", f"s3://AKIDKEY:{SECRET}@bucket/runs"],
+        ["sweep", study, "--dry-run", "--storage", f"s3://bucket/runs?region=eu-west-1&aws_secret_access_key={SECRET}"],
+        ["sweep", study, "--storage", f"gs://bucket/runs?token={SECRET}"],
+        ["sweep", study, "--ladder", "0.5,1", "--dry-run", "--storage", f"s3://bucket/runs?password={SECRET}"],
+        ["tour", tour, "--profile", "demo", "--dry-run", "--storage", f"s3://bucket/r?X-Amz-Signature={SECRET}"],
+        ["sweep", str(pairs_study), "--dry-run"],
+        ["export", f"s3://bucket/ckpt?sas_token={SECRET}", str(tmp_path / "out")],
+        ["--debug", "sweep", str(pairs_study), "--dry-run"],
+    ]
+    printed = []
+    for argv in commands:
+        assert main(argv) == 2, argv
+        out, err = capsys.readouterr()
+        assert err.splitlines()[-1].startswith("error: "), (argv, err)
+        printed.append(out + err)
+    assert [argv for argv, text in zip(commands, printed) if SECRET in text] == []
+    written = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    assert [p for p, data in written.items() if written_before.get(p) != data and SECRET.encode() in data] == []
+    assert "source 'mine': path is a s3:// URI; sources are read from this machine" in printed[8]
+    assert "--address ray://***@127.0.0.1:10001: an address carries no credential" in printed[0]
+    assert "storage s3://bucket/runs?region=eu-west-1&aws_secret_access_key=***:" in printed[4]
+
+
+def test_an_out_of_range_port_is_a_usage_error_not_connection_refused(capsys):
+    """`evaluator status --address HOST:70000` is refused as a usage error before connecting."""
+    assert main(["evaluator", "status", "--address", "127.0.0.1:70000"]) == 2
+    err = capsys.readouterr().err
+    assert err == "error: --address 127.0.0.1:70000: port '70000' is not a TCP port (1-65535)\n"
+
+
+def test_every_printed_line_passes_the_redaction_rule():
+    """The rule itself, on each form it covers and on text that must pass unchanged."""
+    from embedlab.core.store import redact
+
+    cases = {
+        "ray://user:pw@host:10001": "ray://***@host:10001",
+        "connecting to user:pw@10.0.0.5:6379 now": "connecting to ***@10.0.0.5:6379 now",
+        "s3://AKID:se/cret@bucket/x": "s3://***@bucket/x",
+        "s3://b/r?region=eu&aws_secret_access_key=x&endpoint_override=h:9000":
+            "s3://b/r?region=eu&aws_secret_access_key=***&endpoint_override=h:9000",
+        "gs://b/r?access_token=ya29.abc&X-Amz-Credential=c&sig=s": "gs://b/r?access_token=***&X-Amz-Credential=***&sig=***",
+        "key AKIAIOSFODNN7EXAMPLE and hf_abcdefghijklmnopqrstuvwxyz0123": "key *** and ***",
+        "Authorization: Bearer abc.def": "Authorization: Bearer ***",
+        "/home/me/runs@v2/x": "/home/me/runs@v2/x",
+        "s3://bucket/runs?region=eu-west-1": "s3://bucket/runs?region=eu-west-1",
+        "mail me@example.com": "mail me@example.com",
+    }
+    assert {text: redact(text) for text in cases} == cases

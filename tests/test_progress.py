@@ -137,3 +137,32 @@ def test_budget_lines_follow_a_real_runs_reports(frozen, tmp_path):
     expected = [0] + [next(i for i, f in enumerate(fractions) if f >= q / 4) for q in (1, 2, 3)]
     assert printed == sorted(set(i for i in expected if fractions[i] < 1))
     assert BudgetLines().line("t", {"train/loss": 1.0}) is None  # no budget figure: no line
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_tunes_own_output_goes_to_the_run_log_and_to_the_console_only_when_verbose(tmp_path, ray_session, capsys,
+                                                                                   verbose):
+    """A real Tune experiment inside the sweep's `tune_output_to_log`: Tune's configuration box,
+    its TensorBoard hint and a warning on its logger (where its Ctrl-C `Tuner.restore(...)`
+    advice goes) reach `<run_dir>/ray.log`, and the console only with --verbose; embedlab's own
+    line reaches the console either way."""
+    import logging
+
+    from ray import tune
+
+    from embedlab.sweep.experiment import RAY_LOG, tune_output_to_log
+
+    def trainable(config):
+        tune.report({"score": 1.0})
+
+    with tune_output_to_log(str(tmp_path), print, verbose=verbose) as shown:
+        tune.Tuner(trainable, run_config=tune.RunConfig(name="t", storage_path=str(tmp_path / "tune"),
+                                                        verbose=0)).fit()
+        logging.getLogger("ray.tune.tune").warning("Resume experiment with: Tuner.restore(path=...)")
+        shown("tune: 1 trials, at most 1 at a time")
+    out, err = capsys.readouterr()
+    log = (tmp_path / RAY_LOG).read_text()
+    for line in ("Configuration for experiment", "To visualize your results with TensorBoard",
+                 "Resume experiment with: Tuner.restore(path=...)"):
+        assert line in log and (line in out + err) == verbose, line
+    assert "tune: 1 trials, at most 1 at a time\n" in out and "tune: 1 trials" not in log

@@ -440,3 +440,32 @@ def test_a_ladder_promotes_from_its_top_rung_and_says_whether_its_winner_won_eve
     # A study with no rung beside it is no ladder.
     lonely = _run_dir(tmp_path / "alone", tokenizer, {"a": [0.7, 0.71], "b": [0.6, 0.62]})
     assert "ladder" not in promote(lonely, progress=lambda line: None)
+
+
+def test_promotion_ignores_unrelated_corrupt_siblings_and_names_a_rung_it_cannot_read(tmp_path, tokenizer, capsys):
+    """The ladder lookup reads only siblings named as runs of this study or its rungs: a corrupt
+    unrelated run beside it blocks nothing; a corrupt one named as a rung is refused in one line
+    naming its file and why it was read, and nothing is written."""
+    from embedlab.cli import main
+
+    storage = tmp_path / "runs"
+    storage.mkdir()
+    run_dir = _run_dir(tmp_path / "s", tokenizer, {"a": [0.7, 0.71], "b": [0.6, 0.62]}).rename(
+        storage / "s-20261206-000001")
+    unrelated = storage / "other-study-20261205-000000"
+    unrelated.mkdir()
+    (unrelated / "study.json").write_text('{"study": {"name": "other-st')
+    assert main(["promote", str(run_dir)]) == 0
+    assert json.loads((run_dir / PROMOTION_FILE).read_text())["winner"]["arm"] == "a"
+    (run_dir / PROMOTION_FILE).unlink()
+    rung = storage / "s-x0p5-20261205-000000"
+    rung.mkdir()
+    (rung / "study.json").write_text('{"study": {"name": "s-x0p5", "metr')
+    capsys.readouterr()
+    assert main(["promote", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: {rung / 'study.json'}: not a study record: truncated or invalid JSON (Unterminated "
+                   "string starting at: line 1 column 30 (char 29)) (read because s-x0p5-20261205-000000, beside "
+                   "s-20261206-000001, is named as a run of study s or of one of its budget rungs, which a ladder "
+                   "compares; repair or move it)\n")
+    assert not (run_dir / PROMOTION_FILE).exists()

@@ -69,8 +69,11 @@ def test_killed_driver_resumes_without_loss_or_duplicates(ray_session, prepared,
     (run_dir / "trials" / "crashed_00000.json").write_text(json.dumps(crashed))
 
     assert main(["sweep", str(study_file), "--resume", str(run_dir)]) == 0, capsys.readouterr().err
-    assert ("resume: 1 finished trial(s) kept, 1 to run (1 failed grid trial(s) among them run again)"
-            in capsys.readouterr().out)
+    out = capsys.readouterr().out
+    assert "resume: 1 finished trial(s) kept, 1 to run (1 failed grid trial(s) among them run again)" in out
+    # Tune's own box and hint are in the run's ray.log (both drivers'), never on the console.
+    assert "Configuration for experiment" not in out and "tensorboard --logdir" not in out
+    assert (run_dir / "ray.log").read_text().count("Configuration for experiment") == 2
     table = load_table(run_dir)
     finished = table[table["status"] == "finished"]
     assert sorted(zip(finished["arm"], finished["seed"])) == [("mask-15", 0), ("mask-30", 0)]

@@ -40,7 +40,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from embedlab.checkpoints.state import TrainingState, write_training_state
-from embedlab.core import store
+from embedlab.core import paths, store
 from embedlab.checkpoints import CheckpointError, ENCODER_FILE, FORMAT, HEAD_FILE, MANIFEST_FILE
 from embedlab.core.code_identity import VERSION
 from embedlab.core.config import ModelConfig
@@ -170,7 +170,7 @@ def local_checkpoint(location: Location) -> Path:
     try:
         raw = store.read_bytes(store.join(location, MANIFEST_FILE))
     except FileNotFoundError:
-        raise CheckpointError(f"{location}: no {MANIFEST_FILE}; not an embedlab checkpoint") from None
+        raise CheckpointError(f"{store.redact(location)}: no {MANIFEST_FILE}; not an embedlab checkpoint") from None
     manifest = _parse_manifest(raw, f"{location}/{MANIFEST_FILE}")
     target = store.cache_dir() / CACHE_DIR / hashlib.sha256(raw).hexdigest()[:32]
     if (target / MANIFEST_FILE).is_file():
@@ -208,8 +208,12 @@ def _parse_manifest(raw: bytes, where: str) -> dict[str, Any]:
 def read_manifest(directory: Location) -> dict[str, Any]:
     directory = local_checkpoint(directory)
     path = directory / MANIFEST_FILE
-    if not directory.is_dir():
+    found = paths.kind(directory)
+    if found is None:
         raise CheckpointError(f"checkpoint directory not found: {directory}")
+    if found != "a directory":
+        raise CheckpointError(f"checkpoint {directory}: {found}, not a directory; a checkpoint is the directory "
+                              f"holding {MANIFEST_FILE} and the weights")
     if not path.is_file():
         raise CheckpointError(f"{path}: missing; not an embedlab checkpoint")
     return _parse_manifest(path.read_bytes(), str(path))

@@ -36,8 +36,12 @@
 
 `main(argv)` returns an exit code, so tests call it in-process. An error in what was asked
 (`embedlab.core.errors.UserError`, and FileNotFoundError or ConnectionError) prints one line,
-`error: ...`, and returns 2. Anything else is a bug and is not caught: it propagates with its
-traceback, and the `embedlab` command exits 1 as Python does for an uncaught exception.
+`error: ...`, and returns 2; `embedlab --debug ...` prints its traceback above that line (an
+error in a study file's own code: the traceback through that code). Anything else is a bug and
+is not caught: it propagates with its traceback, and the `embedlab` command exits 1 as Python
+does for an uncaught exception. Every line a command prints, on stdout and stderr, passes
+through the redaction rule (`embedlab.core.store.redact`): no credential in an address, a
+location or a token reaches the console, whichever part of embedlab or a library printed it.
 
 Each group of subcommands lives in a module of its own, which registers its parsers and holds
 its `cmd_*` functions: `sweep` (demo, sweep, plan, tour, table, promote, report), `evaluate`
@@ -49,11 +53,14 @@ its `cmd_*` functions: `sweep` (demo, sweep, plan, tour, table, promote, report)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+import traceback
 
 from embedlab.cli import bench, data, evaluate, export, model, stats, sweep
 from embedlab.cli.heldout import add_heldout_parser
 from embedlab.core.errors import UserError
+from embedlab.core.store import RedactedStream
 
 # The errors `main` shows in one line: the user's to fix, not a bug.
 USER_ERRORS = (UserError, FileNotFoundError, ConnectionError)
@@ -61,6 +68,9 @@ USER_ERRORS = (UserError, FileNotFoundError, ConnectionError)
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="embedlab", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--debug", action="store_true",
+                        help="on an error in what was asked (a study file's own code included), print its "
+                             "traceback above the one-line error")
     sub = parser.add_subparsers(dest="command", required=True)
     sweep.add_parsers(sub)
     evaluate.add_evaluate_parser(sub)
@@ -75,13 +85,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command; 2 and one `error:` line for a user error, a bug's traceback otherwise."""
-    args = build_parser().parse_args(argv)
-    try:
-        return args.func(args)
-    except USER_ERRORS as error:
-        print(f"error: {one_line(error)}", file=sys.stderr)
-        return 2
+    """Run one command; 2 and one `error:` line for a user error, a bug's traceback otherwise.
+    Everything it prints is redacted (`RedactedStream`)."""
+    with contextlib.redirect_stdout(RedactedStream(sys.stdout)), contextlib.redirect_stderr(RedactedStream(sys.stderr)):
+        args = build_parser().parse_args(argv)
+        try:
+            return args.func(args)
+        except USER_ERRORS as error:
+            if args.debug:
+                traceback.print_exception(error)
+            print(f"error: {one_line(error)}", file=sys.stderr)
+            return 2
 
 
 def one_line(error: BaseException) -> str:

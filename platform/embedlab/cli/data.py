@@ -12,8 +12,16 @@ import argparse
 import json
 
 from embedlab.cli.common import add_spec, stderr
+from embedlab.core import store
 from embedlab.core.errors import UsageError
 from embedlab.studies.spec import load_data_configs
+
+
+def _configs(args: argparse.Namespace) -> list:
+    """The spec's data configs and the data cache, checked before a cluster starts."""
+    configs = load_data_configs(args.spec)
+    store.cache_dir()  # EMBEDLAB_CACHE: a folder, or none yet
+    return configs
 
 
 def cmd_data_build(args: argparse.Namespace) -> int:
@@ -21,8 +29,9 @@ def cmd_data_build(args: argparse.Namespace) -> int:
     from embedlab.prepared.build import prepare_data
     from embedlab.sweep.cluster import connect
 
+    configs = _configs(args)
     connect(args.address, stderr)
-    for config in load_data_configs(args.spec):
+    for config in configs:
         prepared = prepare_data(config, progress=stderr)
         print(f"prepared data: {prepared.directory}")
         print(f"data card:     {prepared.directory / 'data_card.md'}")
@@ -36,8 +45,9 @@ def cmd_data_audit(args: argparse.Namespace) -> int:
     from embedlab.prepared.build import prepare_data
     from embedlab.sweep.cluster import connect
 
+    configs = _configs(args)
     connect(args.address, stderr)
-    for config in load_data_configs(args.spec):
+    for config in configs:
         prepared = prepare_data(config, progress=stderr)
         report = run_audit(prepared, stages=ALL_STAGES, extra_tasks=args.task, progress=stderr, data=config)
         print(json.dumps(report.to_dict(), sort_keys=True) if args.json else report.to_markdown())
@@ -66,8 +76,9 @@ def cmd_tokenizer_compare(args: argparse.Namespace) -> int:
     from embedlab.prepared.build import prepare_data
     from embedlab.sweep.cluster import connect
 
+    configs = _configs(args)
     connect(args.address, stderr)
-    for config in load_data_configs(args.spec):
+    for config in configs:
         prepared = prepare_data(config, progress=stderr)
         rows = compare_corpus_tokenizers(prepared, progress=stderr)
         print(json.dumps(rows, sort_keys=True) if args.json else format_comparison(rows))

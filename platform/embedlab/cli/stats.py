@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 
 from embedlab.core.errors import UserError
 
@@ -96,5 +97,8 @@ def cmd_ladder(args: argparse.Namespace) -> int:
     # here: pandas and scipy, which the rest of `embedlab stats` loads only when it runs
     from embedlab.stats.ladder import render_ladder
 
+    if args.project_to is not None and not 0 < args.project_to < math.inf:
+        raise UserError(f"--project-to {args.project_to:g}: a number of training FLOPs, positive and finite "
+                        "(e.g. 1e18), to project each trend to")
     print(render_ladder(args.run_dirs, project_to=args.project_to), end="")
     return 0

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from embedlab.cli.common import progress, stderr
-from embedlab.core import store
+from embedlab.core import paths, store
 from embedlab.core.config import DEFAULT_MAX_RETENTION_DROP
 from embedlab.core.errors import UsageError
 from embedlab.sweep.capacity import check_options
@@ -30,11 +30,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return _ladder(args)
     if args.dry_run:
         print(dry_run(args.study, profile=args.profile, parent=args.parent, storage=args.storage, resume=args.resume,
-                      budget_scale=args.budget_scale))
+                      budget_scale=args.budget_scale, address=args.address, max_concurrent=args.max_concurrent,
+                      wait_for_resources=args.wait_for_resources))
         return 0
     run_dir = run_sweep(args.study, storage=args.storage, address=args.address, parent=args.parent,
                         profile=args.profile, resume=args.resume, max_concurrent=args.max_concurrent,
-                        wait_for_resources=args.wait_for_resources, progress=progress, budget_scale=args.budget_scale)
+                        wait_for_resources=args.wait_for_resources, progress=progress, budget_scale=args.budget_scale,
+                        verbose=args.verbose)
     return _show_run(run_dir)
 
 
@@ -43,17 +45,25 @@ def _ladder(args: argparse.Namespace) -> int:
     # here: pandas and scipy, which the other subcommands' --help does not need
     from embedlab.stats.ladder import render_ladder
     from embedlab.sweep.ladder_run import ladder_plan, parse_scales, run_ladder
+    from embedlab.sweep.run import dry_run  # here: it loads torch
 
     if args.resume is not None or args.budget_scale != 1.0:
         raise UsageError("--ladder runs its own rungs: it takes neither --resume nor --budget-scale")
     scales = parse_scales(args.ladder)
+    # Every check of a plain dry run, on the top rung (the others differ in budget only, and
+    # `ladder_plan` loads each): storage, cluster options, parent, sources, tasks, memory.
+    checked = dry_run(args.study, profile=args.profile, parent=args.parent, storage=args.storage,
+                      budget_scale=scales[-1], address=args.address, max_concurrent=args.max_concurrent,
+                      wait_for_resources=args.wait_for_resources)
+    plan = ladder_plan(args.study, scales, profile=args.profile, storage=args.storage)
     if args.dry_run:
-        for factor, action, earlier in ladder_plan(args.study, scales, profile=args.profile, storage=args.storage):
+        print(checked)
+        for factor, action, earlier in plan:
             print(f"rung x{factor:g}: {action}" + (f" ({earlier})" if earlier else ""))
         return 0
     run_dirs = run_ladder(args.study, scales, storage=args.storage, profile=args.profile, progress=progress,
                           address=args.address, parent=args.parent, max_concurrent=args.max_concurrent,
-                          wait_for_resources=args.wait_for_resources)
+                          wait_for_resources=args.wait_for_resources, verbose=args.verbose)
     failed = max(_show_run(run_dir) for run_dir in run_dirs)
     print()
     print(render_ladder(run_dirs), end="")
@@ -99,12 +109,14 @@ def cmd_tour(args: argparse.Namespace) -> int:
     from embedlab.sweep.tour import dry_run_tour, run_tour  # here: pandas and scipy
 
     if args.dry_run:
-        print(dry_run_tour(args.tour, args.profile))
+        print(dry_run_tour(args.tour, args.profile, storage=args.storage, address=args.address,
+                           max_concurrent=args.max_concurrent, wait_for_resources=args.wait_for_resources))
         return 0
     failed = []
     run_dirs = run_tour(args.tour, profile=args.profile, storage=args.storage, address=args.address,
                         max_concurrent=args.max_concurrent, wait_for_resources=args.wait_for_resources,
-                        show=lambda run_dir: failed.append(_show_run(run_dir)), progress=progress)
+                        show=lambda run_dir: failed.append(_show_run(run_dir)), progress=progress,
+                        verbose=args.verbose)
     print("\ntour finished; run directories:")
     for run_dir in run_dirs:
         print(f"  {run_dir}")
@@ -125,6 +137,10 @@ def cmd_promote(args: argparse.Namespace) -> int:
     from embedlab.sweep.promote import promote  # here: pandas and scipy
 
     check_options(args.max_concurrent, args.wait_for_resources)  # before promoting, not after
+    if args.run and args.address is not None:
+        from embedlab.sweep.cluster import check_address  # here: its module loads torch
+
+        check_address(args.address)
     margin = DEFAULT_MAX_RETENTION_DROP if args.max_retention_drop is None else args.max_retention_drop
     promotion = promote(args.run_dir, metric=args.metric, max_retention_drop=margin,
                         arm=args.arm, next_study=args.next, allow_missing_seeds=args.allow_missing_seeds,
@@ -134,7 +150,7 @@ def cmd_promote(args: argparse.Namespace) -> int:
 
         child = run_sweep(promotion["next_study"], storage=store.parent(store.resolve(args.run_dir)),
                           address=args.address, max_concurrent=args.max_concurrent,
-                          wait_for_resources=args.wait_for_resources, progress=progress)
+                          wait_for_resources=args.wait_for_resources, progress=progress, verbose=args.verbose)
         return _show_run(child)
     return 0
 
@@ -143,8 +159,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     from embedlab.report import write_report  # here: it loads matplotlib and torch
 
     if args.out is None and store.local_path(args.run_dirs[-1]) is None:
-        raise UsageError(f"{args.run_dirs[-1]} is on object storage: name a local file with --out")
+        raise UsageError(f"{store.redact(args.run_dirs[-1])} is on object storage: name a local file with --out")
     out = args.out or Path(args.run_dirs[-1]) / "report.html"
+    paths.require_output_file(out, "--out")  # before the minutes of scoring, not after
+    if args.figures is not None:
+        paths.require_output_dir(args.figures, "--figures")
     print(write_report(args.run_dirs, out, figures_dir=args.figures, progress=stderr))
     if args.figures is not None:
         print(f"figures: {args.figures}/<figure id>.png")
@@ -163,6 +182,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--wait-for-resources", type=float, default=0.0, metavar="SECONDS",
                        help="on an autoscaling cluster (--address), wait up to SECONDS for nodes that hold one "
                             "trial of every arm, asking the autoscaler for them (default 0: refuse at once)")
+        p.add_argument("--verbose", action="store_true",
+                       help="also show Ray Tune's own console output (its configuration box, hints and warnings), "
+                            "which otherwise goes to the run directory's ray.log")
 
     demo = sub.add_parser("demo", help="the three-phase tour on the demo profile, on a local Ray cluster")
     demo.add_argument("--ablations", default=None, metavar="DIR",
@@ -249,6 +271,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                          help="with --run: trials Tune runs at once (as for embedlab sweep)")
     promote.add_argument("--wait-for-resources", type=float, default=0.0, metavar="SECONDS",
                          help="with --run: wait up to SECONDS for the autoscaler's nodes (as for embedlab sweep)")
+    promote.add_argument("--verbose", action="store_true", help="with --run: as for embedlab sweep")
     promote.set_defaults(func=cmd_promote)
 
     report = sub.add_parser("report", help="the study report: one self-contained HTML page for one or more runs")

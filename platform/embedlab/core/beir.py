@@ -23,7 +23,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from embedlab.core.errors import UnknownKey, UserError
+from embedlab.core import paths
+from embedlab.core.errors import UnknownKey, UserError, quoted
 
 CORPUS_FILE = "corpus.jsonl"
 QUERIES_FILE = "queries.jsonl"
@@ -136,8 +137,10 @@ def load_task(path: str | Path, splits: list[str] | None = None) -> Task:
     qrels/test.tsv must exist whichever splits are read. Raises TaskFormatError.
     """
     root = Path(path)
-    if not root.is_dir():
-        raise TaskFormatError(f"{root}: task directory not found")
+    found = paths.kind(root)
+    if found != "a directory":
+        raise TaskFormatError(f"{root}: task directory not found" if found is None else
+                              f"{root}: {found}, not a task directory (corpus.jsonl, queries.jsonl, qrels/)")
     corpus = read_corpus(root / CORPUS_FILE)
     queries = read_queries(root / QUERIES_FILE)
     qrels = {
@@ -220,7 +223,8 @@ def _string_field(path: Path, number: int, record: dict[str, object], name: str)
         raise TaskFormatError(f"{path}:{number}: missing field {name!r}")
     value = record[name]
     if not isinstance(value, str):
-        raise TaskFormatError(f"{path}:{number}: field {name!r} must be a string, got {value!r}")
+        shown = repr(value) if value is None or isinstance(value, bool | int | float) else type(value).__name__
+        raise TaskFormatError(f"{path}:{number}: field {name!r} must be a string, got {shown}")
     return value
 
 
@@ -273,7 +277,7 @@ def read_qrels(
     lines = _read_lines(path)
     header = next(lines, (1, ""))[1]
     if header != _HEADER_LINE:
-        raise TaskFormatError(f"{path}:1: header must be {_HEADER_LINE!r}, got {header!r}")
+        raise TaskFormatError(f"{path}:1: header must be {_HEADER_LINE!r}")
     qrels: Qrels = {}
     for number, line in lines:
         if not line.strip():
@@ -282,7 +286,7 @@ def read_qrels(
         judgements = qrels.setdefault(qid, {})
         if doc_id in judgements:
             raise TaskFormatError(
-                f"{path}:{number}: duplicate judgement for ({qid!r}, {doc_id!r})"
+                f"{path}:{number}: duplicate judgement for ({quoted(qid)}, {quoted(doc_id)})"
             )
         judgements[doc_id] = grade
     if not qrels:
@@ -306,17 +310,17 @@ def _parse_qrel(
         )
     qid, doc_id, score = fields
     if qid not in queries:
-        raise TaskFormatError(f"{path}:{number}: query-id {qid!r} is not in {QUERIES_FILE}")
+        raise TaskFormatError(f"{path}:{number}: query-id {quoted(qid)} is not in {QUERIES_FILE}")
     if doc_id not in corpus:
-        raise TaskFormatError(f"{path}:{number}: corpus-id {doc_id!r} is not in {CORPUS_FILE}")
+        raise TaskFormatError(f"{path}:{number}: corpus-id {quoted(doc_id)} is not in {CORPUS_FILE}")
     if not _INTEGER.fullmatch(score):
         raise TaskFormatError(
-            f"{path}:{number}: score {score!r} for ({qid!r}, {doc_id!r}) is not an integer"
+            f"{path}:{number}: score {quoted(score)} for ({quoted(qid)}, {quoted(doc_id)}) is not an integer"
         )
     grade = int(score)
     if not MIN_GRADE <= grade <= MAX_GRADE:
         raise TaskFormatError(
-            f"{path}:{number}: grade {score} for ({qid!r}, {doc_id!r}) is outside {MIN_GRADE}..{MAX_GRADE} "
+            f"{path}:{number}: grade {score} for ({quoted(qid)}, {quoted(doc_id)}) is outside {MIN_GRADE}..{MAX_GRADE} "
             "(0 not relevant, higher more relevant; write a negative 'junk' grade as 0)"
         )
     return qid, doc_id, grade

@@ -8,6 +8,9 @@ project's own exception classes for bad input subclass `UserError` beside their 
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
+
 
 class UserError(Exception):
     """An error in what the user asked for, shown in one line."""
@@ -33,3 +36,30 @@ class RunRecordError(UserError, ValueError):
     """A record in a run directory (study.json, a trial's row, a per-query file) that cannot be
     read as one: truncated or not JSON, not an object, without a field every record has, of
     another study, or a second finished row for one arm and seed. The message names the file."""
+
+
+class StudyCodeError(ConfigError):
+    """An exception raised by a user's own study (or tour) file, at import or in its `study()`:
+    reported as theirs, `<file>:<line>: <type>: <message>`, in one line; the original is its
+    `__cause__`, whose traceback `embedlab --debug` prints."""
+
+
+# What a message may quote of what it read from a user's file: a column name or an id, and only
+# one that looks like one. A message never quotes a cell, a line or a header otherwise: a file
+# linked to /etc/passwd is refused without its first line appearing in the error.
+_NAME_LIKE = re.compile(r"[\w .:+-]{1,64}")
+
+
+def quoted(value: object) -> str:
+    """`repr(value)` of a column name or id read from a file, when it looks like one (letters,
+    digits, ` _.:+-`, at most 64 characters); otherwise a note that it is not shown."""
+    return repr(value) if isinstance(value, str) and _NAME_LIKE.fullmatch(value) else "(a value not shown)"
+
+
+def quoted_names(names: Iterable[object]) -> str:
+    """The names read from a file's header, comma-separated, each as `quoted` would show it;
+    those that do not look like names are counted, never shown."""
+    names = list(names)
+    shown = [str(n) for n in names if isinstance(n, str) and _NAME_LIKE.fullmatch(n)]
+    hidden = len(names) - len(shown)
+    return ", ".join(shown + ([f"{hidden} not shown (not name-like)"] if hidden else [])) or "(none)"

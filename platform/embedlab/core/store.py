@@ -11,6 +11,8 @@ Credentials come from each store's standard environment and files (for S3:
 AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_ENDPOINT_URL, ~/.aws/; for
 GCS: GOOGLE_APPLICATION_CREDENTIALS), never from a location: a location is written into run
 records and progress lines, so one carrying a key or a password is refused (`check_location`).
+What counts as a credential is one rule, `redact`, which every line embedlab prints also passes
+through (`embedlab.cli`): userinfo, a query parameter with a secret name, a token of a known form.
 A URI's query (`?region=...&endpoint_override=...`) is kept when parts are joined to it.
 """
 
@@ -20,23 +22,42 @@ import hashlib
 import json
 import os
 import posixpath
+import re
 import shutil
 import urllib.parse
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from embedlab.core import paths
 from embedlab.core.errors import UsageError
 
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
 
 
-# Query parameters of a URI that would carry a secret (pyarrow's S3, GCS and Azure options).
-SECRET_PARAMETERS = frozenset({
-    "access_key", "secret_key", "session_token", "access_token", "credentials", "password", "account_key",
-    "sas_token", "client_secret",
+# The redaction rule, one for every URI and address embedlab prints or records (`redact`):
+# the userinfo of an authority (`user:password@`), the value of a query parameter whose name
+# holds one of SECRET_WORDS (split at `_ - .` and case: `aws_secret_access_key`, `X-Amz-Signature`,
+# `sas_token`), and any of TOKEN_FORMS anywhere in the text.
+SECRET_WORDS = frozenset({
+    "secret", "token", "password", "passwd", "pwd", "key", "credential", "credentials", "signature", "sig",
+    "auth", "authorization", "apikey", "sas",
 })
+# Credentials recognisable by their form alone: AWS access key ids, GitHub, Hugging Face, Slack,
+# OpenAI and Google OAuth tokens, JSON web tokens, and the value of a bearer header.
+TOKEN_FORMS = re.compile(
+    r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b|\bgh[pousr]_[A-Za-z0-9]{20,}|\bgithub_pat_[A-Za-z0-9_]{20,}|\bhf_[A-Za-z0-9]{20,}"
+    r"|\bxox[abprs]-[A-Za-z0-9-]{10,}|\bsk-[A-Za-z0-9_-]{20,}|\bya29\.[A-Za-z0-9_.-]+"
+    r"|\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]+|(?<=Bearer )[^\s\'\"]+")
+# A URI inside a longer text (an error message, a progress line), and an address without a
+# scheme whose authority carries userinfo (`user:password@host:port`).
+_URI_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\'\"<>]*[^\s\'\"<>:,.;)]")  # not the sentence's punctuation
+_BARE_USERINFO = re.compile(r"(?<![\w/:.@-])[\w.%+-]+:[^\s/@'\"]*@(?=[\w.-]+:\d+\b)")
+# A URI's userinfo: what comes before the last `@` of an authority without `/`, or before an `@`
+# that follows `user:` (an S3 secret may hold `/`).
+_USERINFO = re.compile(r"^(?:[^/@]*|[^@]*:[^@]*)@")
+MASK = "***"
 CHUNK_BYTES = 8 << 20  # copies stream in pieces of this size, whatever the file's size
 
 
@@ -52,33 +73,74 @@ def is_uri(location: str | Path) -> bool:
     return "://" in str(location)
 
 
+def is_secret_name(name: str) -> bool:
+    """Whether a query parameter (or setting) named `name` carries a secret: one of its words
+    (split at `_ - .` and at a lower-to-upper case change) is in SECRET_WORDS, or it holds
+    "secret", "token", "password" or "credential" inside a word."""
+    words = re.split(r"[_\-.\s]+|(?<=[a-z])(?=[A-Z])", name)
+    lowered = name.lower()
+    return any(word.lower() in SECRET_WORDS for word in words) or any(
+        part in lowered for part in ("secret", "token", "password", "credential"))
+
+
 def check_location(location: str | Path) -> str:
-    """The location as a string; a UsageError when it carries a credential (a password in its
-    authority, or a secret query parameter), which run records would otherwise keep."""
+    """The location as a string; a UsageError when it is empty, or when it carries a credential
+    (userinfo in its authority, a query parameter `is_secret_name` calls secret, a token of a
+    known form), which run records and progress lines would otherwise keep."""
     text = str(location)
-    if not is_uri(text):
+    if not text.strip():
+        raise UsageError("storage '': an empty location; name a folder (default ./runs) or a URI such as "
+                         "s3://bucket/runs")
+    if redact(text) == text:
         return text
-    parsed = urllib.parse.urlsplit(text)
-    secrets = sorted(k for k in urllib.parse.parse_qs(parsed.query) if k.lower() in SECRET_PARAMETERS)
-    if parsed.password is not None or "@" in parsed.netloc or secrets:
-        what = ", ".join(secrets) if secrets else "user:password@ in its authority"
-        raise UsageError(
-            f"storage {redact(text)}: a location carries no credentials ({what}); they would be written "
-            "into run records. Give them to the store's standard environment instead (S3: "
-            "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or ~/.aws/credentials; GCS: GOOGLE_APPLICATION_CREDENTIALS)")
-    return text
+    parsed = urllib.parse.urlsplit(text) if is_uri(text) else None
+    secrets = sorted({k for k, _ in urllib.parse.parse_qsl(parsed.query)} if parsed else set())
+    secrets = [k for k in secrets if is_secret_name(k)]
+    what = (", ".join(secrets) if secrets else "userinfo (user:password@) in its authority"
+            if parsed is not None and "@" in parsed.netloc else "a token")
+    raise UsageError(
+        f"storage {redact(text)}: a location carries no credentials ({what}); they would be written "
+        "into run records. Give them to the store's standard environment instead (S3: "
+        "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or ~/.aws/credentials; GCS: GOOGLE_APPLICATION_CREDENTIALS)")
 
 
-def redact(location: str | Path) -> str:
-    """The location with any credential replaced by `***`, for messages about a refused one."""
-    text = str(location)
-    if not is_uri(text):
-        return text
-    parsed = urllib.parse.urlsplit(text)
-    netloc = parsed.netloc.rpartition("@")[2]
-    query = [(k, "***" if k.lower() in SECRET_PARAMETERS else v) for k, v in urllib.parse.parse_qsl(parsed.query)]
-    return urllib.parse.urlunsplit((parsed.scheme, ("***@" if "@" in parsed.netloc else "") + netloc, parsed.path,
-                                    urllib.parse.urlencode(query, safe="*:/"), parsed.fragment))
+def redact(text: str | Path) -> str:
+    """`text` (a location, an address, or a message holding them) with every credential the
+    redaction rule finds replaced by `***`: userinfo before an authority's `@`, the value of
+    a query parameter with a secret name (`is_secret_name`), and any token of TOKEN_FORMS.
+    Every line embedlab prints goes through it (`embedlab.cli`), and every location it checks."""
+    text = _BARE_USERINFO.sub(f"{MASK}@", str(text))
+    text = _URI_IN_TEXT.sub(lambda match: _redact_uri(match.group(0)), text)
+    return TOKEN_FORMS.sub(MASK, text)
+
+
+class RedactedStream:
+    """A text stream that writes what it is given with every credential masked (`redact`):
+    the console of the `embedlab` command, and a run's ray.log. Anything else (fileno, isatty,
+    encoding, flush) is the wrapped stream's."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        self._stream.write(redact(text))
+        return len(text)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def _redact_uri(uri: str) -> str:
+    """One URI with its userinfo and secret query values masked, its form otherwise kept."""
+    scheme, rest = uri.split("://", 1)
+    rest, hash_mark, fragment = rest.partition("#")
+    rest, mark, query = rest.partition("?")
+    rest = _USERINFO.sub(f"{MASK}@", rest)
+    if mark:
+        pairs = [part.partition("=") for part in query.split("&")]
+        query = "&".join(f"{k}{eq}{MASK if eq and is_secret_name(urllib.parse.unquote_plus(k)) else v}"
+                         for k, eq, v in pairs)
+    return f"{scheme}://{rest}{mark}{query}{hash_mark}{fragment}"
 
 
 def _base_and_query(location: str | Path) -> tuple[str, str]:
@@ -148,7 +210,7 @@ def is_file(location: str | Path) -> bool:
 def make_dir(location: str | Path, *, exist_ok: bool = True) -> None:
     fs, path = _split(location)
     if not exist_ok and fs.get_file_info(path).type != _pafs().FileType.NotFound:
-        raise FileExistsError(f"{location}: exists")
+        raise FileExistsError(f"{redact(location)}: exists")
     fs.create_dir(path, recursive=True)
 
 
@@ -158,7 +220,7 @@ def read_bytes(location: str | Path) -> bytes:
         with fs.open_input_stream(path) as stream:
             return stream.read()
     except FileNotFoundError:
-        raise FileNotFoundError(f"{location}: not found") from None
+        raise FileNotFoundError(f"{redact(location)}: not found") from None
 
 
 def read_text(location: str | Path) -> str:
@@ -234,7 +296,7 @@ def download(location: str | Path, target: Path) -> None:
             while chunk := source.read(CHUNK_BYTES):
                 sink.write(chunk)
     except FileNotFoundError:
-        raise FileNotFoundError(f"{location}: not found") from None
+        raise FileNotFoundError(f"{redact(location)}: not found") from None
 
 
 def upload(source: Path, location: str | Path) -> None:
@@ -279,8 +341,16 @@ def files_sha256(files: dict[str, str]) -> str:
 
 def cache_dir() -> Path:
     """This node's local cache (EMBEDLAB_CACHE, default ~/.cache/embedlab): prepared data,
-    fetched checkpoints and tasks. Each node of a cluster may have its own."""
-    return Path(os.environ.get("EMBEDLAB_CACHE", Path.home() / ".cache" / "embedlab"))
+    fetched checkpoints and tasks. Each node of a cluster may have its own. A UsageError when
+    something other than a directory is there, before anything is built into it."""
+    named = os.environ.get("EMBEDLAB_CACHE")
+    path = Path(named) if named else Path.home() / ".cache" / "embedlab"
+    found = paths.kind(path)
+    if found not in (None, "a directory"):
+        setting = f"EMBEDLAB_CACHE={path}" if named else f"the data cache {path}"
+        raise UsageError(f"{setting}: {found}, not a directory; point EMBEDLAB_CACHE at a directory "
+                         "(or unset it for ~/.cache/embedlab)")
+    return path
 
 
 def fetch(location: str | Path) -> Path:

@@ -85,6 +85,7 @@ from embedlab.sources.external import MAX_SKIPPED_EXAMPLES, SourceError, file_en
 # The configs live beside `embedlab.core.config`, which holds them; imported from here as before.
 from embedlab.core.config.sources import BEIRPairs, ColumnMapping, HFPairs, PairFiles, PairSource  # noqa: F401
 from embedlab.core import beir
+from embedlab.core.errors import quoted, quoted_names
 from embedlab.pairs.builders import PAIR_SCHEMA, SmallestRootSets
 
 PAIR_FILE_EXTENSIONS = (".jsonl", ".parquet", ".csv")
@@ -265,7 +266,7 @@ def _resolve_mapping(source: HFPairs | PairFiles, columns: Sequence[str] | None,
     else:
         expected = "; ".join(f"{q} + {p}" for q, p in CONVENTIONS)
         raise SourceError(
-            f"{scope}: no pair columns among {', '.join(columns) or '(none)'}; expected one of: {expected}; "
+            f"{scope}: no pair columns among {quoted_names(columns)}; expected one of: {expected}; "
             "or map them with query_field and positive_field"
         )
     numbered = sorted((c for c in columns if _NUMBERED_NEGATIVE.fullmatch(c)), key=lambda c: int(c.split("_")[1]))
@@ -311,7 +312,7 @@ def _fold(text: str) -> str:
 
 
 def _missing(where: str, column: str, row: Row) -> NoReturn:
-    raise SourceError(f"{where}: missing column {column!r}; columns present: {', '.join(row) or '(none)'}")
+    raise SourceError(f"{where}: missing column {column!r}; columns present: {quoted_names(row)}")
 
 
 def _required_text(where: str, column: str, row: Row) -> str:
@@ -364,11 +365,13 @@ def _score(where: str, mapping: _Mapping, row: Row) -> float:
             number = float(value.strip())
         except ValueError:
             pass
-    if number is None or math.isnan(number):
-        raise SourceError(f"{where}: column {column!r} is {value!r}, expected a number")
+    if number is None or not math.isfinite(number):  # NaN and inf: no score says whether a row is a positive
+        shown = ("NaN" if math.isnan(number) else f"{number:g}") if number is not None else (
+            "text that is not a number" if isinstance(value, str) else f"a {type(value).__name__}")
+        raise SourceError(f"{where}: column {column!r} is {shown}, expected a finite number")
     if mapping.score_is_label and number not in (0.0, 1.0):
         raise SourceError(
-            f"{where}: column {column!r} is {value!r}; a label must be 0 or 1 (1: a positive pair). A multi-class "
+            f"{where}: column {column!r} is {number:g}; a label must be 0 or 1 (1: a positive pair). A multi-class "
             "label such as NLI's (0 entailment, 1 neutral, 2 contradiction) does not say which rows are positives: "
             "keep the rows you mean, or map a score column with query_field, positive_field and score_field"
         )
@@ -525,7 +528,7 @@ def _csv_rows(file: Path, relative: str) -> tuple[list[str] | None, Iterator[tup
     repeated = sorted({c for c in header if header.count(c) > 1})
     if repeated:
         handle.close()
-        raise SourceError(f"{file} line 1: repeated column names {repeated}")
+        raise SourceError(f"{file} line 1: repeated column names {quoted_names(repeated)}")
 
     def rows() -> Iterator[tuple[str, str, Row]]:
         with handle:
@@ -739,14 +742,14 @@ def _beir_pairs(source: BEIRPairs, stats: PairReadStats, ids: _Ids) -> Iterator[
         locator = f"{source.split}:{qid}"
         query = queries[qid].strip()
         if not query:
-            raise SourceError(f"{queries_path}: query {qid!r} (judged in {qrels_path}) has empty text")
+            raise SourceError(f"{queries_path}: query {quoted(qid)} (judged in {qrels_path}) has empty text")
         judged = sorted(qrels[qid].items(), key=lambda item: (-item[1], item[0]))  # best grade first
         positives = []
         for doc_id, grade in judged:
             if grade > 0:
                 text = beir_doc_text(*corpus[doc_id]).strip()
                 if not text:
-                    raise SourceError(f"{corpus_path}: document {doc_id!r} (relevant to query {qid!r}) has empty text")
+                    raise SourceError(f"{corpus_path}: document {quoted(doc_id)} (relevant to query {quoted(qid)}) has empty text")
                 positives.append((text, float(grade), doc_id))
         if not positives:
             stats.skip("no document graded > 0", locator)

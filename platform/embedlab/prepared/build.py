@@ -17,12 +17,14 @@ staging name of its own writer and renamed when complete, so a half-built one is
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
 import os
+import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -36,6 +38,7 @@ from embedlab.core.store import file_sha256
 from embedlab.core.code_identity import code_revision
 from embedlab.core.beir import write_task
 from embedlab.core.config import DataConfig
+from embedlab.core.errors import UserError
 from embedlab.prepared.card import card_dict, write_card
 from embedlab.prepared.directory import PreparedData
 from embedlab.sources import builtin
@@ -221,6 +224,56 @@ def _audit_and_card(prepared: PreparedData, progress: Callable[[str], None]) -> 
     user_pairs = {path.parent.name: json.loads(path.read_text())
                   for path in sorted((prepared.directory / "user-pairs").glob("*/record.json"))}
     write_card(prepared.directory, card_dict(prepared.record, prepared.corpus.manifest, audits, user_pairs))
+
+
+CARD_FILES = ("data_card.json", "data_card.md")
+
+
+@contextlib.contextmanager
+def undone_on_refusal(directories: Iterable[Path], progress: Callable[[str], None] = print) -> Iterator[None]:
+    """A block whose refusal (a UserError) leaves no trace in the shared prepared `directories`:
+    what it built there (a frozen user-pairs set, a pairs table, a saved audit: any entry of the
+    directory, or of a folder in it, that was not there before) is removed, and the data card
+    is put back as it was. The refused run's data never reaches the card another run reads.
+    A set another process built in the same moment is removed with it; it is rebuilt on use."""
+    before = {Path(d): (_entries(Path(d)), {n: _bytes(Path(d) / n) for n in CARD_FILES}) for d in directories}
+    try:
+        yield
+    except UserError:
+        for directory, (entries, cards) in before.items():
+            added = sorted(_entries(directory) - entries, key=lambda e: -len(e.parts))
+            for entry in added:  # the deepest first, each with the lock `build_once` left beside it
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink(missing_ok=True)
+                (entry.parent / f".{entry.name}.lock").unlink(missing_ok=True)
+            for name, data in cards.items():
+                if data is None:
+                    (directory / name).unlink(missing_ok=True)
+                else:
+                    (directory / name).write_bytes(data)
+            if added:
+                progress(f"data: the refused run's {len(added)} new entries in {directory} removed, its data card kept")
+        raise
+
+
+def _entries(directory: Path) -> set[Path]:
+    """The entries of `directory` and of every folder in it, hidden ones (locks, staging) left out."""
+    found: set[Path] = set()
+    if not directory.is_dir():
+        return found
+    for entry in directory.iterdir():
+        if entry.name.startswith("."):
+            continue
+        found.add(entry)
+        if entry.is_dir():
+            found |= {inner for inner in entry.iterdir() if not inner.name.startswith(".")}
+    return found
+
+
+def _bytes(path: Path) -> bytes | None:
+    return path.read_bytes() if path.is_file() else None
 
 
 def refresh_card(prepared: PreparedData, progress: Callable[[str], None] = print) -> None:

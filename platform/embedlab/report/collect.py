@@ -16,6 +16,7 @@ import pandas as pd
 
 from embedlab.artifacts.sync import local_directory
 from embedlab.core import store
+from embedlab.records.rundir import read_record
 from embedlab.stats.paired import final_trials
 from embedlab.stats.table import load_table, read_study_record
 
@@ -88,7 +89,7 @@ def read_run(directory: str | Path) -> Run:
     prepared_path = store.join(directory, "prepared.json")
     prepared = json.loads(store.read_text(prepared_path)) if store.is_file(prepared_path) else {}
     promotion_path = store.join(directory, "promotion.json")
-    promotion = json.loads(store.read_text(promotion_path)) if store.is_file(promotion_path) else None
+    promotion = read_record(promotion_path, "a promotion record") if store.is_file(promotion_path) else None
     logs = {}
     train = store.join(directory, "train")
     folders = sorted({p.split("/")[0] for p in store.list_tree(train)})  # one listing for every row

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from embedlab.core.config.sources import ExternalSource, HFDataset, LocalFiles, SourceError
+from embedlab.core.errors import quoted_names
 from embedlab.sources.document import Document
 
 SUPPORTED_EXTENSIONS = (".jsonl", ".parquet", ".txt")
@@ -167,7 +168,7 @@ def _mapped_records(
 
 def _raise_missing_column(scope: str, text_field: str, present: Iterable[str]) -> NoReturn:
     raise SourceError(
-        f"{scope}: no record has the text field {text_field!r}; fields present: {', '.join(present) or '(none)'}"
+        f"{scope}: no record has the text field {text_field!r}; fields present: {quoted_names(present)}"
     )
 
 

@@ -40,12 +40,12 @@ import pandas as pd
 from scipy import stats
 
 from embedlab.core import store
-from embedlab.core.errors import UsageError
+from embedlab.core.errors import RunRecordError, UsageError
 from embedlab.stats.paired import final_trials
 from embedlab.stats import crossed
 from embedlab.stats.paired import ALPHA, ONE_SEED, arm_estimates, holm_family, load_per_query, p_text
 from embedlab.stats.table import STUDY_FILE, check_equal_compute, load_table, read_study_record
-from embedlab.studies.study import rung_base
+from embedlab.studies.study import is_rung_run_dir, rung_base
 
 TREND_LEVEL = 0.95  # of the slope's and a projection's interval
 COLUMNS = ("rung", "flops", "arm", "seeds", "diff", "se", "df", "p", "p_holm", "significant", "ci_low", "ci_high",
@@ -246,21 +246,32 @@ def ladder_of(run_dir: str | Path) -> list[str]:
     """The rungs of the budget ladder that `run_dir` is one rung of: beside it (the same storage
     folder), the latest run directory of each other budget of its study (named `<study>` or
     `<study>-x<F>`, with the same factor, arms, seeds, metric, profile and parent) that has
-    finished trials, and `run_dir` itself; `[run_dir]` alone when it is no rung of a ladder."""
+    finished trials, and `run_dir` itself; `[run_dir]` alone when it is no rung of a ladder.
+
+    Only a sibling whose directory name makes it a run of this study or one of its rungs
+    (`is_rung_run_dir`) is read: an unrelated run beside it, readable or not, is never opened.
+    One that is read and cannot be is a RunRecordError naming its file and why it was read."""
     run_dir = store.resolve(run_dir)
     record = read_study_record(run_dir)
     base = rung_base(record["study"]["name"])
     identity = ({k: record["study"].get(k) for k in _SAME_STUDY}, record.get("parent"))
     latest: dict[str, str] = {}
     for other in sorted(store.list_dirs(store.parent(run_dir))):
-        if store.resolve(other) == run_dir or not store.exists(store.join(other, STUDY_FILE)):
+        if (store.resolve(other) == run_dir or not is_rung_run_dir(store.name(other), base)
+                or not store.exists(store.join(other, STUDY_FILE))):
             continue
-        theirs = read_study_record(other)
-        name = theirs["study"]["name"]
-        if (name == record["study"]["name"] or rung_base(name) != base
-                or ({k: theirs["study"].get(k) for k in _SAME_STUDY}, theirs.get("parent")) != identity):
-            continue
-        if len(final_trials(load_table(other))):
+        try:
+            theirs = read_study_record(other)
+            name = theirs["study"]["name"]
+            if (name == record["study"]["name"] or rung_base(name) != base
+                    or ({k: theirs["study"].get(k) for k in _SAME_STUDY}, theirs.get("parent")) != identity):
+                continue
+            finished = len(final_trials(load_table(other)))
+        except RunRecordError as error:
+            raise RunRecordError(f"{error} (read because {store.name(other)}, beside {store.name(run_dir)}, is named "
+                                 f"as a run of study {base} or of one of its budget rungs, which a ladder compares; "
+                                 "repair or move it)") from None
+        if finished:
             latest[name] = other  # sorted: the timestamped names put the latest last
     return [run_dir, *latest.values()]
 

@@ -11,8 +11,7 @@ A TOML spec holds DataConfig fields at top level, e.g.
 
 from __future__ import annotations
 
-from pathlib import Path
-
+from embedlab.core import paths
 from embedlab.core.config import ConfigError, DataConfig, build_config, read_mapping_file
 from embedlab.studies.study import load_study
 
@@ -21,9 +20,7 @@ def load_data_configs(spec: str | None) -> list[DataConfig]:
     """The distinct data configs a spec names (a study's arms may share one)."""
     if spec is None:
         return [DataConfig()]
-    path = Path(spec)
-    if not path.is_file():
-        raise FileNotFoundError(f"data spec not found: {path}")
+    path = paths.require_file(spec, "data spec")
     if path.suffix == ".py":
         configs: list[DataConfig] = []
         for arm in load_study(path).arms.values():

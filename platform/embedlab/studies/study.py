@@ -20,15 +20,17 @@ import hashlib
 import importlib.util
 import inspect
 import json
+import math
 import re
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from embedlab.core import config as config_module, store
-from embedlab.core.config import Budget, ConfigError, PhaseSpec, TrialConfig, phase_spec
-from embedlab.core.errors import UnknownKey
+from embedlab.core import config as config_module, paths, store
+from embedlab.core.config import Budget, ConfigError, PhaseSpec, TrialConfig, check_fields, check_seed, phase_spec
+from embedlab.core.errors import StudyCodeError, UnknownKey, UserError
 from embedlab.core.schema import FLAT_BUDGET_KEYS, upgrade
 from embedlab.evaluate.panel import METRICS, UnknownPanelMetric, resolve_study_metric
 from embedlab.studies.recipes import derive
@@ -53,6 +55,9 @@ class Search:
     high: float = 0.0
     log: bool = False
     choices: tuple = ()
+
+    def __post_init__(self) -> None:
+        check_fields(self, f"study.search[{self.path!r}]")
 
     def to_dict(self) -> dict[str, Any]:
         return {"path": self.path, "low": self.low, "high": self.high, "log": self.log, "choices": list(self.choices)}
@@ -124,6 +129,10 @@ class Study:
     final_report: bool = False
 
     def __post_init__(self) -> None:
+        check_fields(self, "study")  # first: every later check reads arms that are TrialConfigs, seeds that are ints
+        object.__setattr__(self, "seeds", tuple(self.seeds))
+        for seed in self.seeds:
+            check_seed(seed, "study.seeds")
         if not _NAME.match(self.name):
             raise ConfigError(f"study.name: {self.name!r} must match {_NAME.pattern}")
         if len(self.arms) < 2:
@@ -134,15 +143,11 @@ class Study:
                 f"study.arms: {', '.join(on_test)} score eval.split 'test', the final-eval split, on every trial; "
                 "selection reads recipe-dev (eval.split 'dev') and promotion scores test once for the winner. "
                 "A study that only reports test scores says so with final_report=True")
-        for arm, config in self.arms.items():
+        for arm in self.arms:
             if not _NAME.match(arm):
                 raise ConfigError(f"study.arms: arm name {arm!r} must match {_NAME.pattern}")
-            if not isinstance(config, TrialConfig):
-                raise ConfigError(f"study.arms[{arm!r}]: must be a TrialConfig, got {type(config).__name__}")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ConfigError(f"study.seeds: must be non-empty and distinct, got {self.seeds}")
-        if not isinstance(self.budget, Budget):
-            raise ConfigError(f"study.budget: must be a Budget, got {type(self.budget).__name__}")
         if len({c.phase for c in self.arms.values()}) != 1:
             raise ConfigError("study.arms: all arms must train the same phase")
         if self.disclosed_overlap is not None and not self.disclosed_overlap.strip():
@@ -330,8 +335,8 @@ class Study:
         """This study at `factor` times its budget (a rung of a budget ladder): every unit of the
         budget scaled, the name suffixed with the factor (`rung_name`), arms and seeds unchanged;
         ConfigError when the scaled budget falls below one step."""
-        if not factor > 0:
-            raise ConfigError(f"budget scale: {factor}: must be a positive factor")
+        if isinstance(factor, bool) or not isinstance(factor, int | float) or not 0 < factor < math.inf:
+            raise ConfigError(f"budget scale: {factor}: must be a finite positive factor")
         if factor == 1:
             return self
         budget = self.budget
@@ -457,6 +462,41 @@ def _import(path: Path):
     return module
 
 
+def run_user_code(path: Path, call: Callable[[], Any]) -> Any:
+    """`call()`, which runs a study or tour file's own code (its import, its `study()`): an
+    exception raised there is the user's, and comes back as one line naming the file, the line
+    of it the exception passed through last, its type and message (`StudyCodeError`, the
+    original as its cause, for `embedlab --debug`). embedlab's own user errors raised inside it
+    (a ConfigError of a config the file builds) keep their message, prefixed with the file;
+    an exception raised inside embedlab's own code that is no user error is a bug, and
+    propagates with its traceback."""
+    try:
+        return call()
+    except UserError as error:
+        raise ConfigError(f"{path}{_study_line(error, path)}: {error}") from error
+    except SyntaxError as error:
+        if Path(error.filename or "").resolve() != path.resolve():
+            raise
+        raise StudyCodeError(f"{path}:{error.lineno}: syntax error: {error.msg}") from error
+    except Exception as error:
+        if _raised_in_embedlab(error):
+            raise
+        where = f"{path}{_study_line(error, path)}"
+        if isinstance(error, TypeError) and "unexpected keyword argument" in str(error):
+            # Usually a misspelt key: Study(...) or a config's replace(...); name the fields.
+            raise StudyCodeError(f"{where}: {error}; {_fields_hint(error)}") from error
+        message = " ".join(str(error).split()) or "(no message)"
+        raise StudyCodeError(f"{where}: {type(error).__name__}: {message} (raised by the study file's own code; "
+                             "`embedlab --debug ...` shows its traceback)") from error
+
+
+def _raised_in_embedlab(error: BaseException) -> bool:
+    """Whether the exception was raised inside embedlab's own package (its innermost frame)."""
+    frames = traceback.extract_tb(error.__traceback__)
+    package = Path(__file__).resolve().parents[1]
+    return bool(frames) and Path(frames[-1].filename).resolve().is_relative_to(package)
+
+
 def study_origin(path: str | Path) -> str:
     """The study file a generated one (a promotion's next_study.py) stands for."""
     origin = getattr(_import(store.fetch(path)), "ORIGIN", None)
@@ -497,6 +537,13 @@ def rung_base(name: str) -> str:
     return _RUNG_SUFFIX.sub("", name)
 
 
+def is_rung_run_dir(directory_name: str, base: str) -> bool:
+    """Whether a run directory's name (`<study>-<YYYYMMDD>-<HHMMSS>[-n]`, `new_run_dir`'s) is a
+    run of study `base` or of one of its rungs (`<base>-x<F>`), by its name alone."""
+    suffix = _RUNG_SUFFIX.pattern.removesuffix("$")
+    return re.fullmatch(rf"{re.escape(base)}(?:{suffix})?-\d{{8}}-\d{{6}}(?:-\d+)?", directory_name) is not None
+
+
 def load_study(path: str | Path, profile: str | None = None, budget_scale: float = 1.0) -> Study:
     """Import a study file by path and call its `study()` (with `profile` when the file takes
     one: `study(profile="demo")`), at `budget_scale` times its budget (`Study.scaled`); errors
@@ -507,32 +554,17 @@ def load_study(path: str | Path, profile: str | None = None, budget_scale: float
 def _load_study(path: str | Path, profile: str | None) -> Study:
     if store.is_uri(path):  # a promoted study in a remote run directory
         if not store.is_file(path):
-            raise FileNotFoundError(f"study file not found: {path}")
+            raise FileNotFoundError(f"study file not found: {store.redact(path)}")
         path = store.fetch(path)
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"study file not found: {path}")
-    try:
-        module = _import(path)
-    except ConfigError as error:
-        raise ConfigError(f"{path}: {error}") from None
-    except SyntaxError as error:
-        raise ConfigError(f"{path}:{error.lineno}: syntax error: {error.msg}") from None
-    except (ImportError, NameError, AttributeError) as error:
-        raise ConfigError(f"{path}: {type(error).__name__}: {error}") from None
+    path = paths.require_file(path, "study file", suffixes=(".py",))
+    module = run_user_code(path, lambda: _import(path))
     factory = getattr(module, "study", None)
     if not callable(factory):
         raise ConfigError(f"{path}: defines no study() function")
     takes_profile = "profile" in inspect.signature(factory).parameters
     if profile is not None and not takes_profile:
         raise ConfigError(f"{path}: study() takes no profile, so --profile {profile} cannot apply")
-    try:
-        study = factory(profile=profile) if profile is not None else factory()
-    except ConfigError as error:
-        raise ConfigError(f"{path}: {error}") from None
-    except TypeError as error:
-        # Usually an unknown keyword: Study(...) or a config's replace(...) with a misspelt key.
-        raise ConfigError(f"{path}{_study_line(error, path)}: {error}; {_fields_hint(error)}") from None
+    study = run_user_code(path, lambda: factory(profile=profile) if profile is not None else factory())
     if not isinstance(study, Study):
         raise ConfigError(f"{path}: study() returned {type(study).__name__}, expected embedlab.Study")
     return study

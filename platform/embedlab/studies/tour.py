@@ -10,8 +10,10 @@ import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
-from embedlab.core.config import DEFAULT_MAX_RETENTION_DROP, ConfigError
-from embedlab.studies.study import Study, load_study
+from embedlab.core import paths
+from embedlab.core.config import DEFAULT_MAX_RETENTION_DROP, ConfigError, check_fields
+from embedlab.core.errors import UserError
+from embedlab.studies.study import Study, load_study, run_user_code
 
 
 @dataclass(frozen=True)
@@ -22,6 +24,12 @@ class Stage:
     # Absolute, in metric points: 0.10 lets a retention score end 0.10 below the parent's.
     max_retention_drop: float = DEFAULT_MAX_RETENTION_DROP
     metric: str = "dev/ndcg@10"
+
+    def __post_init__(self) -> None:
+        check_fields(self, "tour.stages")
+        if self.max_retention_drop < 0:
+            raise ConfigError(f"tour.stages.max_retention_drop: {self.max_retention_drop:g}: must be >= 0 "
+                              "(absolute, in metric points)")
 
 
 @dataclass(frozen=True)
@@ -36,16 +44,14 @@ class Tour:
 
 def load_tour(path: str | Path, profile: str | None = None) -> Tour:
     """Import a tour file and check that its stages load and train phases 1, 2, 3 in order."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"tour file not found: {path}")
+    path = paths.require_file(path, "tour file", suffixes=(".py",))
     spec = importlib.util.spec_from_file_location(f"embedlab_tour_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    run_user_code(path, lambda: spec.loader.exec_module(module))
     factory = getattr(module, "tour", None)
     if not callable(factory):
         raise ConfigError(f"{path}: defines no tour() function")
-    tour = factory(profile) if profile is not None else factory()
+    tour = run_user_code(path, lambda: factory(profile) if profile is not None else factory())
     if not isinstance(tour, Tour) or not tour.stages:
         raise ConfigError(f"{path}: tour() must return an embedlab Tour with at least one stage")
     phases = [study.phase for study in load_stage_studies(path, tour)]
@@ -67,8 +73,8 @@ def load_stage_studies(path: str | Path, tour: Tour) -> list[Study]:
         where = f"{path}: stage {number}/{len(tour.stages)} ({stage.study})"
         try:
             studies.append(load_study(stage_path(Path(path), stage), tour.profile))
-        except (ConfigError, FileNotFoundError) as error:
-            raise ConfigError(f"{where}: {error}") from None
+        except (UserError, FileNotFoundError) as error:  # the cause kept: `embedlab --debug` shows it
+            raise ConfigError(f"{where}: {error}") from error
         except Exception as error:
             error.add_note(f"while loading {where}")
             raise

@@ -12,11 +12,13 @@ resources present. The core is pure: tests drive it with fake resources and a fa
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Callable, Sequence
 
 from embedlab.core.config import TrialConfig
 from embedlab.core.errors import UsageError
+from embedlab.model.memory import gib, training_memory
 from embedlab.studies.recipes import derive
 
 # Fixed rules, not settings: none of them changes what a study computes.
@@ -30,6 +32,63 @@ LINE_SECONDS = 30.0
 RESERVED_CPUS = 1.0
 # What a trial reserves: the config paths Ray's resource requests are made of.
 RESOURCE_PATHS = ("train.num_workers", "train.cpus_per_worker", "train.use_gpu")
+
+
+@dataclasses.dataclass(frozen=True)
+class Node:
+    """A node a trial's workers can be placed on: its host memory, and its GPUs' memory each
+    (0: no GPU), in bytes."""
+
+    name: str
+    host_memory: int
+    gpu_memory: int = 0
+
+
+# The nodes of the fleets embedlab ships (workers/), beside the machine a local cluster starts
+# on (`this_machine`): a plan is refused only when none of them holds one worker.
+# tests/test_memory_plan.py holds them to the files.
+FLEET_NODES = (
+    # workers/cluster.yaml's gpu_worker: an EC2 g5.12xlarge, 192 GiB and four 24 GiB A10G.
+    Node("workers/cluster.yaml gpu_worker (g5.12xlarge)", host_memory=192 * 2**30, gpu_memory=24 * 2**30),
+    # workers/raycluster.yaml's gpu group: a 60Gi pod with one GPU of the node pool's type,
+    # counted at 141 GiB, the largest GPU embedlab measures (an H200, `embedlab.bench.mfu`).
+    Node("workers/raycluster.yaml gpu pod", host_memory=60 * 2**30, gpu_memory=141 * 2**30),
+)
+
+
+def this_machine() -> Node:
+    """This machine as a local cluster would offer it: its physical memory and, per GPU, the
+    memory of the largest CUDA device torch sees (0 without one)."""
+    import torch  # here: torch, which sizing a study on given resources does not need
+
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+    gpus = [torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count())]
+    return Node("this machine", host_memory=memory, gpu_memory=max(gpus, default=0))
+
+
+def check_memory(arms: dict[str, TrialConfig], nodes: Sequence[Node], where: str) -> list[str]:
+    """One line per arm (one line when they agree) stating the memory a worker needs
+    (`embedlab.model.memory.training_memory`: the same on every machine, so a plan reads alike
+    everywhere); a UsageError naming the arm, the estimate and the largest node when no node in
+    `nodes` holds one worker (a GPU worker: in one GPU's memory; a
+    CPU worker: in the node's memory)."""
+    lines = {}
+    for arm, trial in arms.items():
+        need = training_memory(trial)
+        gpu = need.device == "GPU"
+        node = max(nodes, key=lambda n: n.gpu_memory if gpu else n.host_memory)
+        largest = node.gpu_memory if gpu else node.host_memory
+        held = f"one GPU of {node.name}" if gpu else node.name
+        if need.total > largest:
+            raise UsageError(
+                f"arm {arm}: a model of {trial.model.layers:,} layers at width {trial.model.width:,}, "
+                f"{trial.train.batch_rows} rows a microbatch, needs {need.text}; the largest of {where}, {held}, "
+                f"holds {gib(largest)}: use a smaller model or batch (or --profile)")
+        lines[arm] = f"memory: {need.text}"  # the nodes are this machine's: named only in a refusal
+    if len(set(lines.values())) == 1:
+        return [next(iter(lines.values()))]
+    return [f"{arm}: {line}" for arm, line in lines.items()]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from embedlab.core.config import TrialConfig
 from embedlab.core.errors import UsageError
+from embedlab.core.store import redact
 from embedlab.prepared.build import keep_ray_data_off_the_console
 from embedlab.studies.recipes import PROFILES
 from embedlab.studies.study import Study, load_study
@@ -62,6 +63,8 @@ def connect(address: str | None, progress: Callable[[str], None] = print, job_en
     """
     import ray  # here: Ray, which a dry run does not need
 
+    if address:  # a bad address is the user's mistake whether or not this process holds a cluster
+        check_address(address)
     untested = ray_compat.check_ray_version()
     if untested:
         progress(untested)
@@ -76,7 +79,8 @@ def connect(address: str | None, progress: Callable[[str], None] = print, job_en
     if not address and os.environ.get("RAY_ADDRESS"):
         address, named = os.environ["RAY_ADDRESS"], " (RAY_ADDRESS)"
     if address:
-        progress(f"ray: connecting to {address}{named}")
+        check_address(address, "RAY_ADDRESS" if named else "--address")
+        progress(f"ray: connecting to {redact(address)}{named}")
         _check_reachable(address)
         # Ray uses ~/.ray/auth_token by itself only for a cluster it finds locally; for an
         # explicit address the token must be switched on before connecting.
@@ -85,8 +89,9 @@ def connect(address: str | None, progress: Callable[[str], None] = print, job_en
             ray.init(address=address, runtime_env=runtime_env, log_to_driver=False, logging_level=logging.WARNING)
         except (ConnectionError, RuntimeError, ValueError) as error:
             raise ConnectionError(
-                f"cannot reach the Ray cluster at {address!r}: {error} (a cluster with token authentication "
-                "needs its token here: ~/.ray/auth_token or RAY_AUTH_TOKEN, with RAY_AUTH_MODE=token)") from None
+                f"cannot reach the Ray cluster at {redact(address)!r}: {redact(str(error))} (a cluster with token "
+                "authentication needs its token here: ~/.ray/auth_token or RAY_AUTH_TOKEN, with "
+                "RAY_AUTH_MODE=token)") from None
     else:
         progress("ray: starting a local cluster")
         require_token_auth()
@@ -116,18 +121,40 @@ def require_token_auth() -> None:
                               "unset it to start a local cluster")
 
 
+def check_address(address: str, option: str = "--address") -> tuple[str, int] | None:
+    """A Ray address's (host, port), or None for "auto" and "local" (found or started by Ray);
+    a UsageError, before anything connects, for an address that carries a credential (Ray's
+    token belongs in RAY_AUTH_TOKEN or ~/.ray/auth_token, not in an address printed and logged),
+    has a scheme other than ray://, or a port that is no TCP port."""
+    if address in ("auto", "local"):
+        return None
+    shown = f"{option} {redact(address)}"
+    scheme, separator, target = address.rpartition("://")
+    if separator and scheme != "ray":
+        raise UsageError(f"{shown}: a Ray address is HOST:PORT or ray://HOST:PORT (the client port), not a "
+                         f"{scheme}:// URI")
+    if "@" in target or redact(address) != address:
+        raise UsageError(f"{shown}: an address carries no credential (it is printed and logged); give Ray's token "
+                         "as RAY_AUTH_TOKEN or in ~/.ray/auth_token, with RAY_AUTH_MODE=token")
+    host, colon, port = target.rpartition(":")
+    if not colon or not host or "/" in target:
+        raise UsageError(f"{shown}: a Ray address is HOST:PORT (e.g. 10.0.0.5:6379) or ray://HOST:PORT")
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise UsageError(f"{shown}: port {port!r} is not a TCP port (1-65535)")
+    return host.strip("[]"), int(port)
+
+
 def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
     """Fail in seconds, not minutes, when nothing listens at a host:port address
     (ray.init retries an unreachable GCS for a long time)."""
-    target = address.removeprefix("ray://")
-    if address == "auto" or ":" not in target:
+    target = check_address(address)
+    if target is None:
         return
-    host, _, port = target.rpartition(":")
     try:
-        with socket.create_connection((host, int(port)), timeout=timeout_s):
+        with socket.create_connection(target, timeout=timeout_s):
             pass
-    except (OSError, ValueError) as error:
-        raise ConnectionError(f"cannot reach the Ray cluster at {address!r}: {error}") from None
+    except OSError as error:
+        raise ConnectionError(f"cannot reach the Ray cluster at {redact(address)!r}: {error}") from None
 
 
 @dataclasses.dataclass(frozen=True)

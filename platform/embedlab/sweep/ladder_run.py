@@ -10,6 +10,7 @@ loses at most the trials in flight. The rungs are then read together (`embedlab.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from embedlab.stats.paired import final_trials
 from embedlab.stats.summary import expected_trials
 from embedlab.stats.table import STUDY_FILE, load_table, read_study_record
 from embedlab.studies.study import load_study
+from embedlab.sweep.preflight import check_storage
 
 
 def parse_scales(text: str) -> tuple[float, ...]:
@@ -27,8 +29,8 @@ def parse_scales(text: str) -> tuple[float, ...]:
         scales = tuple(sorted(float(part) for part in text.split(",") if part.strip()))
     except ValueError:
         raise UsageError(f"--ladder {text!r}: a comma-separated list of budget factors, e.g. 0.25,0.5,1") from None
-    if len(scales) < 2 or len(set(scales)) != len(scales) or scales[0] <= 0:
-        raise UsageError(f"--ladder {text!r}: two or more distinct positive budget factors, e.g. 0.25,0.5,1")
+    if len(scales) < 2 or len(set(scales)) != len(scales) or scales[0] <= 0 or not all(map(math.isfinite, scales)):
+        raise UsageError(f"--ladder {text!r}: two or more distinct finite positive budget factors, e.g. 0.25,0.5,1")
     return scales
 
 
@@ -46,6 +48,7 @@ def rung_runs(storage: str, study) -> list[str]:
 def ladder_plan(study_path: str | Path, scales: Sequence[float], *, profile: str | None, storage: str | Path
                 ) -> list[tuple[float, str, str | None]]:
     """Per rung: (factor, "done" | "resume" | "run", its latest earlier run directory or None)."""
+    check_storage(storage)  # a folder (or a URI) to look for earlier rungs in, before listing it
     plan = []
     for factor in scales:
         earlier = rung_runs(store.resolve(storage), load_study(study_path, profile, factor))

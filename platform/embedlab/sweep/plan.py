@@ -66,8 +66,9 @@ from embedlab.stats.rerun import RerunSize, rerun_size, with_seeds
 from embedlab.studies.recipes import PROFILES
 from embedlab.studies.study import Study, load_study
 from embedlab.sweep.arm_data import prepare_arms
-from embedlab.sweep.cluster import connect, gpu_shares, study_concurrency, trial_driver_resources
+from embedlab.sweep.cluster import check_address, connect, gpu_shares, study_concurrency, trial_driver_resources
 from embedlab.sweep.driver import train_trial
+from embedlab.sweep.preflight import preflight
 from embedlab.studies.tour import load_tour, stage_path
 from embedlab.train.budget import step_units
 from embedlab.train.launch import CHECKPOINTS_KEPT
@@ -452,6 +453,10 @@ def plan_study(study_path: str | Path, *, profile: str | None = None, parent: st
     if studies[0].needs_parent and parent is None:
         raise UsageError(f"study {studies[0].name} needs --parent: any checkpoint with the study's tokenizer and "
                          "model will do (the pilots measure speed, not quality)")
+    if address is not None:
+        check_address(address)
+    for study in studies:  # what a dry run checks (sources, tasks, memory), before the pilots' cluster starts
+        preflight(study, parent=parent, progress=progress)
     with tempfile.TemporaryDirectory(prefix="embedlab-plan-") as storage:
         plans = []
         for index, study in enumerate(studies):

@@ -19,10 +19,11 @@ from embedlab.core.config import TrialConfig
 from embedlab.core.errors import UsageError
 from embedlab.core.schema import SCHEMA
 from embedlab.sweep import capacity
+from embedlab.prepared.build import undone_on_refusal
 from embedlab.sweep.arm_data import prepare_arms, publish_prepared
 from embedlab.tasks.resolve import arm_eval_tasks
-from embedlab.sweep.cluster import (TRIAL_DRIVER_RESOURCES, GpuShares, check_fits, connect, gpu_shares,
-                                    local_resources, trial_driver_resources)
+from embedlab.sweep.cluster import (TRIAL_DRIVER_RESOURCES, GpuShares, check_address, check_fits, connect,
+                                    gpu_shares, local_resources, trial_driver_resources)
 from embedlab.checkpoints.io import verify_checkpoint, versions
 from embedlab.records.rundir import finished_rows, new_run_dir, write_json
 from embedlab.records.scores import score_trial
@@ -31,7 +32,7 @@ from embedlab.stats.table import STUDY_FILE, read_study_record
 from embedlab.studies.recipes import derive
 from embedlab.studies.study import Study, load_study, study_origin
 from embedlab.sweep.driver import trial_driver, trial_params
-from embedlab.sweep.experiment import fit
+from embedlab.sweep.experiment import fit, tune_output_to_log
 from embedlab.sweep.gate import check_contamination, check_pair_schedules
 from embedlab.sweep.preflight import preflight
 from embedlab.sweep.tuning import tune_arms
@@ -40,11 +41,13 @@ from embedlab.train.trial_data import build_trial_data as build_trial_data_task,
 
 def dry_run(study_path: str | Path, *, profile: str | None = None, parent: str | None = None,
             storage: str | Path | None = None, resume: str | Path | None = None, check_parent: bool = True,
-            budget_scale: float = 1.0) -> str:
+            budget_scale: float = 1.0, address: str | None = None, max_concurrent: int | None = None,
+            wait_for_resources: float = 0.0) -> str:
     """What `embedlab sweep` would run, without starting Ray or preparing data, after every
-    check that needs neither (`embedlab.sweep.preflight`: storage, resume, arms, pair and
-    document sources, evaluation tasks) and, unless not `check_parent` (a tour's later stages
-    name a parent that does not exist yet), the parent checkpoint."""
+    check that needs neither (`check_options`, then `embedlab.sweep.preflight`: storage, resume,
+    arms, memory, pair and document sources, evaluation tasks) and, unless not `check_parent`
+    (a tour's later stages name a parent that does not exist yet), the parent checkpoint."""
+    check_options(address, max_concurrent, wait_for_resources)
     study = load_study(study_path, profile, budget_scale)
     if parent is not None and check_parent:
         verify_checkpoint(parent)
@@ -93,6 +96,23 @@ def _seed_range(seeds: tuple[int, ...]) -> str:
     return f"{seeds[0]}..{seeds[-1]}" if len(seeds) > 2 else ", ".join(map(str, seeds))
 
 
+def check_options(address: str | None, max_concurrent: int | None, wait_for_resources: float) -> None:
+    """The cluster options, before anything is loaded: an address Ray can take (no credential, a
+    TCP port), at least one trial at a time, no negative wait."""
+    capacity.check_options(max_concurrent, wait_for_resources)
+    if address is not None:
+        check_address(address)
+
+
+def require_parent(study: Study, parent: str | None) -> None:
+    """A phase 2-3 study (or a phase-1 extension) names the checkpoint it starts from, or the
+    sweep is refused before its cluster starts."""
+    if study.needs_parent and parent is None:
+        stage = "a phase-1 extension" if study.spec.number == 1 else f"phase {study.phase}"
+        raise UsageError(f"study {study.name} trains {stage} from a parent checkpoint: give --parent CKPT_DIR "
+                         "(e.g. a promoted winner's checkpoint), or sweep a promoted study (RUN_DIR/next_study.py)")
+
+
 @dataclass(frozen=True)
 class Resolved:
     """What a sweep runs and where (`resolve`): the study at its budget scale, the storage root
@@ -130,6 +150,7 @@ def run_sweep(
     wait_for_resources: float = 0.0,
     progress: Callable[[str], None] = print,
     budget_scale: float = 1.0,
+    verbose: bool = False,
 ) -> Path:
     """Run every trial of the study file (at `budget_scale` times its budget, `Study.scaled`);
     returns the run directory.
@@ -139,7 +160,8 @@ def run_sweep(
     and only the missing ones run. `max_concurrent` trials run at once (default: as many as
     the cluster's resources hold); on an autoscaling cluster that does not hold one trial
     of every arm yet, the sweep waits up to `wait_for_resources` seconds for its nodes
-    (`embedlab.sweep.capacity`; 0 refuses at once).
+    (`embedlab.sweep.capacity`; 0 refuses at once). Ray Tune's own console output goes to the
+    run directory's ray.log, and with `verbose` to the console too (`tune_output_to_log`).
 
     Named stages, each with a typed result: `resolve` the study, parent and run, `verify`
     every check that needs no cluster, `start_cluster`, `prepare` each arm's data and pass the
@@ -153,7 +175,8 @@ def run_sweep(
     prepared, overlap = prepare(resolved, progress)
     run_dir, record = record_run(resolved, prepared, overlap, progress)
     score_references(resolved, prepared, run_dir, record, cluster, progress)
-    launch(resolved, prepared, run_dir, record, cluster, progress)
+    with tune_output_to_log(run_dir, progress, verbose=verbose) as shown:
+        launch(resolved, prepared, run_dir, record, cluster, shown)
     return run_dir
 
 
@@ -196,15 +219,19 @@ def resolve(study_path: str | Path, *, storage: str | Path, parent: str | None, 
 
 def verify(resolved: Resolved, *, address: str | None, max_concurrent: int | None, wait_for_resources: float,
            progress: Callable[[str], None]) -> None:
-    """Every check a dry run makes (`embedlab.sweep.preflight`), and, for a local cluster, that
-    this machine holds the study: before Ray starts and data are prepared."""
-    resume = resolved.run_dir
-    preflight(resolved.study, storage=None if resume is not None else resolved.storage, resume=resume,
-              parent=resolved.parent, progress=progress)
+    """Every check a dry run makes (`check_options`, `embedlab.sweep.preflight`), each Hub
+    dataset resolved at its revision, and, for a local cluster, that this machine holds the
+    study (its CPUs, GPUs and memory): before Ray starts and data are prepared."""
+    check_options(address, max_concurrent, wait_for_resources)
     import ray  # here: Ray, which a dry run does not need
 
-    capacity.check_options(max_concurrent, wait_for_resources)
-    if address is None and not ray.is_initialized() and not os.environ.get("RAY_ADDRESS"):
+    local = address is None and not ray.is_initialized() and not os.environ.get("RAY_ADDRESS")
+    resume = resolved.run_dir
+    preflight(resolved.study, storage=None if resume is not None else resolved.storage, resume=resume,
+              parent=resolved.parent, progress=progress, resolve_hub=True,
+              nodes=(capacity.this_machine(),) if local else None)
+    require_parent(resolved.study, resolved.parent)
+    if local:
         # A local cluster would offer this machine: a study that cannot run here fails now,
         # naming the profile that can, not after the cluster has started.
         check_fits(resolved.study_path, resolved.study, local_resources(), "this machine")
@@ -218,7 +245,7 @@ def start_cluster(resolved: Resolved, *, address: str | None, max_concurrent: in
     study = resolved.study
     # Every process of the job (not this driver) reads prepared data through the storage root.
     connect(address, progress, job_env={STORAGE_ENV: resolved.storage_root} if resolved.remote else None)
-    where = f"the cluster at {address}" if address else "the cluster"
+    where = f"the cluster at {store.redact(address)}" if address else "the cluster"
     concurrency, resources = capacity.wait_for_capacity(
         lambda present: check_fits(resolved.study_path, study, present, where,
                                    gpu_shares(study.arms, present, study.search)),
@@ -245,8 +272,10 @@ def prepare(resolved: Resolved, progress: Callable[[str], None]) -> tuple[dict[s
     storage is remote."""
     study = resolved.study
     prepared = prepare_arms(study, progress)
-    overlap = check_contamination(study, prepared, progress)
-    check_pair_schedules(study, prepared, resolved.parent)
+    # A refused gate leaves the shared prepared directories as it found them (frozen pairs, card).
+    with undone_on_refusal({Path(record["directory"]) for record in prepared.values()}, progress):
+        overlap = check_contamination(study, prepared, progress)
+        check_pair_schedules(study, prepared, resolved.parent)
     if resolved.remote:  # no shared disk: every node fetches the driver's prepared bytes by hash
         publish_prepared(prepared, resolved.storage_root, progress)
     return prepared, overlap

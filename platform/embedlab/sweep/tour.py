@@ -21,13 +21,17 @@ from embedlab.studies.tour import Stage, load_stage_studies, load_tour, stage_pa
 DEMO_TOUR = "recipe.py"  # `make demo`'s tour file, in the repository's ablations/
 
 
-def dry_run_tour(path: str | Path, profile: str | None = None) -> str:
+def dry_run_tour(path: str | Path, profile: str | None = None, *, storage: str | Path | None = None,
+                 address: str | None = None, max_concurrent: int | None = None,
+                 wait_for_resources: float = 0.0) -> str:
     """What `embedlab tour` would run, stage by stage, without starting Ray or touching data:
-    each stage's study plan (`embedlab.sweep.run.dry_run`, under the tour's profile) and how
-    its winner is promoted. Stages after the first start from the previous stage's winner,
-    which exists only once that stage has run."""
-    from embedlab.sweep.run import dry_run  # here: torch and Ray, which loading a tour does not need
+    each stage's study plan (`embedlab.sweep.run.dry_run`, under the tour's profile, with every
+    check a sweep's dry run makes: `storage` and the cluster options among them) and how its
+    winner is promoted. Stages after the first start from the previous stage's winner, which
+    exists only once that stage has run."""
+    from embedlab.sweep.run import check_options, dry_run  # here: torch and Ray, which loading a tour does not need
 
+    check_options(address, max_concurrent, wait_for_resources)
     tour = load_tour(path, profile)
     blocks = [f"tour {tour.name} ({path}), profile {tour.profile}: {len(tour.stages)} stages"
               + (f"\n  {tour.description}" if tour.description else "")]
@@ -35,7 +39,7 @@ def dry_run_tour(path: str | Path, profile: str | None = None) -> str:
         parent = None if number == 1 else (f"the winner promoted from stage {number - 1} "
                                             f"({tour.stages[number - 2].study}), known once that stage has run")
         plan = dry_run(stage_path(Path(path), stage), profile=tour.profile, parent=parent,
-                       check_parent=number == 1)
+                       check_parent=number == 1, storage=storage)
         header = f"== stage {number}/{len(tour.stages)}: {stage.study}"
         has_parent = number > 1 or study.needs_parent or study.parent is not None
         last = number == len(tour.stages)
@@ -66,11 +70,16 @@ def run_tour(
     wait_for_resources: float = 0.0,
     show: Callable[[Path], None] = lambda run_dir: None,
     progress: Callable[[str], None] = print,
+    verbose: bool = False,
 ) -> list[Path]:
     """Run every stage, promoting between them; returns the stages' run directories.
-    `max_concurrent` and `wait_for_resources` go to each stage's `run_sweep`."""
+    `max_concurrent`, `wait_for_resources` and `verbose` go to each stage's `run_sweep`. Every
+    stage's checks that need no cluster run first (`dry_run_tour`), so a tour whose third
+    stage reads a missing file stops before its first stage trains."""
     from embedlab.sweep.run import run_sweep  # here: torch and Ray, which loading a tour does not need
 
+    dry_run_tour(path, profile, storage=storage, address=address, max_concurrent=max_concurrent,
+                 wait_for_resources=wait_for_resources)
     tour = load_tour(path, profile)
     run_dirs: list[Path] = []
     study_file = stage_path(Path(path), tour.stages[0])
@@ -78,7 +87,7 @@ def run_tour(
         progress(f"\n== tour {tour.name} ({tour.profile}): stage {index + 1}/{len(tour.stages)}: {store.name(study_file)}")
         run_dir = run_sweep(study_file, storage=storage, address=address,
                             profile=tour.profile if index == 0 else None, max_concurrent=max_concurrent,
-                            wait_for_resources=wait_for_resources, progress=progress)
+                            wait_for_resources=wait_for_resources, progress=progress, verbose=verbose)
         run_dirs.append(run_dir)
         show(run_dir)
         following = tour.stages[index + 1] if index + 1 < len(tour.stages) else None

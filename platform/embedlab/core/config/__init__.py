@@ -19,7 +19,10 @@ name the field and the allowed values. One module per section:
 This module re-exports every public name, so `from embedlab.core.config import X` reads any of them.
 """
 
-from embedlab.core.config.checks import build_config, check, check_positive, ConfigError, read_mapping_file
+from embedlab.core.config.checks import (
+    build_config, check, check_fields, check_positive, check_seed, ConfigError, MAX_INTEGER, read_mapping_file,
+    SEED_LIMIT,
+)
 from embedlab.core.config.model import (
     ATTENTION_PATHS, MASKING_STRATEGIES, MaskingConfig, model_preset, MODEL_PRESETS, ModelConfig,
     REPLACEMENT_POLICY,
@@ -50,14 +53,15 @@ from embedlab.core.config.tasks import (
 __all__ = [
     "PHASES", "PhaseSpec", "phase_spec",
     "ATTENTION_PATHS", "BATCH_COMPOSITIONS", "BEIRPairs", "Budget", "BUDGET_SCOPES", "budget_unit_of",
-    "build_config", "BUILDER_NAMES", "check", "check_fraction", "check_positive", "check_task_names",
+    "build_config", "BUILDER_NAMES", "check", "check_fields", "check_fraction", "check_positive", "check_seed",
+    "check_task_names",
     "ColumnMapping", "COMPILE_MODES", "ConfigError", "ContrastiveConfig", "DataConfig", "declared_amounts",
     "DEFAULT_BUDGET", "DEFAULT_MAX_RETENTION_DROP", "DistillationConfig", "EvalConfig", "ExternalSource",
     "FUSED_MODES", "GIVEN_MARGIN_WORDS", "GroupSettings", "HFDataset", "HFPairs", "HubTask", "HubTaskError",
     "INITIALISATIONS", "LocalFiles", "MASKING_STRATEGIES", "MaskingConfig", "MatryoshkaConfig", "MEAN",
-    "MixtureConfig", "model_preset", "MODEL_PRESETS", "ModelConfig", "NegativesConfig", "OptimizerConfig",
+    "MAX_INTEGER", "MixtureConfig", "model_preset", "MODEL_PRESETS", "ModelConfig", "NegativesConfig", "OptimizerConfig",
     "PAIR_SOURCE_FIELDS", "PairFiles", "PairSource", "PanelError", "PARAMETER_CATEGORIES", "POOLING_METHODS",
     "PRECISIONS", "PrefixConfig", "read_mapping_file", "REPLACEMENT_POLICY", "SAMPLING_SCHEDULES",
-    "SCHEDULE_KINDS", "ScheduleConfig", "SourceError", "task_name", "TEACHERS", "TOKENIZER_KINDS",
+    "SCHEDULE_KINDS", "ScheduleConfig", "SEED_LIMIT", "SourceError", "task_name", "TEACHERS", "TOKENIZER_KINDS",
     "TrainConfig", "TrialConfig",
 ]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from embedlab.core.config.checks import check
+from embedlab.core.config.checks import check, check_fields
 
 POOLING_METHODS = ("mean", "cls")
 GIVEN_MARGIN_WORDS = ("mining_margin", "off")
@@ -39,6 +39,7 @@ class NegativesConfig:
     given_margin: float | str = "mining_margin"  # a margin >= 0, "mining_margin" or "off"
 
     def __post_init__(self) -> None:
+        check_fields(self, "contrastive.negatives")
         check(self.count >= 0, "contrastive.negatives.count", "must be >= 0")
         check(self.top_k >= max(self.count, 1), "contrastive.negatives.top_k", "must be at least negatives.count")
         check(self.margin >= 0, "contrastive.negatives.margin", "must be >= 0")
@@ -82,6 +83,7 @@ class DistillationConfig:
     min_confidence: float | None = None
 
     def __post_init__(self) -> None:
+        check_fields(self, "contrastive.distillation")
         check(self.teacher in ("", *TEACHERS), "contrastive.distillation.teacher",
               f"{self.teacher!r}; valid: {['', *TEACHERS]}")
         for name in ("kl_weight", "margin_mse_weight", "embedding_mse_weight"):
@@ -132,6 +134,7 @@ class MatryoshkaConfig:
         # JSON round trips give lists: the config's own form is a tuple.
         object.__setattr__(self, "dims", dims)
         object.__setattr__(self, "weights", weights)
+        check_fields(self, "contrastive.matryoshka")
 
     def trained_widths(self, width: int) -> tuple[tuple[int, ...], tuple[float, ...]]:
         """The widths the contrastive loss is computed at and their weights, for an encoder of
@@ -148,6 +151,9 @@ class PrefixConfig:
 
     query: str = "query: "
     passage: str = "passage: "
+
+    def __post_init__(self) -> None:
+        check_fields(self, "contrastive.prefixes")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -187,6 +193,7 @@ class ContrastiveConfig:
     prefixes: PrefixConfig = field(default_factory=PrefixConfig)
 
     def __post_init__(self) -> None:
+        check_fields(self, "contrastive")
         if self.distillation.score_weight > 0:
             check(self.negatives.count >= 1, "contrastive.negatives.count",
                   "distillation scores each query's own positive and negatives: needs negatives.count >= 1")

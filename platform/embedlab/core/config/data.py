@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from embedlab.core.config.checks import check, check_positive
+from embedlab.core.config.checks import check, check_fields, check_positive, check_seed
 from embedlab.core.config.sources import BEIRPairs, BUILDER_NAMES, HFDataset, HFPairs, LocalFiles, PairFiles
 
 
@@ -31,6 +31,8 @@ class MixtureConfig:
     schedule: str = "deficit/1"
 
     def __post_init__(self) -> None:
+        check_fields(self, "data.mixture")
+        check_seed(self.seed, "data.mixture.seed")
         names = [name for name, _ in self.shares]
         check(len(set(names)) == len(names), "data.mixture.shares", f"names repeat: {names}")
         for name, share in self.shares:
@@ -72,6 +74,8 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         check(isinstance(self.sources, tuple), "data.sources", "must be a tuple of source names")
+        check_fields(self, "data")
+        check_seed(self.split_seed, "data.split_seed")
         check_positive(self, "data", "tokenizer_sample_documents")
         check(0.0 < self.near_duplicate_threshold < 1.0, "data.near_duplicate_threshold",
               f"{self.near_duplicate_threshold} is not strictly between 0 and 1 (MinHash banding needs a "

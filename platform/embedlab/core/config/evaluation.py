@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from embedlab.core.config.checks import ConfigError, build_config, check, check_positive, read_mapping_file
+from embedlab.core.config.checks import (
+    ConfigError, build_config, check, check_fields, check_positive, read_mapping_file,
+)
 from embedlab.core.config.tasks import HubTask, PanelError, check_task_names
 
 # Promotion's retention margin when a study or tour stage names none: absolute, in metric
@@ -45,6 +47,11 @@ class EvalConfig:
               and list(dims) == sorted(set(dims)), "eval.dims",
               f"{list(dims)}: positive integer widths in increasing order, each once")
         object.__setattr__(self, "dims", dims)
+        check(isinstance(self.tasks, tuple) and all(isinstance(t, str) and t for t in self.tasks), "eval.tasks",
+              f"must be a tuple of task names or BEIR directories, got {self.tasks!r}")
+        check(isinstance(self.hub_tasks, tuple) and all(isinstance(t, HubTask) for t in self.hub_tasks),
+              "eval.hub_tasks", "must be a tuple of HubTask")
+        check_fields(self, "eval")
         check(self.split in ("dev", "test"), "eval.split", "must be 'dev' or 'test'")
         check(self.index in ("flat", "ivf", "hnsw"), "eval.index", f"{self.index!r}; valid: flat, ivf, hnsw")
         check_positive(self, "eval", "batch_size")

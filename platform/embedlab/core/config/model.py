@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from embedlab.core.config.checks import check, check_positive
+from embedlab.core.config.checks import check, check_fields, check_positive
 from embedlab.core.errors import ConfigError
 
 
@@ -37,12 +37,15 @@ class ModelConfig:
     attention: str = "auto"
 
     def __post_init__(self) -> None:
+        check_fields(self, "model")
         check(self.attention in ATTENTION_PATHS, "model.attention",
               f"{self.attention!r}; valid: {list(ATTENTION_PATHS)}")
         check_positive(self, "model", "layers", "width", "heads", "ffn_width", "vocab_size", "max_length")
         check(self.width % self.heads == 0, "model.heads", f"must divide width={self.width}")
         check((self.width // self.heads) % 2 == 0, "model.heads", "head width must be even for RoPE")
         check(0.0 <= self.dropout < 1.0, "model.dropout", "must be in [0, 1)")
+        check(self.rope_base > 1.0, "model.rope_base", f"{self.rope_base:g}: must be above 1 (RoPE's wavelengths grow with it)")
+        check(0.0 < self.layer_norm_eps < 1.0, "model.layer_norm_eps", f"{self.layer_norm_eps:g}: must be in (0, 1)")
 
     @property
     def head_width(self) -> int:
@@ -98,6 +101,7 @@ class MaskingConfig:
     head_per_ratio: bool = False
 
     def __post_init__(self) -> None:
+        check_fields(self, "masking")
         check(0.0 < self.ratio < 1.0, "masking.ratio", "must be in (0, 1)")
         check(0.0 <= self.mask_fraction <= 1.0, "masking.mask_fraction", "must be in [0, 1]")
         check(0.0 <= self.random_fraction <= 1.0, "masking.random_fraction", "must be in [0, 1]")

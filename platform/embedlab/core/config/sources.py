@@ -3,6 +3,10 @@ reads them), a user's own pair sources (`embedlab.pairs.readers` reads them), an
 the built-in pair builders (`embedlab.pairs.builders.PAIR_BUILDERS` maps exactly these names to
 their functions), so that a data config can refuse a pair source named like a builder.
 
+A source is read from this machine: a path that is a URI (`s3://...`) is refused at
+construction, in a line that names its scheme and never the URI itself (it may carry a
+credential); copy the files to a local or shared disk, or publish them as a Hub dataset.
+
 Configs only: the standard library and `embedlab.core.errors`, no reader.
 """
 
@@ -32,6 +36,7 @@ class LocalFiles:
 
     def __post_init__(self) -> None:
         _check_fields(self.name, self.text_field)
+        _check_local(self.name, "path", self.path)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,6 +61,7 @@ class HFDataset:
 
     def __post_init__(self) -> None:
         _check_fields(self.name, self.text_field)
+        _check_local(self.name, "dataset", self.dataset)
         if not (self.revision or "").strip():  # None too: it is what an unset config value reads as
             raise SourceError(
                 f"source {self.name!r}: HFDataset {self.dataset!r} needs a revision (a commit sha or tag): "
@@ -65,6 +71,19 @@ class HFDataset:
 
 
 ExternalSource = LocalFiles | HFDataset
+
+
+def _check_local(name: str, field: str, value: str) -> None:
+    """A source's path (or dataset) is local or a Hub id, never a URI, which is refused without
+    being echoed: only its scheme is named."""
+    if not isinstance(value, str) or not value.strip():
+        raise SourceError(f"source {name!r}: {field} must be a non-empty string")
+    scheme, separator, _ = value.partition("://")
+    if separator:
+        raise SourceError(
+            f"source {name!r}: {field} is a {scheme.lower()[:16]}:// URI; sources are read from this machine, so "
+            "copy the files to a local (or shared) disk and name that path (the URI is not shown: it may carry a "
+            "credential)")
 
 
 def _check_fields(name: str, text_field: str) -> None:
@@ -130,6 +149,7 @@ class PairFiles(ColumnMapping):
 
     def __post_init__(self) -> None:
         _check_source(self.name, self.rights)
+        _check_local(self.name, "path", self.path)
         self._check_mapping(self.name)
 
 
@@ -156,6 +176,7 @@ class HFPairs(ColumnMapping):
 
     def __post_init__(self) -> None:
         _check_source(self.name, self.rights)
+        _check_local(self.name, "dataset", self.dataset)
         self._check_mapping(self.name)
         if not (self.revision or "").strip():  # None too: it is what an unset config value reads as
             raise SourceError(
@@ -183,6 +204,7 @@ class BEIRPairs:
 
     def __post_init__(self) -> None:
         _check_source(self.name, self.rights)
+        _check_local(self.name, "path", self.path)
         if not self.split or any(c in self.split for c in "/\\") or self.split.startswith("."):
             raise SourceError(f"source {self.name!r}: split {self.split!r} is not a qrels file name")
 

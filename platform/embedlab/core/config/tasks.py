@@ -69,8 +69,8 @@ class HubTask:
                 )
         if self.dev_fraction is not None:
             check_fraction(where, self.dev_fraction)
-        if isinstance(self.dev_seed, bool) or not isinstance(self.dev_seed, int):
-            raise HubTaskError(f"{where}: dev_seed must be an integer, got {self.dev_seed!r}")
+        if isinstance(self.dev_seed, bool) or not isinstance(self.dev_seed, int) or not 0 <= self.dev_seed < 2**32:
+            raise HubTaskError(f"{where}: dev_seed must be an integer in [0, 2**32), got {self.dev_seed!r}")
 
     @property
     def qrels_source(self) -> tuple[str, str]:

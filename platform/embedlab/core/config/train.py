@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from embedlab.core.config.checks import check, check_positive
+from embedlab.core.config.checks import check, check_fields, check_positive, check_seed
 from embedlab.core.config.phases import phase_spec
 
 
@@ -32,6 +32,7 @@ class ScheduleConfig:
     min_lr_fraction: float = 0.0  # the floor the decay ends at, as a fraction of the peak
 
     def __post_init__(self) -> None:
+        check_fields(self, "train.schedule")
         check(self.kind in SCHEDULE_KINDS, "train.schedule.kind", f"{self.kind!r}; valid: {list(SCHEDULE_KINDS)}")
         check(0.0 <= self.warmup_fraction < 1.0, "train.schedule.warmup_fraction", "must be in [0, 1)")
         check(0.0 < self.decay_fraction <= 1.0 - self.warmup_fraction, "train.schedule.decay_fraction",
@@ -53,6 +54,7 @@ class GroupSettings:
     eps: float | None = None
 
     def __post_init__(self) -> None:
+        check_fields(self, "train.optimizer.groups")
         check(self.category in PARAMETER_CATEGORIES, "train.optimizer.groups.category",
               f"{self.category!r}; valid: {list(PARAMETER_CATEGORIES)}")
         check(self.lr_scale > 0, "train.optimizer.groups.lr_scale", "must be positive")
@@ -84,6 +86,7 @@ class OptimizerConfig:
     groups: tuple[GroupSettings, ...] = ()
 
     def __post_init__(self) -> None:
+        check_fields(self, "train.optimizer")
         check(len(self.betas) == 2 and all(0.0 <= b < 1.0 for b in self.betas), "train.optimizer.betas",
               "must be two numbers in [0, 1)")
         check(self.eps > 0, "train.optimizer.eps", "must be positive")
@@ -96,6 +99,10 @@ class OptimizerConfig:
 
 PRECISIONS = ("auto", "fp32", "bf16")
 COMPILE_MODES = ("auto", "on", "off")
+# The largest budget in each unit: far beyond any training run made so far (the largest are near
+# 1e26 FLOPs and 2e13 tokens), and below 2**53, where the float64 counters of a trial's
+# consumed tokens and pairs still add exactly. A budget above them is a typo or an overflow.
+BUDGET_MAXIMA = {"tokens": 10**15, "pairs": 10**15, "flops": 1e27, "device_seconds": 1e12}
 # What a FLOPs budget counts: this trial's own training ("phase"), or the whole lineage's
 # ("lineage": a trial that starts from its parent's weights is charged the parent's training).
 BUDGET_SCOPES = ("phase", "lineage")
@@ -125,6 +132,12 @@ class Budget:
     scope: str = "phase"
 
     def __post_init__(self) -> None:
+        for unit, most in BUDGET_MAXIMA.items():  # before the types: an inf or 1e30 is named with the maximum
+            amount = getattr(self, unit)
+            if isinstance(amount, int | float) and not isinstance(amount, bool):
+                check(amount <= most, f"train.budget.{unit}", f"{amount:.3g}: must be a finite amount of at most "
+                      f"{most:.0e} {unit.replace('_', ' ')}, the largest budget embedlab trains to")
+        check_fields(self, "train.budget")
         check_positive(self, "train.budget", "tokens", "pairs")
         check(self.flops >= 0, "train.budget.flops", "must be >= 0 (0: budget in tokens or pairs)")
         check(self.device_seconds >= 0, "train.budget.device_seconds",
@@ -231,6 +244,8 @@ class TrainConfig:
     max_rejected_steps: int = 8
 
     def __post_init__(self) -> None:
+        check_fields(self, "train")
+        check_seed(self.seed, "train.seed")
         check_positive(
             self, "train", "batch_rows", "microbatches", "learning_rate",
             "max_grad_norm", "num_workers", "cpus_per_worker", "report_every_steps", "torch_threads",

@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from embedlab.core.config.checks import build_config, check
+from embedlab.core.config.checks import build_config, check, check_fields
 from embedlab.core.config.contrastive import ContrastiveConfig
 from embedlab.core.config.data import DataConfig
 from embedlab.core.config.evaluation import EvalConfig
@@ -34,6 +34,7 @@ class TrialConfig:
     extension: bool = False
 
     def __post_init__(self) -> None:
+        check_fields(self, "")
         spec = phase_spec(self.phase)
         # Phases 2-3 need a parent before they train; a study may supply it at sweep time.
         check(self.parent is None or spec.from_parent or self.extension, "parent",
