@@ -18,6 +18,8 @@ from pathlib import Path
 
 from embedlab.core.errors import UsageError
 from embedlab.stats import crossed
+from embedlab.stats.looks import read_sequential
+from embedlab.stats.sequential import extended_seeds
 from embedlab.stats.paired import ONE_SEED, compare_to_control
 from embedlab.stats.table import load_table, read_study_record
 from embedlab.studies.study import Study
@@ -56,6 +58,9 @@ def rerun_size(run_dir: str | Path, study: Study) -> RerunSize:
     if sorted(record.get("arms") or ()) != sorted(study.arms):
         raise UsageError(f"--seeds-from {run_dir}: the run's arms ({', '.join(record.get('arms') or ())}) are not the "
                          f"study's ({', '.join(study.arms)})")
+    if read_sequential(run_dir) is not None:
+        raise UsageError(f"--seeds-from {run_dir}: a study run until decided chose its seeds round by round; its "
+                         "table says what each arm used and what it could not detect")
     comparison = compare_to_control(run_dir, load_table(run_dir))
     if comparison.tests is None:
         raise UsageError(f"--seeds-from {run_dir}: no paired test to size a rerun from: {comparison.unavailable}")
@@ -83,10 +88,4 @@ def rerun_size(run_dir: str | Path, study: Study) -> RerunSize:
 def with_seeds(study: Study, count: int) -> Study:
     """`study` at `count` seeds: its own seeds first, then the smallest unused non-negative
     integers outside its tuning seeds."""
-    seeds, candidate = list(study.seeds[:count]), 0
-    taken = set(study.seeds) | set(study.tuning_seeds)
-    while len(seeds) < count:
-        if candidate not in taken:
-            seeds.append(candidate)
-        candidate += 1
-    return replace(study, seeds=tuple(seeds))
+    return replace(study, seeds=extended_seeds(study.seeds, count, study.tuning_seeds))
