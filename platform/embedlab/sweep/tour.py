@@ -66,9 +66,10 @@ def run_tour(
     wait_for_resources: float = 0.0,
     show: Callable[[Path], None] = lambda run_dir: None,
     progress: Callable[[str], None] = print,
+    reuse: bool = True,
 ) -> list[Path]:
     """Run every stage, promoting between them; returns the stages' run directories.
-    `max_concurrent` and `wait_for_resources` go to each stage's `run_sweep`."""
+    `max_concurrent`, `wait_for_resources` and `reuse` go to each stage's `run_sweep`."""
     from embedlab.sweep.run import run_sweep  # here: torch and Ray, which loading a tour does not need
 
     tour = load_tour(path, profile)
@@ -78,7 +79,7 @@ def run_tour(
         progress(f"\n== tour {tour.name} ({tour.profile}): stage {index + 1}/{len(tour.stages)}: {store.name(study_file)}")
         run_dir = run_sweep(study_file, storage=storage, address=address,
                             profile=tour.profile if index == 0 else None, max_concurrent=max_concurrent,
-                            wait_for_resources=wait_for_resources, progress=progress)
+                            wait_for_resources=wait_for_resources, progress=progress, reuse=reuse)
         run_dirs.append(run_dir)
         show(run_dir)
         following = tour.stages[index + 1] if index + 1 < len(tour.stages) else None
