@@ -160,7 +160,7 @@ SEEDS_SETTINGS = {
     "seed-dominant": dict(queries=200, sd_seed=0.05, sd_query=0.05, sd_noise=0.05),
     "query-dominant": dict(queries=50, sd_seed=0.0, sd_query=0.15, sd_noise=0.20),
 }
-SEEDS_EFFECTS = (0.0, 1.0, 1.5, 2.0)  # in units of the mean difference's sd at max seeds
+SEEDS_EFFECTS = (0.0, 2.0, 3.0, 4.0)  # in units of the mean difference's sd at max seeds
 
 
 def design_of(first: int, max_seeds: int, arms: int = 1, margin: float | None = None,
