@@ -370,6 +370,6 @@ def seeds_line(record: dict[str, Any], arms: Sequence[str]) -> str:
     used = sum(seeds.values()) + control
     fixed = len(arms) * design.max_seeds
     state = "decided" if record["finished"] else f"in progress (open: {', '.join(record['open'])})"
-    return (f"seeds used ({state}): " + ", ".join(f"{arm} {n}" for arm, n in seeds.items())
-            + f", control {arms[0]} {control}: {used} trials, against {fixed} for the fixed design at "
-            f"{design.max_seeds} seeds")
+    return (f"seeds used ({state}): {arms[0]} {control} (the control runs as long as its longest arm), "
+            + ", ".join(f"{arm} {n}" for arm, n in seeds.items())
+            + f": {used} trials, against {fixed} for the fixed design at {design.max_seeds} seeds")

@@ -52,15 +52,15 @@ def rerun_size(run_dir: str | Path, study: Study) -> RerunSize:
     `run_dir` observed; refused (UsageError) for a run of another study, a run without a
     paired test or with other arms, and a run where no comparison is left to size or none is
     within reach."""
+    if read_sequential(run_dir) is not None:
+        raise UsageError(f"--seeds-from {run_dir}: a study run until decided chose its seeds round by round; its "
+                         "table says what each arm used and what it could not detect")
     record = read_study_record(run_dir).get("study") or {}
     if record.get("name") != study.name:
         raise UsageError(f"--seeds-from {run_dir}: a run of study {record.get('name')!r}, not of {study.name!r}")
     if sorted(record.get("arms") or ()) != sorted(study.arms):
         raise UsageError(f"--seeds-from {run_dir}: the run's arms ({', '.join(record.get('arms') or ())}) are not the "
                          f"study's ({', '.join(study.arms)})")
-    if read_sequential(run_dir) is not None:
-        raise UsageError(f"--seeds-from {run_dir}: a study run until decided chose its seeds round by round; its "
-                         "table says what each arm used and what it could not detect")
     comparison = compare_to_control(run_dir, load_table(run_dir))
     if comparison.tests is None:
         raise UsageError(f"--seeds-from {run_dir}: no paired test to size a rerun from: {comparison.unavailable}")

@@ -649,6 +649,7 @@ def _with_paired(summary: pd.DataFrame, comparison) -> pd.DataFrame:
         tests = pd.DataFrame({"arm": summary["arm"], **{c: np.nan for c in columns}})
     else:
         tests = comparison.tests
+        columns = [c for c in tests.columns if c != "arm"]  # with a margin, the equivalence family's too
     renamed = tests.rename(columns={c: prefix + c for c in columns})
     return summary.merge(renamed, on="arm", how="left")
 
@@ -681,7 +682,8 @@ def _header(record: dict, unit: str) -> str:
     arms = list(record.get("arm_order", study["arms"]))
     control = f"; differences vs control {arms[0]}, paired by seed" if arms else ""
     lineage = " (a lineage total: the parent's training included)" if budget_scope(record) == "lineage" else ""
-    return (f"study {study['name']} (factor {study['factor']}): {len(arms)} arms x {len(study['seeds'])} "
+    seeds = f"{len(study['seeds'])}" + (f" to {study['max_seeds']} (until decided)" if study.get("until_decided") else "")
+    return (f"study {study['name']} (factor {study['factor']}): {len(arms)} arms x {seeds} "
             f"seeds at an equal budget of {_budget_text(declared_budget(record, unit), unit)} per trial{lineage}\n"
             f"{_seed_level_note()}{control}")
 

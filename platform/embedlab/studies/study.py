@@ -105,6 +105,11 @@ class Study:
     measured training FLOPs and trains the rest, one that starts from a random initialisation
     trains it all (`lineage_budgets`); tables then match the arms on `budget/total_flops`.
     "phase" counts each trial's own training only.
+
+    `until_decided` runs the seeds in rounds to `max_seeds`, each arm until it is decided
+    (`embedlab.stats.sequential`); `equivalence_margin` (metric units) adds the question of
+    whether an arm's difference lies inside plus or minus it. Both enter `to_dict` and the
+    hash only when set.
     """
 
     name: str
