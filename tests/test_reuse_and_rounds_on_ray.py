@@ -25,7 +25,7 @@ from embedlab.sweep.run import run_sweep
 
 from conftest import run_dirs, tiny_trial, write_study
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = pytest.mark.timeout(1800)
 
 spec = importlib.util.spec_from_file_location(
     "compare_outputs", Path(__file__).resolve().parent.parent / "workers" / "compare_outputs.py")

@@ -289,6 +289,10 @@ def test_the_table_of_a_sequential_run_says_what_it_decided_and_spent(tmp_path):
            "trials, against 12 for the fixed design at 4 seeds" in text
     assert '"significant" = Holm' not in text and " better " in text
     assert json.loads(render(run_dir, "json"))["sequential"]["finished"] is True
+    from embedlab.report import html as html_page
+    from embedlab.report.collect import read_run
+    page = html_page._trial_tables(read_run(run_dir))
+    assert "sequential paired test of dev/ndcg@10" in page and "seeds used (decided)" in page
     from embedlab.stats.rerun import rerun_size
     with pytest.raises(UsageError, match="chose its seeds round by round"):
         rerun_size(run_dir, study)
@@ -340,3 +344,18 @@ def test_the_command_prints_the_sequential_tables(capsys):
     assert "| looks at seeds | seed×arm SD | queries | query / noise SD | false-positive rate | expected seeds |" in out
     assert out.count("\n| 2, 4, 6, 8 |") == 16 + 32 and out.count("\n| 3, 5, 8 |") == 16
     assert "| setting | seed×arm SD" in out and out.count("\n| realistic |") == len(calibration.SEEDS_EFFECTS)
+
+
+def test_the_dry_run_prints_the_design_and_the_command_line_refuses_what_does_not_fit(capsys):
+    """`--dry-run --until-decided` prints the rounds, seed order, weights and each look's
+    boundary (and the margin); --max-seeds alone and --until-decided with --ladder are refused."""
+    study = "ablations/masking_ratio.py"
+    assert main(["sweep", study, "--profile", "demo", "--dry-run", "--until-decided", "--max-seeds", "6",
+                 "--equivalence-margin", "0.01"]) == 0
+    out = capsys.readouterr().out
+    assert "until decided: rounds at 2, 4, 6 seeds (max 6), seed order 0, 1, 2, 3, 4, 5" in out
+    assert "weights 0, 0.296, 0.704" in out and "no test, " in out and "equivalence margin: ±0.01" in out
+    assert main(["sweep", study, "--profile", "demo", "--dry-run", "--max-seeds", "6"]) == 2
+    assert "--max-seeds: only with --until-decided" in capsys.readouterr().err
+    assert main(["sweep", study, "--profile", "demo", "--until-decided", "--ladder", "0.5,1"]) == 2
+    assert "does not take --until-decided" in capsys.readouterr().err
