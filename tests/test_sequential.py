@@ -20,14 +20,17 @@ import pytest
 from embedlab.cli import main
 from embedlab.core.errors import ConfigError, UsageError
 from embedlab.records.rundir import SEQUENTIAL_FILE
+from embedlab.report import html as html_page
+from embedlab.report.collect import read_run
 from embedlab.stats import calibration, crossed, looks, sequential
 from embedlab.stats.calibration import Setting
 from embedlab.stats.paired import load_per_query, paired_tests
-from embedlab.stats.rerun import with_seeds
+from embedlab.stats.rerun import rerun_size, with_seeds
 from embedlab.stats.table import load_table, render
-from embedlab.studies.study import MIN_MAX_SEEDS
+from embedlab.studies.study import MIN_MAX_SEEDS, Study
 from embedlab.sweep.rounds import current
 
+from conftest import tiny_budget, tiny_trial
 from test_paired_stats import METRIC, QUERIES, write_per_query, write_run
 
 ALPHA = 0.05
@@ -237,9 +240,6 @@ def _run(tmp_path, effects: dict[str, float], seeds=range(8), *, sequential_stud
 
 def _study(arms: list[str], max_seeds: int = 6, margin: float | None = None):
     """A real study of tiny arms named `arms` (each a masking ratio), run until decided."""
-    from embedlab.studies.study import Study
-    from conftest import tiny_budget, tiny_trial
-
     base = tiny_trial()
     configs = {arm: replace(base, masking=replace(base.masking, ratio=0.15 + 0.05 * i)) for i, arm in enumerate(arms)}
     return Study(name="toy", factor="masking.ratio", arms=configs, seeds=(0, 1), budget=tiny_budget(),
@@ -289,11 +289,8 @@ def test_the_table_of_a_sequential_run_says_what_it_decided_and_spent(tmp_path):
            "trials, against 12 for the fixed design at 4 seeds" in text
     assert '"significant" = Holm' not in text and " better " in text
     assert json.loads(render(run_dir, "json"))["sequential"]["finished"] is True
-    from embedlab.report import html as html_page
-    from embedlab.report.collect import read_run
     page = html_page._trial_tables(read_run(run_dir))
     assert "sequential paired test of dev/ndcg@10" in page and "seeds used (decided)" in page
-    from embedlab.stats.rerun import rerun_size
     with pytest.raises(UsageError, match="chose its seeds round by round"):
         rerun_size(run_dir, study)
 
@@ -319,9 +316,6 @@ def test_a_fixed_study_with_a_margin_says_better_worse_or_equivalent(tmp_path):
 def test_a_study_declares_its_rounds_and_margin_and_keeps_its_hash_without_them(tmp_path):
     """until_decided needs max seeds of at least 4 and above its seeds; max seeds alone and a
     margin outside (0, 1) are refused naming the field; a study without them hashes as before."""
-    from embedlab.studies.study import Study
-    from conftest import tiny_budget, tiny_trial
-
     base = tiny_trial()
     arms = {"a": base, "b": replace(base, masking=replace(base.masking, ratio=0.3))}
     study = Study(name="s", factor="masking.ratio", arms=arms, seeds=(0, 1), budget=tiny_budget())

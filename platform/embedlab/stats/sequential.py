@@ -52,8 +52,8 @@ seeds)".
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -284,18 +284,6 @@ def projected_powers(design: Design, look: int, mean, seed_part, query_part) -> 
             power_e = np.maximum(0.0, distributions.norm.cdf((design.margin - half - mean) / sd)
                                  - distributions.norm.cdf((-design.margin + half - mean) / sd))
     return np.nan_to_num(power_d, nan=1.0), np.nan_to_num(power_e)
-
-
-def run_looks(design: Design, estimates: Callable[[State], tuple[np.ndarray, np.ndarray, np.ndarray]],
-              looks: int | None = None) -> State:
-    """The family after `looks` looks (default all, stopping early when no arm is open),
-    `estimates(state)` giving the next look's (Dbar, X_seed, X_query) of every arm."""
-    state = start(design, 1)
-    for _ in range(len(design.looks) if looks is None else looks):
-        if not state.open.any():
-            break
-        state = step(design, state, *estimates(state))
-    return state
 
 
 def simulate(design: Design, differences: np.ndarray) -> State:
