@@ -298,7 +298,8 @@ def header(record: dict[str, Any], metric: str, control: str) -> str:
         f"futile = under {design.futility_power:.0%} power at {design.max_seeds} seeds for the observed difference "
         "(every test); decided arms train no further; size shown by simulation (`embedlab stats calibrate`); MDE: "
         f"{paired.POWER:.0%} power at the last look's level; fixed seeds of equal power: the fewest seeds a fixed "
-        "design needs for the power this design has at the arm's observed difference",
+        "design needs for the power this design has at the arm's observed difference (one arm, at Holm's strictest "
+        "level)",
     ]
     return "\n".join(lines)
 
@@ -329,7 +330,7 @@ def result_cells(record: dict[str, Any], arms: Sequence[str]) -> pd.DataFrame:
 
 
 def _mde_text(mde: float | None, result: dict) -> str:
-    if mde is None or result["verdict"] in ("better", "worse") or result["verdict"].startswith(("better", "worse")):
+    if mde is None or result["verdict"].startswith(("better", "worse")):  # a difference shown needs no MDE
         return ""
     return f"{mde:.4f}" if mde <= paired.DIFF_RANGE else f"over {paired.DIFF_RANGE:g}: none in range"
 
