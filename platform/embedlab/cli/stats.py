@@ -40,12 +40,19 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     compared = calibration.comparison_rows(args.studies, args.bootstrap_studies, args.seed, args.alpha) if (
         args.bootstrap_studies) else []
     levels = {s: crossed.calibrated_level(s - 1, args.alpha) for s in calibration.GRID_SEEDS}
+    print("stats: seeds until decided: false-positive rate, equivalence at the margin, seeds against fixed designs",
+          flush=True)
+    sequential = (calibration.sequential_size_table(args.studies, args.seed, args.alpha),
+                  calibration.equivalence_table(args.studies, args.seed, args.alpha),
+                  calibration.seeds_table(args.studies, args.seed, args.alpha))
     if args.json:
         print(json.dumps({"alpha": args.alpha, "seed": args.seed, "model": crossed.MODEL, "test": crossed.METHOD,
                           "calibrated_levels": {str(s): level for s, level in levels.items()},
                           "satterthwaite_worst_case_size": {str(s): crossed.worst_case_size(args.alpha, s - 1)
                                                             for s in levels},
-                          "size": [r.as_dict() for r in sizes], "comparison": [r.as_dict() for r in compared]},
+                          "size": [r.as_dict() for r in sizes], "comparison": [r.as_dict() for r in compared],
+                          "sequential": {name: [r.as_dict() for r in rows] for name, rows in
+                                         zip(("size", "equivalence", "seeds"), sequential)}},
                          indent=2))
         return 0
     print(f"\nmodel: {crossed.MODEL}\ntest: {crossed.METHOD}")
@@ -67,7 +74,47 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             s = r.setting
             print(f"| {s.seeds} | {s.sd_seed:g} | {s.queries} | {s.sd_query:g} / {s.sd_noise:g} | {s.effect:g} | "
                   f"{r.test} | {_percent(r)} |")
+    _print_sequential(*sequential, studies=args.studies, alpha=args.alpha, most=crossed.MAX_SEEDS)
     return 0
+
+
+def _looks(looks) -> str:
+    return ", ".join(map(str, looks))
+
+
+def _print_sequential(sizes, equivalence, seeds, *, studies: int, alpha: float, most: int) -> None:
+    """The three sequential tables (`embedlab.stats.calibration`), in markdown."""
+    print(f"\nseeds until decided: false-positive rate at alpha {alpha:g} (better or worse called with no true "
+          f"difference; ± one Monte Carlo standard error) and the seeds an arm ran, {studies:,} null studies per cell")
+    print("| looks at seeds | seed×arm SD | queries | query / noise SD | false-positive rate | expected seeds |\n"
+          "|---|---|---|---|---|---|")
+    for r in sizes:
+        s = r.setting
+        print(f"| {_looks(r.looks)} | {s.sd_seed:g} | {s.queries} | {s.sd_query:g} / {s.sd_noise:g} | {_percent(r)} | "
+              f"{r.seeds:.2f} |")
+    print(f"\nseeds until decided: equivalence called where the true difference is at the margin (3 sd of the mean "
+          f"difference at max seeds), at +margin and -margin, {studies:,} studies each")
+    print("| looks at seeds | seed×arm SD | queries | query / noise SD | margin | true difference | called equivalent "
+          "| expected seeds |\n|---|---|---|---|---|---|---|---|")
+    for r in equivalence:
+        s = r.setting
+        print(f"| {_looks(r.looks)} | {s.sd_seed:g} | {s.queries} | {s.sd_query:g} / {s.sd_noise:g} | {r.margin:.4f} | "
+              f"{s.effect:+.4f} | {_percent(r)} | {r.seeds:.2f} |")
+    fixed = sorted(seeds[0].fixed_power)
+    print(f"\nseeds until decided against fixed designs: one arm, true difference in sd of the mean difference at "
+          f"{seeds[0].looks[-1]} seeds; fixed designs' power from their formula, the sequential design's power and "
+          f"expected seeds simulated ({studies:,} studies); the last column is the fewest seeds a fixed design needs "
+          "for the sequential design's power")
+    print("| setting | seed×arm SD | queries | query / noise SD | true difference | fixed power at "
+          + "/".join(map(str, fixed)) + " seeds | sequential power | expected seeds | fixed seeds of equal power |\n"
+          "|---|---|---|---|---|---|---|---|---|")
+    for r in seeds:
+        s = r.setting
+        power = "/".join(f"{r.fixed_power[k]:.2f}" for k in fixed)
+        equal = "n/a (no difference)" if not s.effect else f"over {most}" if r.fixed_seeds is None else \
+            str(r.fixed_seeds)
+        print(f"| {r.name} | {s.sd_seed:g} | {s.queries} | {s.sd_query:g} / {s.sd_noise:g} | {s.effect:.4f} | {power} | "
+              f"{r.power:.3f} | {r.seeds:.2f} | {equal} |")
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:

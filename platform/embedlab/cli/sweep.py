@@ -26,17 +26,21 @@ DEMO_PROFILE = "demo"
 def cmd_sweep(args: argparse.Namespace) -> int:
     from embedlab.sweep.run import dry_run, run_sweep  # here: it loads torch
 
+    sequential = dict(until_decided=args.until_decided, max_seeds=args.max_seeds,
+                      equivalence_margin=args.equivalence_margin)
     if args.ladder is not None:
+        if args.until_decided:
+            raise UsageError("--ladder runs each rung at the study's fixed seeds: it does not take --until-decided")
         return _ladder(args)
     if args.dry_run:
         print(dry_run(args.study, profile=args.profile, parent=args.parent, storage=args.storage, resume=args.resume,
                       budget_scale=args.budget_scale, address=args.address, max_concurrent=args.max_concurrent,
-                      wait_for_resources=args.wait_for_resources))
+                      wait_for_resources=args.wait_for_resources, **sequential))
         return 0
     run_dir = run_sweep(args.study, storage=args.storage, address=args.address, parent=args.parent,
                         profile=args.profile, resume=args.resume, max_concurrent=args.max_concurrent,
                         wait_for_resources=args.wait_for_resources, progress=progress, budget_scale=args.budget_scale,
-                        verbose=args.verbose)
+                        verbose=args.verbose, reuse=not args.no_reuse, **sequential)
     return _show_run(run_dir)
 
 
@@ -63,7 +67,8 @@ def _ladder(args: argparse.Namespace) -> int:
         return 0
     run_dirs = run_ladder(args.study, scales, storage=args.storage, profile=args.profile, progress=progress,
                           address=args.address, parent=args.parent, max_concurrent=args.max_concurrent,
-                          wait_for_resources=args.wait_for_resources, verbose=args.verbose)
+                          wait_for_resources=args.wait_for_resources, verbose=args.verbose,
+                          reuse=not args.no_reuse)
     failed = max(_show_run(run_dir) for run_dir in run_dirs)
     print()
     print(render_ladder(run_dirs), end="")
@@ -116,7 +121,7 @@ def cmd_tour(args: argparse.Namespace) -> int:
     run_dirs = run_tour(args.tour, profile=args.profile, storage=args.storage, address=args.address,
                         max_concurrent=args.max_concurrent, wait_for_resources=args.wait_for_resources,
                         show=lambda run_dir: failed.append(_show_run(run_dir)), progress=progress,
-                        verbose=args.verbose)
+                        verbose=args.verbose, reuse=not args.no_reuse)
     print("\ntour finished; run directories:")
     for run_dir in run_dirs:
         print(f"  {run_dir}")
@@ -185,6 +190,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--verbose", action="store_true",
                        help="also show Ray Tune's own console output (its configuration box, hints and warnings), "
                             "which otherwise goes to the run directory's ray.log")
+        p.add_argument("--no-reuse", action="store_true",
+                       help="train every trial, even one already finished under the storage root with the same "
+                            "config, parent, data and training code (default: copy its row)")
 
     demo = sub.add_parser("demo", help="the three-phase tour on the demo profile, on a local Ray cluster")
     demo.add_argument("--ablations", default=None, metavar="DIR",
@@ -212,6 +220,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     sweep.add_argument("--ladder", default=None, metavar="F,F,...",
                        help="run the study at each budget factor (e.g. 0.25,0.5,1), one run per rung; running "
                             "it again keeps finished rungs and resumes a cut one; ends with `embedlab stats ladder`")
+    sweep.add_argument("--until-decided", action="store_true",
+                       help="run seeds in rounds, each arm until it is better, worse, equivalent or futile, or "
+                            "--max-seeds is reached (a sequential test that holds its size)")
+    sweep.add_argument("--max-seeds", type=int, default=None, metavar="N",
+                       help="with --until-decided: the most seeds an arm runs (default: the study's, else 8)")
+    sweep.add_argument("--equivalence-margin", type=float, default=None, metavar="DELTA",
+                       help="the smallest difference that matters, in metric units: an arm shown within "
+                            "±DELTA is 'equivalent within ±DELTA' (default: the study's, else none)")
     add_run_options(sweep)
     sweep.set_defaults(func=cmd_sweep)
 

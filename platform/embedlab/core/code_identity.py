@@ -9,6 +9,7 @@ bytes, so an edit, an added or removed module, or a rename changes it.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import functools
 import hashlib
@@ -86,3 +87,49 @@ def code_revision(sources: Sequence[str], root: Path = PACKAGE_DIR) -> str:
         digest.update(f"{name}\0{len(content)}\0".encode())
         digest.update(content)
     return digest.hexdigest()[:16]
+
+
+def _module_file(module: str, root: Path) -> Path | None:
+    """The source file of an embedlab module (a package's __init__.py), None if it has none."""
+    path = root.joinpath(*module.split(".")[1:])
+    if (path / "__init__.py").is_file():
+        return path / "__init__.py"
+    return path.with_suffix(".py") if path.with_suffix(".py").is_file() else None
+
+
+def _imported(path: Path, module: str) -> set[str]:
+    """Every embedlab module `path` (the source of `module`) imports, at any level: module level,
+    inside functions, relative or absolute, and `from package import name` as both."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                name = ".".join(base + ([node.module] if node.module else []))
+            else:
+                name = node.module or ""
+            found.update({name, *(f"{name}.{alias.name}" for alias in node.names)})
+    return {name for name in found if name == PACKAGE_DIR.name or name.startswith(f"{PACKAGE_DIR.name}.")}
+
+
+def import_closure(modules: Sequence[str], root: Path = PACKAGE_DIR) -> tuple[str, ...]:
+    """The source files (relative to `root`, sorted) of `modules` and of every embedlab module
+    they import, directly or not, the packages on the way included: the code that can run when
+    they run (a module named by a string, not an import, is not followed)."""
+    seen: dict[str, Path] = {}
+    todo = list(modules)
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        path = _module_file(module, root)
+        if path is None:  # a name imported from a module, not a module
+            continue
+        seen[module] = path
+        parts = module.split(".")
+        todo += [".".join(parts[:i]) for i in range(1, len(parts))]
+        todo += sorted(_imported(path, module))
+    return tuple(sorted({path.relative_to(root).as_posix() for path in seen.values()}))

@@ -26,6 +26,15 @@ than this code's is refused, as guessing at it could misread it. Each step:
                     (`CONTRASTIVE_MOVES`, e.g. `hard_negatives` -> `negatives.count`), and the
                     config paths a study names (its factor, its searches) and a row records (its
                     factor, its `param/<path>` columns) follow them.
+    schema 3 -> 4   seeds until decided, equivalence and reuse, all additions: a study may say
+                    `until_decided` with `max_seeds` and an `equivalence_margin`, a run may hold
+                    `sequential.json` (its looks), a record says whether the run reused finished
+                    trials (`reuse`), and a grid trial's row carries its `trial_key` and, when it
+                    was copied from another run, `reused_from`. An older record has none of them,
+                    and reads as it did (a run of fixed seeds that trained every trial itself, its
+                    table as before). The step moves nothing; the number keeps an older embedlab
+                    from printing a fixed-seed test of a sequential run, which would not hold its
+                    size.
 
 A step added later goes here, as a function of the kinds it changes, and in the list above;
 `tests/test_records.py` reads every run record under `docs/results/runs/` through it and holds
@@ -39,7 +48,7 @@ from typing import Any
 
 from embedlab.core.errors import ConfigError, RunRecordError
 
-SCHEMA = 3
+SCHEMA = 4
 KINDS = ("record", "study", "config", "row")
 # The flat keys configs and study records held before the budget was one object (schema 1),
 # and the Budget field each is now.

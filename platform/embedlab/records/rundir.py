@@ -8,6 +8,8 @@ Run directory (`<storage>/<study>-<timestamp>/`):
     trials/<id>.json    one trial's row, whatever its end: finished, nonfinite, failed
                         (what `embedlab table` reads)
     per_query/<id>.json a scored trial's per-query values (`PER_QUERY_DIR`, for paired tests)
+    sequential.json     a study run until decided: its design, each round's trials and each
+                        look with its boundaries and verdicts (`SEQUENTIAL_FILE`)
     search.json         each arm's tuned values     optuna.db  Optuna's storage
     train/              Ray Train runs (checkpoints)     tune/  Ray Tune experiment state
 """
@@ -27,6 +29,7 @@ from embedlab.records.scores import TrialScores
 # a trial's driver writes rows without importing pandas or scipy.
 TRIALS_DIR = "trials"
 PER_QUERY_DIR = "per_query"
+SEQUENTIAL_FILE = "sequential.json"
 TRIAL_FIELDS = ("trial_id", "arm", "seed")  # what every trial row has, whatever its end
 
 # Of an error's text kept in a failed trial's row. Fixed, not a setting: the row keeps the

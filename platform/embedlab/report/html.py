@@ -16,7 +16,7 @@ import pandas as pd
 from embedlab.core.code_identity import VERSION
 from embedlab.report.collect import Run
 from embedlab.report.plotting import Figure
-from embedlab.stats import paired
+from embedlab.stats import looks, paired
 from embedlab.stats.table import (
     CONFIDENCE, UnequalComputeError, check_equal_compute, ci_label, compute_match_line, summarize,
     tuning_line, unit_columns,
@@ -102,8 +102,10 @@ def _trial_tables(run: Run) -> str:
     except (UnequalComputeError, ValueError) as error:
         comparison = f'<p class="warning">No arm comparison: {escape(str(error))}</p>'
     else:
+        record = looks.read_sequential(run.directory)
         try:
-            comparison += _paired(paired.compare_to_control(run.directory, table))
+            comparison += (_paired(paired.compare_to_control(run.directory, table)) if record is None
+                           else _sequential(record, table))
         except ValueError as error:  # unreadable per-query files: the seed-level table still stands
             comparison += f'<p class="warning">No paired per-query test: {escape(str(error))}</p>'
     comparison = notes + comparison + _identical_seeds(run)
@@ -130,12 +132,25 @@ def _paired(comparison: paired.PairedComparison) -> str:
     header = "".join(f'<p class="meta">{escape(line)}</p>' for line in comparison.header.splitlines())
     if comparison.tests is None:
         return header
-    cells = paired.cells(comparison.tests)
+    cells = paired.cells(comparison.tests, comparison.margin)
     widths = ""
     if comparison.other_widths is not None:
         widths = ('<p class="meta">the same test at the other scored widths (one Holm family with the above)</p>'
-                  + _html_table(paired.cells(comparison.other_widths), numeric=[]))
+                  + _html_table(paired.cells(comparison.other_widths, comparison.margin), numeric=[]))
     return header + _html_table(cells, numeric=[]) + widths
+
+
+def _sequential(record: dict, table: pd.DataFrame) -> str:
+    """A study run until decided: what its verdicts mean, one row per arm, a line per round and
+    the seeds it used (`embedlab.stats.looks`)."""
+    arms = table.attrs["arm_order"]
+
+    def meta(lines: list[str]) -> str:
+        return "".join(f'<p class="meta">{escape(line)}</p>' for line in lines)
+
+    return (meta(looks.header(record, table.attrs["metric"], arms[0]).splitlines())
+            + _html_table(looks.result_cells(record, arms), numeric=[])
+            + meta([*looks.look_lines(record), looks.seeds_line(record, arms)]))
 
 
 def _comparison(summary: pd.DataFrame, metrics: list[str]) -> str:

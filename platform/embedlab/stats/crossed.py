@@ -54,6 +54,7 @@ One seed. With S = 1 the seed term cannot be told from the effect: there is no t
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Sequence
@@ -69,6 +70,11 @@ METHOD = ("t test on the crossed seeds x queries model (two-way ANOVA mean squar
 CHI2_POINTS = 1_000
 SHARE_POINTS = 101
 SHARE_TABLE_POINTS = 1_001
+# The smallest Satterthwaite p the worst case is computed at. Below about 1e-130 the integral
+# loses its accuracy (at 2 seeds it rises again, at 3 it turns NaN), so a smaller p_S is read
+# as this one: never a smaller p than the numerics support (W is increasing, so it is
+# conservative), and every level with a worst case below 1 is reachable down to here.
+P_S_FLOOR = 1e-100
 
 
 @dataclass(frozen=True)
@@ -231,14 +237,19 @@ def worst_case_size(level: float, seed_df: int) -> float:
 @functools.cache
 def calibrated_level(seed_df: int, alpha: float) -> float:
     """The nominal level a whose worst-case size is `alpha`: p_S <= a exactly when p <= alpha
-    (to a relative 1e-9: Brent's method on log a, then the side whose size is at most alpha)."""
+    (to a relative 1e-9: Brent's method on log a, then the side whose size is at most alpha);
+    0.0 when even `P_S_FLOOR` has a worst case above `alpha` (no p_S reaches that size: at 2
+    seeds, alpha below about 0.003)."""
     def excess(log_level: float) -> float:
         return worst_case_size(math.exp(log_level), seed_df) - alpha
 
     high = math.log(alpha)  # worst_case_size(a) >= a: the level is never above alpha
+    floor = math.log(P_S_FLOOR)
     low = high - 2.0
     while excess(low) > 0:
-        low -= 4.0
+        if low <= floor:
+            return 0.0
+        low = max(low - 4.0, floor)
     root = optimize.brentq(excess, low, high, xtol=1e-9)
     while excess(root) > 0:
         root -= 1e-9
@@ -257,19 +268,57 @@ def satterthwaite_p(mean, seed_part, query_part, seed_df: int):
 
 
 def p_value(estimate: CrossedEstimate) -> float:
-    """The test's two-sided p: `worst_case_size` of the observed Satterthwaite p (never 0:
-    floored at the smallest positive float)."""
+    """The test's two-sided p: `worst_case_size` of the observed Satterthwaite p, read at no
+    less than `P_S_FLOOR` (never 0: floored at the smallest positive float)."""
     k = estimate.seeds - 1
     p_s = float(satterthwaite_p(estimate.mean, estimate.seed_part, estimate.query_part, k))
-    return max(worst_case_size(p_s, k), math.ulp(0.0))
+    return max(worst_case_size(max(p_s, P_S_FLOOR), k), math.ulp(0.0))
 
 
 def interval(estimate: CrossedEstimate, alpha: float) -> tuple[float, float]:
     """The differences the level-`alpha` test would not reject: Dbar -/+ t_{1 - a/2, df} SE,
-    a = calibrated_level(k, alpha); it excludes 0 exactly when p <= alpha."""
+    a = calibrated_level(k, alpha); it excludes 0 exactly when p <= alpha. (-inf, inf) when no
+    p_S reaches `alpha` (`calibrated_level` 0)."""
     level = calibrated_level(estimate.seeds - 1, alpha)
+    if level <= 0:
+        return -math.inf, math.inf
     half = float(stats.t.ppf(1 - level / 2, estimate.df)) * estimate.se
     return estimate.mean - half, estimate.mean + half
+
+
+def shifted(estimate: CrossedEstimate, bound: float) -> CrossedEstimate:
+    """The estimate of D - `bound`: the same variance, the mean moved (a one-sided test of
+    delta against `bound` is the test of this estimate's mean against 0)."""
+    return dataclasses.replace(estimate, mean=estimate.mean - bound)
+
+
+def one_sided_p(estimate: CrossedEstimate, bound: float, side: str) -> float:
+    """The worst-case p of H0: delta >= bound (`side` "below": the estimate shows delta below
+    it) or H0: delta <= bound ("above"). With t = (Dbar - bound) / SE on the test's side,
+    p = W_k(p_S) / 2, p_S the two-sided Satterthwaite p of t: Dbar is symmetric about delta and
+    independent of V, so at every seed share the one-sided size at u is half the two-sided
+    size at 2u, and its worst case half of `worst_case_size`. 1 when Dbar is on the other side."""
+    if side not in ("below", "above"):
+        raise ValueError(f"side {side!r}: 'below' or 'above'")
+    moved = estimate.mean - bound
+    if (moved >= 0) if side == "below" else (moved <= 0):
+        return 1.0
+    return p_value(shifted(estimate, bound)) / 2
+
+
+def tost_p(estimate: CrossedEstimate, margin: float) -> float:
+    """The two one-sided tests' p of H0: |delta| >= margin: the larger of the p of delta below
+    +margin and of delta above -margin (`one_sided_p`). p <= a exactly when
+    `equivalence_interval(estimate, a)` lies inside (-margin, margin)."""
+    if not margin > 0:
+        raise ValueError(f"equivalence margin {margin}: must be positive")
+    return max(one_sided_p(estimate, margin, "below"), one_sided_p(estimate, -margin, "above"))
+
+
+def equivalence_interval(estimate: CrossedEstimate, alpha: float) -> tuple[float, float]:
+    """The 1 - 2 alpha calibrated interval: inside (-margin, margin) exactly when the
+    level-`alpha` TOST shows equivalence within the margin (`tost_p` <= alpha)."""
+    return interval(estimate, 2 * alpha)
 
 
 def power(effect: float, sd: float, seed_share: float, seed_df: int, alpha: float) -> float:
@@ -278,6 +327,8 @@ def power(effect: float, sd: float, seed_share: float, seed_df: int, alpha: floa
     if sd <= 0:
         return 1.0 if effect else alpha
     level = calibrated_level(seed_df, alpha)
+    if level <= 0:
+        return 0.0
     return float(_rejection(level, seed_df, abs(effect) / sd, np.array([seed_share]))[0])
 
 
@@ -293,11 +344,13 @@ def projected(estimate: CrossedEstimate, seeds: int, query_factor: float = 1.0) 
 
 def minimum_detectable_effect(estimate: CrossedEstimate, alpha: float, target: float = 0.80) -> float:
     """The true difference the test detects with probability `target`, at the estimate's own
-    seeds, queries and variance components."""
+    seeds, queries and variance components (inf when no p_S reaches `alpha`)."""
     sd, share = projected(estimate, estimate.seeds)
     if sd <= 0:
         return 0.0
     k = estimate.seeds - 1
+    if calibrated_level(k, alpha) <= 0:  # no p_S reaches alpha: no difference is detected
+        return math.inf
     low, high = 0.0, sd
     while power(high, sd, share, k, alpha) < target:
         high *= 2

@@ -66,6 +66,10 @@ P_FLOOR = 1e-16  # below it a printed p says only "smaller than this" (`p_text`)
 DIFF_RANGE = 1.0
 COLUMNS = ("arm", "seeds", "queries", "diff", "ci_low", "ci_high", "ci_level", "p", "p_holm", "significant",
            "se", "df", "mde", "seeds_needed", "queries_needed", "note")
+# A study that declares an equivalence margin (`Study.equivalence_margin`) also gets the two
+# one-sided tests, Holm across its arms as a second family: their p's, the 1 - 2a interval at
+# each arm's Holm level a, and whether it lies inside the margin.
+EQUIVALENCE_COLUMNS = ("p_equivalence", "p_equivalence_holm", "eq_low", "eq_high", "eq_level", "equivalent")
 
 
 @dataclass(frozen=True)
@@ -318,7 +322,7 @@ def width_family(per_query: PerQuery, metric: str) -> list[str]:
 
 
 def paired_tests(per_query: PerQuery, metric: str, arms: Sequence[str], *, alpha: float = ALPHA,
-                 family: Sequence[str] | None = None) -> pd.DataFrame:
+                 family: Sequence[str] | None = None, margin: float | None = None) -> pd.DataFrame:
     """One row per non-control arm (`arms[0]` is the control) on `metric`: `COLUMNS`.
 
     `family`: the metrics tested together (the study metric at every scored width,
@@ -334,7 +338,11 @@ def paired_tests(per_query: PerQuery, metric: str, arms: Sequence[str], *, alpha
     80% power, at Holm's strictest level (NaN beyond `crossed.MAX_SEEDS`); queries_needed: where
     queries dominate the variance, the queries (at these seeds) that would. An arm with one
     paired seed is listed with `note` "one seed: no test", one with none "no paired seeds";
-    either is left out of the family (m counts the arms tested)."""
+    either is left out of the family (m counts the arms tested).
+
+    `margin` (an equivalence margin, metric units) adds `EQUIVALENCE_COLUMNS`: the two one-sided
+    tests of |delta| >= margin (`crossed.tost_p`) with Holm across the same pairs as a second
+    family at `alpha`; an arm shown equivalent needs no rerun size."""
     if len(arms) < 2:
         raise ValueError(f"arms: {list(arms)}; a paired test needs a control and at least one other arm")
     metrics = list(family or [metric])
@@ -347,13 +355,33 @@ def paired_tests(per_query: PerQuery, metric: str, arms: Sequence[str], *, alpha
             pairs.append((row, estimate))
     rows = [row for row, _ in pairs]
     tested = holm_family(pairs, alpha)
+    if margin is not None:
+        equivalence_family(pairs, alpha, margin)
     strictest = alpha / len(tested) if tested else alpha
     for row, estimate in tested:
         row.update(mde=crossed.minimum_detectable_effect(estimate, strictest, POWER))
-        if not row["significant"]:
+        if not row["significant"] and not row.get("equivalent"):
             row.update(_rerun_size(estimate, strictest))
-    columns = list(COLUMNS) + (["metric"] if family is not None and len(metrics) > 1 else [])
+    columns = list(COLUMNS) + (list(EQUIVALENCE_COLUMNS) if margin is not None else []) + (
+        ["metric"] if family is not None and len(metrics) > 1 else [])
     return pd.DataFrame(rows, columns=columns)
+
+
+def equivalence_family(pairs: Sequence[tuple[dict, crossed.CrossedEstimate | None]], alpha: float,
+                       margin: float) -> None:
+    """Holm across every (row, estimate) with an estimate on the TOST p of |delta| >= `margin`:
+    each row gets `EQUIVALENCE_COLUMNS` (a row without a test: not equivalent)."""
+    for row, _ in pairs:
+        row.update({column: math.nan for column in EQUIVALENCE_COLUMNS} | {"equivalent": False})
+    tested = [(row, estimate) for row, estimate in pairs if estimate is not None]
+    raw = [crossed.tost_p(estimate, margin) for _, estimate in tested]
+    adjusted, levels, rejected = holm_levels(raw, alpha)
+    for (row, estimate), p, p_holm, level, equivalent in zip(tested, raw, adjusted, levels, rejected):
+        low, high = crossed.equivalence_interval(estimate, level)
+        if equivalent != (-margin < low and high < margin):  # the module's contract; a failure is a bug
+            raise AssertionError(f"{row.get('arm')}: TOST says {equivalent} but the interval is [{low}, {high}]")
+        row.update(p_equivalence=p, p_equivalence_holm=p_holm, eq_low=low, eq_high=high, eq_level=1 - 2 * level,
+                   equivalent=equivalent)
 
 
 def holm_family(pairs: Sequence[tuple[dict, crossed.CrossedEstimate | None]], alpha: float = ALPHA
@@ -430,6 +458,7 @@ class PairedComparison:
     # The study metric at the run's other scored widths (`width_family`), tested in one Holm
     # family with `tests`: a row per (arm, width), with a `metric` column.
     other_widths: pd.DataFrame | None = field(default=None, repr=False)
+    margin: float | None = None  # the study's equivalence margin: the tests carry EQUIVALENCE_COLUMNS
 
     @property
     def test(self) -> str:
@@ -450,18 +479,28 @@ class PairedComparison:
             m += int(self.other_widths["p"].notna().sum())
             tested = f"{m} tested (arm, width) pairs over {widths} widths"
         missing = f"; {len(self.missing)} final trial(s) without per-query values left out" if self.missing else ""
-        return (f"paired per-query test of {self.metric} vs control {self.control}: {self.test}{missing}\n"
-                f"model: {crossed.MODEL}; size shown by simulation (`embedlab stats calibrate`)\n"
+        lines = [f"paired per-query test of {self.metric} vs control {self.control}: {self.test}{missing}",
+                 f"model: {crossed.MODEL}; size shown by simulation (`embedlab stats calibrate`)"]
+        if self.margin is None:
+            return "\n".join([*lines, (
                 f'"significant" = Holm-adjusted p <= {self.alpha:g} across {tested} (family-wise alpha '
                 f"{self.alpha:g} under the model), i.e. the corrected interval excludes 0; one seed: no test; "
-                f"MDE and seeds needed: {POWER:.0%} power at Holm's strictest level")
+                f"MDE and seeds needed: {POWER:.0%} power at Holm's strictest level")])
+        margin = f"±{self.margin:g}"
+        return "\n".join([*lines, (
+            f'"better"/"worse" = Holm-adjusted p <= {self.alpha:g} across {tested}, i.e. the corrected interval '
+            f'excludes 0; "equivalent within {margin}" = two one-sided tests of |difference| >= {self.margin:g} '
+            f"(the same calibration), Holm across the same arms at {self.alpha:g} as a second family, i.e. the "
+            f"equivalence interval (1 - 2 x the Holm level) lies inside {margin}; one seed: no test; "
+            f"MDE and seeds needed: {POWER:.0%} power at Holm's strictest level")])
 
 
 def compare_to_control(run_dir: str | Path, table: pd.DataFrame, *, alpha: float = ALPHA) -> PairedComparison:
     """The paired per-query test of the study metric (`table.attrs`, set by load_table) for
     every non-control arm, read from the run's per_query/ files."""
     metric, arms = table.attrs.get("metric"), list(table.attrs.get("arm_order") or [])
-    base = dict(metric=metric, control=arms[0] if arms else None, alpha=alpha)
+    margin = table.attrs.get("margin")
+    base = dict(metric=metric, control=arms[0] if arms else None, alpha=alpha, margin=margin)
     per_query = load_per_query(run_dir, table)
     if per_query is None:
         return PairedComparison(**base, unavailable=f"the run has no {PER_QUERY_DIR}/ directory (written before "
@@ -474,12 +513,12 @@ def compare_to_control(run_dir: str | Path, table: pd.DataFrame, *, alpha: float
                                 unavailable=f"no per-query {metric} values for the finished final trials")
     family = width_family(per_query, metric)
     if len(family) > 1:  # every scored width of the metric, in one Holm family
-        everything = paired_tests(per_query, metric, arms, alpha=alpha, family=family)
+        everything = paired_tests(per_query, metric, arms, alpha=alpha, family=family, margin=margin)
         study = everything["metric"] == metric
         return PairedComparison(**base, tests=everything[study].drop(columns="metric").reset_index(drop=True),
                                 missing=per_query.missing,
                                 other_widths=everything[~study].reset_index(drop=True))
-    tests = paired_tests(per_query, metric, arms, alpha=alpha)
+    tests = paired_tests(per_query, metric, arms, alpha=alpha, margin=margin)
     return PairedComparison(**base, tests=tests, missing=per_query.missing,
                             strata=per_query.tasks if strata else ())
 
@@ -494,28 +533,44 @@ def p_text(p: float) -> str:
     return f"{p:.4f}" if p >= 1e-4 else f"{p:.1e}"
 
 
-def cells(tests: pd.DataFrame) -> pd.DataFrame:
-    """The tests as display strings: difference, corrected interval with its level, p, Holm p,
-    the verdict, MDE and the seeds (or queries) a rerun would need (4 decimals). An interval is
-    cut to [-DIFF_RANGE, DIFF_RANGE] and says so; an MDE beyond it reads "none in range"."""
-    def interval(low: float, high: float, level: float) -> str:
-        if math.isnan(low):
-            return "n/a"
-        shown = f"[{max(low, -DIFF_RANGE):+.4f}, {min(high, DIFF_RANGE):+.4f}] at {level * 100:.4g}%"
-        return shown + (" (cut to the metric's range)" if low < -DIFF_RANGE or high > DIFF_RANGE else "")
+def verdict_of(row: dict, margin: float | None = None) -> str:
+    """An arm's result in words: its note (no test), else without a margin "significant" or "not
+    significant", and with one "better" / "worse" (by the difference's sign), "equivalent within
+    ±margin" (both: "better, equivalent within ±margin") or "not significant"."""
+    if row["note"]:
+        return row["note"]
+    if margin is None:
+        return "significant" if row["significant"] else "not significant"
+    equivalence = f"equivalent within ±{margin:g}"
+    if row["significant"]:
+        direction = "better" if row["diff"] > 0 else "worse"
+        return f"{direction}, {equivalence}" if row["equivalent"] else direction
+    return equivalence if row["equivalent"] else "not significant"
 
+
+def interval_text(low: float, high: float, level: float) -> str:
+    """An interval with its level, cut to [-DIFF_RANGE, DIFF_RANGE] (saying so; an infinite one
+    too, as at 2 seeds and a small level); "n/a" for none."""
+    if math.isnan(low):
+        return "n/a"
+    shown = f"[{max(low, -DIFF_RANGE):+.4f}, {min(high, DIFF_RANGE):+.4f}] at {level * 100:.4g}%"
+    return shown + (" (cut to the metric's range)" if low < -DIFF_RANGE or high > DIFF_RANGE else "")
+
+
+def cells(tests: pd.DataFrame, margin: float | None = None) -> pd.DataFrame:
+    """The tests as display strings: difference, corrected interval with its level, p, Holm p,
+    the verdict (`verdict_of`), MDE and the seeds (or queries) a rerun would need (4 decimals);
+    with a `margin`, the equivalence interval and its Holm p beside them. An interval is cut to
+    [-DIFF_RANGE, DIFF_RANGE] and says so; an MDE beyond it reads "none in range"."""
     def mde(value: float) -> str:
         if math.isnan(value):
             return "n/a"
         return f"{value:.4f}" if value <= DIFF_RANGE else f"over {DIFF_RANGE:g}: none in range"
 
-    def verdict(row: dict) -> str:
-        return row["note"] or ("significant" if row["significant"] else "not significant")
-
     def needed(row: dict) -> str:
         if row["note"] == ONE_SEED:
             return "2+ seeds"
-        if row["significant"] or math.isnan(row["diff"]):
+        if row["significant"] or math.isnan(row["diff"]) or row.get("equivalent"):
             return ""
         seeds = "over %d seeds" % crossed.MAX_SEEDS if math.isnan(row["seeds_needed"]) else f"{row['seeds_needed']:.0f} seeds"
         return seeds + ("" if math.isnan(row["queries_needed"]) else f" or {row['queries_needed']:.0f} queries")
@@ -527,10 +582,14 @@ def cells(tests: pd.DataFrame) -> pd.DataFrame:
         "seeds": tests["seeds"].astype(str).to_list(),
         "queries": tests["queries"].astype(str).to_list(),
         "diff": ["n/a" if math.isnan(d) else f"{d:+.4f}" for d in tests["diff"]],
-        "corrected interval": [interval(*values) for values in zip(tests["ci_low"], tests["ci_high"], tests["ci_level"])],
+        "corrected interval": [interval_text(*values)
+                               for values in zip(tests["ci_low"], tests["ci_high"], tests["ci_level"])],
         "p": [p_text(p) for p in tests["p"]],
         "Holm p": [p_text(p) for p in tests["p_holm"]],
-        "result": [verdict(r) for r in records],
+        **({"equivalence interval": [interval_text(*v) for v in zip(tests["eq_low"], tests["eq_high"],
+                                                                   tests["eq_level"])],
+            "Holm p (equivalence)": [p_text(p) for p in tests["p_equivalence_holm"]]} if margin is not None else {}),
+        "result": [verdict_of(r, margin) for r in records],
         f"MDE ({POWER:.0%} power)": [mde(m) for m in tests["mde"]],
         "to detect diff": [needed(r) for r in records],
     })

@@ -18,6 +18,8 @@ from pathlib import Path
 
 from embedlab.core.errors import UsageError
 from embedlab.stats import crossed
+from embedlab.stats.looks import read_sequential
+from embedlab.stats.sequential import extended_seeds
 from embedlab.stats.paired import ONE_SEED, compare_to_control
 from embedlab.stats.table import load_table, read_study_record
 from embedlab.studies.study import Study
@@ -50,6 +52,9 @@ def rerun_size(run_dir: str | Path, study: Study) -> RerunSize:
     `run_dir` observed; refused (UsageError) for a run of another study, a run without a
     paired test or with other arms, and a run where no comparison is left to size or none is
     within reach."""
+    if read_sequential(run_dir) is not None:
+        raise UsageError(f"--seeds-from {run_dir}: a study run until decided chose its seeds round by round; its "
+                         "table says what each arm used and what it could not detect")
     record = read_study_record(run_dir).get("study") or {}
     if record.get("name") != study.name:
         raise UsageError(f"--seeds-from {run_dir}: a run of study {record.get('name')!r}, not of {study.name!r}")
@@ -83,10 +88,4 @@ def rerun_size(run_dir: str | Path, study: Study) -> RerunSize:
 def with_seeds(study: Study, count: int) -> Study:
     """`study` at `count` seeds: its own seeds first, then the smallest unused non-negative
     integers outside its tuning seeds."""
-    seeds, candidate = list(study.seeds[:count]), 0
-    taken = set(study.seeds) | set(study.tuning_seeds)
-    while len(seeds) < count:
-        if candidate not in taken:
-            seeds.append(candidate)
-        candidate += 1
-    return replace(study, seeds=tuple(seeds))
+    return replace(study, seeds=extended_seeds(study.seeds, count, study.tuning_seeds))

@@ -38,7 +38,7 @@ from embedlab.core.schema import upgrade
 from embedlab.core.errors import RunRecordError, UsageError, UserError
 from embedlab.records.rundir import last_error_line, read_record, trial_records
 from embedlab.stats.paired import final_trials
-from embedlab.stats import crossed, paired
+from embedlab.stats import crossed, looks, paired
 from embedlab.stats.references import reference_line
 from embedlab.teacher.embeddings import VECTORS_DISCLOSURE
 from embedlab.teacher.labels import DISCLOSURE
@@ -160,7 +160,8 @@ def load_table(run_dir: str | Path) -> pd.DataFrame:
                        arm_order=arms, unit=unit, budget=declared_budget(record, unit),
                        budgets={u: declared_budget(record, u) for u in STUDY_BUDGETS},
                        seeds=list(record["study"].get("seeds", [])), tuning=record.get("tuning"),
-                       scope=budget_scope(record), teacher_made=teacher_made(record["study"]["arms"]))
+                       scope=budget_scope(record), teacher_made=teacher_made(record["study"]["arms"]),
+                       margin=record["study"].get("equivalence_margin"))
     return table
 
 
@@ -511,17 +512,25 @@ def render(run_dir: str | Path, fmt: str = "text", metrics: Sequence[str] | None
     final = final_trials(table)
     notes = [line for line in (compute_match_line(table), compute_outside_line(table), tuning_line(table),
                                teacher_line(table)) if line]
+    notes += [line for line in (cost_line(table, record),) if line]
+    control = table.attrs["arm_order"][0] if table.attrs["arm_order"] else None
+    sequential_record = looks.read_sequential(run_dir)
     try:
-        comparison = paired.compare_to_control(run_dir, table)
+        comparison = (paired.compare_to_control(run_dir, table) if sequential_record is None else
+                      paired.PairedComparison(metric=table.attrs["metric"], control=control,
+                                              unavailable=SEQUENTIAL_ONLY))
     except ValueError as error:  # unreadable per-query files: say so, keep the seed-level table
-        control = table.attrs["arm_order"][0] if table.attrs["arm_order"] else None
         comparison = paired.PairedComparison(metric=table.attrs["metric"], control=control,
                                              unavailable=f"per-query values unreadable: {error}")
+    sequential_lines = [] if sequential_record is None else _sequential_lines(sequential_record, table)
     if fmt in ("csv", "json"):
         summary = summarize(table, metrics, confidence=CONFIDENCE, check_compute=False)  # checked above
         if fmt == "csv":
-            comments = [_seed_level_note(), *notes, *comparison.header.splitlines()]
-            return "".join(f"# {line}\n" for line in comments) + _with_paired(summary, comparison).to_csv(index=False)
+            comments = [_seed_level_note(), *notes, *comparison.header.splitlines(), *sequential_lines]
+            frame = _with_paired(summary, comparison)
+            if sequential_record is not None:
+                frame = _with_sequential(frame, sequential_record, table.attrs["metric"])
+            return "".join(f"# {line}\n" for line in comments) + frame.to_csv(index=False)
         return json.dumps({
             "study": record["study"]["name"], "factor": record["study"]["factor"],
             "metric": record["study"]["metric"], "unit": unit, "budget": table.attrs["budget"],
@@ -530,7 +539,8 @@ def render(run_dir: str | Path, fmt: str = "text", metrics: Sequence[str] | None
             "compute_match": compute_match_line(table) or None, "tuning": tuning_line(table) or None,
             "compute_outside": compute_outside_line(table) or None, "teacher": teacher_line(table) or None,
             "references": {"parent": record.get("parent_scores"), "teacher": record.get("teacher_scores")},
-            "paired": _paired_json(comparison), "arms": _records(summary), "trials": _records(table),
+            "paired": _paired_json(comparison), "sequential": sequential_record,
+            "cost": cost_line(table, record) or None, "arms": _records(summary), "trials": _records(table),
         }, indent=2, default=_json_scalar)
     consumed_in = unit_columns(table, unit)
     unit_column = next((c for c in consumed_in if c in table), consumed_in[0])
@@ -554,25 +564,77 @@ def render(run_dir: str | Path, fmt: str = "text", metrics: Sequence[str] | None
         blocks += [table_of(means),
                    f"seed-level paired difference from control (same seeds), mean ± {CONFIDENCE:.0%} Student's t "
                    f"half-width, uncorrected (descriptive, not a significance test):\n{table_of(differences)}"]
-        if comparison.tests is None:
+        if sequential_record is not None:
+            header, *rest = sequential_lines
+            cells = looks.result_cells(sequential_record, table.attrs["arm_order"])
+            blocks.append("\n".join([header, table_of(cells), *rest]))
+        elif comparison.tests is None:
             blocks.append(comparison.header)
         else:
-            blocks.append(f"{comparison.header}\n{table_of(paired.cells(comparison.tests))}")
+            blocks.append(f"{comparison.header}\n{table_of(paired.cells(comparison.tests, comparison.margin))}")
             if comparison.other_widths is not None:
                 blocks.append("the same test at the other scored widths (one Holm family with the above):\n"
-                              f"{table_of(paired.cells(comparison.other_widths))}")
+                              f"{table_of(paired.cells(comparison.other_widths, comparison.margin))}")
         excluded = _excluded(table, final)
         if excluded:
             blocks.append("\n".join([f"excluded from statistics: {excluded}", *_failures(table)]))
         columns = ["arm", "seed", "trial_id", "factor_value", *metrics]
         if excluded:  # say which rows the statistics left out
             columns[3:3] = [c for c in ("status", "stage") if c in table]
+        if REUSED_FROM in table and table[REUSED_FROM].notna().any():  # which rows another run trained
+            columns.append(REUSED_FROM)
         trials = table[[c for c in dict.fromkeys(columns) if c in table]]
         blocks.append(f"trials:\n{table_of(trials.map(_cell))}")
     overlap = _overlap_line(record)
     if overlap:
         blocks.append(overlap)
     return "\n\n".join(blocks) + "\n"
+
+
+SEQUENTIAL_ONLY = ("a study run until decided: its verdicts are the sequential test's (a fixed-seed test of seeds "
+                   "that stopped by their own data would not hold its size)")
+REUSED_FROM = "reused_from"  # a reused trial's row: "<run directory>/<trial id>" of the trial it copies
+
+
+def _sequential_lines(record: dict, table: pd.DataFrame) -> list[str]:
+    """A sequential run's header (first, one string), its per-round lines and its seeds line."""
+    arms = table.attrs["arm_order"]
+    return [looks.header(record, table.attrs["metric"], arms[0]), *looks.look_lines(record),
+            looks.seeds_line(record, arms)]
+
+
+def _with_sequential(frame: pd.DataFrame, record: dict, metric: str) -> pd.DataFrame:
+    """The summary with each arm's sequential result, `<metric>:sequential_<key>` columns."""
+    keys = ("seeds", "decided_at", "diff", "p_seq", "p_holm", "verdict", "p_holm_equivalence", "fixed_seeds")
+    rows = [{"arm": arm, **{f"{metric}:sequential_{k}": result.get(k) for k in keys}}
+            for arm, result in record["arms"].items()]
+    return frame.merge(pd.DataFrame(rows), on="arm", how="left")
+
+
+def spent_flops(table: pd.DataFrame) -> pd.Series:
+    """Each row's FLOPs spent: its own training (`budget/flops`, an older row's estimate where
+    it has none) and what it spent outside the budget; 0 where a row records none."""
+    def column(name: str) -> pd.Series:
+        return pd.to_numeric(table[name], errors="coerce") if name in table else pd.Series(np.nan, index=table.index)
+
+    training = column("budget/flops").fillna(column("budget/flops_estimate"))
+    return sum((column(c).fillna(0.0) for c in OUTSIDE_BUDGET_FLOPS), training.fillna(0.0))
+
+
+def cost_line(table: pd.DataFrame, record: dict) -> str:
+    """What the run spent and what reusing finished trials saved: trials, FLOPs and device
+    seconds, its own and its reused rows' (a row copied from another run spent nothing here). ""
+    for a run recorded before trials were reused (its record has no "reuse")."""
+    if "reuse" not in record or table.empty:
+        return ""
+    reused = table[REUSED_FROM].notna() if REUSED_FROM in table else pd.Series(False, index=table.index)
+    flops = spent_flops(table)
+    device = pd.to_numeric(table.get("compute/device_seconds", pd.Series(np.nan, index=table.index)),
+                           errors="coerce").fillna(0.0)
+    return (f"compute spent: {int((~reused).sum())} trial(s) trained by this run, {flops[~reused].sum():.4g} FLOPs "
+            f"(training and outside the budget), {device[~reused].sum():,.1f} device seconds; reuse "
+            + (f"saved {int(reused.sum())} trial(s), {flops[reused].sum():.4g} FLOPs and {device[reused].sum():,.1f} "
+               "device seconds, copied from earlier runs" if record["reuse"] else "off (--no-reuse)"))
 
 
 def _seed_level_note() -> str:
@@ -587,6 +649,7 @@ def _with_paired(summary: pd.DataFrame, comparison) -> pd.DataFrame:
         tests = pd.DataFrame({"arm": summary["arm"], **{c: np.nan for c in columns}})
     else:
         tests = comparison.tests
+        columns = [c for c in tests.columns if c != "arm"]  # with a margin, the equivalence family's too
     renamed = tests.rename(columns={c: prefix + c for c in columns})
     return summary.merge(renamed, on="arm", how="left")
 
@@ -619,7 +682,8 @@ def _header(record: dict, unit: str) -> str:
     arms = list(record.get("arm_order", study["arms"]))
     control = f"; differences vs control {arms[0]}, paired by seed" if arms else ""
     lineage = " (a lineage total: the parent's training included)" if budget_scope(record) == "lineage" else ""
-    return (f"study {study['name']} (factor {study['factor']}): {len(arms)} arms x {len(study['seeds'])} "
+    seeds = f"{len(study['seeds'])}" + (f" to {study['max_seeds']} (until decided)" if study.get("until_decided") else "")
+    return (f"study {study['name']} (factor {study['factor']}): {len(arms)} arms x {seeds} "
             f"seeds at an equal budget of {_budget_text(declared_budget(record, unit), unit)} per trial{lineage}\n"
             f"{_seed_level_note()}{control}")
 

@@ -39,6 +39,9 @@ from embedlab.studies.recipes import derive
 # arm (equal tuning conditions), and far from the small seeds studies use (0, 1, 2).
 TUNING_SEED_OFFSET = 10_000
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
+# A study run until decided tests from 4 seeds on (`embedlab.stats.sequential.EFFICACY_MIN_SEEDS`,
+# held equal to it by tests/test_sequential.py), so it must be able to reach them.
+MIN_MAX_SEEDS = 4
 # Config paths a search may not touch: the factor is what the study compares, and the
 # budget and seed belong to the study, so tuning them would break equal compute.
 _BUDGET_PATHS = tuple(f"train.budget.{f.name}" for f in dataclasses.fields(Budget))
@@ -107,6 +110,11 @@ class Study:
     measured training FLOPs and trains the rest, one that starts from a random initialisation
     trains it all (`lineage_budgets`); tables then match the arms on `budget/total_flops`.
     "phase" counts each trial's own training only.
+
+    `until_decided` runs the seeds in rounds to `max_seeds`, each arm until it is decided
+    (`embedlab.stats.sequential`); `equivalence_margin` (metric units) adds the question of
+    whether an arm's difference lies inside plus or minus it. Both enter `to_dict` and the
+    hash only when set.
     """
 
     name: str
@@ -127,6 +135,13 @@ class Study:
     # final report: selection and tuning read recipe-dev, and a sweep scoring test on every
     # trial would let the test split choose.
     final_report: bool = False
+    # Seeds until decided (`embedlab.stats.sequential`): `seeds` are the first round, and the
+    # arms not yet decided get rounds of more seeds, up to `max_seeds`.
+    until_decided: bool = False
+    max_seeds: int | None = None
+    # The smallest difference that matters, in metric units: an arm whose difference is shown
+    # to lie inside plus or minus it is "equivalent within ±margin" (two one-sided tests).
+    equivalence_margin: float | None = None
 
     def __post_init__(self) -> None:
         check_fields(self, "study")  # first: every later check reads arms that are TrialConfigs, seeds that are ints
@@ -153,6 +168,7 @@ class Study:
         if self.disclosed_overlap is not None and not self.disclosed_overlap.strip():
             raise ConfigError("study.disclosed_overlap: must say what the policy is, or be None")
         self._check_metric()
+        self._check_sequential()
         # The Budget checked its own values (a FLOPs budget for 'lineage' among them); the
         # phase is the study's. Its unit is derived from it (`Budget.unit`), so phase 1 never
         # trains on pairs and a FLOPs or device-time amount is set exactly when it is the unit.
@@ -188,6 +204,18 @@ class Study:
             resolve_study_metric(self.metric, names, METRICS)
         except UnknownPanelMetric as error:
             raise ConfigError(f"study.metric: {error.args[0]}; or the main task's plain {', '.join(METRICS)}") from None
+
+    def _check_sequential(self) -> None:
+        if self.until_decided:
+            if not isinstance(self.max_seeds, int) or self.max_seeds < max(MIN_MAX_SEEDS, len(self.seeds) + 1):
+                raise ConfigError(
+                    f"study.max_seeds: {self.max_seeds!r}; a study run until decided needs more seeds than its first "
+                    f"round's {len(self.seeds)}, and at least {MIN_MAX_SEEDS} (the first seed count a look tests at)")
+        elif self.max_seeds is not None:
+            raise ConfigError("study.max_seeds: only a study run until decided (until_decided=True) has a maximum")
+        margin = self.equivalence_margin
+        if margin is not None and not (isinstance(margin, (int, float)) and 0 < margin < 1):
+            raise ConfigError(f"study.equivalence_margin: {margin!r}; a difference in metric units, between 0 and 1")
 
     def _check_controlled(self) -> None:
         flat = {arm: flatten(config.to_dict()) for arm, config in self.arms.items()}
@@ -413,8 +441,10 @@ class Study:
             "search": [s.to_dict() for s in self.search],
             "search_trials": self.search_trials,
             "profile": self.profile,
-            # only when set, so the hash of every study without it stays what it was
+            # only when set, so the hash of every study without them stays what it was
             **({"final_report": True} if self.final_report else {}),
+            **({"until_decided": True, "max_seeds": self.max_seeds} if self.until_decided else {}),
+            **({"equivalence_margin": self.equivalence_margin} if self.equivalence_margin is not None else {}),
         }
 
     @property
@@ -439,6 +469,9 @@ class Study:
             search_trials=raw.get("search_trials", 0),
             profile=raw.get("profile", ""),
             final_report=raw.get("final_report", False),
+            until_decided=raw.get("until_decided", False),
+            max_seeds=raw.get("max_seeds"),
+            equivalence_margin=raw.get("equivalence_margin"),
         )
 
 

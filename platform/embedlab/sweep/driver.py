@@ -17,6 +17,7 @@ from embedlab.records.rundir import error_text, finished_rows, write_per_query, 
 from embedlab.records.scores import score_trial
 from embedlab.studies.recipes import derive
 from embedlab.studies.study import Study
+from embedlab.sweep.reuse import TRIAL_KEY, record_finished
 from embedlab.sweep.progress import EVAL_PROGRESS, evaluate_with_progress
 from embedlab.tasks.resolve import arm_eval_tasks
 from embedlab.train.nonfinite import NonFiniteError
@@ -67,6 +68,8 @@ def trial_identity(study: Study, config: dict[str, Any], trial_id: str) -> dict[
         "study": study.name, "trial_id": trial_id, "stage": entry.get("stage", "final"), "arm": entry["arm"],
         "seed": entry["seed"], "factor": study.factor, "factor_value": study.factor_value(entry["arm"]),
         **{f"param/{k}": v for k, v in trial_params(config).items()},
+        # A grid trial's key: what another study finds it by (`embedlab.sweep.reuse`).
+        **({TRIAL_KEY: entry["key"]} if entry.get("key") else {}),
     }
 
 
@@ -166,4 +169,5 @@ def run_trial(study: Study, identity: dict[str, Any], params: dict[str, Any], co
     # The per-query file first: a row on disk means its trial's per-query values are there too.
     write_per_query(run_dir, row, scored, trial.eval.split)
     write_row(run_dir, row)
+    record_finished(run_dir, row, study.metric)  # after its row: an index entry names a whole trial
     return {k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}

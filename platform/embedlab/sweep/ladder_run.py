@@ -63,7 +63,7 @@ def ladder_plan(study_path: str | Path, scales: Sequence[float], *, profile: str
 
 def trial_counts(run_dir: str) -> tuple[int, int]:
     """(finished final trials, trials the study declares) of a rung's run directory."""
-    return len(final_trials(load_table(run_dir))), expected_trials(read_study_record(run_dir))
+    return len(final_trials(load_table(run_dir))), expected_trials(read_study_record(run_dir), run_dir)
 
 
 def run_ladder(study_path: str | Path, scales: Sequence[float], *, storage: str | Path = "runs",

@@ -6,6 +6,8 @@ or say what it would run (`dry_run`). The run directory it fills: `embedlab.reco
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import os
 import time
 from collections.abc import Callable
@@ -24,10 +26,12 @@ from embedlab.sweep.arm_data import prepare_arms, publish_prepared
 from embedlab.tasks.resolve import arm_eval_tasks
 from embedlab.sweep.cluster import (TRIAL_DRIVER_RESOURCES, GpuShares, check_address, check_fits, connect,
                                     gpu_shares, local_resources, trial_driver_resources)
-from embedlab.checkpoints.io import verify_checkpoint, versions
+from embedlab.checkpoints.io import read_manifest, verify_checkpoint, versions
 from embedlab.records.rundir import finished_rows, new_run_dir, write_json
 from embedlab.records.scores import score_trial
+from embedlab.stats.looks import design_for
 from embedlab.stats.references import distilled_teacher, score_teacher
+from embedlab.stats.sequential import difference_threshold
 from embedlab.stats.table import STUDY_FILE, read_study_record
 from embedlab.studies.recipes import derive
 from embedlab.studies.study import Study, load_study, study_origin
@@ -35,6 +39,8 @@ from embedlab.sweep.driver import trial_driver, trial_params
 from embedlab.sweep.experiment import fit, tune_output_to_log
 from embedlab.sweep.gate import check_contamination, check_pair_schedules
 from embedlab.sweep.preflight import preflight
+from embedlab.sweep.reuse import copy_trial, lookup, trial_key
+from embedlab.sweep.rounds import run_rounds
 from embedlab.sweep.tuning import tune_arms
 from embedlab.train.trial_data import build_trial_data as build_trial_data_task, makes_sets
 
@@ -42,13 +48,15 @@ from embedlab.train.trial_data import build_trial_data as build_trial_data_task,
 def dry_run(study_path: str | Path, *, profile: str | None = None, parent: str | None = None,
             storage: str | Path | None = None, resume: str | Path | None = None, check_parent: bool = True,
             budget_scale: float = 1.0, address: str | None = None, max_concurrent: int | None = None,
-            wait_for_resources: float = 0.0) -> str:
+            wait_for_resources: float = 0.0, until_decided: bool = False, max_seeds: int | None = None,
+            equivalence_margin: float | None = None) -> str:
     """What `embedlab sweep` would run, without starting Ray or preparing data, after every
     check that needs neither (`check_options`, then `embedlab.sweep.preflight`: storage, resume,
     arms, memory, pair and document sources, evaluation tasks) and, unless not `check_parent`
-    (a tour's later stages name a parent that does not exist yet), the parent checkpoint."""
+    (a tour's later stages name a parent that does not exist yet), the parent checkpoint; for a
+    study run until decided, its design (looks, weights, seed order and each look's boundaries)."""
     check_options(address, max_concurrent, wait_for_resources)
-    study = load_study(study_path, profile, budget_scale)
+    study = Sequential(until_decided, max_seeds, equivalence_margin).apply(load_study(study_path, profile, budget_scale))
     if parent is not None and check_parent:
         verify_checkpoint(parent)
     checked = preflight(study, storage=storage, resume=resume, parent=parent)
@@ -88,8 +96,25 @@ def dry_run(study_path: str | Path, *, profile: str | None = None, parent: str |
     lines.append(f"  trials: {study.trials} ({len(study.arms)} arms x "
                  + (f"({study.search_trials} tuning + {len(study.seeds)} seeds))" if study.search
                     else f"{len(study.seeds)} seeds)"))
+    if study.equivalence_margin is not None:
+        lines.append(f"  equivalence margin: ±{study.equivalence_margin:g} ({study.metric})")
+    if study.until_decided:
+        lines += sequential_plan(study)
     lines += ["  checked:", *[f"    {line}" for line in checked]]
     return "\n".join(line for line in lines if line)
+
+
+def sequential_plan(study: Study) -> list[str]:
+    """A study run until decided, as a dry run shows it: its looks, weights, seed order and the
+    Satterthwaite-p boundary of each look at Holm's strictest level."""
+    design = design_for(study)
+    strictest = [difference_threshold(design, look, 0) for look in range(len(design.looks))]
+    return [f"  until decided: rounds at {', '.join(map(str, design.looks))} seeds (max {design.max_seeds}), "
+            f"seed order {', '.join(map(str, design.seed_order))}; up to "
+            f"{len(study.arms) * design.max_seeds} grid trials",
+            f"    alpha {design.alpha:g} over the looks, weights {', '.join(f'{w:.3g}' for w in design.weights)}; "
+            f"Satterthwaite-p boundary at Holm's strictest level (alpha/{design.arms}): "
+            + ", ".join("no test" if b == 0 else f"{b:.3g}" for b in strictest)]
 
 
 def _seed_range(seeds: tuple[int, ...]) -> str:
@@ -151,9 +176,19 @@ def run_sweep(
     progress: Callable[[str], None] = print,
     budget_scale: float = 1.0,
     verbose: bool = False,
+    reuse: bool = True,
+    until_decided: bool = False,
+    max_seeds: int | None = None,
+    equivalence_margin: float | None = None,
 ) -> Path:
     """Run every trial of the study file (at `budget_scale` times its budget, `Study.scaled`);
     returns the run directory.
+
+    `reuse`: a grid trial already finished under the storage root with the same key (its
+    config, parent, data and training code: `embedlab.sweep.reuse`) is copied, not trained.
+    `until_decided` (or a study that declares it) runs seeds in rounds until every arm is
+    decided or `max_seeds` are reached (`embedlab.sweep.rounds`); `equivalence_margin` sets the
+    study's margin. A resumed run continues as it was started.
 
     `parent` (phases 2-3) is the checkpoint every arm starts from, e.g. a phase-1 winner.
     `resume` is an earlier run directory of the same study: its finished trials are kept
@@ -167,23 +202,54 @@ def run_sweep(
     every check that needs no cluster, `start_cluster`, `prepare` each arm's data and pass the
     gate, `record_run`, `score_references` (parent, teacher), then `launch` the trials."""
     resolved = resolve(study_path, storage=storage, parent=parent, profile=profile, resume=resume,
-                       budget_scale=budget_scale)
+                       budget_scale=budget_scale, design=Sequential(until_decided, max_seeds, equivalence_margin))
     verify(resolved, address=address, max_concurrent=max_concurrent, wait_for_resources=wait_for_resources,
            progress=progress)
     cluster = start_cluster(resolved, address=address, max_concurrent=max_concurrent,
                             wait_for_resources=wait_for_resources, progress=progress)
     prepared, overlap = prepare(resolved, progress)
-    run_dir, record = record_run(resolved, prepared, overlap, progress)
+    run_dir, record = record_run(resolved, prepared, overlap, progress, reuse=reuse)
     score_references(resolved, prepared, run_dir, record, cluster, progress)
     with tune_output_to_log(run_dir, progress, verbose=verbose) as shown:
-        launch(resolved, prepared, run_dir, record, cluster, shown)
+        launch(resolved, prepared, run_dir, record, cluster, shown, reuse=reuse)
     return run_dir
 
 
+DEFAULT_MAX_SEEDS = 8  # `--until-decided` without `--max-seeds` (nor a study's own)
+
+
+@dataclass(frozen=True)
+class Sequential:
+    """What the command line asks of the study's seeds and verdicts: run until decided (to
+    `max_seeds`, default the study's or `DEFAULT_MAX_SEEDS`), an equivalence margin."""
+
+    until_decided: bool = False
+    max_seeds: int | None = None
+    equivalence_margin: float | None = None
+
+    def apply(self, study: Study) -> Study:
+        """`study` as asked; unchanged when nothing is asked."""
+        if self.max_seeds is not None and not (self.until_decided or study.until_decided):
+            raise UsageError("--max-seeds: only with --until-decided (or a study that runs until decided)")
+        changes: dict[str, Any] = {}
+        if self.until_decided or (study.until_decided and self.max_seeds is not None):
+            changes.update(until_decided=True, max_seeds=self.max_seeds or study.max_seeds or DEFAULT_MAX_SEEDS)
+        if self.equivalence_margin is not None:
+            changes["equivalence_margin"] = self.equivalence_margin
+        return dataclasses.replace(study, **changes) if changes else study
+
+    @classmethod
+    def of_record(cls, study: dict[str, Any]) -> Sequential:
+        """What a run's recorded study asked (a resumed run continues as it started)."""
+        return cls(bool(study.get("until_decided")), study.get("max_seeds"), study.get("equivalence_margin"))
+
+
 def resolve(study_path: str | Path, *, storage: str | Path, parent: str | None, profile: str | None,
-            resume: str | Path | None, budget_scale: float) -> Resolved:
-    """The study, its storage root, its parent (with what a lineage budget charges) and, on
-    `resume`, the run it continues: refused when the study or the embedlab source changed."""
+            resume: str | Path | None, budget_scale: float, design: Sequential = Sequential()) -> Resolved:
+    """The study (with what `design` asks of its seeds and verdicts), its storage root, its
+    parent (with what a lineage budget charges) and, on `resume`, the run it continues: refused
+    when the study or the embedlab source changed (a resumed run keeps the sequential design it
+    recorded unless `design` asks for another)."""
     store.check_location(resume if resume is not None else storage)  # no credentials in a location
     storage_root = store.parent(store.resolve(resume)) if resume is not None else store.resolve(storage)
     study = load_study(study_path, profile, budget_scale)
@@ -191,6 +257,10 @@ def resolve(study_path: str | Path, *, storage: str | Path, parent: str | None, 
     if resume is not None:
         run_dir = store.resolve(resume)
         record = read_study_record(run_dir)
+        if design == Sequential():
+            design = Sequential.of_record(record["study"])
+    study = design.apply(study)
+    if resume is not None:
         if record["study_hash"] != study.hash:
             raise UsageError(
                 f"{run_dir} holds study {record['study']['name']!r} (hash {record['study_hash'][:12]}), not "
@@ -226,15 +296,16 @@ def verify(resolved: Resolved, *, address: str | None, max_concurrent: int | Non
     import ray  # here: Ray, which a dry run does not need
 
     local = address is None and not ray.is_initialized() and not os.environ.get("RAY_ADDRESS")
+    if local:
+        # A local cluster would offer this machine: a study that cannot run here fails now,
+        # naming the profile that can, before the memory check asks the same machine for
+        # workers of a size it has no device for.
+        check_fits(resolved.study_path, resolved.study, local_resources(), "this machine")
     resume = resolved.run_dir
     preflight(resolved.study, storage=None if resume is not None else resolved.storage, resume=resume,
               parent=resolved.parent, progress=progress, resolve_hub=True,
               nodes=(capacity.this_machine(),) if local else None)
     require_parent(resolved.study, resolved.parent)
-    if local:
-        # A local cluster would offer this machine: a study that cannot run here fails now,
-        # naming the profile that can, not after the cluster has started.
-        check_fits(resolved.study_path, resolved.study, local_resources(), "this machine")
 
 
 def start_cluster(resolved: Resolved, *, address: str | None, max_concurrent: int | None,
@@ -282,9 +353,9 @@ def prepare(resolved: Resolved, progress: Callable[[str], None]) -> tuple[dict[s
 
 
 def record_run(resolved: Resolved, prepared: dict[str, dict], overlap: list[dict],
-               progress: Callable[[str], None]) -> tuple[str, dict[str, Any]]:
+               progress: Callable[[str], None], *, reuse: bool = True) -> tuple[str, dict[str, Any]]:
     """The run directory and its study record (`study.json`, `prepared.json`): a new one, or the
-    resumed run's."""
+    resumed run's. The record says whether the run reuses finished trials (`reuse`)."""
     study = resolved.study
     if resolved.run_dir is not None:
         run_dir, record = resolved.run_dir, dict(resolved.record)
@@ -304,6 +375,7 @@ def record_run(resolved: Resolved, prepared: dict[str, dict], overlap: list[dict
             "final_eval_overlap": overlap,
             "parent": resolved.parent,
             **({"lineage_budgets": resolved.lineage} if resolved.lineage else {}),
+            "reuse": reuse,
         }
         write_json(store.join(run_dir, STUDY_FILE), record)
         write_json(store.join(run_dir, "prepared.json"), prepared)
@@ -348,10 +420,12 @@ def score_references(resolved: Resolved, prepared: dict[str, dict], run_dir: str
 
 
 def launch(resolved: Resolved, prepared: dict[str, dict], run_dir: str, record: dict[str, Any], cluster: Cluster,
-           progress: Callable[[str], None]) -> None:
-    """Optuna's tuning trials where the study searches, then every grid trial not yet done, as
-    Tune experiments; a phase 2-3 grid trial's data (negatives, teacher sets) is built and gated
-    first (`build_trial_data`), once, so trials only read it."""
+           progress: Callable[[str], None], *, reuse: bool = True) -> None:
+    """Optuna's tuning trials where the study searches, then the grid trials not yet done (every
+    arm at every seed, or a study run until decided round by round: `embedlab.sweep.rounds`):
+    each found finished under the storage root is copied (`reuse`), the rest run as Tune
+    experiments, a phase 2-3 trial's data (negatives, teacher sets) built and gated first
+    (`build_trial_data`), once, so trials only read it."""
     from ray import tune  # here: Ray, which a dry run does not need
 
     study = resolved.study
@@ -361,20 +435,77 @@ def launch(resolved: Resolved, prepared: dict[str, dict], run_dir: str, record: 
     driver = tune.with_resources(tune.with_parameters(trial_driver, context=context),
                                  _driver_resources(study, cluster.shares))
     rows = finished_rows(run_dir)
-    kept = [r for r in rows if _kept_on_resume(r)]
     if resolved.run_dir is not None:
-        progress(resume_line(rows, study.trials))
+        progress(resume_line(rows, study.trials) if not study.until_decided else
+                 f"resume: {sum(_kept_on_resume(r) for r in rows)} finished trial(s) kept; the rounds continue "
+                 "from the trials' data")
     best: dict[str, dict[str, Any]] = {arm: {} for arm in study.arms}
     if study.search:
         best = tune_arms(study, driver, run_dir, record, rows, cluster.concurrency, progress)
         write_json(store.join(run_dir, "search.json"), best)
-    done = _done_grid_trials(kept)
-    todo = [{"arm": arm, "seed": seed, "stage": "final", "params": best[arm]}
-            for arm in study.arms for seed in study.seeds if (arm, seed) not in done]
-    if todo:
-        build_trial_data(resolved, prepared, todo, cluster.shares, progress)
-        progress(f"tune: {len(todo)} trials, at most {cluster.concurrency} at a time")
-        fit(driver, {"trial": tune.grid_search(todo)}, run_dir, "grid", cluster.concurrency, progress, study=study)
+    grid = Grid(resolved, prepared, run_dir, cluster, driver, best, reuse, progress)
+    if study.until_decided:
+        run_rounds(study, run_dir, grid.run, progress)
+    else:
+        grid.run([(arm, seed) for arm in study.arms for seed in study.seeds])
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Runs grid trials of a sweep: `run(pairs)` copies each (arm, seed) finished elsewhere
+    under the storage root (with `reuse`), and fits the rest not yet done in this run."""
+
+    resolved: Resolved
+    prepared: dict[str, dict]
+    run_dir: str
+    cluster: Cluster
+    driver: Any
+    best: dict[str, dict[str, Any]]
+    reuse: bool
+    progress: Callable[[str], None]
+
+    def run(self, pairs: list[tuple[str, int]]) -> None:
+        from ray import tune  # here: Ray, which a dry run does not need
+
+        study = self.resolved.study
+        done = _done_grid_trials([r for r in finished_rows(self.run_dir) if _kept_on_resume(r)])
+        todo = [self.entry(arm, seed) for arm, seed in pairs if (arm, seed) not in done]
+        if self.reuse:
+            todo = self.reused(todo)
+        if todo:
+            build_trial_data(self.resolved, self.prepared, todo, self.cluster.shares, self.progress)
+            self.progress(f"tune: {len(todo)} trials, at most {self.cluster.concurrency} at a time")
+            fit(self.driver, {"trial": tune.grid_search(todo)}, self.run_dir, "grid", self.cluster.concurrency,
+                self.progress, study=study)
+
+    def entry(self, arm: str, seed: int) -> dict[str, Any]:
+        """A grid trial's Tune config, with its key (`embedlab.sweep.reuse.trial_key`)."""
+        study, parent = self.resolved.study, self.resolved.parent
+        trial = derive(study.trial_config(arm, seed, parent), self.best[arm])
+        key = trial_key(trial, self.prepared[arm], _parent_hash(parent))
+        return {"arm": arm, "seed": seed, "stage": "final", "params": self.best[arm], "key": key}
+
+    def reused(self, todo: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Copy every trial of `todo` finished under the storage root; the rest, to train."""
+        study, left, copied = self.resolved.study, [], 0
+        for entry in todo:
+            found = lookup(self.resolved.storage_root, entry["key"], study.metric)
+            if found is None:
+                left.append(entry)
+                continue
+            source, row = found
+            copy_trial(source, row, self.run_dir, study, entry["arm"])
+            copied += 1
+            self.progress(f"reuse: trial final {entry['arm']} seed {entry['seed']}: finished in "
+                          f"{store.name(source)} ({row['trial_id']}), same config, parent, data and code: copied")
+        if copied:
+            self.progress(f"reuse: {copied} of {len(todo)} trial(s) copied from earlier runs, {len(left)} to train")
+        return left
+
+
+@functools.cache
+def _parent_hash(parent: str | None) -> str | None:
+    return None if parent is None else read_manifest(parent)["content_hash"]
 
 
 def build_trial_data(resolved: Resolved, prepared: dict[str, dict], todo: list[dict[str, Any]],

@@ -71,10 +71,11 @@ def run_tour(
     show: Callable[[Path], None] = lambda run_dir: None,
     progress: Callable[[str], None] = print,
     verbose: bool = False,
+    reuse: bool = True,
 ) -> list[Path]:
     """Run every stage, promoting between them; returns the stages' run directories.
-    `max_concurrent`, `wait_for_resources` and `verbose` go to each stage's `run_sweep`. Every
-    stage's checks that need no cluster run first (`dry_run_tour`), so a tour whose third
+    `max_concurrent`, `wait_for_resources`, `verbose` and `reuse` go to each stage's `run_sweep`.
+    Every stage's checks that need no cluster run first (`dry_run_tour`), so a tour whose third
     stage reads a missing file stops before its first stage trains."""
     from embedlab.sweep.run import run_sweep  # here: torch and Ray, which loading a tour does not need
 
@@ -87,7 +88,8 @@ def run_tour(
         progress(f"\n== tour {tour.name} ({tour.profile}): stage {index + 1}/{len(tour.stages)}: {store.name(study_file)}")
         run_dir = run_sweep(study_file, storage=storage, address=address,
                             profile=tour.profile if index == 0 else None, max_concurrent=max_concurrent,
-                            wait_for_resources=wait_for_resources, progress=progress, verbose=verbose)
+                            wait_for_resources=wait_for_resources, progress=progress, verbose=verbose,
+                            reuse=reuse)
         run_dirs.append(run_dir)
         show(run_dir)
         following = tour.stages[index + 1] if index + 1 < len(tour.stages) else None
