@@ -71,6 +71,10 @@ class Profile:
     # The overlap with final-eval data that the contamination audit finds in this profile's
     # phase-2/3 pairs, declared by every phase-2/3 study at this profile (None: no overlap).
     disclosed_overlap: str | None = None
+    # Phases 2-3: the parent every study at this profile starts from when `--parent` names none,
+    # e.g. a pretrained one (`hf:ORG/NAME@<commit>` or a model directory,
+    # `embedlab.checkpoints.pretrained`); None: given at sweep time or by promotion.
+    parent: str | None = None
 
 
 # Public Hugging Face datasets for the gpu-300m profile, each pinned by a commit and read by
@@ -228,6 +232,7 @@ def phase2_baseline(profile_name: str = "demo") -> TrialConfig:
             temperature=0.05,
         ),
         train=_train(p, p.contrastive_batch_rows, p.phase2_learning_rate),
+        parent=p.parent,
     )
 
 
@@ -290,5 +295,10 @@ def budget_for(p: Profile, phase: int, control: TrialConfig | None = None) -> Bu
     from embedlab.model.flops import expected_step_flops
     from embedlab.train.budget import step_units
 
+    if control.parent is not None:  # a pretrained parent: its own backbone's steps, not the declared model's
+        from embedlab.checkpoints.pretrained import pretrained_model  # here: torch, as above
+
+        model = pretrained_model(control.parent)
+        control = control if model is None else dataclasses.replace(control, model=model)
     units = data.data(phase)
     return dataclasses.replace(data, flops=float(units / step_units(control) * expected_step_flops(control)))

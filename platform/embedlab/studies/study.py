@@ -22,12 +22,13 @@ import inspect
 import json
 import re
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from embedlab.core import config as config_module, store
-from embedlab.core.config import Budget, ConfigError, PhaseSpec, TrialConfig, phase_spec
+from embedlab.core.config import PRETRAINED_TOKENIZER, Budget, ConfigError, PhaseSpec, TrialConfig, phase_spec
 from embedlab.core.errors import UnknownKey
 from embedlab.core.schema import FLAT_BUDGET_KEYS, upgrade
 from embedlab.evaluate.panel import METRICS, UnknownPanelMetric, resolve_study_metric
@@ -378,6 +379,36 @@ class Study:
         arms = {arm: dataclasses.replace(config, parent=str(parent)) for arm, config in self.arms.items()}
         return dataclasses.replace(self, arms=arms)
 
+    def with_pretrained_parent(self, parent: str, pretrained: Any) -> Study:
+        """The study with every arm on the pretrained backbone of `parent` (a materialised
+        pretrained parent, or a checkpoint descending from one; `pretrained` its
+        `embedlab.checkpoints.pretrained.PretrainedArms`): the model config derived from its
+        checkpoint (the arm's declared one is not used), data prepared with its tokenizer, and
+        its sentence-transformers pooling and prefixes where it has them, else the arm's own
+        ("mean" taken as "mean_all", `parent_pooling`). A study whose arms vary the pooling or
+        prefixes is refused when the parent fixes them: the factor would be void."""
+        from embedlab.checkpoints.pretrained import parent_pooling  # here: torch, which `import embedlab` does not need
+
+        st = pretrained.sentence_transformers
+        choices = {(c.contrastive.pooling, c.contrastive.prefixes) for c in self.arms.values()}
+        if st is not None and len(choices) > 1:
+            raise ConfigError(f"study {self.name}: its arms vary contrastive.pooling or contrastive.prefixes, but the "
+                              f"pretrained parent {pretrained.spec} fixes them (its sentence-transformers configuration: "
+                              f"{st['pooling']} pooling, prompts {st['prompts']})")
+        arms = {}
+        for arm, config in self.arms.items():
+            prefixes = {"query": config.contrastive.prefixes.query, "passage": config.contrastive.prefixes.passage}
+            pooling, prefixes, _ = parent_pooling(st, config.contrastive.pooling, prefixes)
+            contrastive = dataclasses.replace(
+                config.contrastive, pooling=pooling,
+                prefixes=dataclasses.replace(config.contrastive.prefixes, **prefixes))
+            data = dataclasses.replace(config.data, tokenizer_kind=PRETRAINED_TOKENIZER,
+                                       tokenizer_hash=pretrained.tokenizer_hash,
+                                       tokenizer_vocab_size=pretrained.vocab_size)
+            arms[arm] = dataclasses.replace(config, model=pretrained.model, data=data, contrastive=contrastive,
+                                            parent=str(parent))
+        return dataclasses.replace(self, arms=arms)
+
     @property
     def parent(self) -> str | None:
         """The parent checkpoint all arms declare, if they share one."""
@@ -435,6 +466,35 @@ class Study:
             profile=raw.get("profile", ""),
             final_report=raw.get("final_report", False),
         )
+
+
+def resolve_parent(study: Study, parent: str | None, progress: Callable[[str], None] = lambda line: None
+                   ) -> tuple[Study, str | None]:
+    """The study and the parent a sweep runs them from. A pretrained parent (`hf:ORG/NAME@COMMIT`
+    or a Hugging Face or sentence-transformers directory) is materialised as an embedlab
+    checkpoint (with the first arm's pooling and prefixes where its own configuration names
+    none), and a parent on a pretrained backbone (that one, or a checkpoint descending from
+    one) moves every arm onto it (`Study.with_pretrained_parent`); any other parent leaves the
+    study as it is. Resolving the same parent again gives the same study and parent."""
+    if parent is None:
+        return study, None
+    # here: torch and the checkpoint readers, which `import embedlab` (the study API) does not need
+    from embedlab.checkpoints.pretrained import is_pretrained_spec, pretrained_arms, pretrained_parent
+
+    if is_pretrained_spec(parent):
+        first = next(iter(study.arms.values())).contrastive
+        materialised = pretrained_parent(parent, pooling=first.pooling,
+                                         prefixes={"query": first.prefixes.query, "passage": first.prefixes.passage})
+        progress(f"parent {parent}: materialised as an embedlab checkpoint at {materialised}")
+        parent = str(materialised)
+    pretrained = pretrained_arms(parent)
+    if pretrained is None:
+        return study, parent
+    declared = {config.model.preset for config in study.arms.values()}
+    progress(f"parent {pretrained.spec}: every arm trains its pretrained {pretrained.model.backbone} backbone "
+             f"({pretrained.model.layers} layers, width {pretrained.model.width}), not the declared model "
+             f"{', '.join(sorted(declared))}, on data tokenised with its own tokenizer")
+    return study.with_pretrained_parent(parent, pretrained), parent
 
 
 def _recorded_budget(raw: dict[str, Any], arms: dict[str, TrialConfig]) -> Budget:
