@@ -71,7 +71,7 @@ def _save_tokenizer(tokenizer, directory: Path, specials: dict[str, str], max_le
 
 
 def save_bert(directory: Path, *, head: bool = True, dropout: float = 0.0, seed: int = 0, layers: int = 2,
-              max_positions: int = 64, pad_to: int | None = None) -> Path:
+              max_positions: int = 128, pad_to: int | None = None) -> Path:
     """A tiny random BERT (width 32, 4 heads) in Hugging Face layout: BertForMaskedLM with `head`,
     else BertModel (with its pooler, as a released base model has)."""
     import transformers

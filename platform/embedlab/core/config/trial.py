@@ -9,7 +9,7 @@ from typing import Any
 
 from embedlab.core.config.checks import build_config, check
 from embedlab.core.config.contrastive import ContrastiveConfig
-from embedlab.core.config.data import DataConfig
+from embedlab.core.config.data import PRETRAINED_TOKENIZER, DataConfig
 from embedlab.core.config.evaluation import EvalConfig
 from embedlab.core.config.phases import PhaseSpec, phase_spec
 from embedlab.core.config.model import MODEL_PRESETS, MaskingConfig, ModelConfig
@@ -81,6 +81,9 @@ class TrialConfig:
         for name, length in (*lengths, ("eval.max_length", self.eval.max_length)):
             check(length <= model.max_length, name,
                   f"{length} exceeds the pretrained {model.backbone} backbone's {model.max_length} positions")
+        check(self.data.tokenizer_kind == PRETRAINED_TOKENIZER, "data.tokenizer_kind",
+              f"{self.data.tokenizer_kind!r}: a pretrained {model.backbone} backbone reads data tokenised with its "
+              f"own tokenizer ({PRETRAINED_TOKENIZER!r}, set from the parent by `Study.with_pretrained_parent`)")
         check(self.train.compile != "on", "train.compile",
               f"'on': a pretrained {model.backbone} backbone runs eager (train.compile compiles embedlab's blocks)")
         check(self.spec.from_parent or self.extension, "extension",
