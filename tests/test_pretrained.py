@@ -480,8 +480,9 @@ def _trained_child(parent: Path, frozen, root: Path, pooling: str):
     return sorted(root.glob("checkpoint_*"))[-1], loop
 
 
-@pytest.mark.parametrize("pooling", ["mean_all", "cls"])
-def test_the_release_loads_in_sentence_transformers_without_remote_code(pooling, models, tmp_path, monkeypatch):
+@pytest.mark.parametrize("family, pooling", [("bert", "mean_all"), ("bert", "cls"), ("modernbert", "mean_all"),
+                                             ("roberta", "cls")])
+def test_the_release_loads_in_sentence_transformers_without_remote_code(family, pooling, models, tmp_path, monkeypatch):
     """A trained child of hf:ORG/NAME@<commit> exported: modules.json names sentence-transformers'
     own classes only, SentenceTransformer loads it without trust_remote_code and embeds as the
     trained module does (queries and passages with their prompts, a text past max_seq_length
@@ -492,9 +493,9 @@ def test_the_release_loads_in_sentence_transformers_without_remote_code(pooling,
     from embedlab.release.export import export_release
 
     cache = tmp_path / "hub"
-    commit = hf_models.hub_layout(models["bert"], cache, "embedlab-tests/tiny-bert")
+    commit = hf_models.hub_layout(models[family], cache, f"embedlab-tests/tiny-{family}")
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    parent = pretrained_parent(f"hf:embedlab-tests/tiny-bert@{commit}", cache_root=tmp_path / "parents")
+    parent = pretrained_parent(f"hf:embedlab-tests/tiny-{family}@{commit}", cache_root=tmp_path / "parents")
     frozen = frozen_of(parent)
     checkpoint, loop = _trained_child(parent, frozen, tmp_path / "run", pooling)
     child = read_manifest(checkpoint)
@@ -505,7 +506,7 @@ def test_the_release_loads_in_sentence_transformers_without_remote_code(pooling,
                                             "sentence_transformers.models.Pooling",
                                             "sentence_transformers.models.Normalize"]
     root = manifest["pretrained_root"]
-    assert (root["repo_id"], root["revision"]) == ("embedlab-tests/tiny-bert", commit)
+    assert (root["repo_id"], root["revision"]) == (f"embedlab-tests/tiny-{family}", commit)
     assert root["source_files"]["model.safetensors"] == read_manifest(parent)["pretrained"]["weights_sha256"]
     assert manifest["exported_from"] == child["content_hash"] and "trust_remote_code" not in manifest["sentence_transformers"]["load"]
     st = SentenceTransformer(str(tmp_path / "release"), device="cpu", local_files_only=True)
