@@ -18,10 +18,10 @@ import torch
 
 import hf_models
 import synthetic
-from embedlab.checkpoints.io import load_encoder, load_parent, read_manifest
+from embedlab.checkpoints.io import load_encoder, read_manifest
 from embedlab.checkpoints.pretrained import (PretrainedParentError, is_pretrained_spec, pretrained_arms,
                                              pretrained_parent, resolve_pretrained)
-from embedlab.core.config import ContrastiveConfig, EvalConfig, MatryoshkaConfig, NegativesConfig, PrefixConfig
+from embedlab.core.config import ContrastiveConfig, DataConfig, EvalConfig, MatryoshkaConfig, PrefixConfig
 
 MAX_LENGTH = 48  # the trials' eval.max_length: within every tiny model's positions (64 or 128)
 DOCS = ["how do I sort a list in python", "the quick brown fox",
@@ -701,10 +701,11 @@ def test_a_sweep_from_a_pretrained_parent_ends_in_a_gated_promotion_and_a_native
 
     from conftest import tiny_trial
     from embedlab.cli import main
-    from embedlab.core.config import ContrastiveConfig
 
     bert = hf_models.save_bert(tmp_path / "bert")
-    base = dataclasses.replace(tiny_trial(), phase=2, contrastive=ContrastiveConfig(
+    # The standard library's docstrings alone: data prepared afresh with the parent's tokenizer.
+    data = DataConfig(sources=("python-docstrings",), tokenizer_vocab_size=1024, sequence_length=64)
+    base = dataclasses.replace(tiny_trial(), phase=2, data=data, contrastive=ContrastiveConfig(
         pairs=(("title-body", 0.6), ("same-source-spans", 0.4)), pair_length=48))
     study_file = tmp_path / "from_pretrained.py"
     study_file.write_text(STUDY.format(config=base.to_dict()))
