@@ -174,6 +174,11 @@ def test_a_hub_id_pinned_by_commit_resolves_in_the_cache_layout(models, tmp_path
     again = pretrained_parent(models["bert"], cache_root=tmp_path / "dir")  # the same files by directory
     assert read_manifest(again)["content_hash"] == manifest["content_hash"]
     assert not is_pretrained_spec(first)  # a materialised parent is an embedlab checkpoint
+    # A checkpoint saved in bfloat16 trains in float32, and its config says so (a release loads in it).
+    half = _copy_with(models["bert"], tmp_path / "half", config={"dtype": "bfloat16", "torch_dtype": "bfloat16"})
+    encoder, _, _ = load_encoder(pretrained_parent(half, cache_root=tmp_path / "half-m"))
+    assert {p.dtype for p in encoder.parameters()} == {torch.float32}
+    assert encoder.hf_config["dtype"] == "float32" and "torch_dtype" not in encoder.hf_config
 
 
 def one_line(error: pytest.ExceptionInfo) -> str:

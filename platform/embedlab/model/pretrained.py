@@ -158,7 +158,10 @@ class PretrainedEncoder(nn.Module):
 
     def __init__(self, hf_config: dict[str, Any], *, seed: int = 0) -> None:
         super().__init__()
-        self.hf_config = json.loads(json.dumps(hf_config, sort_keys=True))  # a plain JSON copy
+        # A plain JSON copy saying float32, the dtype it trains and is saved in: transformers
+        # loads a checkpoint in its config's dtype, so a release must not say bfloat16.
+        self.hf_config = {k: v for k, v in json.loads(json.dumps(hf_config)).items() if k != "torch_dtype"}
+        self.hf_config["dtype"] = "float32"
         self.family = family_of(self.hf_config)
         self.config = model_config(self.hf_config)
         self.model = build_backbone(self.hf_config, seed)
