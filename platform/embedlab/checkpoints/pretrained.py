@@ -132,6 +132,7 @@ def resolve_pretrained(spec: str | Path) -> PretrainedSource:
         repo_id, revision, root, kind = None, None, Path(text).resolve(), "dir"
         if not root.is_dir():
             raise PretrainedParentError(f"{text}: not a directory")
+        text = str(root)  # recorded as the absolute path it was read from
     try:
         return _inspect(text, kind, root, repo_id, revision)
     except PretrainedBackboneError as error:
@@ -216,6 +217,9 @@ def _sentence_transformers(text: str, root: Path) -> tuple[dict[str, Any] | None
     pooling_module = next((m for m, k in zip(modules, kinds) if k == "Pooling"), None)
     if pooling_module is not None:
         pooling_path = root / pooling_module["path"] / "config.json"
+        if not pooling_path.is_file():
+            raise PretrainedParentError(f"{text}: modules.json names a Pooling module at {pooling_module['path']!r} "
+                                        "without its config.json")
         files.append(pooling_path)
         pooling = _pooling_mode(text, json.loads(pooling_path.read_text()))
     max_seq_length = None
