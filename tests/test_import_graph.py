@@ -51,7 +51,8 @@ LIBRARY = ("embedlab.model.encoder", "embedlab.model.heads", "embedlab.model.poo
            "embedlab.objectives.dual_mlm", "embedlab.objectives.gather", "embedlab.objectives.gradcache",
            "embedlab.objectives.masking", "embedlab.objectives.matryoshka", "embedlab.objectives.mlm",
            "embedlab.tokenizer.frozen", "embedlab.checkpoints.io", "embedlab.checkpoints.state",
-           "embedlab.release.export")
+           "embedlab.release.export", "embedlab.model.pretrained", "embedlab.checkpoints.pretrained",
+           "embedlab.release.native")
 HARNESS_LIBRARIES = ("ray", "pandas", "pyarrow", "optuna", "faiss", "scipy", "matplotlib")
 # Modules that existed only to break a cycle between two folders; the layering made each
 # unnecessary, and none comes back under its name.

@@ -38,6 +38,10 @@ SLOW_TESTS = {
     "tests/test_object_storage.py::test_a_tuned_panel_study_on_s3_from_sweep_to_release":
         "the whole study path once (a tuned sweep, promotion, a child sweep, export, report) on a real "
         "S3 server: eight Ray trials",
+    "tests/test_pretrained.py::test_a_sweep_from_a_pretrained_parent_ends_in_a_gated_promotion_and_a_native_release":
+        "the pretrained-parent path once through the CLI: data prepared afresh with the parent's own tokenizer "
+        "(corpus, pieces, task, panel and audit, nothing shared with the suite's prepared data), two Ray "
+        "trials, the parent scored by the evaluator, promotion and a native release",
     "tests/test_heldout.py::test_real_tasks_have_zero_findings_against_the_builtin_corpus":
         "audits the real held-out tasks against the whole built-in corpus with every rule, the shared-window "
         "index included (43 s in one process, 111 s on the low-priority worker of two); sharing that index "

@@ -13,6 +13,9 @@ FORMAT = "embedlab-checkpoint/1"
 ENCODER_FILE = "encoder.safetensors"
 HEAD_FILE = "mlm_head.safetensors"
 MANIFEST_FILE = "manifest.json"
+# A pretrained backbone's Hugging Face config (`embedlab.model.pretrained`): the architecture
+# its encoder file's weights belong to, hashed with them.
+HF_CONFIG_FILE = "config.json"
 
 
 class CheckpointError(UserError, ValueError):

@@ -2,13 +2,21 @@
 
     encoder.safetensors    the encoder (the inference package needs only this file)
     mlm_head.safetensors   the MLM head without its tied decoder (the embedding table)
+    config.json            a pretrained backbone's Hugging Face config (`embedlab.model.pretrained`)
     tokenizer.json         the frozen tokenizer, so a checkpoint is self-contained
     manifest.json          content hash, per-file hashes, parent hash, tokenizer hash,
                            model config, pooling, data revision, objective, precision,
                            distributed config, budget consumed, seeds, versions
 
-The content hash is the sha256 of the weight files' hashes; loading recomputes every
-file hash and refuses a mismatch, so a corrupt or truncated file never loads silently.
+The content hash is the sha256 of the weight files' hashes (and of config.json, which says
+what the weights are); loading recomputes every file hash and refuses a mismatch, so a
+corrupt or truncated file never loads silently.
+
+Two backbones, told apart by one manifest field, `model.backbone`: "embedlab" (its own
+`Encoder`, the default of older manifests) or a pretrained family ("bert", ...), whose encoder
+file holds a `PretrainedEncoder`'s weights and whose manifest adds a `backbone` record and, down
+the lineage, `pretrained_root`: the pinned pretrained parent (spec, revision, source file
+hashes) every descendant, and its release, names (`embedlab.checkpoints.pretrained` makes one).
 
 Every reader takes a location: a local directory, or a URI on object storage (`s3://`,
 `gs://`, any pyarrow filesystem; `embedlab.core.store`). A remote checkpoint is fetched once into
@@ -41,11 +49,12 @@ from safetensors.torch import load_file, save_file
 
 from embedlab.checkpoints.state import TrainingState, write_training_state
 from embedlab.core import paths, store
-from embedlab.checkpoints import CheckpointError, ENCODER_FILE, FORMAT, HEAD_FILE, MANIFEST_FILE
+from embedlab.checkpoints import CheckpointError, ENCODER_FILE, FORMAT, HEAD_FILE, HF_CONFIG_FILE, MANIFEST_FILE
 from embedlab.core.code_identity import VERSION
 from embedlab.core.config import ModelConfig
 from embedlab.core.store import file_sha256, files_sha256
 from embedlab.model.encoder import Encoder, MLMModel
+from embedlab.model.pretrained import PretrainedEncoder, with_mlm_head
 from embedlab.tokenizer.frozen import FILE_NAME as TOKENIZER_FILE, FrozenTokenizer, load_tokenizer
 
 Location = str | Path  # a local checkpoint directory or a URI (`embedlab.core.store`)
@@ -118,6 +127,10 @@ def _write_checkpoint(directory, encoder, head, tokenizer, fields, pooling, pref
     if head is not None:
         save_file(_head_state(head), str(directory / HEAD_FILE))
         names.append(HEAD_FILE)
+    pretrained = isinstance(encoder, PretrainedEncoder)
+    if pretrained:
+        (directory / HF_CONFIG_FILE).write_text(json.dumps(encoder.hf_config, indent=2, sort_keys=True))
+        names.append(HF_CONFIG_FILE)
     (directory / TOKENIZER_FILE).write_bytes(tokenizer.path.read_bytes())
     files = {name: file_sha256(directory / name) for name in names}
     manifest = {
@@ -127,6 +140,7 @@ def _write_checkpoint(directory, encoder, head, tokenizer, fields, pooling, pref
         "parent_hash": None,
         "tokenizer_hash": tokenizer.hash,
         "model": dataclasses.asdict(encoder.config),
+        **({"backbone": encoder.backbone_record()} if pretrained else {}),
         "pooling": pooling_record(pooling, prefixes or {"query": "", "passage": ""}),
         "versions": versions(),
         **fields,
@@ -148,10 +162,17 @@ def _is_embedding(key: str) -> bool:
     return key.startswith("embedding.") or ".embedding." in key
 
 
+SPECIAL_TOKEN_POLICY = {
+    "mean": "excluded (CLS and SEP are not averaged)",
+    "mean_all": "included (CLS and SEP are averaged with the text's tokens, sentence-transformers' mean)",
+    "cls": "CLS state only",
+}
+
+
 def pooling_record(method: str, prefixes: dict[str, str]) -> dict[str, Any]:
     return {
         "method": method,
-        "special_tokens": "excluded (CLS and SEP are not averaged)" if method == "mean" else "CLS state only",
+        "special_tokens": SPECIAL_TOKEN_POLICY[method],
         "normalise": "l2; an all-zero vector stays zero",
         "input_template": "[CLS] prefix + text [SEP]",
         "prefixes": prefixes,
@@ -232,15 +253,37 @@ def verify_checkpoint(directory: Location) -> dict[str, Any]:
     return manifest
 
 
-def load_encoder(directory: Location) -> tuple[Encoder, FrozenTokenizer, dict[str, Any]]:
+def load_encoder(directory: Location) -> tuple[Encoder | PretrainedEncoder, FrozenTokenizer, dict[str, Any]]:
     """The verified encoder (eval mode), its tokenizer (hash checked) and the manifest."""
     directory = local_checkpoint(directory)
     manifest = verify_checkpoint(directory)
     tokenizer = load_tokenizer(directory / TOKENIZER_FILE, expected_hash=manifest["tokenizer_hash"])
-    encoder = Encoder(ModelConfig(**manifest["model"]))
+    encoder = build_encoder(directory, manifest)
     encoder.load_state_dict(load_file(str(directory / ENCODER_FILE)))
     encoder.eval()
     return encoder, tokenizer, manifest
+
+
+def build_encoder(directory: Path, manifest: dict[str, Any]) -> Encoder | PretrainedEncoder:
+    """An encoder of the checkpoint's architecture, its weights not yet loaded: dispatched on
+    `manifest["model"]["backbone"]` alone (embedlab's `Encoder`, or a `PretrainedEncoder` of the
+    checkpoint's config.json, whose derived config must be the one recorded)."""
+    config = ModelConfig(**manifest["model"])
+    if not config.pretrained:
+        return Encoder(config)
+    encoder = PretrainedEncoder(json.loads((directory / HF_CONFIG_FILE).read_text()))
+    if encoder.config != config:
+        raise CheckpointError(f"{directory / HF_CONFIG_FILE}: derives model {dataclasses.asdict(encoder.config)}, "
+                              f"but the manifest records {manifest['model']}")
+    return encoder
+
+
+def pretrained_root(manifest: dict[str, Any]) -> dict[str, Any]:
+    """{"pretrained_root": ...} naming the pinned pretrained parent a checkpoint descends from
+    (its own `pretrained` record for a materialised parent), for a child's manifest; empty
+    for a lineage of embedlab's own encoder."""
+    root = manifest.get("pretrained_root") or manifest.get("pretrained")
+    return {"pretrained_root": root} if root else {}
 
 
 @dataclass(frozen=True)
@@ -268,8 +311,7 @@ def load_parent(directory: Location, *, tokenizer_hash: str, need_head: bool, ma
     encoder.train()
     if not need_head:
         return Parent(model=encoder, manifest=manifest, head_restored=False)
-    model = MLMModel(encoder.config)
-    model.encoder.load_state_dict(encoder.state_dict())
+    model = _with_fresh_head(encoder)
     head_path = Path(directory) / HEAD_FILE
     if head_path.is_file():
         state = single_head_state(directory, manifest, masking_ratio)
@@ -291,11 +333,19 @@ def head_states(directory: Location, manifest: dict[str, Any]) -> dict[str, dict
     return {name: {k.split(".", 1)[1]: v for k, v in state.items() if k.startswith(f"{name}.")} for name in names}
 
 
-def mlm_model(encoder: Encoder, head_state: dict[str, torch.Tensor]) -> MLMModel:
+def _with_fresh_head(encoder: Encoder | PretrainedEncoder) -> MLMModel:
+    """`encoder`'s weights with a freshly initialised MLM head of its backbone."""
+    if isinstance(encoder, PretrainedEncoder):
+        return with_mlm_head(encoder)
+    model = MLMModel(encoder.config)
+    model.encoder.load_state_dict(encoder.state_dict())
+    return model
+
+
+def mlm_model(encoder: Encoder | PretrainedEncoder, head_state: dict[str, torch.Tensor]) -> MLMModel:
     """An evaluation `MLMModel` of `encoder`'s weights under one head state (`head_states`);
     the head's tied decoder is the encoder's embedding table."""
-    model = MLMModel(encoder.config).eval()
-    model.encoder.load_state_dict(encoder.state_dict())
+    model = _with_fresh_head(encoder).eval()
     model.mlm_head.load_state_dict(head_state, strict=False)
     return model
 

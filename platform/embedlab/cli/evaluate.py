@@ -85,7 +85,8 @@ def add_evaluate_parser(sub: argparse._SubParsersAction) -> None:
     """Register `embedlab evaluate` on the main parser's subcommands."""
     evaluate = sub.add_parser("evaluate", help="score a checkpoint on a retrieval task")
     evaluate.add_argument("--encoder", required=True,
-                          help="a checkpoint directory, baseline:bm25 or baseline:all-MiniLM-L6-v2")
+                          help="a checkpoint directory, a pretrained model (hf:ORG/NAME@COMMIT, a Hugging Face or "
+                               "sentence-transformers directory), baseline:bm25 or baseline:all-MiniLM-L6-v2")
     evaluate.add_argument("--task", required=True,
                           help="a BEIR directory, a built-in task name, a Hub task as hub:DATASET@REVISION "
                                "(BEIR/MTEB layout: corpus, queries and default qrels configs; REVISION a commit "

@@ -207,7 +207,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
     sweep = sub.add_parser("sweep", help="run a study file with Ray Tune")
     sweep.add_argument("study", help="a study file, e.g. ablations/masking_ratio.py")
-    sweep.add_argument("--parent", default=None, help="phases 2-3: the checkpoint every arm starts from")
+    sweep.add_argument("--parent", default=None,
+                       help="phases 2-3: the checkpoint every arm starts from, or a pretrained model "
+                            "(hf:ORG/NAME@COMMIT from the local Hub cache, a Hugging Face or sentence-transformers "
+                            "directory)")
     add_profile(sweep)
     sweep.add_argument("--dry-run", action="store_true",
                        help="check everything the study reads that needs no Ray and no training (storage, "
@@ -234,7 +237,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     plan = sub.add_parser("plan", help="pilot every arm on the cluster; estimate time, memory and storage")
     plan.add_argument("study", help="a study file, e.g. ablations/masking_ratio.py")
     add_profile(plan)
-    plan.add_argument("--parent", default=None, help="the parent checkpoint of a phase-2 or phase-3 study")
+    plan.add_argument("--parent", default=None,
+                      help="the parent checkpoint of a phase-2 or phase-3 study, or a pretrained model")
     plan.add_argument("--pilot-reports", type=int, default=6,
                       help="report intervals (train.report_every_steps) each arm's pilot trains (default 6)")
     plan.add_argument("--address", default=None, help="a Ray cluster to plan on (default: a local one)")

@@ -1,6 +1,8 @@
 """The encoder and the task as `embedlab evaluate` names them, turned into what the evaluator takes.
 
-An encoder is a checkpoint directory or `baseline:NAME` (`embedlab.tasks.baselines`). A
+An encoder is a checkpoint directory, a pretrained model (`hf:ORG/NAME@COMMIT` or a Hugging
+Face or sentence-transformers directory, materialised as a checkpoint:
+`embedlab.checkpoints.pretrained`) or `baseline:NAME` (`embedlab.tasks.baselines`). A
 task is a Hub task (`hub:DATASET@REVISION` or a HubTask .toml/.json, `hub_tasks.hub_task_argument`),
 a BEIR directory, or a built-in task's name, built from the data the checkpoint trained on.
 """
@@ -11,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from embedlab.checkpoints.io import verify_checkpoint
+from embedlab.checkpoints.pretrained import is_pretrained_spec, pretrained_parent
 from embedlab.core.beir import Task, load_task
 from embedlab.core.config import DataConfig, TrialConfig
 from embedlab.evaluate.checkpoint_eval import evaluate_checkpoint
@@ -39,9 +42,11 @@ def load_task_argument(task: str, encoder: str, *, dev_fraction: float | None = 
     prepared_dir = None
     if task in BUILTIN_TASKS and not Path(task).is_dir():
         # The built-in task comes from the same corpus split the checkpoint trained on
-        # (baselines: the default data config, the one `make demo` trains on).
-        data = DataConfig() if baseline_name(encoder) else TrialConfig.from_dict(
-            verify_checkpoint(encoder)["config"]).data
+        # (baselines and pretrained models, which trained on none of ours: the default data
+        # config, the one `make demo` trains on).
+        trained = None if baseline_name(encoder) or is_pretrained_spec(encoder) else verify_checkpoint(encoder)
+        data = DataConfig() if trained is None or "config" not in trained else TrialConfig.from_dict(
+            trained["config"]).data
         prepared_dir = prepare_data(data, progress=progress).directory
     loaded = load_task(resolve_task(task, prepared_dir))
     if dev_fraction is not None:  # the same rule as a Hub task's, in memory
@@ -54,4 +59,6 @@ def score_encoder(encoder: str, task: Task, split: str, *, index: str = "flat") 
     baseline = baseline_name(encoder)
     if baseline is not None:
         return evaluate_baseline(baseline, task, split)
+    if is_pretrained_spec(encoder):
+        encoder = str(pretrained_parent(encoder))  # pooled and prefixed as its own configuration says
     return evaluate_checkpoint(encoder, task, split, index=index)

@@ -2,8 +2,11 @@
 
 Texts are encoded as `[CLS] prefix + text [SEP]` (truncated to `max_length`), in batches
 of similar length (sorted by token count) so little padding is computed, then put back in
-input order. Pooling is the checkpoint's: mean over content tokens (CLS, SEP and padding
-excluded) or the CLS state, then L2 normalised (an all-zero row stays zero).
+input order. Pooling is the checkpoint's (`embedlab.model.pooling.pool`): mean over content
+tokens (CLS, SEP and padding excluded), mean over every token of the row (CLS and SEP
+included: sentence-transformers' mean) or the CLS state, then L2 normalised (an all-zero row
+stays zero). `encoder` is either backbone: embedlab's `Encoder` or a pretrained one
+(`embedlab.model.pretrained.PretrainedEncoder`), which take the same inputs.
 
 A large corpus takes minutes to encode, so `encode_texts` can report progress: a line
 (texts encoded of the total, texts per second) at most every `PROGRESS_SECONDS`, and one
@@ -20,7 +23,7 @@ import torch
 
 from embedlab.model.encoder import Encoder
 from embedlab.model.flops import FORWARD, FlopTally
-from embedlab.model.pooling import l2_normalise, mean_pool
+from embedlab.model.pooling import l2_normalise, pool
 from embedlab.tokenizer.frozen import FrozenTokenizer
 
 PROGRESS_SECONDS = 10.0  # one line per 10 s of encoding: visible on a long pass, quiet on a short one
@@ -65,11 +68,15 @@ def encode_texts(
     """(N,) texts -> (N, d) float32 unit (or zero) rows, row i belonging to texts[i].
 
     `prefix` (e.g. "query: ") is prepended to every text, as the checkpoint was trained;
-    `pooling` is "mean" (content tokens) or "cls" (the first position's state). With
+    a pretrained backbone's texts are cut at its positions when `max_length` is longer;
+    `pooling` is "mean" (content tokens), "mean_all" (every token) or "cls" (the first
+    position's state). With
     `progress`, an `EncodingProgress` line named `label` every `progress_seconds` and at the end.
     With `tally` (`embedlab.model.flops.FlopTally`), the forward FLOPs of every batch are added to it.
     """
     width = encoder.config.width
+    if encoder.config.pretrained:  # a pretrained backbone has no positions past its own
+        max_length = min(max_length, encoder.config.max_length)
     if not texts:
         return np.zeros((0, width), dtype=np.float32)
     content = [ids[: max_length - 2] for ids in tokenizer.encode_batch([prefix + t for t in texts])]
@@ -82,18 +89,16 @@ def encode_texts(
         length = max(len(content[i]) for i in chunk) + 2
         input_ids = torch.full((len(chunk), length), tokenizer.pad_id, dtype=torch.long)
         segment_ids = torch.zeros((len(chunk), length), dtype=torch.long)
-        pool_mask = torch.zeros((len(chunk), length), dtype=torch.bool)
         for row, i in enumerate(chunk):
             ids = [tokenizer.cls_id, *content[i], tokenizer.sep_id]
             input_ids[row, : len(ids)] = torch.tensor(ids)
             segment_ids[row, : len(ids)] = 1
-            pool_mask[row, 1 : len(ids) - 1] = True
         if tally is not None:
             tally.encode(encoder.config, segment_ids, mode=FORWARD, device=torch.device(device), half=half,
                          training=encoder.training)
-        hidden = encoder(input_ids.to(device), segment_ids.to(device))
-        pooled = hidden[:, 0] if pooling == "cls" else mean_pool(hidden, pool_mask.to(device))
-        pooled = l2_normalise(pooled.float())
+        segment_ids = segment_ids.to(device)
+        hidden = encoder(input_ids.to(device), segment_ids)
+        pooled = l2_normalise(pool(hidden, segment_ids, pooling).float())
         out[chunk] = pooled.cpu().numpy()
         if tracker is not None:
             tracker.update(start + len(chunk))

@@ -22,6 +22,7 @@ dense path and the CPU kernel; the flash kernel has none.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -309,33 +310,49 @@ class Encoder(nn.Module):
         return self.final_norm(x)
 
 
+# The head's activation by the name a Hugging Face config gives it: "gelu" is the exact erf
+# form (`F.gelu`, embedlab's), "gelu_pytorch_tanh" its tanh approximation.
+HEAD_ACTIVATIONS = {"gelu": "none", "gelu_pytorch_tanh": "tanh"}
+
+
 class MLMHead(nn.Module):
     """Dense transform + GELU + affine LayerNorm, then a decoder tied to the input embeddings.
 
     The decoder matrix is the encoder's embedding table (not a parameter of the head), so the
-    head adds d*d + d (dense) + 2*d (norm) + V (vocabulary bias) parameters.
+    head adds d*d + d (dense) + 2*d (norm) + V (vocabulary bias) parameters. A pretrained
+    family's head is the same function with its own `activation` (`HEAD_ACTIVATIONS`) and,
+    for ModernBERT, no dense or norm bias (`dense_bias`, `norm_bias`).
     """
 
-    def __init__(self, config: ModelConfig, embedding: nn.Embedding) -> None:
+    def __init__(self, config: ModelConfig, embedding: nn.Embedding, *, activation: str = "gelu",
+                 dense_bias: bool = True, norm_bias: bool = True) -> None:
         super().__init__()
-        self.dense = nn.Linear(config.width, config.width, bias=True)
-        self.norm = nn.LayerNorm(config.width, eps=config.layer_norm_eps)
+        if activation not in HEAD_ACTIVATIONS:
+            raise ValueError(f"MLM head activation {activation!r}; valid: {list(HEAD_ACTIVATIONS)}")
+        self.approximate = HEAD_ACTIVATIONS[activation]
+        self.dense = nn.Linear(config.width, config.width, bias=dense_bias)
+        self.norm = nn.LayerNorm(config.width, eps=config.layer_norm_eps, bias=norm_bias)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
         self.embedding = embedding
         _init_weights(self.dense)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """(N, d) hidden states at selected positions -> (N, V) logits."""
-        return F.linear(self.norm(F.gelu(self.dense(hidden))), self.embedding.weight, self.bias)
+        return F.linear(self.norm(F.gelu(self.dense(hidden), approximate=self.approximate)),
+                        self.embedding.weight, self.bias)
 
 
 class MLMModel(nn.Module):
-    """Encoder + tied MLM head, the phase-1 training model."""
+    """Encoder + tied MLM head, the phase-1 training model.
 
-    def __init__(self, config: ModelConfig) -> None:
+    `encoder`: an encoder built elsewhere (a pretrained backbone,
+    `embedlab.model.pretrained.with_mlm_head`), with `head` the keyword arguments of its
+    `MLMHead`; by default embedlab's `Encoder(config)` and its head."""
+
+    def __init__(self, config: ModelConfig, *, encoder: nn.Module | None = None, **head: Any) -> None:
         super().__init__()
-        self.encoder = Encoder(config)
-        self.mlm_head = MLMHead(config, self.encoder.embed)
+        self.encoder = Encoder(config) if encoder is None else encoder
+        self.mlm_head = MLMHead(config, self.encoder.embed, **head)
 
     def forward(
         self, input_ids: torch.Tensor, segment_ids: torch.Tensor, selected: torch.Tensor,

@@ -4,9 +4,11 @@ What is counted is what `torch.utils.flop_counter.FlopCounterMode` counts on the
 and step (tests/test_flops.py holds every phase and arm kind to it within 1%): the matrix
 products. Per encoder forward pass over a (B, T) batch:
 
-    linears    2 * B*T * L * (4*d^2 + 2*d*f)   (QKV, output, two FFN matrices; every row
-                                                 position, padding included, as the linears
-                                                 run over the whole padded tensor)
+    linears    2 * B*T * L * (4*d^2 + m*d*f)   (QKV, output, the FFN's m d x f matrices: two,
+                                                 or three for ModernBERT's gated one, whose
+                                                 input matrix is d x 2f; every row position,
+                                                 padding included, as the linears run over
+                                                 the whole padded tensor)
     attention  4 * d * L * area                 (QK^T and PV; `area` = sum over the attention
                                                  problems the kernel runs of q_len * k_len)
 
@@ -21,6 +23,11 @@ unless attention dropout trains, which takes SDPA's math path. The MLM head adds
 2 * N_selected * (d^2 + d*V) per forward (its dense transform and the tied decoder, at
 selected positions only), and the contrastive score matrix 2 * N_queries * N_candidates * d. Element-wise work (norms, GELU, softmax,
 losses, the optimizer) is not counted, as FlopCounterMode does not count it.
+
+A pretrained backbone (`embedlab.model.pretrained`) is counted by the same formulas from the
+`ModelConfig` derived from its checkpoint (`ModelConfig.ffn_matrices`; always the dense path;
+loaded without BERT's pooler, which no pass runs): tests/test_pretrained.py holds BERT and
+ModernBERT to FlopCounterMode as tests/test_flops.py holds embedlab's encoder.
 """
 
 from __future__ import annotations
@@ -44,7 +51,7 @@ PATHS = ("dense", "bucketed", "flash")
 def linear_parameters(config: ModelConfig) -> int:
     """The weights every position multiplies by in one encoder pass (no norms, no embedding)."""
     d, f = config.width, config.ffn_width
-    return config.layers * (4 * d * d + 2 * d * f)
+    return config.layers * (4 * d * d + config.ffn_matrices * d * f)
 
 
 @dataclass(frozen=True)

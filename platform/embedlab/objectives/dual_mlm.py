@@ -109,7 +109,7 @@ def mask_mixed(
     ratio_index: torch.Tensor,
     *,
     mask_id: int,
-    random_token_range: tuple[int, int],
+    random_token_range: tuple[int, int] | torch.Tensor,
     generator: torch.Generator,
     word_start: torch.Tensor | None = None,
     segment_ids: torch.Tensor | None = None,

@@ -26,7 +26,9 @@ works on *units* and `MaskingConfig.strategy` says what a unit is:
 Each selected unit (token, word or span) then gets one replacement decision for all of
 its tokens: MASK with probability `mask_fraction`, otherwise random ordinary tokens (each
 token drawn independently from `random_token_range`) with probability `random_fraction`,
-otherwise unchanged. Deciding per unit follows SpanBERT and keeps a chosen word from being
+otherwise unchanged. (`random_token_range` is [low, high), or a 1-D table of ids drawn
+from uniformly, as `FrozenTokenizer.replacement_ids` gives it: a pretrained vocabulary's
+special tokens are not all at its first ids.) Deciding per unit follows SpanBERT and keeps a chosen word from being
 left half-visible; every token still inherits its unit's decision, so the token shares
 are `mask_fraction` / `random_fraction` / the rest in every strategy. (Google's BERT
 `create_pretraining_data.py` decides per token even under whole-word masking; the
@@ -73,14 +75,16 @@ def mask_tokens(
     config: MaskingConfig,
     *,
     mask_id: int,
-    random_token_range: tuple[int, int],
+    random_token_range: tuple[int, int] | torch.Tensor,
     generator: torch.Generator,
     word_start: torch.Tensor | None = None,
     segment_ids: torch.Tensor | None = None,
 ) -> MaskedBatch:
     """Corrupt (B, T) `input_ids` at a random subset of the (B, T) bool `eligible` positions.
 
-    `random_token_range` = [low, high) of ordinary token ids used for random replacement.
+    `random_token_range` = [low, high) of ordinary token ids used for random replacement, or
+    an (R,) long table of them: `table[randint(0, R)]` draws exactly what `randint(low, high)`
+    draws when the table is low..high-1, and leaves the generator in the same state.
     `word_start` (B, T) bool marks the first token of every word (a position after a
     segment boundary or PAD starts a word; SEP and PAD belong to no word). "whole-word"
     requires it, "span" uses it to mask complete words, "token" ignores it.
@@ -112,8 +116,12 @@ def mask_tokens(
     to_random = selected & (action >= config.mask_fraction) & (
         action < config.mask_fraction + config.random_fraction
     )
-    low, high = random_token_range
-    random_ids = torch.randint(low, high, shape, generator=generator, device=device)
+    if isinstance(random_token_range, torch.Tensor):
+        table = random_token_range.to(device)
+        random_ids = table[torch.randint(0, len(table), shape, generator=generator, device=device)]
+    else:
+        low, high = random_token_range
+        random_ids = torch.randint(low, high, shape, generator=generator, device=device)
     inputs = torch.where(to_mask, torch.full_like(input_ids, mask_id), input_ids)
     inputs = torch.where(to_random, random_ids, inputs)
     return MaskedBatch(inputs=inputs, targets=input_ids, selected=selected)

@@ -8,7 +8,8 @@ staging name of its own writer and renamed when complete, so a half-built one is
 
     corpus/              documents.parquet + manifest.json (see data.corpus)
     tokenizer_sample.parquet   ids of the training-split documents the tokenizer saw
-    tokenizer.json       trained on that sample only
+    tokenizer.json       trained on that sample only (or a pretrained parent's own, copied:
+                         `data.tokenizer_kind` "pretrained"; its sample is then empty)
     pieces.parquet       training documents tokenised into pieces of <= L tokens (Ray Data)
     tasks/<name>/        the built-in retrieval task in BEIR format
     retention/           the retention panel (probe passages, graded pairs) from recipe-dev text
@@ -37,8 +38,8 @@ from embedlab.core import store
 from embedlab.core.store import file_sha256
 from embedlab.core.code_identity import code_revision
 from embedlab.core.beir import write_task
-from embedlab.core.config import DataConfig
-from embedlab.core.errors import UserError
+from embedlab.core.config import PRETRAINED_TOKENIZER, DataConfig
+from embedlab.core.errors import UsageError, UserError
 from embedlab.prepared.card import card_dict, write_card
 from embedlab.prepared.directory import PreparedData
 from embedlab.sources import builtin
@@ -48,7 +49,8 @@ from embedlab.sources.external import external_provenance
 from embedlab.sources.mixture import resolve_mixture
 from embedlab.prepared.pieces import PIECES_FILE, build_pieces, piece_stats
 from embedlab.tasks.builtin_tasks import BUILTIN_TASKS, build_builtin_task, decontaminate
-from embedlab.tokenizer.frozen import describe, save_tokenizer, train_tokenizer
+from embedlab.tokenizer.frozen import (FILE_NAME as TOKENIZER_FILE, FrozenTokenizer, describe, load_tokenizer,
+                                       save_tokenizer, stored_tokenizer, train_tokenizer)
 
 FORMAT = "embedlab-prepared/4"  # the human-readable part of the key; `code_revision` is the rest
 # The package's source files whose code decides the prepared bytes (corpus, tokenizer, pieces,
@@ -62,6 +64,12 @@ BUILD_SOURCES = (
     "contamination/stages.py", "prepared/card.py", "tokenizer/frozen.py", "core/beir.py", "tasks/builtin_tasks.py",
     "tasks/retention.py",
 )
+
+
+# What a prepared directory with a pretrained parent's tokenizer says of its (empty) tokenizer
+# sample: the contamination audit's tokenizer-sample stage has nothing of ours to read.
+PRETRAINED_SAMPLE = ("not applicable: the pretrained parent's own tokenizer, trained on its own data, which the "
+                     "audit cannot reach; the tokenizer-sample stage is empty")
 
 
 @functools.cache
@@ -140,15 +148,22 @@ def _prepare_into(config: DataConfig, directory: Path, progress: Callable[[str],
     started = time.perf_counter()
     corpus = build_corpus(config, directory / "corpus", progress)
     mixture = resolve_mixture(config.mixture.share_map, list(corpus.manifest["sources"]))
-    sample = _tokenizer_sample(corpus, list(mixture.shares), config)
-    pq.write_table(pa.table({"doc_id": sample["doc_id"]}), directory / "tokenizer_sample.parquet")
-    progress(f"data: training tokenizer ({config.tokenizer_kind}, vocab {config.tokenizer_vocab_size}) "
-             f"on {len(sample['doc_id']):,} training-split documents")
-    texts = [document_text(t, x) for t, x in zip(sample["title"], sample["text"])]
-    tokenizer = save_tokenizer(
-        train_tokenizer(texts, config.tokenizer_vocab_size, kind=config.tokenizer_kind,
-                        progress=lambda line: progress(f"data: {line}")), directory
-    )
+    pretrained = config.tokenizer_kind == PRETRAINED_TOKENIZER
+    if pretrained:
+        sample = {"doc_id": []}
+        tokenizer = _pretrained_tokenizer(config, directory, progress)
+    else:
+        sample = _tokenizer_sample(corpus, list(mixture.shares), config)
+    pq.write_table(pa.table({"doc_id": pa.array(sample["doc_id"], pa.string())}),
+                   directory / "tokenizer_sample.parquet")
+    if not pretrained:
+        progress(f"data: training tokenizer ({config.tokenizer_kind}, vocab {config.tokenizer_vocab_size}) "
+                 f"on {len(sample['doc_id']):,} training-split documents")
+        texts = [document_text(t, x) for t, x in zip(sample["title"], sample["text"])]
+        tokenizer = save_tokenizer(
+            train_tokenizer(texts, config.tokenizer_vocab_size, kind=config.tokenizer_kind,
+                            progress=lambda line: progress(f"data: {line}")), directory
+        )
     progress("data: tokenising training documents into pieces on Ray Data")
     step = time.perf_counter()
     pieces = build_pieces(
@@ -171,7 +186,8 @@ def _prepare_into(config: DataConfig, directory: Path, progress: Callable[[str],
         "config": config.phase1_dict(),
         "corpus_hash": corpus.hash,
         "tokenizer_hash": tokenizer.hash,
-        "tokenizer": describe(tokenizer.tokenizer),
+        "tokenizer": {**describe(tokenizer.tokenizer, pretrained=True), "sample": PRETRAINED_SAMPLE}
+        if pretrained else describe(tokenizer.tokenizer),
         "tokenizer_vocab_size": tokenizer.vocab_size,
         "tokenizer_sample_documents": len(sample["doc_id"]),
         "data_revision": hashlib.sha256(
@@ -190,6 +206,20 @@ def _prepare_into(config: DataConfig, directory: Path, progress: Callable[[str],
         "tasks": tasks,
         "retention": retention,
     }
+
+
+def _pretrained_tokenizer(config: DataConfig, directory: Path, progress: Callable[[str], None]) -> FrozenTokenizer:
+    """A pretrained parent's frozen tokenizer, found by the hash the config names (kept on this
+    node when the parent was materialised), copied in as the directory's own."""
+    source = stored_tokenizer(config.tokenizer_hash)
+    if not source.is_file():
+        raise UsageError(f"data.tokenizer_hash {config.tokenizer_hash[:16]}: no pretrained tokenizer of that hash on "
+                         f"this node ({source.parent.parent}); it is kept when its parent is materialised "
+                         "(embedlab sweep --parent hf:ORG/NAME@<commit> or a model directory)")
+    progress(f"data: the pretrained parent's tokenizer ({config.tokenizer_hash[:12]}), not trained: its own "
+             "training data is not ours, so there is no tokenizer sample to audit")
+    (directory / TOKENIZER_FILE).write_bytes(source.read_bytes())
+    return load_tokenizer(directory / TOKENIZER_FILE, expected_hash=config.tokenizer_hash)
 
 
 def _build_tasks(corpus: Corpus, directory: Path, config: DataConfig, progress: Callable[[str], None]) -> dict:

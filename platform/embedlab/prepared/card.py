@@ -44,8 +44,9 @@ def card_markdown(card: dict[str, Any]) -> str:
         f"- corpus hash: `{card['corpus_hash']}`",
         f"- data revision: `{card['data_revision']}`",
         f"- tokenizer: {card['tokenizer'].get('kind', '?')}, vocabulary {card['tokenizer'].get('vocab_size', '?')}, "
-        f"hash `{card['tokenizer']['hash'][:16]}`, trained on {card['tokenizer']['training_documents']:,} "
-        "training-split documents",
+        f"hash `{card['tokenizer']['hash'][:16]}`, " + (
+            f"the pretrained parent's own ({card['tokenizer']['sample']})" if "sample" in card["tokenizer"] else
+            f"trained on {card['tokenizer']['training_documents']:,} training-split documents"),
         f"- split rule: {card['split_rule']}",
         f"- dedup: {card['dedup']['exact']}; {card['dedup']['near']}",
         "",

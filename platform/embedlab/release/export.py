@@ -19,6 +19,10 @@ sentence-transformers:
 `trust_remote_code=True` is how sentence-transformers >= 6 allows a module class from outside
 its own package; it imports the installed `embedlab` and downloads nothing. The package is also
 an embedlab checkpoint directory (`load_encoder` reads and verifies it).
+
+A checkpoint with a pretrained backbone (`manifest["model"]["backbone"]`) is released instead
+as a native sentence-transformers model in its own architecture, which loads without remote
+code (`embedlab.release.native`).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from embedlab.tokenizer.frozen import FILE_NAME as TOKENIZER_FILE
 from embedlab.checkpoints.io import (
     ENCODER_FILE, MANIFEST_FILE, CheckpointError, content_hash, load_encoder, local_checkpoint, staged_directory,
 )
+from embedlab.release.native import is_native, native_manifest, write_native_package
 
 # A string, not an import: exporting needs no sentence-transformers; the tests load the package.
 # The stable path (`embedlab/st_module.py`), not the class's home, so releases load across versions.
@@ -51,6 +56,8 @@ ZERO_VECTOR_RULE = {
     "mean": "a row with no content token (empty prefix + text, or one the tokenizer maps to nothing) "
             "pools to the zero vector and stays zero after L2 normalisation (never NaN); it scores 0 "
             "against everything",
+    "mean_all": "every row holds CLS and SEP, which are pooled, so no row is zero (an empty text embeds "
+                "as its CLS and SEP states)",
     "cls": "the CLS state is pooled, present in every row; an all-zero state would stay zero after "
            "L2 normalisation (never NaN)",
 }
@@ -91,12 +98,26 @@ def export_release(checkpoint_dir: str | Path, out_dir: Path) -> dict[str, Any]:
             f"{checkpoint_dir / MANIFEST_FILE}: no {missing} recorded; a release states its lineage, "
             "so only checkpoints written by a training phase can be exported"
         )
+    if is_native(checkpoint):
+        return _export_native(checkpoint_dir, out_dir, checkpoint)
     manifest = _release_manifest(checkpoint)
     with staged_directory(out_dir, "export into a new or empty directory") as staging:
         for name in (ENCODER_FILE, TOKENIZER_FILE):
             shutil.copyfile(checkpoint_dir / name, staging / name)
         (staging / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True))
         _write_sentence_transformers_files(staging, manifest["pooling"]["prefixes"])
+    return manifest
+
+
+def _export_native(checkpoint_dir: Path, out_dir: Path, checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """The native sentence-transformers package of a pretrained backbone (`embedlab.release.native`)."""
+    max_length = checkpoint["config"]["eval"]["max_length"]
+    prompts = _prompts(checkpoint["pooling"]["prefixes"])
+    contract = _embedding_contract(checkpoint["pooling"], max_length)
+    with staged_directory(out_dir, "export into a new or empty directory") as staging:
+        weights = write_native_package(checkpoint_dir, staging, checkpoint, max_length, prompts)
+        manifest = native_manifest(checkpoint, weights, contract, _trained_widths(checkpoint), prompts)
+        (staging / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True))
     return manifest
 
 

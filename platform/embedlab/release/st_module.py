@@ -4,8 +4,9 @@ A release package (`release/export.py`) lists it in `modules.json`, by its stabl
 `embedlab.st_module.EmbedlabTransformer`, followed by
 sentence-transformers' own `Normalize`. Together they embed a text as
 `evaluate.encode.encode_texts` does: `[CLS] prompt + text [SEP]` with the content cut to
-`max_seq_length - 2` tokens, then the mean over content tokens (CLS, SEP and padding
-excluded; zero if there are none) or the CLS state, then L2 (an all-zero row stays zero).
+`max_seq_length - 2` tokens, then the checkpoint's pooling (`embedlab.model.pooling.pool`: the
+mean over content tokens, CLS, SEP and padding excluded, zero if there are none; the mean over
+every token; or the CLS state), then L2 (an all-zero row stays zero).
 The release tests hold the two paths equal.
 
 Follows the module protocol of sentence-transformers >= 6 (`InputModule.preprocess`,
@@ -26,7 +27,7 @@ from sentence_transformers.base.modules import InputModule
 
 from embedlab.core.config import POOLING_METHODS
 from embedlab.model.encoder import Encoder
-from embedlab.model.pooling import mean_pool
+from embedlab.model.pooling import pool
 from embedlab.core.store import file_sha256
 from embedlab.tokenizer.frozen import FILE_NAME as TOKENIZER_FILE, FrozenTokenizer
 from embedlab.checkpoints.io import (
@@ -87,13 +88,7 @@ class EmbedlabTransformer(InputModule):
         attention_mask = features["attention_mask"]
         # The mask doubles as segment ids: one document per row (1), padding (0) attends only to padding.
         hidden = self.encoder(features["input_ids"], attention_mask)
-        if self.pooling == "cls":
-            pooled = hidden[:, 0]
-        else:
-            lengths = attention_mask.sum(dim=1, keepdim=True)  # (B, 1) real tokens, CLS and SEP included
-            positions = torch.arange(hidden.shape[1], device=hidden.device)[None, :]
-            content = (positions >= 1) & (positions < lengths - 1)
-            pooled = mean_pool(hidden, content)
+        pooled = pool(hidden, attention_mask, self.pooling)
         features["token_embeddings"] = hidden
         features["sentence_embedding"] = pooled.float()  # as encode_texts: normalised in float32
         return features

@@ -123,7 +123,7 @@ def corrupt(sample: PackedSample, config: MaskingConfig, tokenizer: FrozenTokeni
     """The trainer's corruption of packed rows (eligibility, random-token range as in phase 1)."""
     eligible = (sample.segment_ids > 0) & ~torch.isin(sample.input_ids, torch.tensor(tokenizer.special_ids))
     return mask_tokens(sample.input_ids, eligible, config, mask_id=tokenizer.mask_id,
-                       random_token_range=(len(tokenizer.special_ids), tokenizer.vocab_size),
+                       random_token_range=tokenizer.replacement_ids,
                        generator=torch.Generator().manual_seed(seed), word_start=sample.word_start,
                        segment_ids=sample.segment_ids)
 

@@ -222,6 +222,19 @@ def teacher_line(table: pd.DataFrame) -> str:
     return VECTORS_DISCLOSURE if _teacher_products(table) == ("documents",) else DISCLOSURE
 
 
+def pretrained_line(record: dict) -> str:
+    """The disclosure a table of trials from a pretrained parent carries: what the parent is,
+    pinned, and what the contamination audit cannot reach (its pretraining data and its
+    tokenizer's, so the audit's tokenizer-sample stage does not apply)."""
+    parent = record.get("pretrained_parent")
+    if not parent:
+        return ""
+    pinned = f"@{parent['revision']}" if parent.get("revision") else f" (weights sha256 {parent['weights_sha256'][:16]})"
+    name = parent["repo_id"] + pinned if parent.get("repo_id") else f"{parent['spec']}{pinned}"
+    return (f"pretrained parent {name}: its tokenizer and the data it was pretrained on are its own and cannot be "
+            "audited here; the audit's tokenizer-sample stage does not apply (no tokenizer was trained)")
+
+
 def _checked_rows(run_dir: str | Path, record: dict, arms: list[str]) -> list[dict]:
     """The run's trial rows, each of this study and one of its arms, at most one finished final
     row per (arm, seed), and a finished final row without a finite study metric marked failed."""
@@ -511,7 +524,7 @@ def render(run_dir: str | Path, fmt: str = "text", metrics: Sequence[str] | None
     check_equal_compute(table, unit)
     final = final_trials(table)
     notes = [line for line in (compute_match_line(table), compute_outside_line(table), tuning_line(table),
-                               teacher_line(table)) if line]
+                               teacher_line(table), pretrained_line(record)) if line]
     notes += [line for line in (cost_line(table, record),) if line]
     control = table.attrs["arm_order"][0] if table.attrs["arm_order"] else None
     sequential_record = looks.read_sequential(run_dir)
@@ -538,6 +551,7 @@ def render(run_dir: str | Path, fmt: str = "text", metrics: Sequence[str] | None
             "confidence": CONFIDENCE, "seed_level": _seed_level_note(),
             "compute_match": compute_match_line(table) or None, "tuning": tuning_line(table) or None,
             "compute_outside": compute_outside_line(table) or None, "teacher": teacher_line(table) or None,
+            **({"pretrained_parent": pretrained_line(record)} if pretrained_line(record) else {}),
             "references": {"parent": record.get("parent_scores"), "teacher": record.get("teacher_scores")},
             "paired": _paired_json(comparison), "sequential": sequential_record,
             "cost": cost_line(table, record) or None, "arms": _records(summary), "trials": _records(table),

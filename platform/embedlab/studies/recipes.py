@@ -18,8 +18,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from embedlab.core.config import (DEFAULT_BUDGET, MODEL_PRESETS, Budget, ConfigError, ContrastiveConfig, DataConfig,
-                                  MaskingConfig, MixtureConfig, NegativesConfig, TrainConfig, TrialConfig)
+from embedlab.core.config import (DEFAULT_BUDGET, MODEL_PRESETS, PRETRAINED_TOKENIZER, Budget, ConfigError,
+                                  ContrastiveConfig, DataConfig, MaskingConfig, MixtureConfig, NegativesConfig,
+                                  TrainConfig, TrialConfig)
 from embedlab.core.config.sources import HFPairs
 from embedlab.sources.builtin import available_sources
 from embedlab.sources.external import HFDataset
@@ -71,6 +72,10 @@ class Profile:
     # The overlap with final-eval data that the contamination audit finds in this profile's
     # phase-2/3 pairs, declared by every phase-2/3 study at this profile (None: no overlap).
     disclosed_overlap: str | None = None
+    # Phases 2-3: the parent every study at this profile starts from when `--parent` names none,
+    # e.g. a pretrained one (`hf:ORG/NAME@<commit>` or a model directory,
+    # `embedlab.checkpoints.pretrained`); None: given at sweep time or by promotion.
+    parent: str | None = None
 
 
 # Public Hugging Face datasets for the gpu-300m profile, each pinned by a commit and read by
@@ -228,6 +233,7 @@ def phase2_baseline(profile_name: str = "demo") -> TrialConfig:
             temperature=0.05,
         ),
         train=_train(p, p.contrastive_batch_rows, p.phase2_learning_rate),
+        parent=p.parent,
     )
 
 
@@ -247,6 +253,23 @@ def phase3_baseline(profile_name: str = "demo") -> TrialConfig:
         ),
         train=dataclasses.replace(base.train, learning_rate=profile(profile_name).phase3_learning_rate),
     )
+
+
+def on_backbone(config: TrialConfig, pretrained: Any, parent: str) -> TrialConfig:
+    """The arm `config` on a pretrained backbone (`pretrained`: the parent's
+    `embedlab.checkpoints.pretrained.PretrainedArms`, `parent` where it is): the model config
+    derived from its checkpoint (the arm's declared one is not used), data tokenised with its
+    tokenizer, and its sentence-transformers pooling and prefixes where it has them, else the
+    arm's own, "mean" taken as "mean_all" (`parent_pooling`)."""
+    from embedlab.checkpoints.pretrained import parent_pooling  # here: torch, which loading a study file does not need
+
+    prefixes = {"query": config.contrastive.prefixes.query, "passage": config.contrastive.prefixes.passage}
+    pooling, prefixes, _ = parent_pooling(pretrained.sentence_transformers, config.contrastive.pooling, prefixes)
+    contrastive = dataclasses.replace(config.contrastive, pooling=pooling,
+                                      prefixes=dataclasses.replace(config.contrastive.prefixes, **prefixes))
+    data = dataclasses.replace(config.data, tokenizer_kind=PRETRAINED_TOKENIZER, tokenizer_hash=pretrained.tokenizer_hash,
+                               tokenizer_vocab_size=pretrained.vocab_size)
+    return dataclasses.replace(config, model=pretrained.model, data=data, contrastive=contrastive, parent=str(parent))
 
 
 def derive(config: TrialConfig, changes: dict[str, Any]) -> TrialConfig:
@@ -290,5 +313,10 @@ def budget_for(p: Profile, phase: int, control: TrialConfig | None = None) -> Bu
     from embedlab.model.flops import expected_step_flops
     from embedlab.train.budget import step_units
 
+    if control.parent is not None:  # a pretrained parent: its own backbone's steps, not the declared model's
+        from embedlab.checkpoints.pretrained import declared_arms  # here: torch, as above
+
+        pretrained = declared_arms(control.parent)
+        control = control if pretrained is None else on_backbone(control, pretrained, control.parent)
     units = data.data(phase)
     return dataclasses.replace(data, flops=float(units / step_units(control) * expected_step_flops(control)))

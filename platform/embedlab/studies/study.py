@@ -33,7 +33,7 @@ from embedlab.core.config import Budget, ConfigError, PhaseSpec, TrialConfig, ch
 from embedlab.core.errors import StudyCodeError, UnknownKey, UserError
 from embedlab.core.schema import FLAT_BUDGET_KEYS, upgrade
 from embedlab.evaluate.panel import METRICS, UnknownPanelMetric, resolve_study_metric
-from embedlab.studies.recipes import derive
+from embedlab.studies.recipes import derive, on_backbone
 
 # Tuning trial k of every arm runs at seed TUNING_SEED_OFFSET + k: the same seeds for every
 # arm (equal tuning conditions), and far from the small seeds studies use (0, 1, 2).
@@ -411,6 +411,23 @@ class Study:
         arms = {arm: dataclasses.replace(config, parent=str(parent)) for arm, config in self.arms.items()}
         return dataclasses.replace(self, arms=arms)
 
+    def with_pretrained_parent(self, parent: str, pretrained: Any) -> Study:
+        """The study with every arm on the pretrained backbone of `parent` (a materialised
+        pretrained parent, or a checkpoint descending from one; `pretrained` its
+        `embedlab.checkpoints.pretrained.PretrainedArms`): the model config derived from its
+        checkpoint (the arm's declared one is not used), data prepared with its tokenizer, and
+        its sentence-transformers pooling and prefixes where it has them, else the arm's own
+        ("mean" taken as "mean_all", `parent_pooling`). A study whose arms vary the pooling or
+        prefixes is refused when the parent fixes them: the factor would be void."""
+        st = pretrained.sentence_transformers
+        choices = {(c.contrastive.pooling, c.contrastive.prefixes) for c in self.arms.values()}
+        if st is not None and len(choices) > 1:
+            raise ConfigError(f"study {self.name}: its arms vary contrastive.pooling or contrastive.prefixes, but the "
+                              f"pretrained parent {pretrained.spec} fixes them (its sentence-transformers configuration: "
+                              f"{st['pooling']} pooling, prompts {st['prompts']})")
+        arms = {arm: on_backbone(config, pretrained, parent) for arm, config in self.arms.items()}
+        return dataclasses.replace(self, arms=arms)
+
     @property
     def parent(self) -> str | None:
         """The parent checkpoint all arms declare, if they share one."""
@@ -473,6 +490,35 @@ class Study:
             max_seeds=raw.get("max_seeds"),
             equivalence_margin=raw.get("equivalence_margin"),
         )
+
+
+def resolve_parent(study: Study, parent: str | None, progress: Callable[[str], None] = lambda line: None
+                   ) -> tuple[Study, str | None]:
+    """The study and the parent a sweep runs them from. A pretrained parent (`hf:ORG/NAME@COMMIT`
+    or a Hugging Face or sentence-transformers directory) is materialised as an embedlab
+    checkpoint (with the first arm's pooling and prefixes where its own configuration names
+    none), and a parent on a pretrained backbone (that one, or a checkpoint descending from
+    one) moves every arm onto it (`Study.with_pretrained_parent`); any other parent leaves the
+    study as it is. Resolving the same parent again gives the same study and parent."""
+    if parent is None:
+        return study, None
+    # here: torch and the checkpoint readers, which `import embedlab` (the study API) does not need
+    from embedlab.checkpoints.pretrained import is_pretrained_spec, pretrained_arms, pretrained_parent
+
+    if is_pretrained_spec(parent):
+        first = next(iter(study.arms.values())).contrastive
+        materialised = pretrained_parent(parent, pooling=first.pooling,
+                                         prefixes={"query": first.prefixes.query, "passage": first.prefixes.passage})
+        progress(f"parent {parent}: materialised as an embedlab checkpoint at {materialised}")
+        parent = str(materialised)
+    pretrained = pretrained_arms(parent)
+    if pretrained is None:
+        return study, parent
+    declared = {config.model.preset for config in study.arms.values()}
+    progress(f"parent {pretrained.spec}: every arm trains its pretrained {pretrained.model.backbone} backbone "
+             f"({pretrained.model.layers} layers, width {pretrained.model.width}), not the declared model "
+             f"{', '.join(sorted(declared))}, on data tokenised with its own tokenizer")
+    return study.with_pretrained_parent(parent, pretrained), parent
 
 
 def _recorded_budget(raw: dict[str, Any], arms: dict[str, TrialConfig]) -> Budget:

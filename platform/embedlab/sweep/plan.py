@@ -64,7 +64,7 @@ from embedlab.prepared.directory import PreparedData
 from embedlab.stats.ladder import project_study
 from embedlab.stats.rerun import RerunSize, rerun_size, with_seeds
 from embedlab.studies.recipes import PROFILES
-from embedlab.studies.study import Study, load_study
+from embedlab.studies.study import Study, load_study, resolve_parent
 from embedlab.sweep.arm_data import prepare_arms
 from embedlab.sweep.cluster import check_address, connect, gpu_shares, study_concurrency, trial_driver_resources
 from embedlab.sweep.driver import train_trial
@@ -462,6 +462,7 @@ def plan_study(study_path: str | Path, *, profile: str | None = None, parent: st
         for index, study in enumerate(studies):
             if tour:
                 progress(f"plan: stage {index + 1}/{len(studies)}: study {study.name} (phase {study.phase})")
+            study, parent = resolve_parent(study, parent, progress)  # a pretrained parent: its backbone
             plan, checkpoint = _plan_one(study, parent, address, reports, Path(storage) / study.name, progress)
             plans.append(plan)
             parent = str(checkpoint)  # the next stage's pilots start from this one's

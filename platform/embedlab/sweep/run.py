@@ -26,7 +26,9 @@ from embedlab.sweep.arm_data import prepare_arms, publish_prepared
 from embedlab.tasks.resolve import arm_eval_tasks
 from embedlab.sweep.cluster import (TRIAL_DRIVER_RESOURCES, GpuShares, check_address, check_fits, connect,
                                     gpu_shares, local_resources, trial_driver_resources)
+from embedlab.checkpoints import MANIFEST_FILE
 from embedlab.checkpoints.io import read_manifest, verify_checkpoint, versions
+from embedlab.checkpoints.pretrained import is_pretrained_spec, pretrained_arms, pretrained_lineage
 from embedlab.records.rundir import finished_rows, new_run_dir, write_json
 from embedlab.records.scores import score_trial
 from embedlab.stats.looks import design_for
@@ -34,7 +36,7 @@ from embedlab.stats.references import distilled_teacher, score_teacher
 from embedlab.stats.sequential import difference_threshold
 from embedlab.stats.table import STUDY_FILE, read_study_record
 from embedlab.studies.recipes import derive
-from embedlab.studies.study import Study, load_study, study_origin
+from embedlab.studies.study import Study, load_study, resolve_parent, study_origin
 from embedlab.sweep.driver import trial_driver, trial_params
 from embedlab.sweep.experiment import fit, tune_output_to_log
 from embedlab.sweep.gate import check_contamination, check_pair_schedules
@@ -57,6 +59,12 @@ def dry_run(study_path: str | Path, *, profile: str | None = None, parent: str |
     study run until decided, its design (looks, weights, seed order and each look's boundaries)."""
     check_options(address, max_concurrent, wait_for_resources)
     study = Sequential(until_decided, max_seeds, equivalence_margin).apply(load_study(study_path, profile, budget_scale))
+    if check_parent:
+        if parent is None and study.parent is not None and is_pretrained_spec(study.parent):
+            parent = study.parent  # a study or profile that declares a pretrained parent
+        # A pretrained parent is materialised (a file conversion, no training): the plan shows
+        # the arms on its backbone.
+        study, parent = resolve_parent(study, parent)
     if parent is not None and check_parent:
         verify_checkpoint(parent)
     checked = preflight(study, storage=storage, resume=resume, parent=parent)
@@ -153,6 +161,7 @@ class Resolved:
     lineage: dict[str, dict[str, float]]
     run_dir: str | None = None
     record: dict[str, Any] | None = None
+    pretrained: dict[str, Any] | None = None  # the pinned pretrained parent the arms descend from
 
 
 @dataclass(frozen=True)
@@ -202,7 +211,8 @@ def run_sweep(
     every check that needs no cluster, `start_cluster`, `prepare` each arm's data and pass the
     gate, `record_run`, `score_references` (parent, teacher), then `launch` the trials."""
     resolved = resolve(study_path, storage=storage, parent=parent, profile=profile, resume=resume,
-                       budget_scale=budget_scale, design=Sequential(until_decided, max_seeds, equivalence_margin))
+                       budget_scale=budget_scale, design=Sequential(until_decided, max_seeds, equivalence_margin),
+                       progress=progress)
     verify(resolved, address=address, max_concurrent=max_concurrent, wait_for_resources=wait_for_resources,
            progress=progress)
     cluster = start_cluster(resolved, address=address, max_concurrent=max_concurrent,
@@ -245,11 +255,14 @@ class Sequential:
 
 
 def resolve(study_path: str | Path, *, storage: str | Path, parent: str | None, profile: str | None,
-            resume: str | Path | None, budget_scale: float, design: Sequential = Sequential()) -> Resolved:
+            resume: str | Path | None, budget_scale: float, design: Sequential = Sequential(),
+            progress: Callable[[str], None] = lambda line: None) -> Resolved:
     """The study (with what `design` asks of its seeds and verdicts), its storage root, its
     parent (with what a lineage budget charges) and, on `resume`, the run it continues: refused
     when the study or the embedlab source changed (a resumed run keeps the sequential design it
-    recorded unless `design` asks for another)."""
+    recorded unless `design` asks for another). A pretrained parent is materialised here and the
+    arms moved onto its backbone (`embedlab.studies.study.resolve_parent`); on object storage it
+    is published there."""
     store.check_location(resume if resume is not None else storage)  # no credentials in a location
     storage_root = store.parent(store.resolve(resume)) if resume is not None else store.resolve(storage)
     study = load_study(study_path, profile, budget_scale)
@@ -259,7 +272,17 @@ def resolve(study_path: str | Path, *, storage: str | Path, parent: str | None, 
         record = read_study_record(run_dir)
         if design == Sequential():
             design = Sequential.of_record(record["study"])
+        parent = record["parent"] if parent is None else parent
     study = design.apply(study)
+    if parent is None and study.needs_parent:
+        parent = study.parent  # a promoted study names its parent itself
+    # A pretrained parent is materialised, and moves the arms onto its backbone, before the
+    # study's hash is compared: the recorded study is the one that ran.
+    study, parent = resolve_parent(study, parent, progress)
+    on_backbone = parent is not None and next(iter(study.arms.values())).model.pretrained
+    if on_backbone and store.local_path(storage_root) is None and store.local_path(parent) is not None:
+        parent = publish_parent(Path(parent), storage_root, progress)
+        study = study.with_pretrained_parent(parent, pretrained_arms(parent))
     if resume is not None:
         if record["study_hash"] != study.hash:
             raise UsageError(
@@ -273,18 +296,29 @@ def resolve(study_path: str | Path, *, storage: str | Path, parent: str | None, 
                 f"{run_dir} was run by {code_identity.CodeIdentity(**started)}, this is {code_identity.current()}: "
                 "the embedlab source changed since; resume refused so one table never mixes trials of two codes "
                 "(start the study again, or resume with the code it started with)")
-        parent = record["parent"] if parent is None else parent
-    if parent is None and study.needs_parent:
-        parent = study.parent  # a promoted study names its parent itself
     lineage: dict[str, dict[str, float]] = {}
+    pretrained = None
     if parent is not None:
         # Fail before any work on a missing or corrupt parent, or one whose FLOPs a
         # lineage-scoped budget needs and it does not record.
-        lineage = study.lineage_budgets(verify_checkpoint(parent))
+        manifest = verify_checkpoint(parent)
+        lineage = study.lineage_budgets(manifest)
+        pretrained = pretrained_lineage(manifest)
         parent = store.resolve(parent)
     return Resolved(study=study, study_path=study_path, storage=storage, storage_root=storage_root,
                     remote=store.local_path(storage_root) is None, parent=parent, lineage=lineage,
-                    run_dir=run_dir, record=record)
+                    run_dir=run_dir, record=record, pretrained=pretrained)
+
+
+def publish_parent(directory: Path, storage_root: str, progress: Callable[[str], None]) -> str:
+    """A materialised pretrained parent copied to the sweep's object storage, where every node
+    fetches it by URI (`local_checkpoint`); its content-addressed name is kept, and a copy
+    already there is reused."""
+    target = store.join(storage_root, "pretrained", directory.name)
+    if not store.is_file(store.join(target, MANIFEST_FILE)):
+        store.upload_tree(directory, target, last=MANIFEST_FILE)
+        progress(f"parent: published to {target}")
+    return target
 
 
 def verify(resolved: Resolved, *, address: str | None, max_concurrent: int | None, wait_for_resources: float,
@@ -376,6 +410,8 @@ def record_run(resolved: Resolved, prepared: dict[str, dict], overlap: list[dict
             "parent": resolved.parent,
             **({"lineage_budgets": resolved.lineage} if resolved.lineage else {}),
             "reuse": reuse,
+            # only with a pretrained parent: what it is, pinned (`embedlab.checkpoints.pretrained`)
+            **({"pretrained_parent": resolved.pretrained} if resolved.pretrained else {}),
         }
         write_json(store.join(run_dir, STUDY_FILE), record)
         write_json(store.join(run_dir, "prepared.json"), prepared)

@@ -226,7 +226,7 @@ class MaskedTokenAccuracy:
         eligible = (segments > 0) & ~torch.isin(ids, torch.tensor(tokenizer.special_ids))
         masked = mask_tokens(ids, eligible, MaskingConfig(ratio=PANEL_MASKING_RATIO),
                              mask_id=tokenizer.mask_id,
-                             random_token_range=(len(tokenizer.special_ids), tokenizer.vocab_size),
+                             random_token_range=tokenizer.replacement_ids,
                              generator=torch.Generator().manual_seed(SEED))
         # One encoder pass; the heads differ only after it.
         hidden = self.model.encoder(masked.inputs, segments)[masked.selected]
@@ -260,5 +260,7 @@ def mlm_accuracy_function(checkpoint_dir: str | Path, max_length: int = PANEL_MA
         return None
     nearest = nearest_head(list(heads), PANEL_MASKING_RATIO)
     encoder, tokenizer, _ = load_encoder(directory)
+    if encoder.config.pretrained:  # a pretrained backbone has no positions past its own
+        max_length = min(max_length, encoder.config.max_length)
     return MaskedTokenAccuracy(model=mlm_model(encoder, heads[nearest]), heads=heads, nearest=nearest,
                                tokenizer=tokenizer, max_length=max_length)

@@ -19,10 +19,20 @@ Three kinds (`TOKENIZER_KINDS`); `bpe` is the default and the one training data 
 Special tokens have fixed ids 0-4 in every kind: PAD, UNK, CLS, SEP (document boundary), MASK.
 The tokenizer is trained on the training split only and identified by the sha256 of its
 `tokenizer.json`; `describe` summarises one for run manifests.
+
+A pretrained parent brings its own tokenizer (`canonical_tokenizer`): the checkpoint's
+`tokenizer.json` with its padding and truncation switched off (a file that pads or truncates
+would pad every text embedlab encodes to its length, so `load_tokenizer` refuses one), frozen
+and hashed the same way. Its special tokens are named as its family names them
+(`SPECIAL_TOKEN_SETS`: BERT's are embedlab's own names, at other ids; RoBERTa's are `<pad>`
+...), and a masked position's random replacement is drawn from every id that is not an added
+special token (`FrozenTokenizer.replacement_ids`), which for embedlab's own tokenizers is
+exactly the ids 5..V-1 it always was.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Callable, Iterable, Iterator, Sized
@@ -30,14 +40,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import tokenizers
+import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from embedlab.core.config import TOKENIZER_KINDS
+from embedlab.core import store
 from embedlab.core.errors import UserError
 from embedlab.core.store import file_sha256
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
+# The names of the five special tokens (pad, unk, cls, sep, mask) in the tokenizers embedlab
+# reads, first match wins: its own and BERT's (MiniLM, ModernBERT), then RoBERTa's and XLM-R's.
+SPECIAL_TOKEN_SETS = {"bert": SPECIAL_TOKENS, "roberta": ("<pad>", "<unk>", "<s>", "</s>", "<mask>")}
+SPECIAL_ROLES = ("pad", "unk", "cls", "sep", "mask")
+STORE_DIR = "tokenizers"  # pretrained tokenizers by sha256, under `store.cache_dir()`
 FILE_NAME = "tokenizer.json"
 PROGRESS_SECONDS = 10.0  # at most one "documents read" line per 10 s
 
@@ -144,31 +161,33 @@ _UNTRAINED = {
 
 @dataclass(frozen=True)
 class FrozenTokenizer:
-    """A saved tokenizer with its content hash and the ids the objectives need."""
+    """A saved tokenizer with its content hash and the ids the objectives need. `specials`
+    are its (pad, unk, cls, sep, mask) tokens' names (`SPECIAL_TOKEN_SETS`)."""
 
     tokenizer: Tokenizer
     hash: str
     path: Path
+    specials: tuple[str, ...] = SPECIAL_TOKENS
 
     @property
     def pad_id(self) -> int:
-        return self.tokenizer.token_to_id(PAD)
+        return self.tokenizer.token_to_id(self.specials[0])
 
     @property
     def unk_id(self) -> int:
-        return self.tokenizer.token_to_id(UNK)
+        return self.tokenizer.token_to_id(self.specials[1])
 
     @property
     def cls_id(self) -> int:
-        return self.tokenizer.token_to_id(CLS)
+        return self.tokenizer.token_to_id(self.specials[2])
 
     @property
     def sep_id(self) -> int:
-        return self.tokenizer.token_to_id(SEP)
+        return self.tokenizer.token_to_id(self.specials[3])
 
     @property
     def mask_id(self) -> int:
-        return self.tokenizer.token_to_id(MASK)
+        return self.tokenizer.token_to_id(self.specials[4])
 
     @property
     def vocab_size(self) -> int:
@@ -176,7 +195,20 @@ class FrozenTokenizer:
 
     @property
     def special_ids(self) -> tuple[int, ...]:
-        return tuple(self.tokenizer.token_to_id(t) for t in SPECIAL_TOKENS)
+        """The ids of (pad, unk, cls, sep, mask): never masked, never a prediction target."""
+        return tuple(self.tokenizer.token_to_id(t) for t in self.specials)
+
+    @property
+    def replacement_ids(self) -> torch.Tensor:
+        """(R,) long: the ids a masked position's random replacement is drawn from, in order:
+        every id below `vocab_size` that is not an added special token. For embedlab's own
+        tokenizers (specials at 0-4, nothing else added) that is 5..V-1, and drawing
+        `ids[randint(0, R)]` is bitwise the `randint(5, V)` it replaced
+        (`embedlab.objectives.masking.mask_tokens`); BERT's specials sit at 0 and 100-103,
+        RoBERTa's mask at the last id, which a range would get wrong."""
+        special = {i for i, token in self.tokenizer.get_added_tokens_decoder().items() if token.special}
+        special |= set(self.special_ids)
+        return torch.tensor([i for i in range(self.vocab_size) if i not in special], dtype=torch.long)
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """Token ids of each text, without special tokens."""
@@ -205,17 +237,78 @@ def load_tokenizer(path: Path, expected_hash: str | None = None) -> FrozenTokeni
             "the checkpoint was trained with a different tokenizer (or the file was edited)"
         )
     tokenizer = Tokenizer.from_file(str(path))
-    missing = [t for t in SPECIAL_TOKENS if tokenizer.token_to_id(t) is None]
-    if missing:
+    specials = special_tokens(tokenizer)
+    if specials is None:
+        missing = [t for t in SPECIAL_TOKENS if tokenizer.token_to_id(t) is None]
         raise TokenizerMismatchError(f"tokenizer {path} lacks special tokens {missing}")
-    return FrozenTokenizer(tokenizer=tokenizer, hash=digest, path=path)
+    if tokenizer.padding is not None or tokenizer.truncation is not None:
+        raise TokenizerMismatchError(
+            f"tokenizer {path} pads or truncates every text it encodes ({_pads_or_truncates(tokenizer)}); "
+            "embedlab pads and cuts itself: freeze it with canonical_tokenizer")
+    return FrozenTokenizer(tokenizer=tokenizer, hash=digest, path=path, specials=specials)
 
 
-def describe(tokenizer: Tokenizer | FrozenTokenizer) -> dict:
-    """Kind, vocabulary size, pipeline, special ids and library version, for run manifests."""
+def special_tokens(tokenizer: Tokenizer) -> tuple[str, ...] | None:
+    """The (pad, unk, cls, sep, mask) names of `tokenizer`: the first of `SPECIAL_TOKEN_SETS`
+    whose five tokens it holds, or None."""
+    return next((names for names in SPECIAL_TOKEN_SETS.values()
+                 if all(tokenizer.token_to_id(t) is not None for t in names)), None)
+
+
+def _pads_or_truncates(tokenizer: Tokenizer) -> str:
+    parts = []
+    if tokenizer.padding is not None:
+        parts.append(f"padding to {tokenizer.padding.get('length') or 'the longest'}")
+    if tokenizer.truncation is not None:
+        parts.append(f"truncation at {tokenizer.truncation.get('max_length')}")
+    return ", ".join(parts)
+
+
+def canonical_tokenizer(path: Path) -> str:
+    """A pretrained checkpoint's `tokenizer.json` as embedlab freezes it: the same normaliser,
+    pre-tokenizer, model, post-processor and added tokens, with padding and truncation off
+    (embedlab pads and cuts texts itself). Its sha256 is the tokenizer's hash."""
+    tokenizer = Tokenizer.from_file(str(path))
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    return tokenizer.to_str()
+
+
+def stored_tokenizer(digest: str) -> Path:
+    """Where a pretrained tokenizer of sha256 `digest` is kept on this node (`store_tokenizer`)."""
+    return store.cache_dir() / STORE_DIR / digest / FILE_NAME
+
+
+def store_tokenizer(data: bytes) -> str:
+    """Keep a frozen tokenizer file's bytes by their sha256 on this node, so data prepared for
+    a pretrained parent finds it by the hash its config names (`DataConfig.tokenizer_hash`);
+    returns the hash."""
+    digest = hashlib.sha256(data).hexdigest()
+    target = stored_tokenizer(digest)
+    if not target.is_file():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = target.with_name(f".{FILE_NAME}.{digest[:8]}.{time.time_ns()}")
+        staging.write_bytes(data)
+        staging.replace(target)  # whole or absent
+    return digest
+
+
+def describe(tokenizer: Tokenizer | FrozenTokenizer, *, pretrained: bool = False) -> dict:
+    """Kind, vocabulary size, pipeline, special ids and library version, for run manifests;
+    `pretrained`: a parent's own tokenizer, whose kind is "pretrained" and its model named."""
     if isinstance(tokenizer, FrozenTokenizer):
         tokenizer = tokenizer.tokenizer
     config = json.loads(tokenizer.to_str())
+    if pretrained:
+        return {
+            "kind": "pretrained",
+            "model": config["model"]["type"],
+            "vocab_size": tokenizer.get_vocab_size(),
+            "normalizer": _summary(config["normalizer"]),
+            "pre_tokenizer": _summary(config["pre_tokenizer"]),
+            "special_token_ids": {token: tokenizer.token_to_id(token) for token in special_tokens(tokenizer) or ()},
+            "tokenizers_version": tokenizers.__version__,
+        }
     kind = _kind(config)
     return {
         "kind": kind,

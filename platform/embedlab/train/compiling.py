@@ -41,7 +41,7 @@ from collections.abc import Callable
 
 from torch import nn
 
-from embedlab.core.config import TrainConfig
+from embedlab.core.config import ModelConfig, TrainConfig
 
 RECOMPILE_LIMIT = 64
 
@@ -49,8 +49,11 @@ COMPILED_PARTS = ("each block's attention inputs (LayerNorm, QKV, rotary) and re
                   "LayerNorm, feed-forward, residual adds), torch.compile; the attention kernel eager")
 
 
-def resolve_compile(train: TrainConfig) -> bool:
-    """Whether a trial compiles: `train.compile`, with "auto" resolved by device."""
+def resolve_compile(train: TrainConfig, model: ModelConfig | None = None) -> bool:
+    """Whether a trial compiles: `train.compile`, with "auto" resolved by device; never a
+    pretrained backbone's (`model`), whose blocks are transformers' own."""
+    if model is not None and model.pretrained:
+        return False
     if train.compile != "auto":
         return train.compile == "on"
     return train.use_gpu
@@ -70,7 +73,7 @@ def compile_blocks(encoder: nn.Module, backend: str | Callable = "inductor") -> 
         block.residual_outputs = torch.compile(block.residual_outputs, backend=backend)
 
 
-def compile_record(train: TrainConfig) -> dict:
+def compile_record(train: TrainConfig, model: ModelConfig | None = None) -> dict:
     """The manifest's record of the choice."""
-    compiled = resolve_compile(train)
+    compiled = resolve_compile(train, model)
     return {"setting": train.compile, "compiled": compiled, "parts": COMPILED_PARTS if compiled else None}

@@ -40,10 +40,11 @@ from typing import Any
 import torch
 
 from embedlab.artifacts.sync import node_path
-from embedlab.checkpoints.io import HEAD_FILE, load_parent, local_checkpoint
+from embedlab.checkpoints.io import HEAD_FILE, load_parent, local_checkpoint, pretrained_root
 from embedlab.checkpoints.state import seed_everything, seed_for
-from embedlab.core.config import ModelConfig, TrialConfig
+from embedlab.core.config import TrialConfig
 from embedlab.model.encoder import Encoder, MLMModel
+from embedlab.model.pretrained import PretrainedEncoder, with_mlm_head
 from embedlab.model.flops import FORWARD, FlopTally, TRAINED, attention_path
 from embedlab.objectives.contrastive import LearnableTemperature
 from embedlab.objectives.gather import gather_no_grad, gather_with_grad
@@ -144,7 +145,7 @@ class ContrastiveLoop(TrainingLoop):
         self.parent = load_parent(trial.parent, tokenizer_hash=self.tokenizer.hash, need_head=keeps_head,
                                   masking_ratio=trial.masking.ratio)
         model = self.parent.model if self.from_parent else random_model(
-            self.parent.model.config, head=self.joint, seed=trial.train.seed)
+            self.parent.model, head=self.joint, seed=trial.train.seed)
         self.model = model.to(device)  # MLMModel with a head, else an Encoder
         self.charged_flops = 0.0  # the parent's training FLOPs a lineage-scoped budget charges
         if trial.train.budget.scope == "lineage":
@@ -155,7 +156,7 @@ class ContrastiveLoop(TrainingLoop):
             for name, parameter in self.model.mlm_head.named_parameters():
                 if not name.startswith("embedding."):
                     parameter.requires_grad_(False)
-        if resolve_compile(trial.train):
+        if resolve_compile(trial.train, trial.model):
             compile_blocks(self.encoder)
         self.temperature = (
             LearnableTemperature(settings.temperature).to(device) if settings.learnable_temperature else None
@@ -179,7 +180,7 @@ class ContrastiveLoop(TrainingLoop):
             model=trial.model, pad_id=self.tokenizer.pad_id, precision=self.precision, device=device, half=self.half,
         )
         self.host_ban = torch.tensor(self.tokenizer.special_ids)  # never masked (the joint term's copies)
-        self.random_range = (len(self.tokenizer.special_ids), self.tokenizer.vocab_size)
+        self.random_range = self.tokenizer.replacement_ids
         self.builders = list(worker.sources)
         self.progress = ContrastiveProgress(consumed_pairs=[0.0] * len(self.builders),
                                             consumed_tokens=[0.0] * len(self.builders))
@@ -418,6 +419,7 @@ class ContrastiveLoop(TrainingLoop):
                 "phase": trial.phase,
                 "parent_hash": self.parent.manifest["content_hash"],
                 "parent_phase": self.parent.manifest.get("phase"),
+                **pretrained_root(self.parent.manifest),
                 "initialisation": self.initialisation_record(),
                 **self.run_fields(metrics),
                 "objective": {
@@ -473,13 +475,19 @@ class ContrastiveLoop(TrainingLoop):
                                           "; no MLM head, so masked-token retention is not measured")}
 
 
-def random_model(config: ModelConfig, *, head: bool, seed: int) -> torch.nn.Module:
-    """A freshly initialised encoder of `config` (an `MLMModel` with a fresh head when `head`),
-    drawn from the trial seed's "init" stream, as phase 1 draws its own: identical on every
-    worker and for every run at that seed. The global RNG is left as it was."""
+def random_model(parent: torch.nn.Module, *, head: bool, seed: int) -> torch.nn.Module:
+    """A freshly initialised encoder of the architecture of `parent` (the parent's encoder or
+    `MLMModel`; an `MLMModel` with a fresh head when `head`), drawn from the trial seed's
+    "init" stream, as phase 1 draws its own: identical on every worker and for every run at
+    that seed. A pretrained backbone is drawn by its own family's initialisation. The global
+    RNG is left as it was."""
+    encoder = parent.encoder if isinstance(parent, MLMModel) else parent
+    if isinstance(encoder, PretrainedEncoder):
+        fresh = PretrainedEncoder(encoder.hf_config, seed=seed_for(seed, "init"))
+        return (with_mlm_head(fresh, seed=seed_for(seed, "init")) if head else fresh).train()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed_for(seed, "init"))
-        model = MLMModel(config) if head else Encoder(config)
+        model = MLMModel(encoder.config) if head else Encoder(encoder.config)
     return model.train()
 
 

@@ -42,7 +42,7 @@ import torch
 from embedlab.core.config import ContrastiveConfig, ModelConfig
 from embedlab.model.encoder import Encoder, SegmentLayout, segment_layout, to_device
 from embedlab.model.flops import FlopTally, GRADCACHE, TRAINED, attention_path
-from embedlab.model.pooling import l2_normalise, mean_pool
+from embedlab.model.pooling import l2_normalise, pool
 from embedlab.objectives.contrastive import (ContrastiveLoss, LearnableTemperature, multi_positive_infonce,
     pair_masks, pooled)
 from embedlab.objectives.distillation import (embedding_mse, kl_distillation, kl_rows, margin_mse, margin_pairs,
@@ -56,18 +56,13 @@ def embed(encoder: Encoder, ids: torch.Tensor, pad_id: int, pooling: str,
           layout: SegmentLayout | None = None) -> torch.Tensor:
     """(B, L) `[CLS] text [SEP]` rows -> (B, d) unit embeddings (zero rows stay zero).
 
-    Mean pooling averages content tokens (CLS and SEP excluded); CLS pooling takes the
-    first position's final state. `layout`: the rows' variable-length layout, taken on the
-    host (`Encoder.forward`).
+    `pooling` as `embedlab.model.pooling.pool`: "mean" averages content tokens (CLS and SEP
+    excluded), "mean_all" every token of the row, "cls" takes the first position's final
+    state. `layout`: the rows' variable-length layout, taken on the host (`Encoder.forward`).
     """
     segments = (ids != pad_id).long()
     hidden = encoder(ids, segments, layout)
-    if pooling == "cls":
-        return l2_normalise(hidden[:, 0])
-    lengths = segments.sum(dim=1, keepdim=True)
-    positions = torch.arange(ids.shape[1], device=ids.device)[None, :]
-    content = (positions >= 1) & (positions < lengths - 1)
-    return l2_normalise(mean_pool(hidden, content))
+    return l2_normalise(pool(hidden, segments, pooling))
 
 
 @dataclass(frozen=True)

@@ -170,7 +170,7 @@ class TrainingLoop:
             "seed": train.seed,
             "data_revision": self.worker.data_revision,
             "precision": {"policy": resolve_precision(train), "means": PRECISION_POLICY[resolve_precision(train)]},
-            "compile": compile_record(train),
+            "compile": compile_record(train, self.trial.model),
             "optimizer": {
                 **optimizer_record(self.optimizer),
                 "schedule": {**asdict(train.schedule), "peak_learning_rate": train.learning_rate,

@@ -28,7 +28,8 @@ from embedlab.streams.packed import packed_datasets, units_by_source
 from embedlab.objectives.dual_mlm import (
     SHARED_HEAD, assign_ratios, head_names, mask_mixed, ratio_names, route_heads, worker_ratios,
 )
-from embedlab.checkpoints.io import CheckpointError, load_parent
+from embedlab.checkpoints.io import CheckpointError, load_parent, pretrained_root
+from embedlab.checkpoints.pretrained import pretrained_lineage
 from embedlab.model.flops import FlopTally, TRAINED, attention_path
 from embedlab.objectives.masking import mask_tokens
 from embedlab.objectives.mlm import combine
@@ -74,14 +75,17 @@ class Phase1Loop(TrainingLoop):
         self.tokenizer = load_tokenizer(node_path(worker.tokenizer_path), expected_hash=worker.tokenizer_hash)
         torch.manual_seed(seed_for(trial.train.seed, "init"))  # identical weights on every worker
         self.mixed = trial.masking.mixed_ratios
-        self.model = (
-            MultiHeadMLMModel(trial.model, head_names(trial.masking)) if self.mixed else MLMModel(trial.model)
-        )
         self.parent = None
-        if trial.extension:
+        if trial.model.pretrained:  # always an extension (`TrialConfig`): the parent's own model and head
+            self.model, self.parent = continue_pretrained(trial.parent, self.tokenizer.hash, trial.masking.ratio)
+        else:
+            self.model = (
+                MultiHeadMLMModel(trial.model, head_names(trial.masking)) if self.mixed else MLMModel(trial.model)
+            )
+        if trial.extension and not trial.model.pretrained:
             self.parent = continue_from(self.model, trial.parent, self.tokenizer.hash, trial.masking.ratio)
         self.model = self.model.to(device)
-        if resolve_compile(trial.train):
+        if resolve_compile(trial.train, trial.model):
             compile_blocks(self.model.encoder)
         self.optimizer = build_optimizer(self.model, trial.train, device)
         self.precision = resolve_precision(trial.train)
@@ -92,7 +96,7 @@ class Phase1Loop(TrainingLoop):
         seed_everything(seed_for(trial.train.seed, "python", rank))
         self.all_reduce = sum_all_reduce(device) if world > 1 else no_reduce
         self.eligible_ban = torch.tensor(self.tokenizer.special_ids)
-        self.random_range = (len(self.tokenizer.special_ids), self.tokenizer.vocab_size)
+        self.random_range = self.tokenizer.replacement_ids
         self.sources = list(worker.sources)
         self.batches_per_step = trial.train.microbatches
         self.progress = Phase1Progress(consumed_by_source=[0.0] * len(self.sources))
@@ -279,6 +283,7 @@ class Phase1Loop(TrainingLoop):
                 **({} if self.parent is None else {
                     "parent_hash": self.parent["content_hash"],
                     "parent_phase": self.parent.get("phase"),
+                    **pretrained_root(self.parent),
                     "extension": {
                         "from_length": self.parent.get("config", {}).get("data", {}).get("sequence_length"),
                         "to_length": trial.data.sequence_length,
@@ -335,6 +340,18 @@ def continue_from(model: MLMModel, parent: Path, tokenizer_hash: str, masking_ra
         raise CheckpointError(f"{parent}: holds no MLM head to continue masked language modelling with")
     model.load_state_dict(loaded.model.state_dict())
     return loaded.manifest
+
+
+def continue_pretrained(parent: Path, tokenizer_hash: str, masking_ratio: float) -> tuple[MLMModel, dict[str, Any]]:
+    """A pretrained parent's encoder and masked-LM head, to continue its masked language
+    modelling on this data (domain-adaptive pretraining), and the parent's manifest; refused,
+    saying why, when the checkpoint has no head embedlab can continue."""
+    loaded = load_parent(parent, tokenizer_hash=tokenizer_hash, need_head=True, masking_ratio=masking_ratio)
+    if not loaded.head_restored:
+        head = (pretrained_lineage(loaded.manifest) or {}).get("head") or {}
+        raise CheckpointError(f"{parent}: holds no MLM head ({head.get('reason', 'none saved')}); phase 1 continues "
+                              "masked language modelling only from a checkpoint with one")
+    return loaded.model, loaded.manifest
 
 
 def phase1_worker(loop_config: dict[str, Any]) -> dict[str, Any] | None:

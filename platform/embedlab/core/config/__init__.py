@@ -24,11 +24,11 @@ from embedlab.core.config.checks import (
     SEED_LIMIT,
 )
 from embedlab.core.config.model import (
-    ATTENTION_PATHS, MASKING_STRATEGIES, MaskingConfig, model_preset, MODEL_PRESETS, ModelConfig,
+    ATTENTION_PATHS, BACKBONES, MASKING_STRATEGIES, MaskingConfig, model_preset, MODEL_PRESETS, ModelConfig,
     REPLACEMENT_POLICY,
 )
 from embedlab.core.config.data import (
-    DataConfig, MixtureConfig, PAIR_SOURCE_FIELDS, SAMPLING_SCHEDULES, TOKENIZER_KINDS,
+    DataConfig, MixtureConfig, PAIR_SOURCE_FIELDS, PRETRAINED_TOKENIZER, SAMPLING_SCHEDULES, TOKENIZER_KINDS,
 )
 from embedlab.core.config.train import (
     Budget, BUDGET_SCOPES, budget_unit_of, COMPILE_MODES, declared_amounts, DEFAULT_BUDGET, FUSED_MODES,
@@ -52,7 +52,7 @@ from embedlab.core.config.tasks import (
 
 __all__ = [
     "PHASES", "PhaseSpec", "phase_spec",
-    "ATTENTION_PATHS", "BATCH_COMPOSITIONS", "BEIRPairs", "Budget", "BUDGET_SCOPES", "budget_unit_of",
+    "ATTENTION_PATHS", "BACKBONES", "BATCH_COMPOSITIONS", "BEIRPairs", "Budget", "BUDGET_SCOPES", "budget_unit_of",
     "build_config", "BUILDER_NAMES", "check", "check_fields", "check_fraction", "check_positive", "check_seed",
     "check_task_names",
     "ColumnMapping", "COMPILE_MODES", "ConfigError", "ContrastiveConfig", "DataConfig", "declared_amounts",
@@ -61,7 +61,8 @@ __all__ = [
     "INITIALISATIONS", "LocalFiles", "MASKING_STRATEGIES", "MaskingConfig", "MatryoshkaConfig", "MEAN",
     "MAX_INTEGER", "MixtureConfig", "model_preset", "MODEL_PRESETS", "ModelConfig", "NegativesConfig", "OptimizerConfig",
     "PAIR_SOURCE_FIELDS", "PairFiles", "PairSource", "PanelError", "PARAMETER_CATEGORIES", "POOLING_METHODS",
-    "PRECISIONS", "PrefixConfig", "read_mapping_file", "REPLACEMENT_POLICY", "SAMPLING_SCHEDULES",
-    "SCHEDULE_KINDS", "ScheduleConfig", "SEED_LIMIT", "SourceError", "task_name", "TEACHERS", "TOKENIZER_KINDS",
+    "PRECISIONS", "PRETRAINED_TOKENIZER", "PrefixConfig", "read_mapping_file", "REPLACEMENT_POLICY",
+    "SAMPLING_SCHEDULES", "SCHEDULE_KINDS", "ScheduleConfig", "SEED_LIMIT", "SourceError", "task_name", "TEACHERS",
+    "TOKENIZER_KINDS",
     "TrainConfig", "TrialConfig",
 ]

@@ -9,7 +9,10 @@ from dataclasses import dataclass, field
 
 from embedlab.core.config.checks import check, check_fields
 
-POOLING_METHODS = ("mean", "cls")
+# "mean": the text's own tokens (CLS and SEP excluded); "cls": the first position's state;
+# "mean_all": every token of the row, CLS and SEP included, sentence-transformers' "mean" (a
+# pretrained parent's pooling, which a native sentence-transformers release expresses).
+POOLING_METHODS = ("mean", "cls", "mean_all")
 GIVEN_MARGIN_WORDS = ("mining_margin", "off")
 # Teachers whose scores phase 3 can distil (`embedlab.teacher.labels`); "" is none.
 TEACHERS = ("all-MiniLM-L6-v2",)

@@ -12,7 +12,9 @@ from embedlab.core.config.sources import BEIRPairs, BUILDER_NAMES, HFDataset, HF
 
 
 SAMPLING_SCHEDULES = ("deficit/1",)
-TOKENIZER_KINDS = ("bpe", "unigram", "byte-level")
+TOKENIZER_KINDS = ("bpe", "unigram", "byte-level")  # the kinds embedlab trains
+# A pretrained parent's own tokenizer, taken as it is (its sha256 in `DataConfig.tokenizer_hash`).
+PRETRAINED_TOKENIZER = "pretrained"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,6 +68,9 @@ class DataConfig:
     near_duplicate_threshold: float = 0.8
     tokenizer_kind: str = "bpe"
     tokenizer_vocab_size: int = 4096
+    # With `tokenizer_kind` "pretrained": the sha256 of the parent's canonical tokenizer.json,
+    # which preparing copies instead of training one (`embedlab.tokenizer.frozen.stored_tokenizer`).
+    tokenizer_hash: str | None = None
     tokenizer_sample_documents: int = 20000
     sequence_length: int = 128
     split_seed: int = 0
@@ -80,9 +85,15 @@ class DataConfig:
         check(0.0 < self.near_duplicate_threshold < 1.0, "data.near_duplicate_threshold",
               f"{self.near_duplicate_threshold} is not strictly between 0 and 1 (MinHash banding needs a "
               "threshold below 1; exact duplicates are removed before it)")
-        check(self.tokenizer_kind in TOKENIZER_KINDS, "data.tokenizer_kind",
-              f"{self.tokenizer_kind!r}; valid: {list(TOKENIZER_KINDS)}")
-        check(self.tokenizer_vocab_size >= 256, "data.tokenizer_vocab_size", "must be >= 256")
+        check(self.tokenizer_kind in (*TOKENIZER_KINDS, PRETRAINED_TOKENIZER), "data.tokenizer_kind",
+              f"{self.tokenizer_kind!r}; valid: {[*TOKENIZER_KINDS, PRETRAINED_TOKENIZER]}")
+        if self.tokenizer_kind == PRETRAINED_TOKENIZER:
+            check(self.tokenizer_hash is not None, "data.tokenizer_hash",
+                  "a pretrained tokenizer is named by its sha256 (set from the parent, `Study.with_pretrained_parent`)")
+        else:
+            check(self.tokenizer_hash is None, "data.tokenizer_hash",
+                  f"names a pretrained tokenizer; data.tokenizer_kind {self.tokenizer_kind!r} trains its own")
+            check(self.tokenizer_vocab_size >= 256, "data.tokenizer_vocab_size", "must be >= 256")
         check(self.sequence_length >= 8, "data.sequence_length", "must be >= 8")
         check(
             0 < self.dev_fraction and 0 < self.test_fraction and self.dev_fraction + self.test_fraction < 1,

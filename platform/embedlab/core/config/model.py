@@ -11,6 +11,9 @@ from embedlab.core.errors import ConfigError
 
 
 ATTENTION_PATHS = ("auto", "dense", "varlen")
+# The encoders a trial can train: embedlab's own, or a pretrained Hugging Face encoder of one
+# of these families behind the same interface (`embedlab.model.pretrained`), named by model_type.
+BACKBONES = ("embedlab", "bert", "roberta", "xlm-roberta", "modernbert")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -19,6 +22,14 @@ class ModelConfig:
 
     `vocab_size` is the embedding table's size; a tokenizer with fewer entries fits inside
     it (the unused rows are never selected as inputs or random replacements).
+
+    `backbone` "embedlab" is that encoder. Any other value is a pretrained Hugging Face
+    encoder of that family (`BACKBONES`), whose config is derived from the checkpoint's own
+    (`embedlab.model.pretrained.model_config`), never declared: its shape for the FLOP counter,
+    `ffn_matrices` d x f matrices a feed-forward layer multiplies by (2; 3 for ModernBERT's gated
+    one), `position_offset` (the first position id: RoBERTa's start after the padding id),
+    `max_length` the positions it has after that offset, `dropout` its attention dropout, and
+    the dense attention path, the only one it runs.
     """
 
     preset: str = "custom"
@@ -35,17 +46,35 @@ class ModelConfig:
     # training with dropout) and on CPU from 1,024 tokens a row (bucketed), the dense
     # block-diagonal mask elsewhere; "dense" or "varlen" force one path.
     attention: str = "auto"
+    backbone: str = "embedlab"
+    ffn_matrices: int = 2
+    position_offset: int = 0
 
     def __post_init__(self) -> None:
         check_fields(self, "model")
         check(self.attention in ATTENTION_PATHS, "model.attention",
               f"{self.attention!r}; valid: {list(ATTENTION_PATHS)}")
-        check_positive(self, "model", "layers", "width", "heads", "ffn_width", "vocab_size", "max_length")
+        check(self.backbone in BACKBONES, "model.backbone", f"{self.backbone!r}; valid: {list(BACKBONES)}")
+        check_positive(self, "model", "layers", "width", "heads", "ffn_width", "vocab_size", "max_length",
+                       "ffn_matrices")
         check(self.width % self.heads == 0, "model.heads", f"must divide width={self.width}")
-        check((self.width // self.heads) % 2 == 0, "model.heads", "head width must be even for RoPE")
         check(0.0 <= self.dropout < 1.0, "model.dropout", "must be in [0, 1)")
         check(self.rope_base > 1.0, "model.rope_base", f"{self.rope_base:g}: must be above 1 (RoPE's wavelengths grow with it)")
         check(0.0 < self.layer_norm_eps < 1.0, "model.layer_norm_eps", f"{self.layer_norm_eps:g}: must be in (0, 1)")
+        check(self.position_offset >= 0, "model.position_offset", "must be >= 0")
+        if self.backbone == "embedlab":
+            check((self.width // self.heads) % 2 == 0, "model.heads", "head width must be even for RoPE")
+            check(self.ffn_matrices == 2 and self.position_offset == 0, "model.ffn_matrices",
+                  "embedlab's encoder has two feed-forward matrices and positions from 0")
+        else:
+            # transformers' attention has no variable-length path without flash-attn.
+            check(self.attention == "dense", "model.attention",
+                  f"{self.attention!r}: a pretrained {self.backbone} backbone runs the dense path only")
+
+    @property
+    def pretrained(self) -> bool:
+        """A pretrained Hugging Face backbone rather than embedlab's own encoder."""
+        return self.backbone != "embedlab"
 
     @property
     def head_width(self) -> int:

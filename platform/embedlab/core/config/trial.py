@@ -9,7 +9,7 @@ from typing import Any
 
 from embedlab.core.config.checks import build_config, check, check_fields
 from embedlab.core.config.contrastive import ContrastiveConfig
-from embedlab.core.config.data import DataConfig
+from embedlab.core.config.data import PRETRAINED_TOKENIZER, DataConfig
 from embedlab.core.config.evaluation import EvalConfig
 from embedlab.core.config.phases import PhaseSpec, phase_spec
 from embedlab.core.config.model import MODEL_PRESETS, MaskingConfig, ModelConfig
@@ -62,6 +62,8 @@ class TrialConfig:
               f"widths must be at most model.width={self.model.width}, got {list(dims)}")
         check(self.contrastive.mlm_weight == 0 or self.masking.strategy == "token", "masking.strategy",
               "the joint phase-2 MLM term masks pair texts token by token (they carry no word starts)")
+        if self.model.pretrained:
+            self._check_pretrained()
         check(
             self.data.sequence_length <= self.model.max_length,
             "data.sequence_length",
@@ -72,6 +74,24 @@ class TrialConfig:
             "data.tokenizer_vocab_size",
             f"must be <= model.vocab_size={self.model.vocab_size}",
         )
+
+    def _check_pretrained(self) -> None:
+        """What a pretrained backbone cannot do: lengths past its positions, compiled blocks."""
+        model = self.model
+        lengths = (("contrastive.pair_length", self.contrastive.pair_length),) if self.spec.reads_pairs else ()
+        for name, length in (*lengths, ("eval.max_length", self.eval.max_length)):
+            check(length <= model.max_length, name,
+                  f"{length} exceeds the pretrained {model.backbone} backbone's {model.max_length} positions")
+        check(self.data.tokenizer_kind == PRETRAINED_TOKENIZER, "data.tokenizer_kind",
+              f"{self.data.tokenizer_kind!r}: a pretrained {model.backbone} backbone reads data tokenised with its "
+              f"own tokenizer ({PRETRAINED_TOKENIZER!r}, set from the parent by `Study.with_pretrained_parent`)")
+        check(self.train.compile != "on", "train.compile",
+              f"'on': a pretrained {model.backbone} backbone runs eager (train.compile compiles embedlab's blocks)")
+        check(self.spec.from_parent or self.extension, "extension",
+              f"a pretrained {model.backbone} backbone is never trained from scratch: phase 1 continues its masked "
+              "language modelling as an extension (extension=True) from the parent")
+        check(not self.masking.mixed_ratios or self.spec.from_parent, "masking.mixed_ratios",
+              f"a pretrained {model.backbone} backbone continues its own single MLM head")
 
     @property
     def spec(self) -> PhaseSpec:
