@@ -37,11 +37,12 @@ in rank order, so one pair's draw does not depend on which other pairs are mined
 candidate is checked, not only as many as the quota needs, so the drop counts describe the
 whole top_k pool and say how hard the negatives could be made.
 
-Mining is two parts that can run apart: the search (`search_candidates`: encode, exact search,
-every pair's top_k with their scores and the positive's, stored once as a `CandidateSet` by
-`embedlab.negatives.candidates`) and the rules (`select_negatives`), so a rule is a choice made
-on stored candidates: selecting by a rule from stored candidates gives the set that mining with
-that rule from scratch gives (`tests/test_negative_rules.py`).
+Mining is two parts that can run apart: the search (`search_candidates`: encode, then
+`exact_search` in the fixed blocks of `embedlab.negatives.search`; every pair's top_k with
+their scores and the positive's, which `embedlab.negatives.candidates` stores once) and the
+rules (`select_negatives`), so a rule is a choice made on stored candidates: selecting by a
+rule from stored candidates gives the set that mining with that rule from scratch gives
+(`tests/test_negative_rules.py`).
 
 Re-mining is a new recipe revision: `MinedSet.version` is a hash of the encoder id, how it
 encodes (`encoding`: the encode length, the pooling and, from phase 3, the code that mines and

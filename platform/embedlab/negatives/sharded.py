@@ -4,7 +4,7 @@ Encoding (`encode_on_workers`) runs as Ray Data batches over a pool of encoder a
 loading the parent once. The texts are cut into exactly the batches one process would encode
 (`embedlab.model.encode.length_order`, runs of `batch_size`), and each batch is encoded whole
 by one actor, so every text meets the same padded shape it would meet in one process (torch's
-CPU kernels give the same vectors whatever thread count a worker has; `tests/test_sharded_mining.py`).
+CPU kernels give the same vectors whatever thread count a worker has; `tests/test_shared_mining.py`).
 
 The search (`search_on_workers`) puts the document vectors in the object store once; each of N
 tasks builds the flat index from them once and searches its share of the fixed query blocks
