@@ -19,10 +19,19 @@ QUIET = {"progress": lambda line: None}
 
 @pytest.fixture(scope="module")
 def parent(tmp_path_factory):
+    """A random parent of its own (not `synthetic.write_parent`'s seed), so its searches and
+    corpus vectors are no other test's."""
+    import torch
+
     import synthetic
+    from embedlab.checkpoints.io import save_checkpoint
+    from embedlab.model.encoder import Encoder
 
     directory = tmp_path_factory.mktemp("shared-mining")
-    return synthetic.write_parent(directory / "parent", synthetic.tokenizer(directory / "tokenizer"))
+    torch.manual_seed(64)
+    save_checkpoint(directory / "parent", Encoder(synthetic.MODEL), head=None,
+                    tokenizer=synthetic.tokenizer(directory / "tokenizer"), fields={"phase": 2})
+    return directory / "parent"
 
 
 def mining_trial(parent, **negatives) -> TrialConfig:
