@@ -193,3 +193,37 @@ def test_bench_mining_compares_workers_with_one_process_on_the_same_candidates(p
     assert comparison.ratio == comparison.embedlab / comparison.reference > 0
     assert result["same_candidates"] is True and (result["workers"], result["pairs"]) == (2, 60)
     assert set(comparisons_json(result["comparisons"])[comparison.name]) >= {"embedlab", "reference", "ratio", "unit"}
+
+
+def test_a_trials_data_judges_a_fixed_sample_of_its_negatives_and_its_row_carries_the_rates(prepared, parent):
+    """`negatives.false_negative_sample=12` (a rank window: every pair has negatives): `trial_data`
+    mines, then has all-MiniLM-L6-v2 judge a seeded sample of twelve of the set's negatives; the
+    row figures carry both rates, the sample's size and the judge's cost beside the drops; judged
+    again from nothing, the sample and its rates are the same (fixed by seed), and the sample is
+    `negative_sample`'s."""
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    from embedlab.negatives.false_negatives import negative_sample
+    from embedlab.negatives.mining import NEGATIVES_FILE
+    from embedlab.teacher.false_negatives import MANIFEST_FILE, SAMPLE_FILE
+    from embedlab.train.trial_data import trial_data
+
+    trial = mining_trial(parent, count=3, rule="window", window=(2, 20), false_negative_sample=12)
+    data = trial_data(trial, prepared, **QUIET)
+    assert data.false_negatives is not None and data.mined is not None
+    figures = data.made(trial).negative_figures
+    assert figures["data/false_negative_sample"] == 12
+    for rate in ("teacher", "same_group"):
+        assert 0.0 <= figures[f"data/false_negative_rate/{rate}"] <= 1.0
+    assert figures["compute/false_negative_flops"] > 0 and figures["data/negatives_dropped/outside-window"] > 0
+    sample = pq.read_table(data.false_negatives / SAMPLE_FILE)
+    drawn = negative_sample(pq.read_table(data.mined / NEGATIVES_FILE), 12)
+    assert sample.select(drawn.column_names).equals(drawn)
+    manifest = json.loads((data.false_negatives / MANIFEST_FILE).read_text())
+    assert "not a human one" in manifest["disclosure"]
+    shutil.rmtree(data.false_negatives)
+    again = trial_data(trial, prepared, **QUIET)
+    assert pq.read_table(again.false_negatives / SAMPLE_FILE).equals(sample)
+    assert json.loads((again.false_negatives / MANIFEST_FILE).read_text())["counts"] == manifest["counts"]
