@@ -139,7 +139,6 @@ def _mining_encoder(trial: TrialConfig, progress, label: str) -> _ParentEncoder:
                           workers=(spent, partial(sharded.cost_record, workers=workers)))
 
 
-
 def corpus_vectors(prepared, encoder_id: str, encoding: dict[str, Any], parent: "_ParentEncoder",
                    progress=print) -> tuple[Any, dict[str, Any]]:
     """`encode_corpus(texts)` for `mine_hard_negatives`: the training-split documents' passage
