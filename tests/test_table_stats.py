@@ -453,3 +453,39 @@ def test_a_trial_row_keeps_the_teacher_counts_beside_budget_and_compute():
                    "train/loss": 1.0, "train/contrastive_loss": 0.8, "train/steps": 10, "train/skipped_steps": 0,
                    "dev/ndcg@10": 0.5,
                    "checkpoint": "ckpt", "checkpoint_hash": "h", "data_revision": "rev", "status": "finished"}
+
+
+def test_a_search_read_by_many_trials_is_counted_once_and_the_rates_are_shown_per_arm(tmp_path):
+    """Mined arms that read one stored search each record its whole cost; the table's mining
+    line sums it once (not once per trial), says how many trials made or reused it, and the
+    false-negative rates are columns of the table per arm with the judge's disclosure; the row
+    keeps the search, the built flag, the drops and the rates."""
+    from embedlab.stats.table import FALSE_NEGATIVE_DISCLOSURE, mining_cost, mining_line
+    from embedlab.sweep.driver import kept_training_figures
+
+    rows = _flops_rows({"base": 1e12, "wide": 1e12, "deep": 1e12})
+    for row in rows:
+        if row["arm"] != "base":
+            made = row["arm"] == "wide" and row["seed"] == 0
+            row.update({"compute/mining_flops": 3e11, "compute/mining_seconds": 40.0, "data/mining_candidates": "s1",
+                        "compute/mining_built": float(made), "data/negatives_dropped/false-negative-margin": 7.0,
+                        "data/false_negative_rate/teacher": 0.25 if row["arm"] == "wide" else 0.1,
+                        "data/false_negative_rate/same_group": 0.05})
+    run_dir = write_run(tmp_path, rows, budget_unit="flops", budget_flops=1e12)
+    table = load_table(run_dir)
+    mined = sum(row["arm"] != "base" for row in rows)
+    cost = mining_cost(table)
+    assert {key: cost[key] for key in ("searches", "trials", "built", "flops", "seconds")} == {
+        "searches": 1, "trials": mined, "built": 1, "flops": 3e11, "seconds": 40.0}
+    line = mining_line(table)
+    assert line.startswith(f"mining: 1 search(es) read by {mined} trials (1 made here, the rest reused), 3e+11")
+    text = render(run_dir)
+    assert line in text and FALSE_NEGATIVE_DISCLOSURE in text
+    header = text.split("\n\n")[1].splitlines()[0]
+    assert "data/false_negative_rate/teacher" in header and "data/false_negative_rate/same_group" in header
+    parsed = json.loads(render(run_dir, "json"))
+    assert parsed["mining"]["flops"] == 3e11 and parsed["mining"]["searches"] == 1
+    wide = next(arm for arm in parsed["arms"] if arm["arm"] == "wide")
+    assert wide["data/false_negative_rate/teacher:mean"] == pytest.approx(0.25)
+    train = {key: rows[-1][key] for key in rows[-1] if key.startswith(("compute/mining", "data/"))}
+    assert kept_training_figures(train) == train

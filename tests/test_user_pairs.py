@@ -461,6 +461,7 @@ def test_corpus_vectors_are_encoded_once_and_a_reusing_set_equals_one_mined_with
     import json
     import shutil
 
+    from embedlab.negatives.candidates import CANDIDATES_DIR
     from embedlab.negatives.mining import MinedSet
     from embedlab.negatives.phase3 import CORPUS_VECTORS_DIR, MINING_COST_FILE, mine_for_phase3
     from embedlab.pairs.table import pair_table_path
@@ -473,10 +474,15 @@ def test_corpus_vectors_are_encoded_once_and_a_reusing_set_equals_one_mined_with
     def mine(trial, lines):
         return mine_for_phase3(trial, prepared, path, *trial_pair_schedule(trial, path), progress=lines.append)
 
+    def vector_sets() -> set[str]:  # other tests' parents may have left theirs
+        root = prepared.directory / CORPUS_VECTORS_DIR
+        return {p.name for p in root.iterdir() if not p.name.startswith(".")} if root.is_dir() else set()
+
     first_lines, second_lines, fresh_lines = [], [], []
+    before = vector_sets()
     first, second = mine(trial, first_lines), mine(other, second_lines)
     assert second != first  # other pairs: a set of its own
-    assert len(list((prepared.directory / CORPUS_VECTORS_DIR).iterdir())) == 1 + 1  # the set and its lock
+    assert len(vector_sets() - before) == 1  # one set of vectors for both
     assert not any("reused" in line for line in first_lines)
     assert any(line.startswith("mining: ") and "vectors reused from" in line for line in second_lines)
     reused = json.loads((second / MINING_COST_FILE).read_text())
@@ -484,7 +490,8 @@ def test_corpus_vectors_are_encoded_once_and_a_reusing_set_equals_one_mined_with
     reused_negatives = MinedSet.load(second).negatives
     assert any(reused_negatives.values())
 
-    shutil.rmtree(prepared.directory / CORPUS_VECTORS_DIR)
+    shutil.rmtree(prepared.directory / CORPUS_VECTORS_DIR / reused["corpus_vectors"]["set"])
+    shutil.rmtree(prepared.directory / CANDIDATES_DIR / reused["candidates"])  # the search, which reused them
     shutil.rmtree(second)
     fresh = mine(other, fresh_lines)
     assert fresh == second and not any("reused" in line for line in fresh_lines)
@@ -688,8 +695,9 @@ def test_mining_from_a_parent_on_object_storage_equals_mining_from_its_local_cop
     import synthetic
 
     from embedlab.core import store
+    from embedlab.negatives.candidates import CANDIDATES_DIR
     from embedlab.negatives.mining import MinedSet
-    from embedlab.negatives.phase3 import mine_for_phase3
+    from embedlab.negatives.phase3 import MINING_COST_FILE, mine_for_phase3
     from embedlab.pairs.table import pair_table_path
     from embedlab.train.trial_data import trial_pair_schedule
 
@@ -708,7 +716,10 @@ def test_mining_from_a_parent_on_object_storage_equals_mining_from_its_local_cop
         schedule, offsets = trial_pair_schedule(trial, path)
         directory = mine_for_phase3(trial, prepared, path, schedule, offsets, **QUIET)
         mined[where] = (directory.name, MinedSet.load(directory).negatives)
-        shutil.rmtree(directory)  # the next one mines afresh instead of reading this one's cache
+        # The next one mines afresh instead of reading this one's set and search.
+        search = json.loads((directory / MINING_COST_FILE).read_text())["candidates"]
+        shutil.rmtree(prepared.directory / CANDIDATES_DIR / search)
+        shutil.rmtree(directory)
     assert mined["s3"] == mined["local"] and mined["s3"][1]
     assert (store.cache_dir() / "checkpoints").is_dir()  # the URI was read through this node's cache
 

@@ -30,8 +30,9 @@ from typing import Any
 # measurements: paths (a checkpoint's and its parent's; their content hashes are compared),
 # Tune's trial id, timings and peak memory. `config_hash` is the hash of a config's serialised
 # layout: a refactor that moves a field (the budget into one object) changes it while every
-# value stays the same.
-RUN_VARYING = frozenset({"checkpoint", "parent", "trial_id", "config_hash", "eval/seconds"})
+# value stays the same. `data/mining_candidates` names a stored search by a key that hashes the
+# mining code's revision: any edit of that code renames it while the candidates stay the same.
+RUN_VARYING = frozenset({"checkpoint", "parent", "trial_id", "config_hash", "eval/seconds", "data/mining_candidates"})
 RUN_VARYING_COMPUTE = ("seconds", "fraction", "peak_memory_bytes", "device_clock")
 
 

@@ -96,6 +96,19 @@ def cmd_bench_layout(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_mining(args: argparse.Namespace) -> int:
+    from embedlab.bench.mining import MiningBench, bench_mining, mining_notes  # here: it loads torch and Ray Data
+
+    bench = MiningBench(workers=args.workers, documents=args.documents, pairs=args.pairs, preset=args.preset,
+                        top_k=args.top_k, repeats=args.repeats)
+    result = bench_mining(_bench_prepared(args), bench, progress=stderr)
+    if args.json:
+        print(json.dumps({**result, "comparisons": comparisons_json(result["comparisons"])}, sort_keys=True))
+    else:
+        _print_comparisons(result["comparisons"], mining_notes(result), as_json=False)
+    return 0
+
+
 def cmd_bench_prefetch(args: argparse.Namespace) -> int:
     from embedlab.bench.prefetch import PrefetchBench, bench_prefetch, prefetch_note  # here: it loads torch
 
@@ -231,6 +244,19 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                                      help="pairs each trial trains (default: the demo profile's phase-2 budget)")
     bench_layout_parser.add_argument("--json", action="store_true")
     bench_layout_parser.set_defaults(func=cmd_bench_layout)
+    bench_mining_parser = bench_sub.add_parser(
+        "mining", help="hard-negative mining (encoding and exact search) on N Ray workers vs one process")
+    add_spec(bench_mining_parser)
+    bench_mining_parser.add_argument("--workers", type=int, default=2, help="Ray workers on the sharded side (default 2)")
+    bench_mining_parser.add_argument("--documents", type=int, default=None,
+                                     help="the first N training documents (default: the whole training split)")
+    bench_mining_parser.add_argument("--pairs", type=int, default=2000, help="title-body pairs mined (default 2000)")
+    bench_mining_parser.add_argument("--preset", default="small", help="the random parent's model preset (default small)")
+    bench_mining_parser.add_argument("--top-k", type=int, default=100, help="candidates searched per query (default 100)")
+    bench_mining_parser.add_argument("--repeats", type=int, default=1,
+                                     help="timed runs of each side, alternating; the median is reported (default 1)")
+    bench_mining_parser.add_argument("--json", action="store_true")
+    bench_mining_parser.set_defaults(func=cmd_bench_mining)
     bench_scaling_parser = bench_sub.add_parser(
         "scaling", help="tokens/s vs sequence length; evaluation time vs corpus size (as --scaling)")
     add_spec(bench_scaling_parser)

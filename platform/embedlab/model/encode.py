@@ -49,6 +49,18 @@ class EncodingProgress:
                       f"{rate:,.0f} texts/s")
 
 
+def content_ids(tokenizer: FrozenTokenizer, texts: list[str], *, max_length: int, prefix: str = "") -> list[list[int]]:
+    """Each text's token ids as `encode_texts` encodes them: prefixed, cut to leave room for [CLS] and [SEP]."""
+    return [ids[: max_length - 2] for ids in tokenizer.encode_batch([prefix + t for t in texts])]
+
+
+def length_order(content: list[list[int]]) -> list[int]:
+    """The order `encode_texts` encodes texts in (by token count, then input position): its
+    batches are consecutive runs of `batch_size` of it, so a caller that hands each run to
+    another process has every text encoded in the batch, and so the padded shape, it has here."""
+    return sorted(range(len(content)), key=lambda i: (len(content[i]), i))
+
+
 @torch.inference_mode()
 def encode_texts(
     encoder: Encoder,
@@ -79,8 +91,8 @@ def encode_texts(
         max_length = min(max_length, encoder.config.max_length)
     if not texts:
         return np.zeros((0, width), dtype=np.float32)
-    content = [ids[: max_length - 2] for ids in tokenizer.encode_batch([prefix + t for t in texts])]
-    order = sorted(range(len(texts)), key=lambda i: (len(content[i]), i))
+    content = content_ids(tokenizer, texts, max_length=max_length, prefix=prefix)
+    order = length_order(content)
     out = np.zeros((len(texts), width), dtype=np.float32)
     tracker = None if progress is None else EncodingProgress(progress, label, len(texts), every_seconds=progress_seconds)
     half = next(encoder.parameters()).dtype in (torch.float16, torch.bfloat16)  # what attention sees (FLOPs)

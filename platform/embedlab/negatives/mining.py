@@ -22,14 +22,27 @@ in order, and a dropped candidate is counted under the first rule that drops it:
                            word 5-gram Jaccard >= `NEAR_POSITIVE_THRESHOLD`, the dedup rule):
                            an edited copy of a positive, which containment misses and which
                            the margin alone would judge by score
-    false-negative-margin  score > positive_score - margin, where positive_score is
-                           sim(query, positive): too close to the positive to trust as a
-                           negative, so more likely an unlabelled positive
+    false-negative-margin  rule "margin" (the default): score > positive_score - margin, where
+                           positive_score is sim(query, positive): too close to the positive to
+                           trust as a negative, so more likely an unlabelled positive
+    false-negative-relative  rule "relative" (NV-Retriever's TopK-PercPos): score >
+                           relative_fraction x positive_score, a cut that scales with the positive
+    outside-window         rule "window": a search rank outside (first, last), 1-based among all
+                           indexed documents: the nearest ranks are skipped as likely positives
     skip-top               the first `skip_top` candidates left by the rules above
 
-The next `negatives_per_query` candidates, best first, are the pair's negatives. Every
+Then the pair's `negatives_per_query` negatives are taken from what is left: the first ones,
+best first, or (`sample_seed` set) a sample of them drawn by that seed and the pair's id, kept
+in rank order, so one pair's draw does not depend on which other pairs are mined. Every
 candidate is checked, not only as many as the quota needs, so the drop counts describe the
 whole top_k pool and say how hard the negatives could be made.
+
+Mining is two parts that can run apart: the search (`search_candidates`: encode, then
+`exact_search` in the fixed blocks of `embedlab.negatives.search`; every pair's top_k with
+their scores and the positive's, which `embedlab.negatives.candidates` stores once) and the
+rules (`select_negatives`), so a rule is a choice made on stored candidates: selecting by a
+rule from stored candidates gives the set that mining with that rule from scratch gives
+(`tests/test_negative_rules.py`).
 
 Re-mining is a new recipe revision: `MinedSet.version` is a hash of the encoder id, how it
 encodes (`encoding`: the encode length, the pooling and, from phase 3, the code that mines and
@@ -58,10 +71,13 @@ from embedlab.artifacts.build import write_json_staged, write_staged
 from embedlab.pairs.builders import Pair
 from embedlab.sources.dedup import NearDuplicateIndex
 from embedlab.sources.document import document_text, normalise_text
-from embedlab.tasks.retrieval import search
+from embedlab.negatives.search import query_blocks, search_blocks
 
-FORMAT = "embedlab-mined-negatives/4"  # 2: positive-text over the positive group, both ways; 3: pairs_digest; 4: encoding
-RULES = ("known-positive", "same-group", "positive-text", "near-positive", "false-negative-margin", "skip-top")
+FORMAT = "embedlab-mined-negatives/5"  # 2: positive-text over the positive group, both ways; 3: pairs_digest; 4: encoding; 5: rules
+RULES = ("known-positive", "same-group", "positive-text", "near-positive", "false-negative-margin",
+         "false-negative-relative", "outside-window", "skip-top")
+# The score rule a set is selected by (`MiningConfig.rule`), and the reason each drops under.
+SCORE_RULES = {"margin": "false-negative-margin", "relative": "false-negative-relative", "window": "outside-window"}
 NEAR_POSITIVE_THRESHOLD = 0.8  # the corpus dedup's default threshold
 TRAIN_SPLIT = "train"
 CORPUS_COLUMNS = ("doc_id", "title", "text", "group_id", "split")
@@ -85,12 +101,20 @@ NEGATIVE_SCHEMA = pa.schema([
 
 @dataclass(frozen=True, kw_only=True)
 class MiningConfig:
-    """How many candidates to search, how many negatives to keep and how far below the positive they must score."""
+    """How many candidates to search (`top_k`), which survive (`rule`: "margin" drops those
+    above the positive's score minus `false_negative_margin`, "relative" those above
+    `relative_fraction` times it, "window" those ranked outside `window`), how many survivors to
+    skip (`skip_top`) and keep (`negatives_per_query`), and whether the kept ones are the first
+    (`sample_seed` None) or a sample drawn by that seed."""
 
     top_k: int = 50
     negatives_per_query: int = 4
     false_negative_margin: float = 0.05
     skip_top: int = 0
+    rule: str = "margin"
+    relative_fraction: float = 0.95
+    window: tuple[int, int] | None = None
+    sample_seed: int | None = None
 
     def __post_init__(self) -> None:
         if self.top_k < 1:
@@ -106,6 +130,34 @@ class MiningConfig:
                 f"MiningConfig.top_k ({self.top_k}) must be at least skip_top + negatives_per_query "
                 f"({self.skip_top} + {self.negatives_per_query}), or no query could get its negatives"
             )
+        if self.rule not in SCORE_RULES:
+            raise ValueError(f"MiningConfig.rule {self.rule!r}; valid: {list(SCORE_RULES)}")
+        if not 0 < self.relative_fraction <= 1:
+            raise ValueError(f"MiningConfig.relative_fraction must be in (0, 1], got {self.relative_fraction}")
+        window = None if self.window is None else tuple(self.window)
+        object.__setattr__(self, "window", window)  # JSON gives a list: the config's own form is a tuple
+        if (window is not None) != (self.rule == "window"):
+            raise ValueError(f"MiningConfig.window {window}: (first, last) ranks with rule 'window', and only then")
+        if window is not None and not (len(window) == 2 and 1 <= window[0] <= window[1] <= self.top_k):
+            raise ValueError(f"MiningConfig.window {window}: needs 1 <= first <= last <= top_k ({self.top_k})")
+
+    def drops(self, score: float, positive_score: float, rank: int) -> bool:
+        """Whether the score rule drops a candidate of `score` at search `rank` (1-based) for a
+        pair whose positive scores `positive_score`."""
+        if self.rule == "margin":
+            return score > positive_score - self.false_negative_margin
+        if self.rule == "relative":
+            return score > self.relative_fraction * positive_score
+        first, last = self.window
+        return not first <= rank <= last
+
+    def describe(self) -> str:
+        """The rule in words, as the report and the docs name it."""
+        rule = {"margin": f"absolute margin {self.false_negative_margin}",
+                "relative": f"relative: above {self.relative_fraction} x the positive's score dropped",
+                "window": f"rank window {self.window}"}[self.rule]
+        kept = "top" if self.sample_seed is None else f"sampled (seed {self.sample_seed})"
+        return f"rule {rule}, skip_top {self.skip_top}, {kept}"
 
 
 @dataclass(frozen=True)
@@ -248,8 +300,7 @@ class MinedSet:
             f"# Mined hard negatives {self.version[:12]}",
             "",
             f"Encoder `{self.encoder_id}`, corpus revision `{self.corpus_revision}`, top_k {config.top_k}, "
-            f"{config.negatives_per_query} negatives per query, false-negative margin "
-            f"{config.false_negative_margin}, skip_top {config.skip_top}."
+            f"{config.negatives_per_query} negatives per query, {config.describe()}."
             + ("" if not self.encoding else " Encoding: " + ", ".join(
                 f"{key} {value}" for key, value in sorted(self.encoding.items())) + "."),
             "",
@@ -343,16 +394,22 @@ def _unit_rows(vectors: np.ndarray, count: int, what: str) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Candidates:
-    """What a search found for each pair, before any rule (`search_candidates`): the training
-    documents (ids, groups, texts) that were indexed, each pair's query-positive score, and its
-    top-k candidates as (score, row) arrays of shape (pairs, top_k), best first (row -1: none)."""
+    """What a search found for each pair, before any rule (`search_candidates`): row i of
+    `positive_scores`, `scores` and `rows` is pair `pair_ids[i]`'s, its query-positive score and
+    its top-k candidates as (score, document row) arrays of shape (pairs, top_k), best first (row
+    -1: none); `doc_ids`, `groups` and `texts` are the documents the rows index (every indexed
+    training document, or only those that are candidates, in a stored set), `indexed` how many
+    training documents were searched and `left_out` how many dev/test documents were not."""
 
+    pair_ids: list[str]
     doc_ids: list[str]
     groups: list[str]
     texts: list[str]
     positive_scores: np.ndarray
     scores: np.ndarray
     rows: np.ndarray
+    indexed: int
+    left_out: int
 
 
 def mine_hard_negatives(
@@ -369,6 +426,7 @@ def mine_hard_negatives(
     encoding: Mapping[str, Any] | None = None,
     encode_query: Callable[[list[str]], np.ndarray] | None = None,
     encode_corpus: Callable[[list[str]], np.ndarray] | None = None,
+    search_queries: Callable[[np.ndarray, np.ndarray, int], tuple[np.ndarray, np.ndarray]] | None = None,
 ) -> MinedSet:
     """Negatives for every pair from the training split of `corpus`, found with `encode(texts) -> (N, d)`
     for documents and positives and `encode_query` (default `encode`) for queries: an encoder
@@ -386,28 +444,45 @@ def mine_hard_negatives(
     joins the set's version, so an encoder run differently is a new set. `encode_corpus`
     (default `encode`) embeds the training-split documents: the same passage encoding, which a
     caller may serve from a cache of the corpus's vectors (`embedlab.negatives.phase3`).
+    `search_queries` (default `exact_search`) is the search, which a caller may spread over
+    workers (`embedlab.negatives.sharded`).
 
     Three stages: `checked_inputs` (the pairs and the corpus they come from), `search_candidates`
-    (encode and search: every pair's top-k, no rule applied yet), `select_negatives` (the rules).
+    (encode and search: every pair's top-k, no rule applied yet), `selected_set` (the rules).
     """
     group_of, train = checked_inputs(pairs, corpus, outside_corpus)
-    candidates = search_candidates(pairs, corpus, train, encode, config=config, encoder_id=encoder_id,
-                                   progress=progress, encode_query=encode_query, encode_corpus=encode_corpus)
+    candidates = search_candidates(pairs, corpus, train, encode, top_k=config.top_k, encoder_id=encoder_id,
+                                   progress=progress, encode_query=encode_query, encode_corpus=encode_corpus,
+                                   search_queries=search_queries)
+    return selected_set(pairs, candidates, group_of, config=config, encoder_id=encoder_id,
+                        corpus_revision=corpus_revision, progress=progress, group_positives=group_positives,
+                        encoding=encoding)
+
+
+def selected_set(pairs: list[Pair], candidates: Candidates, group_of: Mapping[str, str], *, config: MiningConfig,
+                 encoder_id: str, corpus_revision: str, progress: Callable[[str], None] = print,
+                 group_positives: Mapping[str, Iterable[str]] | None = None,
+                 encoding: Mapping[str, Any] | None = None) -> MinedSet:
+    """The mined set `config`'s rules select from `candidates` (found for `pairs`, fresh from
+    `search_candidates` or stored), with its counts and version: whether the candidates were
+    searched now or read back, the set is the same."""
     negatives, dropped = select_negatives(pairs, candidates, group_of, config, group_positives)
     found = [negative for pair_negatives in negatives.values() for negative in pair_negatives]
     text_of = dict(zip(candidates.doc_ids, candidates.texts))
     per_query = Counter(len(pair_negatives) for pair_negatives in negatives.values())
+    row_of = {pair_id: i for i, pair_id in enumerate(candidates.pair_ids)}
+    positive_scores = candidates.positive_scores[[row_of[pair.pair_id] for pair in pairs]]
     counts = {
         "queries": len(pairs),
         "queries_with_negatives": sum(1 for pair_negatives in negatives.values() if pair_negatives),
         "negatives": len(found),
         # String keys, as JSON stores them, so a loaded set equals the mined one.
         "negatives_per_query": {str(n): per_query[n] for n in sorted(per_query)},
-        "training_documents_indexed": len(candidates.texts),
-        "dev_test_documents_left_out": corpus.num_rows - len(candidates.texts),
-        "candidates": int(candidates.rows.size),
+        "training_documents_indexed": candidates.indexed,
+        "dev_test_documents_left_out": candidates.left_out,
+        "candidates": int(candidates.rows[[row_of[pair.pair_id] for pair in pairs]].size),
         "dropped": {rule: dropped[rule] for rule in RULES},
-        "mean_positive_score": float(candidates.positive_scores.mean()),
+        "mean_positive_score": float(positive_scores.mean()),
         "mean_negative_score": float(np.mean([n.score for n in found])) if found else None,
     }
     progress(f"mining: {counts['negatives']:,} negatives for {counts['queries_with_negatives']:,} of "
@@ -454,29 +529,37 @@ def checked_inputs(pairs: list[Pair], corpus: pa.Table,
 
 
 def search_candidates(pairs: list[Pair], corpus: pa.Table, train: pa.Table, encode: Callable[[list[str]], np.ndarray],
-                      *, config: MiningConfig, encoder_id: str, progress: Callable[[str], None],
+                      *, top_k: int, encoder_id: str, progress: Callable[[str], None],
                       encode_query: Callable[[list[str]], np.ndarray] | None = None,
-                      encode_corpus: Callable[[list[str]], np.ndarray] | None = None) -> Candidates:
-    """The training documents, queries and positives encoded, and every query's `config.top_k`
-    nearest documents by exact inner product (no rule applied yet)."""
+                      encode_corpus: Callable[[list[str]], np.ndarray] | None = None,
+                      search_queries: Callable[[np.ndarray, np.ndarray, int], tuple[np.ndarray, np.ndarray]]
+                      | None = None) -> Candidates:
+    """The training documents, queries and positives encoded, and every query's `top_k`
+    nearest documents by exact inner product (`exact_search`, or `search_queries`; no rule
+    applied yet)."""
     texts = [document_text(title, text) for title, text in zip(train["title"].to_pylist(), train["text"].to_pylist())]
     progress(f"mining: encoding {len(texts):,} training documents ({corpus.num_rows - len(texts):,} dev/test "
              f"documents left out) and {len(pairs):,} pairs with {encoder_id}")
     doc_vectors = _unit_rows((encode_corpus or encode)(texts), len(texts), "documents")
     query_vectors = _unit_rows((encode_query or encode)([pair.query for pair in pairs]), len(pairs), "queries")
     positive_vectors = _unit_rows(encode([pair.positive for pair in pairs]), len(pairs), "positives")
-    scores, rows = search(doc_vectors, query_vectors, config.top_k)
-    return Candidates(doc_ids=train["doc_id"].to_pylist(), groups=train["group_id"].to_pylist(), texts=texts,
-                      positive_scores=np.einsum("ij,ij->i", query_vectors, positive_vectors), scores=scores, rows=rows)
+    scores, rows = (search_queries or exact_search)(doc_vectors, query_vectors, top_k)
+    return Candidates(pair_ids=[pair.pair_id for pair in pairs], doc_ids=train["doc_id"].to_pylist(),
+                      groups=train["group_id"].to_pylist(), texts=texts,
+                      positive_scores=np.einsum("ij,ij->i", query_vectors, positive_vectors), scores=scores, rows=rows,
+                      indexed=len(texts), left_out=corpus.num_rows - len(texts))
 
 
-def select_negatives(pairs: list[Pair], candidates: Candidates, group_of: dict[str, str], config: MiningConfig,
+def select_negatives(pairs: list[Pair], candidates: Candidates, group_of: Mapping[str, str], config: MiningConfig,
                      group_positives: Mapping[str, Iterable[str]] | None = None,
                      ) -> tuple[dict[str, tuple[MinedNegative, ...]], Counter[str]]:
     """Each pair's negatives among its candidates, by `RULES` in order (known positive, same
-    group, positive text, near positive, the false-negative margin), then `config.skip_top`
-    skipped and `config.negatives_per_query` kept; and the candidates each rule dropped."""
+    group, positive text, near positive, then `config`'s score rule), then `config.skip_top`
+    skipped and `config.negatives_per_query` kept (the first, or a seeded sample); and the
+    candidates each rule dropped."""
     texts, doc_ids, groups = candidates.texts, candidates.doc_ids, candidates.groups
+    row_of = {pair_id: i for i, pair_id in enumerate(candidates.pair_ids)}
+    score_rule = SCORE_RULES[config.rule]
     dropped: Counter[str] = Counter()
 
     @functools.cache
@@ -492,15 +575,16 @@ def select_negatives(pairs: list[Pair], candidates: Candidates, group_of: dict[s
         positive_texts.setdefault(pair.positive_group, set()).add(pair.positive)
     for group, group_texts in positive_texts.items():
         positives_of[group] = {_words(text) for text in group_texts}
-    near_groups = _near_positive_groups(positive_texts, {row: texts[row] for row in np.unique(candidates.rows).tolist()
+    searched = candidates.rows[[row_of[pair.pair_id] for pair in pairs]]
+    near_groups = _near_positive_groups(positive_texts, {row: texts[row] for row in np.unique(searched).tolist()
                                                          if row >= 0})
     mined: dict[str, tuple[MinedNegative, ...]] = {}
-    for i, pair in enumerate(pairs):
+    for pair in pairs:
+        i = row_of[pair.pair_id]
         own = set(pair.doc_ids)
         own_groups = {group_of[doc_id] for doc_id in pair.doc_ids if doc_id in group_of}
         positives = positives_of[pair.positive_group]
         positive_score = float(candidates.positive_scores[i])
-        ceiling = positive_score - config.false_negative_margin
         survivors: list[MinedNegative] = []
         for rank, (score, row) in enumerate(zip(candidates.scores[i].tolist(), candidates.rows[i].tolist()), start=1):
             if doc_ids[row] in own:
@@ -511,14 +595,32 @@ def select_negatives(pairs: list[Pair], candidates: Candidates, group_of: dict[s
                 dropped["positive-text"] += 1
             elif pair.positive_group in near_groups.get(row, ()):
                 dropped["near-positive"] += 1
-            elif score > ceiling:
-                dropped["false-negative-margin"] += 1
+            elif config.drops(score, positive_score, rank):
+                dropped[score_rule] += 1
             else:
                 survivors.append(MinedNegative(pair_id=pair.pair_id, doc_id=doc_ids[row], rank=rank,
                                                score=score, positive_score=positive_score))
         dropped["skip-top"] += min(config.skip_top, len(survivors))
-        mined[pair.pair_id] = tuple(survivors[config.skip_top : config.skip_top + config.negatives_per_query])
+        mined[pair.pair_id] = kept_negatives(survivors[config.skip_top:], config, pair.pair_id)
     return {pair_id: mined[pair_id] for pair_id in sorted(mined)}, dropped
+
+
+def kept_negatives(pool: list[MinedNegative], config: MiningConfig, pair_id: str) -> tuple[MinedNegative, ...]:
+    """A pair's `config.negatives_per_query` negatives from the survivors `pool` (rank order):
+    the first, or with `config.sample_seed` a sample without replacement drawn by a generator
+    seeded with the seed and the pair's id (so one pair's draw does not depend on which other
+    pairs are mined), kept in rank order."""
+    quota = config.negatives_per_query
+    if config.sample_seed is None or len(pool) <= quota:
+        return tuple(pool[:quota])
+    pair_key = int.from_bytes(hashlib.sha256(pair_id.encode()).digest()[:8], "big")
+    chosen = np.random.default_rng([config.sample_seed, pair_key]).choice(len(pool), size=quota, replace=False)
+    return tuple(pool[i] for i in sorted(chosen.tolist()))
+
+
+def exact_search(doc_vectors: np.ndarray, query_vectors: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Mining's search, in one process: `search_blocks` over every block of `query_blocks`."""
+    return search_blocks(doc_vectors, query_vectors, top_k, query_blocks(len(query_vectors)))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ from embedlab.stats.paired import final_trials
 from embedlab.stats import crossed, looks, paired
 from embedlab.stats.references import reference_line
 from embedlab.teacher.embeddings import VECTORS_DISCLOSURE
+from embedlab.teacher.false_negatives import DISCLOSURE as FALSE_NEGATIVE_DISCLOSURE
 from embedlab.teacher.labels import DISCLOSURE
 
 STUDY_FILE = "study.json"
@@ -68,8 +69,15 @@ RETRIEVAL_METRICS = ("dev/ndcg@10", "dev/recall@100", "dev/mrr@10")
 BUDGET_COLUMNS = ("budget/tokens", "budget/pairs", "budget/flops", "budget/flops_estimate", "budget/inherited_flops",
                   "budget/total_flops")
 # Compute a trial spends outside its training budget, reported beside it: mining its hard
-# negatives, screening a source's given ones, and a teacher's labels (`compute_outside_line`).
-OUTSIDE_BUDGET_FLOPS = ("compute/mining_flops", "compute/given_negatives_flops", "compute/teacher_flops")
+# negatives, screening a source's given ones, a teacher's labels, and judging a sample of the
+# mined negatives (`compute_outside_line`).
+OUTSIDE_BUDGET_FLOPS = ("compute/mining_flops", "compute/given_negatives_flops", "compute/teacher_flops",
+                        "compute/false_negative_flops")
+# The search a mining trial's negatives were selected from (`embedlab.negatives.candidates`),
+# which trials that differ only in the rule share: `mining_line` counts its cost once.
+MINING_SEARCH = "data/mining_candidates"
+# Each arm's measured false-negative rates (`embedlab.teacher.false_negatives`), shown in the table.
+FALSE_NEGATIVE_RATES = ("data/false_negative_rate/teacher", "data/false_negative_rate/same_group")
 TOTAL_COMPUTE = "compute/total_flops"
 NO_TRIALS = "(no finished trials)"
 CONFIDENCE = 0.95  # of the intervals `render` shows
@@ -207,10 +215,49 @@ def compute_outside_line(table: pd.DataFrame) -> str:
     # distillation), whichever the trials used.
     teacher = " and ".join(_teacher_products(table))
     parts = {"compute/mining_flops": "mining", "compute/given_negatives_flops": "given-negative screening",
-             "compute/teacher_flops": f"teacher {teacher or 'labels'}"}
+             "compute/teacher_flops": f"teacher {teacher or 'labels'}",
+             "compute/false_negative_flops": "false-negative judging"}
     spent = ", ".join(name for column, name in parts.items() if column in table)
     return (f"{TOTAL_COMPUTE} = training FLOPs (the budget) + {spent}, outside the budget; a set shared by "
             "several trials is counted in each of their rows")
+
+
+def mining_cost(table: pd.DataFrame) -> dict[str, float]:
+    """What the table's mining cost in all, each search counted once however many trials read
+    it (a row's `compute/mining_*` is its search's whole cost): searches, trials that read one,
+    trials that made one here (`compute/mining_built`), FLOPs, CPU and wall seconds."""
+    if MINING_SEARCH not in table:
+        return {}
+    rows = table[table[MINING_SEARCH].notna()]
+    searches = rows.drop_duplicates(MINING_SEARCH)
+    built = pd.to_numeric(rows.get("compute/mining_built", pd.Series(dtype=float)), errors="coerce")
+
+    def total(column: str) -> float:
+        return float(pd.to_numeric(searches[column], errors="coerce").sum()) if column in searches else math.nan
+
+    return {"searches": float(len(searches)), "trials": float(len(rows)), "built": float(built.fillna(0).sum()),
+            "flops": total("compute/mining_flops"), "seconds": total("compute/mining_seconds"),
+            "wall_seconds": total("compute/mining_wall_seconds")}
+
+
+def mining_line(table: pd.DataFrame) -> str:
+    """How the table counts mining, for trials that record the search they read; "" otherwise."""
+    cost = mining_cost(table)
+    if not cost:
+        return ""
+    return (f"mining: {cost['searches']:.0f} search(es) read by {cost['trials']:.0f} trials ({cost['built']:.0f} "
+            f"made here, the rest reused), {cost['flops']:.3g} encode FLOPs and {cost['seconds']:.1f} CPU s in all, "
+            "each search counted once: a row's compute/mining_* is the whole cost of the search it read, and "
+            "compute/mining_built marks the trial that made it")
+
+
+def false_negative_line(table: pd.DataFrame) -> str:
+    """What the false-negative columns measure, for a table that has them; "" otherwise."""
+    if FALSE_NEGATIVE_RATES[0] not in table:
+        return ""
+    return (f"{FALSE_NEGATIVE_RATES[0]}: the share of a fixed sample of each arm's mined negatives scored at or "
+            f"above the pair's positive; {FALSE_NEGATIVE_RATES[1]}: the share in the query's own source group or "
+            f"near-duplicate cluster; {FALSE_NEGATIVE_DISCLOSURE}")
 
 
 def teacher_line(table: pd.DataFrame) -> str:
@@ -414,7 +461,7 @@ def default_metrics(table: pd.DataFrame, study_metric: str | None = None) -> lis
     """The study metric, retrieval, loss, retention, wall-clock and budget columns present."""
     candidates = [study_metric, *RETRIEVAL_METRICS, "train/loss",
                   *sorted(c for c in table if c.startswith("retention/")),
-                  "compute/wall_seconds", *BUDGET_COLUMNS]
+                  "compute/wall_seconds", *BUDGET_COLUMNS, *FALSE_NEGATIVE_RATES]
     return list(dict.fromkeys(c for c in candidates if c is not None and c in table))
 
 
@@ -523,8 +570,9 @@ def render(run_dir: str | Path, fmt: str = "text", metrics: Sequence[str] | None
     unit = table.attrs["unit"]
     check_equal_compute(table, unit)
     final = final_trials(table)
-    notes = [line for line in (compute_match_line(table), compute_outside_line(table), tuning_line(table),
-                               teacher_line(table), pretrained_line(record)) if line]
+    notes = [line for line in (compute_match_line(table), compute_outside_line(table), mining_line(table),
+                               tuning_line(table), teacher_line(table), false_negative_line(table),
+                               pretrained_line(record)) if line]
     notes += [line for line in (cost_line(table, record),) if line]
     control = table.attrs["arm_order"][0] if table.attrs["arm_order"] else None
     sequential_record = looks.read_sequential(run_dir)
@@ -552,6 +600,8 @@ def render(run_dir: str | Path, fmt: str = "text", metrics: Sequence[str] | None
             "compute_match": compute_match_line(table) or None, "tuning": tuning_line(table) or None,
             "compute_outside": compute_outside_line(table) or None, "teacher": teacher_line(table) or None,
             **({"pretrained_parent": pretrained_line(record)} if pretrained_line(record) else {}),
+            **({"mining": mining_cost(table), "false_negatives": false_negative_line(table)}
+               if MINING_SEARCH in table else {}),
             "references": {"parent": record.get("parent_scores"), "teacher": record.get("teacher_scores")},
             "paired": _paired_json(comparison), "sequential": sequential_record,
             "cost": cost_line(table, record) or None, "arms": _records(summary), "trials": _records(table),
@@ -566,7 +616,8 @@ def render(run_dir: str | Path, fmt: str = "text", metrics: Sequence[str] | None
         metric = record["study"]["metric"]  # at a truncated width: its full width's beside it
         metrics = [m for m in dict.fromkeys((metric, paired.full_width(metric), "dev/recall@100", "train/loss",
                                              "retention/probe_accuracy", *parts, unit_column, TOTAL_COMPUTE,
-                                             data_column, "compute/wall_seconds")) if m in table]
+                                             data_column, "compute/wall_seconds", *FALSE_NEGATIVE_RATES))
+                   if m in table]
     table_of = _text_table if fmt == "text" else _markdown_table
     reference = reference_line(record, list(metrics))
     blocks = ["\n".join([_header(record, unit), *notes, *([reference] if reference else [])])]

@@ -74,10 +74,12 @@ def trial_identity(study: Study, config: dict[str, Any], trial_id: str) -> dict[
 
 
 # What a trial's row keeps of its training metrics (besides losses and steps): the budget and
-# every compute figure, the observed data shares, and the teacher's counts (pairs it judged,
+# every compute figure, the observed data shares, the teacher's counts (pairs it judged,
 # its disagreements, pairs without a negative, documents it encoded), which the table reads
-# to say what the teacher made.
-KEPT_TRAINING_PREFIXES = ("budget/", "compute/", "data/observed", "data/teacher_")
+# to say what the teacher made, and the mined negatives' figures (the search a trial read,
+# each rule's drops, the false-negative rates), which the table shows per arm.
+KEPT_TRAINING_PREFIXES = ("budget/", "compute/", "data/observed", "data/teacher_", "data/mining_",
+                          "data/negatives_dropped/", "data/false_negative")
 
 
 def kept_training_figures(train: dict[str, Any]) -> dict[str, Any]:

@@ -381,6 +381,7 @@ class ContrastiveLoop(TrainingLoop):
                 "budget/total_flops": self.charged_flops + progress.flops}
                if self.trial.train.budget.scope == "lineage" else {}),
             **self.worker.made.mining_compute,
+            **self.worker.made.negative_figures,
             **teacher_compute_figures(self.worker.made.teacher_labels, self.worker.made.teacher_embeddings),
         }
         self.window, self.window_mlm, self.window_terms = [], [], {}
@@ -524,7 +525,7 @@ def run_contrastive(trial: TrialConfig, prepared, *, storage_path: Path, name: s
         trial=trial, tokenizer_path=str(prepared.tokenizer_path), tokenizer_hash=prepared.record["tokenizer_hash"],
         data_revision=prepared.data_revision, sources=tuple(schedule.sources), intended_shares=dict(settings.pairs),
         schedule={"version": schedule.version, "seed": schedule.seed, "pairs": int(len(schedule.item))},
-        run=options, made=data.made(settings),
+        run=options, made=data.made(trial),
     )
     return fit(
         contrastive_worker,

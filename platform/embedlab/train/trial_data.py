@@ -1,8 +1,9 @@
 """What a phase 2-3 trial trains on, built and gated before its workers start.
 
 Its frozen pairs table and its pair schedule; in phase 3 its given negatives screened under the
-parent, its mined negatives and its teacher's labels; with embedding distillation its teacher's
-document vectors. Each set is an artifact (`embedlab.artifacts.build`), made once and read by
+parent, its mined negatives (its rule applied to the search it shares with every trial of the
+same parent and pairs), their false-negative sample judged by a teacher, and its teacher's
+labels; with embedding distillation its teacher's document vectors. Each set is an artifact (`embedlab.artifacts.build`), made once and read by
 every trial that needs it, whose post-condition is the contamination gate against the trial's
 evaluation tasks (`embedlab.contamination.gate`): a set holding final-eval items refuses the
 trial, unless the study discloses the overlap, before any step reads it. The pairs table and
@@ -24,8 +25,10 @@ from typing import Any
 
 from embedlab.checkpoints.state import data_seed
 from embedlab.artifacts.sync import local_directory
-from embedlab.core.config import ContrastiveConfig, TrialConfig
-from embedlab.negatives.phase3 import given_negative_counts, given_negatives_for_phase3, mine_for_phase3, mining_compute
+from embedlab.core.config import TrialConfig
+from embedlab.negatives.phase3 import (
+    given_negative_counts, given_negatives_for_phase3, mine_for_phase3, mining_compute, mining_figures,
+)
 from embedlab.negatives.reading import check_mined_negatives
 from embedlab.pairs.audit import check_training_data
 from embedlab.pairs.table import pair_table_path, recorded_pair_table
@@ -34,6 +37,7 @@ from embedlab.sources.mixture import Schedule, schedule_target
 from embedlab.streams.pair_stream import pair_schedule
 from embedlab.tasks.resolve import arm_eval_tasks
 from embedlab.teacher.audit import check_teacher_embeddings, check_teacher_labels
+from embedlab.teacher.false_negatives import false_negative_figures, false_negatives_for_phase3
 from embedlab.teacher.phase3 import (
     teacher_embedding_record, teacher_embeddings_for_trial, teacher_label_record, teacher_labels_for_phase3,
 )
@@ -51,16 +55,18 @@ class TrialData:
     offsets: dict[str, int]
     given: Path | None = None
     mined: Path | None = None
+    false_negatives: Path | None = None
     labels: Path | None = None
     documents: Path | None = None
 
-    def made(self, settings: ContrastiveConfig) -> MadeForTrial:
+    def made(self, trial: TrialConfig) -> MadeForTrial:
         """What the trial's checkpoint and row record of its sets (`MadeForTrial`)."""
         return MadeForTrial(
             mined_version=None if self.mined is None else self.mined.name,
             mining_compute={**mining_compute(self.mined), **mining_compute(self.given, "compute/given_negatives")},
+            negative_figures={**mining_figures(self.mined, trial), **false_negative_figures(self.false_negatives)},
             given_negatives=given_negative_counts(self.given),
-            teacher_labels=teacher_label_record(self.labels, settings),
+            teacher_labels=teacher_label_record(self.labels, trial.contrastive),
             teacher_embeddings=teacher_embedding_record(self.documents),
         )
 
@@ -114,6 +120,9 @@ def trial_data(trial: TrialConfig, prepared: PreparedData, *, overlap_policy: st
         if settings.negatives.mine:
             made["mined"] = mine_for_phase3(trial, prepared, pairs_path, schedule, offsets, progress,
                                             check=gate(check_mined_negatives))
+            if settings.negatives.false_negative_sample:
+                made["false_negatives"] = false_negatives_for_phase3(trial, prepared, pairs_path, made["mined"],
+                                                                     progress)
     # A teacher without a weight is inert (a study's control arm keeps the field its arms set).
     # Teacher labels score each query's negatives: only a phase with them (the config refuses a
     # score weight without negatives).

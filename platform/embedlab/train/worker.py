@@ -35,11 +35,14 @@ class RunOptions:
 class MadeForTrial:
     """What was made for a phase-3 trial before its workers started, as its checkpoint records
     it: the mined set's version and what mining and screening cost (`compute/mining_*`,
-    `compute/given_negatives_*`), the screened given negatives' counts, and the teacher's
-    labels and documents (`embedlab.teacher.phase3`). Empty for phases 1-2 without a teacher."""
+    `compute/given_negatives_*`), the mined set's row figures (its search, whether this trial
+    made it, each rule's drops, the false-negative rates: `negative_figures`), the screened given
+    negatives' counts, and the teacher's labels and documents (`embedlab.teacher.phase3`). Empty
+    for phases 1-2 without a teacher."""
 
     mined_version: str | None = None
     mining_compute: dict[str, float] = field(default_factory=dict)
+    negative_figures: dict[str, Any] = field(default_factory=dict)
     given_negatives: dict[str, Any] | None = None
     teacher_labels: dict[str, Any] | None = None
     teacher_embeddings: dict[str, Any] | None = None

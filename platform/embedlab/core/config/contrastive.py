@@ -14,6 +14,8 @@ from embedlab.core.config.checks import check, check_fields
 # pretrained parent's pooling, which a native sentence-transformers release expresses).
 POOLING_METHODS = ("mean", "cls", "mean_all")
 GIVEN_MARGIN_WORDS = ("mining_margin", "off")
+# How phase 3 drops likely false negatives among the mined candidates (`NegativesConfig.rule`).
+NEGATIVE_RULES = ("margin", "relative", "window")
 # Teachers whose scores phase 3 can distil (`embedlab.teacher.labels`); "" is none.
 TEACHERS = ("all-MiniLM-L6-v2",)
 # How a phase-2/3 batch draws its pairs: "mixed" (every batch mixes the builders by share) or
@@ -27,19 +29,39 @@ INITIALISATIONS = ("parent", "random")
 @dataclass(frozen=True, kw_only=True)
 class NegativesConfig:
     """Phase 3's hard negatives: `count` per query, mined among the `top_k` nearest training
-    documents under the parent encoder, dropping any that scores within `margin` of (or above)
-    the positive (likely false negatives). A pair of a user source (`data.pair_files` ...) that
-    carries negatives of its own gets those first, then mined ones fill its `count` slots
-    (`mine` False: given ones only). A given negative scoring above (positive score -
-    `given_margin`) under the parent encoder is dropped and counted, as a mined one would be:
-    "mining_margin" (the default) uses `margin`, a number >= 0 its own margin, "off" keeps every
-    given negative. 0 negatives: in-batch negatives only."""
+    documents under the parent encoder, then selected by a `rule` (NEGATIVE_RULES) against
+    likely false negatives: "margin" drops any that scores within `margin` of (or above) the
+    positive; "relative" any that scores above `relative_fraction` times the positive's score
+    (NV-Retriever's TopK-PercPos, 0.95); "window" keeps only search ranks `window` = (first,
+    last), 1-based, skipping the nearest. Then `skip_top` survivors are skipped and `count` kept:
+    the first, or with `sample` a sample drawn by the trial's data seed. The search is stored
+    once per parent, pairs and `top_k` and every rule selects from it, so a study that varies
+    the rule mines once (`embedlab.negatives.candidates`). `mining_workers` > 1 encodes and
+    searches on that many Ray workers (the same candidates as one process; not part of what is
+    mined). `false_negative_sample` > 0 measures the false-negative rate on that many of the
+    selected negatives, drawn by a fixed seed: the share a teacher (all-MiniLM-L6-v2, a model's
+    judgment) scores at or above the positive, and the share in the query's own source group or
+    near-duplicate cluster (`embedlab.teacher.false_negatives`).
+
+    A pair of a user source (`data.pair_files` ...) that carries negatives of its own gets
+    those first, then mined ones fill its `count` slots (`mine` False: given ones only). A
+    given negative scoring above (positive score - `given_margin`) under the parent encoder is
+    dropped and counted, as a mined one would be: "mining_margin" (the default) uses `margin`,
+    a number >= 0 its own margin, "off" keeps every given negative. 0 negatives: in-batch
+    negatives only."""
 
     count: int = 0
     top_k: int = 100  # candidates searched per query when mining
-    margin: float = 0.05  # drop candidates scoring above (positive score - margin): likely false negatives
+    margin: float = 0.05  # rule "margin": drop candidates scoring above (positive score - margin)
     mine: bool = True  # with count > 0: mine from the corpus (else given negatives only)
     given_margin: float | str = "mining_margin"  # a margin >= 0, "mining_margin" or "off"
+    rule: str = "margin"  # NEGATIVE_RULES: how likely false negatives are dropped
+    relative_fraction: float = 0.95  # rule "relative": drop candidates above this fraction of the positive's score
+    window: tuple[int, int] | None = None  # rule "window": the (first, last) search ranks kept, 1-based
+    skip_top: int = 0  # survivors of the rule skipped, nearest first
+    sample: bool = False  # keep a seeded sample of the survivors, not the first
+    mining_workers: int = 1  # Ray workers that encode and search (1: the trial's driver alone)
+    false_negative_sample: int = 0  # selected negatives the teacher judges for the false-negative rate (0: none)
 
     def __post_init__(self) -> None:
         check_fields(self, "contrastive.negatives")
@@ -50,6 +72,21 @@ class NegativesConfig:
         check(margin in GIVEN_MARGIN_WORDS or (isinstance(margin, int | float) and not isinstance(margin, bool)
                                                and margin >= 0), "contrastive.negatives.given_margin",
               f"{margin!r}; valid: a number >= 0 or one of {list(GIVEN_MARGIN_WORDS)}")
+        check(self.rule in NEGATIVE_RULES, "contrastive.negatives.rule", f"{self.rule!r}; valid: {list(NEGATIVE_RULES)}")
+        check(0 < self.relative_fraction <= 1, "contrastive.negatives.relative_fraction",
+              f"{self.relative_fraction}: must be in (0, 1]")
+        window = None if self.window is None else tuple(self.window)
+        object.__setattr__(self, "window", window)  # JSON gives a list: the config's own form is a tuple
+        check((window is None) == (self.rule != "window"), "contrastive.negatives.window",
+              f"{window}: (first, last) ranks with rule 'window', and None with any other rule")
+        check(window is None or (len(window) == 2 and all(isinstance(r, int) for r in window)
+                                 and 1 <= window[0] <= window[1] <= self.top_k),
+              "contrastive.negatives.window", f"{window}: needs whole ranks 1 <= first <= last <= top_k ({self.top_k})")
+        check(self.skip_top >= 0 and self.skip_top + self.count <= self.top_k, "contrastive.negatives.skip_top",
+              f"{self.skip_top}: must be >= 0 with skip_top + count <= top_k ({self.top_k})")
+        check(self.mining_workers >= 1, "contrastive.negatives.mining_workers", f"{self.mining_workers}: must be >= 1")
+        check(self.false_negative_sample >= 0, "contrastive.negatives.false_negative_sample",
+              f"{self.false_negative_sample}: must be >= 0")
 
     @property
     def given_threshold(self) -> float | None:

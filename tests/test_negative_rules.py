@@ -1,0 +1,238 @@
+"""Rules as study arms: negatives selected from one stored search by a declared rule (absolute
+margin, relative to the positive, rank window; top or sampled), on real built-in text with a toy
+encoder; the false-negative sample and its judge; the configs that declare them."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import re
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from embedlab.negatives.candidates import load_candidates, save_candidates
+from embedlab.negatives.mining import (
+    RULES, MiningConfig, checked_inputs, mine_hard_negatives, search_candidates, selected_set,
+)
+from embedlab.pairs.builders import Pair, build_pairs
+from embedlab.sources.builtin import iter_documents
+
+DIM = 64
+TOP_K = 60
+SCHEMA = pa.schema([(c, pa.string()) for c in ("doc_id", "source", "title", "text", "hash", "group_id", "split")])
+QUIET = {"progress": lambda message: None}
+IDENTITY = {"encoder_id": "toy-bow-64", "corpus_revision": "test-corpus"}
+# Every rule and choice a study can declare, each with the quota the tests keep.
+RULE_CONFIGS = {
+    "margin": MiningConfig(top_k=TOP_K, negatives_per_query=3, false_negative_margin=0.05),
+    "margin-skip-2": MiningConfig(top_k=TOP_K, negatives_per_query=3, false_negative_margin=0.05, skip_top=2),
+    "relative": MiningConfig(top_k=TOP_K, negatives_per_query=3, rule="relative", relative_fraction=0.95),
+    "window": MiningConfig(top_k=TOP_K, negatives_per_query=3, rule="window", window=(5, 40)),
+    "margin-sampled": MiningConfig(top_k=TOP_K, negatives_per_query=3, sample_seed=11),
+    "relative-sampled": MiningConfig(top_k=TOP_K, negatives_per_query=3, rule="relative", relative_fraction=0.9,
+                                     sample_seed=11),
+    "window-sampled": MiningConfig(top_k=TOP_K, negatives_per_query=3, rule="window", window=(2, 30),
+                                   sample_seed=11),
+}
+
+
+def encode(texts: list[str]) -> np.ndarray:
+    """Bag of lower-cased words, each hashed (stably) into one of DIM slots, L2-normalised."""
+    out = np.zeros((len(texts), DIM), dtype=np.float32)
+    for i, text in enumerate(texts):
+        for word in re.findall(r"[a-z0-9]+", text.lower()):
+            out[i, int.from_bytes(hashlib.blake2b(word.encode(), digest_size=4).digest(), "big") % DIM] += 1
+    return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
+
+
+@pytest.fixture(scope="module")
+def corpus() -> pa.Table:
+    """Real docstrings and Python topic help; every tenth document dev, another tenth test."""
+    documents = [*iter_documents("python-docstrings", limit=300), *iter_documents("python-docs", limit=60)]
+    return pa.Table.from_pylist([
+        {"doc_id": d.doc_id, "source": d.source, "title": d.title, "text": d.text, "hash": d.hash,
+         "group_id": d.doc_id, "split": {3: "dev", 7: "test"}.get(i % 10, "train")}
+        for i, d in enumerate(documents)], schema=SCHEMA)
+
+
+@pytest.fixture(scope="module")
+def pairs(corpus) -> list[Pair]:
+    return build_pairs(corpus, ["title-body"], split="train", seed=0)
+
+
+@pytest.fixture(scope="module")
+def stored(corpus, pairs, tmp_path_factory):
+    """One search of every pair's top TOP_K, saved and read back as a rule reads it."""
+    group_of, train = checked_inputs(pairs, corpus, frozenset())
+    found = search_candidates(pairs, corpus, train, encode, top_k=TOP_K, encoder_id="toy-bow-64", **QUIET)
+    directory = save_candidates(tmp_path_factory.mktemp("candidates") / "set", found, {"test": True}, {"flops": 0.0})
+    return group_of, load_candidates(directory)
+
+
+def select(pairs, stored, config: MiningConfig):
+    group_of, candidates = stored
+    return selected_set(pairs, candidates, group_of, config=config, **IDENTITY, **QUIET)
+
+
+@pytest.mark.parametrize("name", RULE_CONFIGS)
+def test_selecting_by_a_rule_from_stored_candidates_equals_mining_with_it_from_scratch(corpus, pairs, stored, name):
+    """Every rule, top or sampled: the set selected from the stored search (saved, read back)
+    has the negatives, counts and version of the set mined with that rule from scratch."""
+    config = RULE_CONFIGS[name]
+    fresh = mine_hard_negatives(pairs, corpus, encode, config=config, **IDENTITY, **QUIET)
+    chosen = select(pairs, stored, config)
+    assert chosen.negatives == fresh.negatives and chosen.counts == fresh.counts
+    assert chosen.version == fresh.version and chosen.to_table().equals(fresh.to_table())
+    assert fresh.counts["negatives"] > 0
+
+
+def _text_survivors(pairs, stored):
+    """Every candidate no text rule drops (known positive, same group, positive text, near
+    positive): a window over all ranks is no score rule, and a quota of TOP_K keeps them all."""
+    everything = MiningConfig(top_k=TOP_K, negatives_per_query=TOP_K, rule="window", window=(1, TOP_K))
+    return select(pairs, stored, everything)
+
+
+@pytest.mark.parametrize("name", ["margin", "relative", "window"])
+def test_each_score_rule_keeps_exactly_the_candidates_its_formula_keeps(pairs, stored, name):
+    """Oracle: among the text rules' survivors, the rule keeps those its formula passes (score <=
+    positive - margin; score <= fraction x positive; first <= rank <= last), the first three in
+    rank order, and counts the rest under its own reason, every other reason unchanged."""
+    config = RULE_CONFIGS[name]
+    passes = {"margin": lambda n: n.score <= n.positive_score - config.false_negative_margin,
+              "relative": lambda n: n.score <= config.relative_fraction * n.positive_score,
+              "window": lambda n: config.window[0] <= n.rank <= config.window[1]}[name]
+    survivors = _text_survivors(pairs, stored)
+    chosen = select(pairs, stored, config)
+    kept = {pair_id: tuple(n for n in found if passes(n))[:3] for pair_id, found in survivors.negatives.items()}
+    assert chosen.negatives == kept
+    reason = {"margin": "false-negative-margin", "relative": "false-negative-relative", "window": "outside-window"}[name]
+    failing = sum(not passes(n) for found in survivors.negatives.values() for n in found)
+    assert chosen.counts["dropped"][reason] == failing > 0
+    for rule in RULES:
+        if rule not in (reason, "outside-window"):
+            assert chosen.counts["dropped"][rule] == survivors.counts["dropped"][rule]
+
+
+def test_skip_top_applies_after_any_rule(pairs, stored):
+    """skip_top=2 under the relative rule keeps the relative rule's survivors from the third on."""
+    relative = dataclasses.replace(RULE_CONFIGS["relative"], negatives_per_query=5)
+    skipped = select(pairs, stored, dataclasses.replace(relative, negatives_per_query=3, skip_top=2))
+    plain = select(pairs, stored, relative)
+    assert skipped.negatives == {p: found[2:5] for p, found in plain.negatives.items()}
+    assert skipped.counts["dropped"]["skip-top"] == sum(min(2, len(found)) for found in
+                                                        select(pairs, stored, dataclasses.replace(
+                                                            relative, negatives_per_query=TOP_K - 2)).negatives.values())
+
+
+def test_a_sampled_rule_draws_a_fixed_seeded_sample_of_the_survivors(pairs, stored):
+    """sample_seed draws each pair's negatives from its survivors without replacement, in rank
+    order: the same seed gives the same draws, whatever other pairs are mined; another seed
+    other draws; the survivors and drop counts are the top rule's."""
+    config = RULE_CONFIGS["margin-sampled"]
+    top = select(pairs, stored, dataclasses.replace(config, sample_seed=None, negatives_per_query=TOP_K))
+    drawn = select(pairs, stored, config)
+    assert drawn.counts["dropped"] == select(pairs, stored, RULE_CONFIGS["margin"]).counts["dropped"]
+    for pair_id, found in drawn.negatives.items():
+        pool = top.negatives[pair_id]
+        assert set(found) <= set(pool) and len(found) == min(3, len(pool))
+        assert [n.rank for n in found] == sorted(n.rank for n in found)
+    assert any(found != top.negatives[p][:3] for p, found in drawn.negatives.items())  # not the first three
+    half = pairs[::2]
+    alone = select(half, stored, config)
+    assert all(alone.negatives[p.pair_id] == drawn.negatives[p.pair_id] for p in half)
+    other = select(pairs, stored, dataclasses.replace(config, sample_seed=12))
+    assert other.negatives != drawn.negatives and other.version != drawn.version
+
+
+def test_each_rule_is_its_own_mined_set_version(pairs, stored):
+    """Rules, their parameters and sampling are part of what decides a set: every config a new version."""
+    versions = {select(pairs, stored, config).version for config in RULE_CONFIGS.values()}
+    assert len(versions) == len(RULE_CONFIGS)
+
+
+def test_the_mining_config_refuses_a_rule_it_cannot_apply():
+    """Unknown rules, windows without their rule (or with another), windows outside top_k and
+    fractions outside (0, 1] are ValueErrors naming the field."""
+    for bad, field in (({"rule": "nearest"}, "rule"), ({"window": (1, 5)}, "window"),
+                       ({"rule": "window"}, "window"), ({"rule": "window", "window": (0, 5)}, "window"),
+                       ({"rule": "window", "window": (9, 3)}, "window"),
+                       ({"rule": "window", "window": (1, 99)}, "window"), ({"relative_fraction": 0.0}, "relative_fraction"),
+                       ({"relative_fraction": 1.5}, "relative_fraction")):
+        with pytest.raises(ValueError, match=f"MiningConfig.{field}"):
+            MiningConfig(top_k=50, **bad)
+    assert MiningConfig(top_k=50, rule="window", window=[3, 9]).window == (3, 9)  # JSON's list, as a tuple
+
+
+def test_negatives_config_declares_the_rule_and_names_the_field_it_refuses():
+    """NegativesConfig: each bad value is a ConfigError naming its field and what is valid; a
+    window from JSON (a list) reads back as the tuple; a derived arm validates again."""
+    from embedlab import recipes
+    from embedlab.core.config import NegativesConfig, TrialConfig
+    from embedlab.core.errors import ConfigError
+
+    bad = (({"rule": "nearest"}, "contrastive.negatives.rule: 'nearest'; valid: ['margin', 'relative', 'window']"),
+           ({"window": (1, 5)}, "contrastive.negatives.window"), ({"rule": "window"}, "contrastive.negatives.window"),
+           ({"rule": "window", "window": (5, 500)}, "contrastive.negatives.window"),
+           ({"relative_fraction": 1.2}, "contrastive.negatives.relative_fraction"),
+           ({"skip_top": 99}, "contrastive.negatives.skip_top"), ({"skip_top": -1}, "contrastive.negatives.skip_top"),
+           ({"mining_workers": 0}, "contrastive.negatives.mining_workers"),
+           ({"false_negative_sample": -1}, "contrastive.negatives.false_negative_sample"))
+    for fields, message in bad:
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            NegativesConfig(count=2, **fields)
+    base = recipes.phase3_baseline("demo")
+    window = recipes.derive(base, {"contrastive.negatives.rule": "window", "contrastive.negatives.window": [11, 100]})
+    assert window.contrastive.negatives.window == (11, 100)
+    assert TrialConfig.from_dict(window.to_dict()) == window
+    with pytest.raises(ConfigError, match="contrastive.negatives.window"):
+        recipes.derive(base, {"contrastive.negatives.rule": "window"})
+    assert NegativesConfig().rule == "margin" and not NegativesConfig().sample  # the default: today's rule, top
+
+
+def test_the_false_negative_sample_is_fixed_by_its_seed(pairs, stored):
+    """negative_sample: the same set and seed give the same rows, whatever order the file holds
+    them in; another seed other rows; a sample larger than the set is the whole set."""
+    from embedlab.negatives.false_negatives import negative_sample
+
+    table = select(pairs, stored, RULE_CONFIGS["margin"]).to_table()
+    assert table.num_rows > 40
+    first = negative_sample(table, 20, seed=3)
+    shuffled = table.take(np.random.default_rng(0).permutation(table.num_rows))
+    assert negative_sample(shuffled, 20, seed=3).equals(first) and first.num_rows == 20
+    assert not negative_sample(table, 20, seed=4).equals(first)
+    keys = list(zip(first["pair_id"].to_pylist(), first["rank"].to_pylist()))
+    assert keys == sorted(keys) and len(set(keys)) == 20
+    assert negative_sample(table, 10_000).num_rows == table.num_rows
+
+
+def test_same_group_marks_negatives_from_the_pairs_own_page_or_cluster():
+    """A negative sharing the split group (page, module) or the near-duplicate cluster of one of
+    its pair's documents is marked; one from elsewhere is not; a pair with no corpus document
+    (a user's own) has no mark."""
+    from embedlab.negatives.false_negatives import same_group
+
+    groups = {"d1": ("d1", "page-a"), "d2": ("d2", "page-a"), "d3": ("d1", "page-b"), "d4": ("d4", "page-c")}
+    sample = pa.table({"pair_id": ["p", "p", "p", "user:1"], "doc_id": ["d2", "d3", "d4", "d4"]})
+    assert same_group(sample, {"p": ["d1"], "user:1": ["user:1:positive"]}, groups) == [True, True, False, None]
+
+
+def test_the_teacher_judges_a_copy_of_the_positive_a_false_negative():
+    """The judge (all-MiniLM-L6-v2, real weights from its package) scores each sampled negative
+    and its positive against the query: a negative that repeats the positive scores equal, so it
+    is judged false; an unrelated one scores below the positive and is not."""
+    from embedlab.teacher.false_negatives import JUDGE, judge_negatives, rates
+    from embedlab.teacher.labels import load_teacher
+
+    query = "How do I open a file for reading?"
+    positive = "open(file, mode='r') opens a file and returns a file object for reading."
+    sample = pa.table({"pair_id": ["p1", "p1"], "query": [query] * 2, "positive": [positive] * 2,
+                       "negative": [positive, "The Fibonacci numbers grow exponentially."]})
+    judged = judge_negatives(load_teacher(JUDGE).encode, sample)
+    assert judged["teacher_false_negative"].to_pylist() == [True, False]
+    scores = judged["teacher_negative"].to_pylist()
+    assert scores[0] == pytest.approx(judged["teacher_positive"].to_pylist()[0], abs=1e-6) and scores[1] < scores[0]
+    found = rates(judged.append_column("same_group", pa.array([None, False], pa.bool_())))
+    assert (found["teacher_rate"], found["same_group_rate"], found["with_corpus_documents"]) == (0.5, 0.0, 1)
