@@ -37,6 +37,14 @@ def run_dirs(storage: str, study: str) -> list[str]:
     return sorted(store.join(storage, n) for n in names if re.fullmatch(rf"{study}-\d{{8}}-\d{{6}}(-\d+)?", n))
 
 
+def only_run(storage: Path) -> Path:
+    """The one run directory (it holds a `study.json`) under a local storage root, which also
+    holds the finished-trial index (`embedlab.sweep.reuse`)."""
+    runs = [p for p in storage.iterdir() if (p / "study.json").is_file()]
+    assert len(runs) == 1, f"{storage}: {len(runs)} run directories"
+    return runs[0]
+
+
 def tiny_budget(**fields) -> Budget:
     """The tiny trial's budget, a few thousand tokens (and the default pairs), with `fields` replaced."""
     return dataclasses.replace(DEFAULT_BUDGET, **{"tokens": 6_000, **fields})

@@ -12,7 +12,7 @@ from embedlab import load_table
 from embedlab.checkpoints.io import load_encoder, verify_checkpoint
 from embedlab.cli import main
 
-from conftest import tiny_budget, tiny_trial
+from conftest import only_run, tiny_budget, tiny_trial
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -405,7 +405,7 @@ def test_phase3_on_user_pairs_ends_in_a_table_and_a_release(phase2, prepared, tm
     study_file.write_text(USER_PAIRS_STUDY.format(config=trial.to_dict(), pairs=str(pairs_file)))
     runs = tmp_path / "runs"
     assert main(["sweep", str(study_file), "--parent", parent.checkpoint.path, "--storage", str(runs)]) == 0
-    run_dir = next(runs.iterdir())
+    run_dir = only_run(runs)
     table = load_table(str(run_dir))
     assert sorted(table["arm"]) == ["margin", "no-margin"] and table["dev/ndcg@10"].notna().all()
     assert (table["budget/pairs"] >= 64).all()

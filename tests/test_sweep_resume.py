@@ -16,7 +16,7 @@ from embedlab import load_table
 from embedlab.cli import main
 from embedlab.sweep.run import resume_line
 
-from conftest import tiny_trial, write_study
+from conftest import only_run, tiny_trial, write_study
 
 
 
@@ -57,7 +57,7 @@ def test_killed_driver_resumes_without_loss_or_duplicates(ray_session, prepared,
         # SIGKILL the driver: nothing gets to clean up, as when its node is preempted.
         os.killpg(driver.pid, signal.SIGKILL)
         driver.wait()
-    run_dir = next(storage.iterdir())
+    run_dir = only_run(storage)
     before = {p.name: p.stat().st_mtime_ns for p in (run_dir / "trials").glob("*.json")}
     assert len(before) == 1
     # The other arm's trial as a crash leaves it (the driver's "failed" row): resume runs it again.
