@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from pathlib import Path
 
@@ -258,6 +259,23 @@ def _ray_sessions() -> set[str]:
     return {p.name for p in RAY_TEMP.glob("session_2*")} if RAY_TEMP.is_dir() else set()
 
 
+def _started_elsewhere(session: str) -> bool:
+    """Whether a Ray session was started by a live process outside this one's tree: another
+    suite or job on the same machine, not a test. A session's name ends in the id of the process
+    that started it; one that has exited is counted as this test's (a subprocess it ran)."""
+    pid = session.rsplit("_", 1)[-1]
+    if not pid.isdigit() or not Path(f"/proc/{pid}").exists():
+        return False
+    while pid.isdigit() and int(pid) > 1:
+        if int(pid) == os.getpid():
+            return False
+        try:  # the parent's id follows the name, which may hold spaces and parentheses
+            pid = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+        except (OSError, IndexError):
+            return False
+    return True
+
+
 def pytest_configure(config):
     if hasattr(config, "workerinput") and config.option.basetemp:  # an xdist worker: <run>/popen-gw<n>
         _SHARED_DURATIONS.append(Path(config.option.basetemp).parent / "durations")
@@ -392,7 +410,7 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     if call.when == "teardown" and _RAY_BEFORE in item.stash:
-        started = _ray_sessions() - item.stash[_RAY_BEFORE]
+        started = {s for s in _ray_sessions() - item.stash[_RAY_BEFORE] if not _started_elsewhere(s)}
         if started:
             report.outcome = "failed"
             report.longrepr = (f"{item.nodeid} started Ray ({', '.join(sorted(started))}) but is not marked "
