@@ -236,3 +236,69 @@ def test_the_teacher_judges_a_copy_of_the_positive_a_false_negative():
     assert scores[0] == pytest.approx(judged["teacher_positive"].to_pylist()[0], abs=1e-6) and scores[1] < scores[0]
     found = rates(judged.append_column("same_group", pa.array([None, False], pa.bool_())))
     assert (found["teacher_rate"], found["same_group_rate"], found["with_corpus_documents"]) == (0.5, 0.0, 1)
+
+
+def test_a_corpus_sample_is_fixed_by_the_documents_and_searched_exactly(corpus, pairs):
+    """`negatives.corpus_sample`: the sample is the documents whose ids hash lowest, in the
+    split's order, whatever order the table lists them in (no seed: every trial shares it); the
+    search over it returns each pair's exact top-k among the sampled documents (numpy's ranking
+    of the same vectors), and counts the dev/test documents left out, not the unsampled ones."""
+    from embedlab.negatives.mining import corpus_sample
+    from embedlab.sources.document import document_texts
+
+    _, train = checked_inputs(pairs, corpus, frozenset())
+    sample = corpus_sample(train, 100)
+    ids = train["doc_id"].to_pylist()
+    lowest = set(sorted(ids, key=lambda doc_id: hashlib.sha256(doc_id.encode()).digest())[:100])
+    assert sample["doc_id"].to_pylist() == [doc_id for doc_id in ids if doc_id in lowest]
+    reversed_train = train.take(pa.array(range(train.num_rows - 1, -1, -1)))
+    assert sorted(corpus_sample(reversed_train, 100)["doc_id"].to_pylist()) == sorted(lowest)
+    assert corpus_sample(train, 0) is train and corpus_sample(train, train.num_rows) is train
+
+    lines: list[str] = []
+    found = search_candidates(pairs, corpus, sample, encode, top_k=TOP_K, encoder_id="toy-bow-64",
+                              progress=lines.append)
+    documents = encode(document_texts(sample))
+    scores = encode([pair.query for pair in pairs]) @ documents.T
+    for i in range(len(pairs)):
+        np.testing.assert_allclose(found.scores[i], np.sort(scores[i])[::-1][:TOP_K], atol=1e-6)
+        np.testing.assert_allclose(scores[i][found.rows[i]], found.scores[i], atol=1e-6)
+    dev_test = sum(split != "train" for split in corpus["split"].to_pylist())
+    assert (found.indexed, found.left_out, found.doc_ids) == (100, dev_test, sample["doc_id"].to_pylist())
+    assert f"a fixed sample of 100 of {train.num_rows:,} training documents ({dev_test:,} dev/test" in lines[0]
+
+
+def test_a_sampled_search_is_declared_and_refused_below_top_k():
+    """A corpus sample smaller than the candidates searched is refused naming the field; a
+    table whose rows read a sampled search says so in its mining line."""
+    import pandas as pd
+
+    from embedlab.core.config import ConfigError, NegativesConfig
+    from embedlab.stats.table import MINING_SAMPLE, MINING_SEARCH, mining_line
+
+    with pytest.raises(ConfigError, match=r"contrastive\.negatives\.corpus_sample: 50: 0 \(every training "
+                                          r"document\) or at least top_k \(100\)"):
+        NegativesConfig(count=2, corpus_sample=50)
+    assert NegativesConfig(count=2, corpus_sample=100).corpus_sample == 100
+    table = pd.DataFrame({MINING_SEARCH: ["s1", "s1"], "compute/mining_flops": [1e9, 1e9],
+                          "compute/mining_seconds": [2.0, 2.0], "compute/mining_built": [1.0, 0.0]})
+    assert "sample" not in mining_line(table)
+    assert ("searched a fixed sample of 16,384 training documents, not all of them "
+            "(contrastive.negatives.corpus_sample)") in mining_line(table.assign(**{MINING_SAMPLE: [16384.0] * 2}))
+
+
+def test_arms_whose_rule_left_most_queries_without_negatives_are_named():
+    """An arm whose mined negatives cover under half its queries (averaged over its seeds) is
+    named with its share: it trained mostly on in-batch negatives; arms above, or without
+    mining, are not."""
+    import pandas as pd
+
+    from embedlab.stats.table import MINING_COVERAGE, mining_coverage_line
+
+    table = pd.DataFrame({"arm": ["in-batch", "in-batch", "mined-2", "mined-2", "window", "window"],
+                          "seed": [0, 1] * 3, "stage": ["final"] * 6, "status": ["finished"] * 6,
+                          MINING_COVERAGE: [None, None, 0.001, 0.0, 0.9, 0.3]})
+    line = mining_coverage_line(table)
+    assert line.startswith("warning: mined negatives for under 50% of the queries (mined-2 0.1% of its queries")
+    assert re.search(r"\((.*?) of its queries", line).group(1) == "mined-2 0.1%"  # the one arm below half
+    assert mining_coverage_line(table.assign(**{MINING_COVERAGE: [None, None, 0.6, 0.5, 0.9, 0.8]})) == ""

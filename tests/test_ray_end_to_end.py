@@ -288,6 +288,10 @@ def test_phase3_with_mined_negatives_from_phase2(phase2, prepared, tmp_path_fact
     corpus = prepared.corpus.read().to_pydict()
     split = dict(zip(corpus["doc_id"], corpus["split"]))
     assert mined.num_rows > 0 and {split[d] for d in mined["doc_id"].to_pylist()} == {"train"}
+    mined_counts = json.loads((mined_path.parent / "manifest.json").read_text())["counts"]
+    assert result.metrics["data/mining_queries_with_negatives"] == (
+        mined_counts["queries_with_negatives"] / mined_counts["queries"])
+    assert mined_counts["queries_with_negatives"] == len(set(mined["pair_id"].to_pylist()))
     # A pair that has mined negatives gets them as non-empty rows in the training stream.
     from embedlab.pairs.table import pair_table_path
     from embedlab.streams.pair_stream import tokenize_pair_window

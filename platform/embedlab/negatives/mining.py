@@ -528,6 +528,18 @@ def checked_inputs(pairs: list[Pair], corpus: pa.Table,
     return group_of, train
 
 
+def corpus_sample(train: pa.Table, size: int) -> pa.Table:
+    """A fixed sample of `size` training documents to search (0, or `size` at least the split:
+    every one): those whose doc_id hashes lowest (sha256), kept in the split's order. The sample
+    depends on the documents alone, never on a trial's seed, so every trial, seed and study that
+    mines a corpus with one `size` searches the same documents and shares one stored search."""
+    if size <= 0 or size >= train.num_rows:
+        return train
+    digests = [hashlib.sha256(doc_id.encode()).digest() for doc_id in train["doc_id"].to_pylist()]
+    chosen = np.sort(np.argsort(np.array(digests, dtype=object), kind="stable")[:size])
+    return train.take(pa.array(chosen))
+
+
 def search_candidates(pairs: list[Pair], corpus: pa.Table, train: pa.Table, encode: Callable[[list[str]], np.ndarray],
                       *, top_k: int, encoder_id: str, progress: Callable[[str], None],
                       encode_query: Callable[[list[str]], np.ndarray] | None = None,
@@ -536,10 +548,13 @@ def search_candidates(pairs: list[Pair], corpus: pa.Table, train: pa.Table, enco
                       | None = None) -> Candidates:
     """The training documents, queries and positives encoded, and every query's `top_k`
     nearest documents by exact inner product (`exact_search`, or `search_queries`; no rule
-    applied yet)."""
+    applied yet). `train` is the training split, or a sample of it (`corpus_sample`)."""
     texts = [document_text(title, text) for title, text in zip(train["title"].to_pylist(), train["text"].to_pylist())]
-    progress(f"mining: encoding {len(texts):,} training documents ({corpus.num_rows - len(texts):,} dev/test "
-             f"documents left out) and {len(pairs):,} pairs with {encoder_id}")
+    left_out = corpus.num_rows - pc.sum(pc.equal(corpus["split"], TRAIN_SPLIT)).as_py()  # dev/test documents
+    searched = (f"{len(texts):,} training documents" if len(texts) + left_out == corpus.num_rows else
+                f"a fixed sample of {len(texts):,} of {corpus.num_rows - left_out:,} training documents")
+    progress(f"mining: encoding {searched} ({left_out:,} dev/test documents left out) and {len(pairs):,} pairs "
+             f"with {encoder_id}")
     doc_vectors = _unit_rows((encode_corpus or encode)(texts), len(texts), "documents")
     query_vectors = _unit_rows((encode_query or encode)([pair.query for pair in pairs]), len(pairs), "queries")
     positive_vectors = _unit_rows(encode([pair.positive for pair in pairs]), len(pairs), "positives")
@@ -547,7 +562,7 @@ def search_candidates(pairs: list[Pair], corpus: pa.Table, train: pa.Table, enco
     return Candidates(pair_ids=[pair.pair_id for pair in pairs], doc_ids=train["doc_id"].to_pylist(),
                       groups=train["group_id"].to_pylist(), texts=texts,
                       positive_scores=np.einsum("ij,ij->i", query_vectors, positive_vectors), scores=scores, rows=rows,
-                      indexed=len(texts), left_out=corpus.num_rows - len(texts))
+                      indexed=len(texts), left_out=left_out)
 
 
 def select_negatives(pairs: list[Pair], candidates: Candidates, group_of: Mapping[str, str], config: MiningConfig,

@@ -36,7 +36,7 @@ from embedlab.negatives.candidates import (
     CANDIDATES_DIR, candidates_identity, candidates_version, load_candidates, read_cost, save_candidates,
 )
 from embedlab.negatives.mining import (
-    GIVEN_FORMAT, MANIFEST_FILE, NEGATIVES_FILE, RULES, GivenPair, MiningConfig, checked_inputs, mining_version,
+    GIVEN_FORMAT, MANIFEST_FILE, NEGATIVES_FILE, RULES, GivenPair, MiningConfig, checked_inputs, corpus_sample, mining_version,
     pairs_digest, screen_given_negatives, search_candidates, selected_set,
 )
 from embedlab.artifacts.build import Artifact, build_once
@@ -64,6 +64,13 @@ MINING_CODE = (
     "model/encoder.py", "model/pooling.py", "tokenizer/frozen.py", "negatives/search.py", "negatives/candidates.py",
     "negatives/sharded.py",
 )
+# A row's training documents searched, when its search read a fixed sample of them
+# (`negatives.corpus_sample`), which its table discloses (`embedlab.stats.table.mining_line`).
+MINING_SAMPLE = "data/mining_corpus_sample"
+# The share of a mining trial's queries its rule left at least one negative for: a parent too
+# weak to rank positives above most documents leaves the margin rule nothing to keep, and the
+# arm then trains on in-batch negatives (`embedlab.stats.table.mining_coverage_line` says so).
+MINING_COVERAGE = "data/mining_queries_with_negatives"
 SELECTION_COST = "compute/mining_selection_seconds"  # applying a rule to stored candidates (CPU seconds)
 
 
@@ -182,10 +189,14 @@ def corpus_vectors(prepared, encoder_id: str, encoding: dict[str, Any], parent: 
 
 def _parent_identity(trial: TrialConfig) -> tuple[str, dict[str, Any]]:
     """The parent's content hash and how mining and screening run it (`_parent_encoder`), as
-    the sets' versions record them: the encode length, the parent's pooling and the code."""
+    the sets' versions record them: the encode length, the parent's pooling and the code, and
+    the corpus sample searched when there is one (`negatives.corpus_sample`; absent when every
+    training document is, so the versions of unsampled sets are what they were before it)."""
     manifest = verify_checkpoint(trial.parent)
     encoding = {"max_length": trial.contrastive.pair_length, "pooling": manifest["pooling"]["method"],
                 "prefixes": checkpoint_prefixes(manifest), "code": code_revision(sources=MINING_CODE)}
+    if trial.contrastive.negatives.corpus_sample:
+        encoding["corpus_sample"] = trial.contrastive.negatives.corpus_sample
     return manifest["content_hash"], encoding
 
 
@@ -221,6 +232,7 @@ def candidates_for_phase3(trial: TrialConfig, prepared, pairs_path: Path, schedu
         encode_corpus, corpus = corpus_vectors(prepared, encoder_id, encoding, parent, progress)
         table = prepared.corpus.read()
         _, train = checked_inputs(pairs, table, outside)
+        train = corpus_sample(train, trial.contrastive.negatives.corpus_sample)
         found = search_candidates(pairs, table, train, parent.encode, top_k=trial.contrastive.negatives.top_k,
                                   encoder_id=encoder_id, progress=progress, encode_query=parent.encode_query,
                                   encode_corpus=encode_corpus, search_queries=parent.search)
@@ -358,11 +370,17 @@ def mining_compute(directory: Path | None, prefix: str = "compute/mining") -> di
 def mining_figures(directory: Path | None, trial: TrialConfig) -> dict[str, Any]:
     """A mining trial's row figures beyond its cost: the search it read (`data/mining_candidates`),
     whether this trial made it (`compute/mining_built`: 1.0, else 0.0: another trial or run did,
-    and this one reused it) and every rule's drops (`data/negatives_dropped/<reason>`, `RULES`)."""
+    and this one reused it), every rule's drops (`data/negatives_dropped/<reason>`, `RULES`), the
+    share of its queries left with a negative (`MINING_COVERAGE`) and,
+    when it searched a sample of the corpus, how many documents (`MINING_SAMPLE`)."""
     if directory is None:
         return {}
     cost = json.loads((directory / MINING_COST_FILE).read_text())
     counts = json.loads((directory / MANIFEST_FILE).read_text())["counts"]
+    sample = trial.contrastive.negatives.corpus_sample
     return {"data/mining_candidates": cost["candidates"],
             "compute/mining_built": float(cost.get("built_for") == trial_config_hash(trial)),
-            **{f"data/negatives_dropped/{rule}": float(counts["dropped"][rule]) for rule in RULES}}
+            **{f"data/negatives_dropped/{rule}": float(counts["dropped"][rule]) for rule in RULES},
+            MINING_COVERAGE: counts["queries_with_negatives"] / max(counts["queries"], 1),
+            # only for a sampled search: the documents it searched (`data/mining_corpus_sample`)
+            **({MINING_SAMPLE: float(counts["training_documents_indexed"])} if sample else {})}

@@ -76,6 +76,11 @@ OUTSIDE_BUDGET_FLOPS = ("compute/mining_flops", "compute/given_negatives_flops",
 # The search a mining trial's negatives were selected from (`embedlab.negatives.candidates`),
 # which trials that differ only in the rule share: `mining_line` counts its cost once.
 MINING_SEARCH = "data/mining_candidates"
+MINING_SAMPLE = "data/mining_corpus_sample"  # the documents a sampled search read (`negatives.corpus_sample`)
+MINING_COVERAGE = "data/mining_queries_with_negatives"  # the share of a trial's queries given a mined negative
+# Below this share of its queries given a mined negative, an arm is said to have trained
+# mostly on in-batch negatives: what it measures is not the mined negatives it declares.
+LOW_COVERAGE = 0.5
 # Each arm's measured false-negative rates (`embedlab.teacher.false_negatives`), shown in the table.
 FALSE_NEGATIVE_RATES = ("data/false_negative_rate/teacher", "data/false_negative_rate/same_group")
 TOTAL_COMPUTE = "compute/total_flops"
@@ -245,10 +250,34 @@ def mining_line(table: pd.DataFrame) -> str:
     cost = mining_cost(table)
     if not cost:
         return ""
-    return (f"mining: {cost['searches']:.0f} search(es) read by {cost['trials']:.0f} trials ({cost['built']:.0f} "
+    line = (f"mining: {cost['searches']:.0f} search(es) read by {cost['trials']:.0f} trials ({cost['built']:.0f} "
             f"made here, the rest reused), {cost['flops']:.3g} encode FLOPs and {cost['seconds']:.1f} CPU s in all, "
             "each search counted once: a row's compute/mining_* is the whole cost of the search it read, and "
             "compute/mining_built marks the trial that made it")
+    sampled = pd.to_numeric(table.get(MINING_SAMPLE, pd.Series(dtype=float)), errors="coerce").dropna()
+    if len(sampled):
+        sizes = " / ".join(f"{size:,.0f}" for size in sorted(sampled.unique()))
+        line += (f"; searched a fixed sample of {sizes} training documents, not all of them "
+                 "(contrastive.negatives.corpus_sample): its negatives are easier than a full search would find")
+    return line
+
+
+def mining_coverage_line(table: pd.DataFrame) -> str:
+    """A warning for the mining arms whose rule left most queries without a negative (a parent
+    that ranks most documents above the positives: every candidate looks like a false
+    negative), with each arm's mean share; "" when every arm's negatives cover most queries."""
+    if MINING_COVERAGE not in table:
+        return ""
+    final = final_trials(table)
+    share = pd.to_numeric(final[MINING_COVERAGE], errors="coerce").groupby(final["arm"]).mean().dropna()
+    low = share[share < LOW_COVERAGE]
+    if low.empty:
+        return ""
+    arms = ", ".join(f"{arm} {value:.1%}" for arm, value in low.items())
+    return (f"warning: mined negatives for under {LOW_COVERAGE:.0%} of the queries ({arms} of its queries, "
+            f"{MINING_COVERAGE}): the rule dropped the rest as likely false negatives, so these arms trained "
+            "mostly on in-batch negatives and do not measure mined ones; a stronger parent, or another rule "
+            "(contrastive.negatives.rule), gives them negatives")
 
 
 def false_negative_line(table: pd.DataFrame) -> str:
@@ -571,7 +600,8 @@ def render(run_dir: str | Path, fmt: str = "text", metrics: Sequence[str] | None
     check_equal_compute(table, unit)
     final = final_trials(table)
     notes = [line for line in (compute_match_line(table), compute_outside_line(table), mining_line(table),
-                               tuning_line(table), teacher_line(table), false_negative_line(table),
+                               mining_coverage_line(table), tuning_line(table), teacher_line(table),
+                               false_negative_line(table),
                                pretrained_line(record)) if line]
     notes += [line for line in (cost_line(table, record),) if line]
     control = table.attrs["arm_order"][0] if table.attrs["arm_order"] else None
@@ -600,7 +630,8 @@ def render(run_dir: str | Path, fmt: str = "text", metrics: Sequence[str] | None
             "compute_match": compute_match_line(table) or None, "tuning": tuning_line(table) or None,
             "compute_outside": compute_outside_line(table) or None, "teacher": teacher_line(table) or None,
             **({"pretrained_parent": pretrained_line(record)} if pretrained_line(record) else {}),
-            **({"mining": mining_cost(table), "false_negatives": false_negative_line(table)}
+            **({"mining": mining_cost(table), "false_negatives": false_negative_line(table),
+                "mining_coverage": mining_coverage_line(table) or None}
                if MINING_SEARCH in table else {}),
             "references": {"parent": record.get("parent_scores"), "teacher": record.get("teacher_scores")},
             "paired": _paired_json(comparison), "sequential": sequential_record,

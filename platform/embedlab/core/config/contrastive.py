@@ -41,7 +41,10 @@ class NegativesConfig:
     mined). `false_negative_sample` > 0 measures the false-negative rate on that many of the
     selected negatives, drawn by a fixed seed: the share a teacher (all-MiniLM-L6-v2, a model's
     judgment) scores at or above the positive, and the share in the query's own source group or
-    near-duplicate cluster (`embedlab.teacher.false_negatives`).
+    near-duplicate cluster (`embedlab.teacher.false_negatives`). `corpus_sample` > 0 searches a
+    fixed sample of that many training documents instead of all of them (the same sample for
+    every trial, seed and study: the documents whose id hashes lowest), for a profile that must
+    mine in seconds; its negatives are easier than a full search finds, and the table says so.
 
     A pair of a user source (`data.pair_files` ...) that carries negatives of its own gets
     those first, then mined ones fill its `count` slots (`mine` False: given ones only). A
@@ -62,6 +65,7 @@ class NegativesConfig:
     sample: bool = False  # keep a seeded sample of the survivors, not the first
     mining_workers: int = 1  # Ray workers that encode and search (1: the trial's driver alone)
     false_negative_sample: int = 0  # selected negatives the teacher judges for the false-negative rate (0: none)
+    corpus_sample: int = 0  # training documents searched: a fixed sample of this many (0: every one)
 
     def __post_init__(self) -> None:
         check_fields(self, "contrastive.negatives")
@@ -87,6 +91,8 @@ class NegativesConfig:
         check(self.mining_workers >= 1, "contrastive.negatives.mining_workers", f"{self.mining_workers}: must be >= 1")
         check(self.false_negative_sample >= 0, "contrastive.negatives.false_negative_sample",
               f"{self.false_negative_sample}: must be >= 0")
+        check(self.corpus_sample == 0 or self.corpus_sample >= self.top_k, "contrastive.negatives.corpus_sample",
+              f"{self.corpus_sample}: 0 (every training document) or at least top_k ({self.top_k})")
 
     @property
     def given_threshold(self) -> float | None:
