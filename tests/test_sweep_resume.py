@@ -15,6 +15,7 @@ import pytest
 from embedlab import load_table
 from embedlab.cli import main
 from embedlab.core import timing
+from embedlab.stats.table import render
 from embedlab.sweep.run import resume_line
 
 from conftest import tiny_trial, write_study
@@ -102,6 +103,7 @@ def test_killed_driver_resumes_without_loss_or_duplicates(ray_session, prepared,
     rerun = next(r for r in rows if f"{r['trial_id']}.json" not in before)
     assert attempts[1]["training"] == pytest.approx(rerun[timing.column("training")], abs=0.05)
     assert attempts[1]["cluster_start"] > 0 and attempts[1]["trial_startup"] >= rerun[timing.column("trial_startup")]
+    assert "over 2 runs of the sweep" in render(run_dir)
 
 
 def test_resume_refuses_a_run_directory_of_another_study(tmp_path, capsys):

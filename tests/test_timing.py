@@ -1,5 +1,5 @@
 """Wall time by stage: a clock's stages sum to its wall time, a training loop's own split, a Tune
-experiment's span shared among its trials, and a study's runs added."""
+experiment's span shared among its trials, a study's runs added, and the table that shows them."""
 
 from __future__ import annotations
 
@@ -207,8 +207,9 @@ def _timed_run(tmp_path: Path) -> Path:
 
 def test_a_resumed_study_keeps_its_earlier_run_and_adds_this_one(tmp_path):
     """Each run of the sweep is an attempt in the study record, saved as its stages end; a resume
-    appends its own, the first unchanged, and the study's breakdown is their sum."""
-    from embedlab.stats.table import read_study_record
+    appends its own, the first unchanged, and the table (text, csv, json) and the report show their sum."""
+    from embedlab.report import collect, html
+    from embedlab.stats.table import read_study_record, render
     from embedlab.sweep.run import StudyTimes
 
     run_dir = _timed_run(tmp_path)
@@ -229,3 +230,27 @@ def test_a_resumed_study_keeps_its_earlier_run_and_adds_this_one(tmp_path):
     assert [a["wall"] for a in attempts] == [13.0, 32.0] and attempts[0] == first[0]
     study = timing.study_breakdown(read_study_record(run_dir))
     assert (study["wall"], study["training"], study["cluster_start"], study["other"]) == (45.0, 40.0, 5.0, 0.0)
+    text = render(run_dir)
+    trials = len(list((run_dir / "trials").glob("*.json")))
+    assert (f"wall time by stage: 45.0 s, training 40.0 s (89%) over 2 runs of the sweep (a resumed run's earlier "
+            f"ones added); per trial, the mean of {trials} trained here: 8.0 s, training 6.0 s (75%)") in text
+    rows = {line.split("  ")[0]: line.split() for line in text.splitlines()[-12:]}
+    assert rows["training"] == ["training", "40.0", "88.9%", "6.0", "75.0%"]
+    assert rows["wall (the whole)"][-4:] == ["45.0", "100.0%", "8.0", "100.0%"]
+    assert json.loads(render(run_dir, "json"))["time"]["study"]["wall"] == 45.0
+    assert "# wall time by stage: 45.0 s, training 40.0 s (89%)" in render(run_dir, "csv")
+    # The report's page shows the same block under the run's trial tables.
+    page = html.page(collect.read_runs([str(run_dir)]), [])
+    assert "wall time by stage: 45.0 s, training 40.0 s (89%) over 2 runs of the sweep" in page
+    assert "<tr><td>training</td><td>40.0</td><td>88.9%</td><td>6.0</td><td>75.0%</td></tr>" in page
+
+
+def test_a_record_from_before_timing_shows_no_breakdown():
+    """A study record without `time_by_stage` renders as it did, without the block."""
+    from embedlab.report import collect, html
+    from embedlab.stats.table import render
+
+    run_dir = next(p for p in sorted(RUNS.iterdir()) if (p / "study.json").is_file())
+    assert "wall time by stage" not in render(run_dir)
+    assert json.loads(render(run_dir, "json"))["time"] is None
+    assert "wall time by stage" not in html.page(collect.read_runs([str(run_dir)]), [])
