@@ -254,3 +254,11 @@ def test_a_record_from_before_timing_shows_no_breakdown():
     assert "wall time by stage" not in render(run_dir)
     assert json.loads(render(run_dir, "json"))["time"] is None
     assert "wall time by stage" not in html.page(collect.read_runs([str(run_dir)]), [])
+
+
+def test_the_monitoring_guide_names_every_stage():
+    """The guide's table of stages is the code's: each stage a row, no other."""
+    guide = (REPO / "docs" / "guides" / "monitoring.md").read_text()
+    section = guide.split("## Where the time went", 1)[1].split("\n## ", 1)[0]
+    named = [line.split("`")[1] for line in section.splitlines() if line.startswith("| `")]
+    assert named == list(timing.STAGES)
