@@ -35,9 +35,11 @@ BENCH = {"train: tokens/s": {"ratio": 6.9, "rows": [{"name": "embedlab", "value"
 def test_two_runs_that_differ_only_in_timings_and_paths_are_the_same(tmp_path, capsys):
     before = write(tmp_path / "b", [row(), row(seed=1)], BENCH)
     timed = {"train: tokens/s": {"ratio": 7.4, "rows": [{"name": "embedlab", "value": 1.3}, {"name": "hf", "value": 2.2}]}}
+    # A timing column only one side has (the trial's wall time by stage) is a timing too.
     after = write(tmp_path / "a", [row(**{"compute/wall_seconds": 43.2, "compute/peak_memory_bytes": 672264192,
                                           "checkpoint": "/tmp/y/run-2/ckpt", "trial_id": "ce6cf_00000",
-                                          "eval/seconds": 2.1}), row(seed=1)], timed)
+                                          "eval/seconds": 2.1, "time/training": 12.5, "time/wall": 40.0}),
+                                   row(seed=1)], timed)
     assert compare_outputs.main([str(before), str(after)]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == "same outputs"
 

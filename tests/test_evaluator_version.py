@@ -130,7 +130,7 @@ def test_a_process_of_other_code_than_its_sweep_refuses(tmp_path):
     trial checks it before any work (its context holds nothing else here, so any other step
     would fail differently)."""
     from embedlab.core.code_identity import CodeChangedError, check_same_code
-    from embedlab.sweep.driver import run_trial
+    from embedlab.sweep.driver import TrialClock, run_trial
 
     check_same_code(current().to_dict())
     with pytest.raises(CodeChangedError) as refused:
@@ -138,7 +138,7 @@ def test_a_process_of_other_code_than_its_sweep_refuses(tmp_path):
     assert str(current()) in str(refused.value) and "embedlab 0.0.0-stale (code 000000000000)" in str(refused.value)
     identity = {"arm": "a", "seed": 0, "stage": "final", "trial_id": "t"}
     with pytest.raises(CodeChangedError):
-        run_trial(None, identity, {}, {"code": STALE})
+        run_trial(None, identity, {}, {"code": STALE}, TrialClock())
 
 
 def test_resuming_a_run_of_other_code_is_refused_before_any_work(tmp_path):

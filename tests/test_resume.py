@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from embedlab.checkpoints.io import CheckpointError, load_encoder, verify_checkpoint
+from embedlab.train.loop import loop_seconds
 
 import synthetic
 from gloo import run_on_two_workers
@@ -137,6 +138,9 @@ def test_a_finished_run_resumed_again_trains_no_further(frozen, tmp_path):
     reports, again = train(trial, frozen, tmp_path)
     assert reports == [] and sorted(tmp_path.glob("checkpoint_*")) == checkpoints
     assert again.progress.steps == STEPS and bitwise_equal(trained_tensors(again), trained_tensors(finished))
+    # Its loop never ran: none of the restored run's time is this run's (`embedlab.core.timing`).
+    assert again.progress.elapsed > 0 and loop_seconds(again) == {"wall": 0.0, "data_wait": 0.0,
+                                                                   "checkpointing": 0.0, "training": 0.0}
 
 
 def test_resume_refuses_another_config_or_worker_count(frozen, tmp_path):

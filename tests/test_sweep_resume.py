@@ -14,6 +14,8 @@ import pytest
 
 from embedlab import load_table
 from embedlab.cli import main
+from embedlab.core import timing
+from embedlab.stats.table import render
 from embedlab.sweep.run import resume_line
 
 from conftest import only_run, tiny_trial, write_study
@@ -58,6 +60,9 @@ def test_killed_driver_resumes_without_loss_or_duplicates(ray_session, prepared,
         os.killpg(driver.pid, signal.SIGKILL)
         driver.wait()
     run_dir = only_run(storage)
+    # The killed run's wall time by stage, saved as its stages ended, is kept by the resume.
+    killed = json.loads((run_dir / "study.json").read_text())[timing.RECORD_KEY]
+    assert len(killed) == 1 and killed[0]["wall"] > 0
     before = {p.name: p.stat().st_mtime_ns for p in (run_dir / "trials").glob("*.json")}
     assert len(before) == 1
     # The other arm's trial as a crash leaves it (the driver's "failed" row): resume runs it again.
@@ -68,7 +73,9 @@ def test_killed_driver_resumes_without_loss_or_duplicates(ray_session, prepared,
                "error": "RayActorError: The actor died unexpectedly before finishing this task."}
     (run_dir / "trials" / "crashed_00000.json").write_text(json.dumps(crashed))
 
+    started = time.monotonic()
     assert main(["sweep", str(study_file), "--resume", str(run_dir)]) == 0, capsys.readouterr().err
+    elapsed = time.monotonic() - started  # the resumed run's wall time, as the command's caller sees it
     out = capsys.readouterr().out
     assert "resume: 1 finished trial(s) kept, 1 to run (1 failed grid trial(s) among them run again)" in out
     # Tune's own box and hint are in the run's ray.log (both drivers'), never on the console.
@@ -82,6 +89,21 @@ def test_killed_driver_resumes_without_loss_or_duplicates(ray_session, prepared,
     for name, mtime in before.items():  # finished trials were not rerun
         assert (run_dir / "trials" / name).stat().st_mtime_ns == mtime
     assert json.loads((run_dir / "study.json").read_text())["study"]["name"] == "resumable"
+    # Every trial's stages sum to its wall time; the resumed run's attempt is added to the killed
+    # one's, and its trials' stages are the trial it ran (one at a time: each instant is one trial's).
+    attempts = json.loads((run_dir / "study.json").read_text())[timing.RECORD_KEY]
+    assert attempts[0] == killed[0] and len(attempts) == 2
+    assert 0 < attempts[1]["wall"] <= elapsed  # its own wall time, measured inside the command's
+    for attempt in attempts:
+        assert sum(attempt[s] for s in timing.STAGES) == pytest.approx(attempt["wall"], abs=1e-9)
+    rows = [r for r in table.to_dict("records") if r["status"] == "finished"]
+    for row in rows:
+        assert sum(row[timing.column(s)] for s in timing.STAGES) == pytest.approx(row[timing.WALL], abs=1e-9)
+        assert row[timing.column("training")] > 0 and row[timing.column("evaluation")] > 0
+    rerun = next(r for r in rows if f"{r['trial_id']}.json" not in before)
+    assert attempts[1]["training"] == pytest.approx(rerun[timing.column("training")], abs=0.05)
+    assert attempts[1]["cluster_start"] > 0 and attempts[1]["trial_startup"] >= rerun[timing.column("trial_startup")]
+    assert "over 2 runs of the sweep" in render(run_dir)
 
 
 def test_resume_refuses_a_run_directory_of_another_study(tmp_path, capsys):

@@ -11,7 +11,8 @@ refactor that moves a config field compares what the two commits measured in one
 - Tables: the same studies, the same trials (arm, seed, stage) and the same columns, and every
   value bitwise equal (NaN equals NaN) except the columns in RUN_VARYING: wall-clock times,
   peak memory, paths, trial ids and the config hash, which differ between two runs of one
-  commit or name where a run lives rather than what it measured.
+  commit or name where a run lives rather than what it measured. A run-varying column that
+  only one side has (a new timing column, `time/*`) is not a difference either.
 - Bench: the same JSON key paths (list items by their "name" when they have one), since its
   figures are timings that vary run to run.
 
@@ -34,11 +35,12 @@ from typing import Any
 # mining code's revision: any edit of that code renames it while the candidates stay the same.
 RUN_VARYING = frozenset({"checkpoint", "parent", "trial_id", "config_hash", "eval/seconds", "data/mining_candidates"})
 RUN_VARYING_COMPUTE = ("seconds", "fraction", "peak_memory_bytes", "device_clock")
+RUN_VARYING_PREFIXES = ("time/",)  # a trial's wall time by stage and its span (`embedlab.core.timing`)
 
 
 def run_varying(column: str) -> bool:
     """Whether `column` is left out of the bitwise comparison (see RUN_VARYING_*)."""
-    if column in RUN_VARYING:
+    if column in RUN_VARYING or column.startswith(RUN_VARYING_PREFIXES):
         return True
     return column.startswith("compute/") and column.endswith(RUN_VARYING_COMPUTE)
 
@@ -60,8 +62,8 @@ def compare_tables(before: list[dict], after: list[dict]) -> list[str]:
     problems += [f"trial {key} only after" for key in sorted(rows_b.keys() - rows_a.keys(), key=str)]
     for key in sorted(rows_a.keys() & rows_b.keys(), key=str):
         a, b = rows_a[key], rows_b[key]
-        problems += [f"trial {key}: column {c} only before" for c in sorted(a.keys() - b.keys())]
-        problems += [f"trial {key}: column {c} only after" for c in sorted(b.keys() - a.keys())]
+        problems += [f"trial {key}: column {c} only before" for c in sorted(a.keys() - b.keys()) if not run_varying(c)]
+        problems += [f"trial {key}: column {c} only after" for c in sorted(b.keys() - a.keys()) if not run_varying(c)]
         problems += [f"trial {key}: {c} {a[c]!r} -> {b[c]!r}" for c in sorted(a.keys() & b.keys())
                      if not run_varying(c) and not same_value(a[c], b[c])]
     return problems

@@ -35,6 +35,11 @@ than this code's is refused, as guessing at it could misread it. Each step:
                     table as before). The step moves nothing; the number keeps an older embedlab
                     from printing a fixed-seed test of a sequential run, which would not hold its
                     size.
+    schema 4 -> 5   wall time by stage, additions: a trial row carries `time/<stage>`, `time/wall`
+                    and its span (`time/started`, `time/ended`), and a study record
+                    `time_by_stage`, one entry per run of the sweep on its directory
+                    (`embedlab.core.timing`). An older record has none, and its table shows no
+                    breakdown, as before; the step moves nothing.
 
 A step added later goes here, as a function of the kinds it changes, and in the list above;
 `tests/test_records.py` reads every run record under `docs/results/runs/` through it and holds
@@ -48,7 +53,7 @@ from typing import Any
 
 from embedlab.core.errors import ConfigError, RunRecordError
 
-SCHEMA = 4
+SCHEMA = 5
 KINDS = ("record", "study", "config", "row")
 # The flat keys configs and study records held before the budget was one object (schema 1),
 # and the Budget field each is now.

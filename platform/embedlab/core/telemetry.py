@@ -5,7 +5,9 @@ dashboard embeds.
 
 Every training report of rank 0 is mirrored (one process per trial: the figures are already
 all-reduced over workers), tagged with the Ray Train run name, which carries the stage, arm,
-seed and trial id (`final-mask-15-seed0-<trial id>`).
+seed and trial id (`final-mask-15-seed0-<trial id>`). Each trial's and each study's wall time
+by stage (`embedlab.core.timing`) is published when it is recorded, tagged with the same run
+name (a study's: its run directory's name) and the stage ("wall" for the whole).
 """
 
 from __future__ import annotations
@@ -38,12 +40,13 @@ EVALUATION: dict[str, str] = {
     "embedlab_eval_seconds": "Seconds the evaluation actor spent on one request (0 when cached)",
     "embedlab_eval_requests": "Evaluation requests served, cached or not",
 }
+STAGE_SECONDS = ("embedlab_stage_seconds", "Wall seconds of a trial or a study by stage (\"wall\": the whole)")
 PEAK_ENV = "EMBEDLAB_PEAK_FLOPS"
 
 
 def metric_names() -> set[str]:
     """Every metric embedlab publishes."""
-    return {*TRAINING, GROUP_LOSS[0], MFU[0], *EVALUATION}
+    return {*TRAINING, GROUP_LOSS[0], MFU[0], *EVALUATION, STAGE_SECONDS[0]}
 
 
 def training_values(report: dict[str, Any], world: int, peak_flops: float | None) -> dict[tuple[str, str], float]:
@@ -92,3 +95,21 @@ class EvaluationTelemetry:
     def publish(self, task: str, seconds: float, cached: bool) -> None:
         self.seconds.set(0.0 if cached else seconds, tags={"task": task})
         self.requests.inc(1.0, tags={"task": task, "cached": str(cached).lower()})
+
+
+_STAGE_GAUGE: list = []  # the process's gauge, made on first use (Ray registers a metric once)
+
+
+def publish_stages(run: str, breakdown: dict[str, float]) -> None:
+    """A trial's or study's wall time by stage (`embedlab.core.timing.StageClock.breakdown`)
+    as the `embedlab_stage_seconds` gauge, one series per stage of the run; nothing in a
+    process that is not part of a Ray cluster (a test, a record rewritten offline)."""
+    import ray
+    from ray.util.metrics import Gauge
+
+    if not ray.is_initialized():
+        return
+    if not _STAGE_GAUGE:
+        _STAGE_GAUGE.append(Gauge(STAGE_SECONDS[0], description=STAGE_SECONDS[1], tag_keys=("run", "stage")))
+    for stage, seconds in breakdown.items():
+        _STAGE_GAUGE[0].set(float(seconds), tags={"run": run, "stage": stage})

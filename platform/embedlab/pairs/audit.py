@@ -13,6 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from embedlab.core import timing
 from embedlab.contamination.gate import final_eval, refuse_unless_disclosed
 from embedlab.contamination.saved import stage_file_audit
 from embedlab.contamination.stages import PAIRS_STAGE
@@ -46,6 +47,7 @@ def table_items(table: pa.Table) -> Iterator[tuple[str, str]]:
                 yield f"{pair_id}:negative:{i}", text
 
 
+@timing.charged("audit")
 def check_training_data(
     prepared: PreparedData, task_dir: Path, policy: str | None, progress: Callable[[str], None] = print,
     *, pairs_path: Path | None = None,

@@ -19,6 +19,7 @@ from embedlab.contamination.audit import audit
 from embedlab.artifacts.build import write_json_staged
 from embedlab.contamination.saved import report_content
 from embedlab.contamination.stages import PHASE1_STAGES
+from embedlab.core import timing
 from embedlab.core.beir import load_task
 from embedlab.prepared.directory import PreparedData
 from embedlab.sources.document import document_text
@@ -41,6 +42,7 @@ def phase1_stages(prepared: PreparedData) -> dict[str, Callable[[], Iterator[tup
     return {"pretraining": lambda: _documents(prepared, None), "tokenizer-sample": tokenizer_sample}
 
 
+@timing.charged("audit")
 def task_audit(prepared: PreparedData, task_dir: Path, progress: Callable[[str], None] = print) -> dict:
     """The phase-1 audit of one task against this data, computed once per task content and
     saved as `audits/<task hash>.json` (findings, counts and the markdown report)."""

@@ -16,7 +16,8 @@ import pandas as pd
 from embedlab.core.code_identity import VERSION
 from embedlab.report.collect import Run
 from embedlab.report.plotting import Figure
-from embedlab.stats import looks, paired
+from embedlab.core import timing
+from embedlab.stats import looks, paired, stage_times
 from embedlab.stats.table import (
     CONFIDENCE, UnequalComputeError, check_equal_compute, ci_label, compute_match_line, summarize,
     tuning_line, unit_columns,
@@ -111,7 +112,18 @@ def _trial_tables(run: Run) -> str:
     comparison = notes + comparison + _identical_seeds(run)
     columns = [c for c in ("trial_id", "arm", "seed", "status", *metrics) if c in table]
     trials = _html_table(table[columns], numeric=metrics)
-    return f"{head}{comparison}<details><summary>every trial ({len(table)})</summary>{trials}</details>"
+    return (f"{head}{comparison}<details><summary>every trial ({len(table)})</summary>{trials}</details>"
+            f"{_stage_times(run)}")
+
+
+def _stage_times(run: Run) -> str:
+    """The run's wall time by stage and training's share, the study's beside its trials' mean
+    (`embedlab.stats.stage_times`); nothing for a run recorded before runs were timed."""
+    line = stage_times.header(run.record, run.table)
+    if line is None:
+        return ""
+    frame = stage_times.frame(timing.study_breakdown(run.record), stage_times.trial_mean(run.table))
+    return f'<p class="meta">{escape(line)}</p>' + _html_table(frame, numeric=[])
 
 
 def _identical_seeds(run: Run) -> str:

@@ -38,7 +38,7 @@ from embedlab.core.schema import upgrade
 from embedlab.core.errors import RunRecordError, UsageError, UserError
 from embedlab.records.rundir import last_error_line, read_record, trial_records
 from embedlab.stats.paired import final_trials
-from embedlab.stats import crossed, looks, paired
+from embedlab.stats import crossed, looks, paired, stage_times
 from embedlab.stats.references import reference_line
 from embedlab.teacher.embeddings import VECTORS_DISCLOSURE
 from embedlab.teacher.false_negatives import DISCLOSURE as FALSE_NEGATIVE_DISCLOSURE
@@ -591,7 +591,8 @@ def render(run_dir: str | Path, fmt: str = "text", metrics: Sequence[str] | None
     correction (or one line saying why it is unavailable). csv starts with those lines as
     `# ` comments (`pd.read_csv(..., comment="#")`) and adds the test as
     `<metric>:paired_<column>` columns; json holds them under "compute_match", "tuning" and
-    "paired"."""
+    "paired". A run whose record has its wall time by stage ends with it (`stage_times`; csv:
+    its first line, json: "time")."""
     if fmt not in FORMATS:
         raise UsageError(f"format {fmt!r}: choose one of {', '.join(FORMATS)}")
     record = read_study_record(run_dir)
@@ -617,7 +618,9 @@ def render(run_dir: str | Path, fmt: str = "text", metrics: Sequence[str] | None
     if fmt in ("csv", "json"):
         summary = summarize(table, metrics, confidence=CONFIDENCE, check_compute=False)  # checked above
         if fmt == "csv":
-            comments = [_seed_level_note(), *notes, *comparison.header.splitlines(), *sequential_lines]
+            time_line = stage_times.header(record, table)
+            comments = [_seed_level_note(), *notes, *comparison.header.splitlines(), *sequential_lines,
+                        *([time_line] if time_line else [])]
             frame = _with_paired(summary, comparison)
             if sequential_record is not None:
                 frame = _with_sequential(frame, sequential_record, table.attrs["metric"])
@@ -636,6 +639,7 @@ def render(run_dir: str | Path, fmt: str = "text", metrics: Sequence[str] | None
             "references": {"parent": record.get("parent_scores"), "teacher": record.get("teacher_scores")},
             "paired": _paired_json(comparison), "sequential": sequential_record,
             "cost": cost_line(table, record) or None, "arms": _records(summary), "trials": _records(table),
+            "time": stage_times.as_json(record, table),
         }, indent=2, default=_json_scalar)
     consumed_in = unit_columns(table, unit)
     unit_column = next((c for c in consumed_in if c in table), consumed_in[0])
@@ -681,6 +685,9 @@ def render(run_dir: str | Path, fmt: str = "text", metrics: Sequence[str] | None
             columns.append(REUSED_FROM)
         trials = table[[c for c in dict.fromkeys(columns) if c in table]]
         blocks.append(f"trials:\n{table_of(trials.map(_cell))}")
+    times = stage_times.block(record, table, table_of)
+    if times:
+        blocks.append(times)
     overlap = _overlap_line(record)
     if overlap:
         blocks.append(overlap)

@@ -5,13 +5,15 @@ trial's row, whatever its end."""
 from __future__ import annotations
 
 import hashlib
+import time
 from pathlib import Path
 from typing import Any
 
 from embedlab.artifacts.sync import local_directory
 from embedlab.checkpoints.io import read_manifest
-from embedlab.core import code_identity, store
+from embedlab.core import code_identity, store, timing
 from embedlab.core.config import TrialConfig
+from embedlab.core.telemetry import publish_stages
 from embedlab.prepared.directory import PreparedData
 from embedlab.records.rundir import error_text, finished_rows, write_per_query, write_row
 from embedlab.records.scores import score_trial
@@ -41,18 +43,42 @@ def trial_driver(config: dict[str, Any], *, context: dict[str, Any]) -> None:
     trial) and any tuned values as dotted config paths. Every trial leaves a row: "finished",
     "nonfinite" (training stopped by non-finite steps), or "failed" with the error's text,
     written before the error goes on to Tune (which retries the trial once, `experiment.TRIAL_RETRIES`;
-    the retry's row replaces it)."""
+    the retry's row replaces it). Every row records the trial's wall time by stage
+    (`embedlab.core.timing`, `TrialClock`)."""
     from ray import tune  # here: Ray, which a dry run does not need
 
+    clock = TrialClock()
     study = Study.from_dict(context["study"])
     run_dir = context["run_dir"]
     identity = trial_identity(study, config, tune.get_context().get_trial_id())
-    try:
-        final = run_trial(study, identity, trial_params(config), context)
-    except Exception as error:
-        write_row(run_dir, {**identity, "status": "failed", "error": error_text(f"{type(error).__name__}: {error}")})
-        raise
+    with timing.timed(clock.stages):
+        try:
+            final = run_trial(study, identity, trial_params(config), context, clock)
+        except Exception as error:
+            write_row(run_dir, {**identity, "status": "failed",
+                                "error": error_text(f"{type(error).__name__}: {error}"), **clock.columns()})
+            raise
     tune.report(final)  # outside the try: the row is written, whatever Tune does with this
+
+
+class TrialClock:
+    """A trial driver's wall time by stage, from the moment its function starts: its row's
+    `time/*` columns (`columns`), also published to the Ray dashboard."""
+
+    def __init__(self) -> None:
+        self.stages = timing.StageClock()
+        self.started = time.time()
+
+    def add_loop(self, loop: dict[str, float]) -> None:
+        """Move the training loop's own split (rank 0's data wait, training and checkpointing,
+        `embedlab.train.loop.loop_seconds`) out of "trial_startup", which the whole fit went to."""
+        self.stages.move("trial_startup", {k: v for k, v in loop.items() if k != "wall"})
+
+    def columns(self, run: str | None = None) -> dict[str, float]:
+        breakdown = self.stages.breakdown()
+        if run is not None:
+            publish_stages(run, breakdown)
+        return timing.row_columns(breakdown, self.started, time.time())
 
 
 def trial_params(config: dict[str, Any]) -> dict[str, Any]:
@@ -108,9 +134,10 @@ def trial_row(identity: dict[str, Any], train: dict[str, Any], intended: dict[st
     }
 
 
-def run_trial(study: Study, identity: dict[str, Any], params: dict[str, Any], context: dict[str, Any]) -> dict:
-    """Train and score one trial and write its row (and per-query file); returns the trial's
-    final Tune result. `trial_driver` records whatever this raises."""
+def run_trial(study: Study, identity: dict[str, Any], params: dict[str, Any], context: dict[str, Any],
+              clock: TrialClock) -> dict:
+    """Train and score one trial and write its row (and per-query file), with its time by stage
+    on `clock`; returns the trial's final Tune result. `trial_driver` records whatever this raises."""
     # here: Ray (the actor's module imports it too), which a dry run does not need
     from ray import tune
     from ray.tune.integration.ray_train import TuneReportCallback
@@ -131,21 +158,26 @@ def run_trial(study: Study, identity: dict[str, Any], params: dict[str, Any], co
         "phase": trial.phase, "parent": trial.parent,
         "parent_hash": read_manifest(trial.parent)["content_hash"] if trial.parent else None,
     }
+    name = f"{stage}-{arm}-seed{seed}-{trial_id}"
     try:
-        result = train_trial(
-            trial, prepared, storage_path=store.join(run_dir, "train"), name=f"{stage}-{arm}-seed{seed}-{trial_id}",
-            callbacks=[TuneReportCallback()], overlap_policy=study.disclosed_overlap,
-            # The trial's own output does not reach the console (log_to_driver=False): the lines
-            # of its work before training (mining and teacher labels can take many minutes)
-            # travel as Tune results, as its evaluation's do.
-            progress=lambda line: tune.report({EVAL_PROGRESS: line}),
-        )
+        # The whole fit first; the loop's own split of it is moved out after (`TrialClock.add_loop`).
+        with timing.stage("trial_startup"):
+            result = train_trial(
+                trial, prepared, storage_path=store.join(run_dir, "train"), name=name,
+                callbacks=[TuneReportCallback()], overlap_policy=study.disclosed_overlap,
+                # The trial's own output does not reach the console (log_to_driver=False): the lines
+                # of its work before training (mining and teacher labels can take many minutes)
+                # travel as Tune results, as its evaluation's do.
+                progress=lambda line: tune.report({EVAL_PROGRESS: line}),
+            )
     except NonFiniteError as error:
         # Deterministic: retrying would stop the same way. The table shows why it has no metrics.
-        write_row(run_dir, {**identity, "status": "nonfinite", "error": str(error)})
+        clock.add_loop(error.loop_seconds)
+        write_row(run_dir, {**identity, "status": "nonfinite", "error": str(error), **clock.columns(name)})
         return {study.metric: float("nan")}
     if result.error is not None:
         raise result.error
+    clock.add_loop((getattr(result, "return_value", None) or {}).get(timing.LOOP_TIME) or {})
     # A path on the run's storage, or a URI on object storage: every reader fetches and verifies it.
     checkpoint_dir = store.location_of(result.checkpoint.filesystem, result.checkpoint.path, like=run_dir)
 
@@ -157,11 +189,13 @@ def run_trial(study: Study, identity: dict[str, Any], params: dict[str, Any], co
             request=trial_id, max_length=trial.eval.max_length, dims=trial.eval.dims,
             report=lambda line: tune.report({EVAL_PROGRESS: line}))
 
-    scored = score_trial(evaluate, arm_eval_tasks(trial.eval, context["prepared"][arm]), trial.eval.split,
-                         str(prepared.directory / "retention"))
+    with timing.stage("evaluation"):
+        scored = score_trial(evaluate, arm_eval_tasks(trial.eval, context["prepared"][arm]), trial.eval.split,
+                             str(prepared.directory / "retention"))
     intended = phase_of(trial).intended_shares(trial, prepared.record)
     row = trial_row(identity, result.metrics, intended, scored.columns, checkpoint=checkpoint_dir,
                     checkpoint_hash=scored.main["checkpoint_hash"], data_revision=prepared.data_revision)
+    row.update(clock.columns(name))
     if stage == "final" and any(r.get("status") == "finished" and r.get("stage", "final") == "final"
                                 and (r["arm"], r["seed"]) == (arm, seed) and r["trial_id"] != trial_id
                                 for r in finished_rows(run_dir)):

@@ -14,11 +14,12 @@ import dataclasses
 import logging
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from embedlab.core import store
-from embedlab.records.rundir import TRIALS_DIR, error_text, write_row
+from embedlab.core import store, timing
+from embedlab.records.rundir import TRIALS_DIR, error_text, finished_rows, write_row
 from embedlab.studies.study import Study
 from embedlab.sweep.driver import trial_identity
 from embedlab.sweep.progress import trial_progress
@@ -35,7 +36,9 @@ TRIAL_RETRIES = 1
 def fit(driver, param_space, run_dir: str, name: str, concurrency: int, progress: Callable[[str], None], *,
         study: Study, searcher=None, num_samples: int = 1) -> None:
     """Run `driver`'s trials as the Tune experiment `<run_dir>/tune/<name>`: the grid of
-    `param_space`, or `num_samples` trials that `searcher` suggests; `concurrency` at a time."""
+    `param_space`, or `num_samples` trials that `searcher` suggests; `concurrency` at a time.
+    On the current stage clock, the experiment's span goes to its trials' stages as their rows
+    record them (`timing.trial_seconds`); what no trial ran in, to trial start-up."""
     from ray import tune  # here: Ray, which a dry run does not need
 
     total = num_samples if param_space is None else len(param_space["trial"]["grid_search"])
@@ -54,7 +57,13 @@ def fit(driver, param_space, run_dir: str, name: str, concurrency: int, progress
                                   # group) runs once more before it counts as failed.
                                   failure_config=tune.FailureConfig(max_failures=TRIAL_RETRIES)),
     )
-    results = tuner.fit()
+    span_start = time.time()
+    with timing.stage("trial_startup"):
+        results = tuner.fit()
+    clock = timing.current()
+    if clock is not None:
+        spans = [span for row in finished_rows(run_dir) if (span := timing.TrialSpan.of_row(row)) is not None]
+        clock.move("trial_startup", timing.trial_seconds(span_start, time.time(), spans))
     failed = [r for r in results if r.error is not None]
     if failed:
         progress(f"tune: {len(failed)} trial(s) failed; see {store.join(run_dir, 'tune', name)}")

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from embedlab.artifacts.sync import STORAGE_ENV
-from embedlab.core import code_identity, store
+from embedlab.core import code_identity, store, timing
 from embedlab.core.config import TrialConfig
 from embedlab.core.errors import UsageError
 from embedlab.core.schema import SCHEMA
@@ -209,20 +209,63 @@ def run_sweep(
 
     Named stages, each with a typed result: `resolve` the study, parent and run, `verify`
     every check that needs no cluster, `start_cluster`, `prepare` each arm's data and pass the
-    gate, `record_run`, `score_references` (parent, teacher), then `launch` the trials."""
-    resolved = resolve(study_path, storage=storage, parent=parent, profile=profile, resume=resume,
-                       budget_scale=budget_scale, design=Sequential(until_decided, max_seeds, equivalence_margin),
-                       progress=progress)
-    verify(resolved, address=address, max_concurrent=max_concurrent, wait_for_resources=wait_for_resources,
-           progress=progress)
-    cluster = start_cluster(resolved, address=address, max_concurrent=max_concurrent,
-                            wait_for_resources=wait_for_resources, progress=progress)
-    prepared, overlap = prepare(resolved, progress)
-    run_dir, record = record_run(resolved, prepared, overlap, progress, reuse=reuse)
-    score_references(resolved, prepared, run_dir, record, cluster, progress)
-    with tune_output_to_log(run_dir, progress, verbose=verbose) as shown:
-        launch(resolved, prepared, run_dir, record, cluster, shown, reuse=reuse)
+    gate, `record_run`, `score_references` (parent, teacher), then `launch` the trials. The
+    run's wall time by stage (`embedlab.core.timing`) is this run's attempt in the study
+    record, saved as each stage ends (`StudyTimes`)."""
+    clock = timing.StageClock()
+    with timing.timed(clock):
+        resolved = resolve(study_path, storage=storage, parent=parent, profile=profile, resume=resume,
+                           budget_scale=budget_scale, design=Sequential(until_decided, max_seeds, equivalence_margin),
+                           progress=progress)
+        verify(resolved, address=address, max_concurrent=max_concurrent, wait_for_resources=wait_for_resources,
+               progress=progress)
+        with timing.stage("cluster_start"):
+            cluster = start_cluster(resolved, address=address, max_concurrent=max_concurrent,
+                                    wait_for_resources=wait_for_resources, progress=progress)
+        with timing.stage("data_preparation"):  # the gate's audits are charged to the audit
+            prepared, overlap = prepare(resolved, progress)
+        run_dir, record = record_run(resolved, prepared, overlap, progress, reuse=reuse)
+        times = StudyTimes(run_dir, record, clock)
+        with timing.stage("evaluation"):
+            score_references(resolved, prepared, run_dir, record, cluster, progress)
+        with tune_output_to_log(run_dir, progress, verbose=verbose) as shown:
+            launch(resolved, prepared, run_dir, record, cluster, shown, reuse=reuse)
+        times.save()
     return run_dir
+
+
+class StudyTimes:
+    """This run's attempt in its study record's wall time by stage (`timing.RECORD_KEY`: a
+    resumed run's earlier attempts are kept and this one added), saved now, whenever one of
+    `clock`'s outermost stages ends, and by `save`; each save also goes to the Ray dashboard."""
+
+    def __init__(self, run_dir: str, record: dict[str, Any], clock: timing.StageClock) -> None:
+        self.run_dir, self.record, self.clock = run_dir, record, clock
+        self.started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        attempts = record.setdefault(timing.RECORD_KEY, [])
+        self.index = len(attempts)
+        attempts.append({})
+        clock.on_change = self.save
+        self.save()
+
+    def save(self) -> None:
+        from embedlab.core.telemetry import publish_stages  # here: Ray, which the record does not need
+
+        breakdown = self.clock.breakdown()
+        self.record[timing.RECORD_KEY][self.index] = {"started": self.started, **breakdown}
+        write_json(store.join(self.run_dir, STUDY_FILE), self.record)
+        publish_stages(store.name(self.run_dir), breakdown)
+
+
+def add_to_last_attempt(run_dir: str | Path, breakdown: dict[str, float]) -> None:
+    """Add `breakdown` (what a tour spends on a stage after its sweep: the table, promotion and
+    release) to the last attempt of the study record's wall time by stage."""
+    record = read_study_record(run_dir)
+    attempts = record.get(timing.RECORD_KEY)
+    if not attempts:
+        return
+    attempts[-1] = {**attempts[-1], **timing.add_breakdowns([attempts[-1], breakdown])}
+    write_json(store.join(run_dir, STUDY_FILE), record)
 
 
 DEFAULT_MAX_SEEDS = 8  # `--until-decided` without `--max-seeds` (nor a study's own)
@@ -550,7 +593,7 @@ def build_trial_data(resolved: Resolved, prepared: dict[str, dict], todo: list[d
     (`embedlab.train.trial_data`) before any trial starts, so each set is made once and the
     trials find it: one trial's at a time, in a Ray task shaped like its own driver (its
     resources, a GPU share where it mines on a GPU cluster; published to every node as it is
-    made)."""
+    made). Charged to mining, less what each task measured of its audits and data preparation."""
     study = resolved.study
     trials = [(entry, derive(study.trial_config(entry["arm"], entry["seed"], resolved.parent), entry["params"]))
               for entry in todo]
@@ -558,26 +601,39 @@ def build_trial_data(resolved: Resolved, prepared: dict[str, dict], todo: list[d
     trials = [(entry, trial) for entry, trial in trials if makes_sets(trial)]
     if not trials:
         return
-    import ray  # here: Ray, which a dry run does not need
-    from ray.util.queue import Queue
+    from ray.util.queue import Queue  # here: Ray, which a dry run does not need
 
     progress(f"data: building and checking what {len(trials)} trial(s) train on, before any starts")
     lines = Queue()  # the task's progress lines, shown as they come: mining runs for minutes
     for entry, trial in trials:
-        wanted = trial_driver_resources(trial, shares)
-        task = ray.remote(build_trial_data_task).options(num_cpus=wanted["CPU"], memory=wanted["memory"],
-                                                         num_gpus=wanted.get("GPU", 0))
-        done = task.remote(trial.to_dict(), prepared[entry["arm"]], study.disclosed_overlap, lines)
-        finished = False
-        while not finished:
-            finished = bool(ray.wait([done], timeout=0.5)[0])
-            while not lines.empty():  # named by its trial, as the trial's own lines are (`progress.TrialProgress`)
-                progress(f"trial final {entry['arm']} seed {entry['seed']}: {lines.get()}")
-        try:
-            ray.get(done)
-        except ray.exceptions.RayTaskError as error:
-            raise error.cause from None  # the task's own error (a ContaminationError, ...), not Ray's wrapper
+        with timing.stage("mining"):
+            measured = _build_sets(entry, trial, prepared[entry["arm"]], study.disclosed_overlap, shares, lines,
+                                   progress)
+        clock = timing.current()
+        if clock is not None:  # the task's own split: its audits and data preparation
+            clock.move("mining", {stage: measured[stage] for stage in ("audit", "data_preparation")})
     lines.shutdown()
+
+
+def _build_sets(entry: dict[str, Any], trial: TrialConfig, prepared: dict, overlap_policy: str | None,
+                shares: GpuShares, lines, progress: Callable[[str], None]) -> dict[str, float]:
+    """One trial's sets, built by a Ray task (`embedlab.train.trial_data.build_trial_data`) whose
+    lines go to `progress` as they come; returns the task's time by stage."""
+    import ray  # here: Ray, which a dry run does not need
+
+    wanted = trial_driver_resources(trial, shares)
+    task = ray.remote(build_trial_data_task).options(num_cpus=wanted["CPU"], memory=wanted["memory"],
+                                                     num_gpus=wanted.get("GPU", 0))
+    done = task.remote(trial.to_dict(), prepared, overlap_policy, lines)
+    finished = False
+    while not finished:
+        finished = bool(ray.wait([done], timeout=0.5)[0])
+        while not lines.empty():  # named by its trial, as the trial's own lines are (`progress.TrialProgress`)
+            progress(f"trial final {entry['arm']} seed {entry['seed']}: {lines.get()}")
+    try:
+        return ray.get(done)
+    except ray.exceptions.RayTaskError as error:
+        raise error.cause from None  # the task's own error (a ContaminationError, ...), not Ray's wrapper
 
 
 def resume_line(rows: list[dict[str, Any]], trials: int) -> str:

@@ -10,10 +10,11 @@ starting nothing.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 
-from embedlab.core import store
+from embedlab.core import store, timing
 from embedlab.core.errors import UsageError
 from embedlab.sweep.promote import NEXT_STUDY_FILE, RetentionMarginError, packaged_ablations, promote
 from embedlab.studies.tour import Stage, load_stage_studies, load_tour, stage_path
@@ -76,9 +77,12 @@ def run_tour(
     """Run every stage, promoting between them; returns the stages' run directories.
     `max_concurrent`, `wait_for_resources`, `verbose` and `reuse` go to each stage's `run_sweep`.
     Every stage's checks that need no cluster run first (`dry_run_tour`), so a tour whose third
-    stage reads a missing file stops before its first stage trains."""
-    from embedlab.sweep.run import run_sweep  # here: torch and Ray, which loading a tour does not need
+    stage reads a missing file stops before its first stage trains. What a stage spends after
+    its sweep (its table, promotion, release) joins its study record's wall time by stage, and
+    the tour ends with a line of its whole wall time by stage (`timing.text`)."""
+    from embedlab.sweep.run import add_to_last_attempt, run_sweep  # here: torch and Ray, which loading a tour does not need
 
+    started = time.monotonic()
     dry_run_tour(path, profile, storage=storage, address=address, max_concurrent=max_concurrent,
                  wait_for_resources=wait_for_resources)
     tour = load_tour(path, profile)
@@ -88,25 +92,45 @@ def run_tour(
         progress(f"\n== tour {tour.name} ({tour.profile}): stage {index + 1}/{len(tour.stages)}: {store.name(study_file)}")
         run_dir = run_sweep(study_file, storage=storage, address=address,
                             profile=tour.profile if index == 0 else None, max_concurrent=max_concurrent,
-                            wait_for_resources=wait_for_resources, progress=progress, verbose=verbose,
-                            reuse=reuse)
+                            wait_for_resources=wait_for_resources, progress=progress, verbose=verbose, reuse=reuse)
         run_dirs.append(run_dir)
-        show(run_dir)
-        following = tour.stages[index + 1] if index + 1 < len(tour.stages) else None
-        rule = dict(metric=stage.metric, max_retention_drop=stage.max_retention_drop,
-                    next_study=stage_path(Path(path), following) if following else None, progress=progress)
-        promotion = promote_stage(run_dir, rule)
-        if following is None:
-            from embedlab.release.export import export_release_to  # here: torch, which loading a tour does not need
-
-            release = store.join(run_dir, "release")
-            export_release_to(promotion["checkpoint"], release)
-            loads = (f"SentenceTransformer({release!r}, trust_remote_code=True) loads it" if store.local_path(release)
-                     else "copy it to a local directory for SentenceTransformer to load it")
-            progress(f"release: {release} ({loads})")
-        else:
-            study_file = store.join(run_dir, NEXT_STUDY_FILE)
+        after = timing.StageClock()
+        with timing.timed(after):
+            show(run_dir)
+            following = tour.stages[index + 1] if index + 1 < len(tour.stages) else None
+            with timing.stage("promotion"):
+                study_file = promote_and_release(run_dir, stage, following, path, progress)
+        add_to_last_attempt(run_dir, after.breakdown())
+    progress(f"tour time: {timing.text(tour_breakdown(run_dirs, time.monotonic() - started))}")
     return run_dirs
+
+
+def tour_breakdown(run_dirs: list[Path], wall: float) -> dict[str, float]:
+    """A tour's `wall` seconds by stage: its stages' last attempts (each sweep, its table and
+    promotion, as their study records hold them) summed, and the tour's own checks and loading
+    in "other"."""
+    from embedlab.stats.table import read_study_record  # here: pandas, which loading a tour does not need
+
+    return timing.within(wall, [read_study_record(run_dir)[timing.RECORD_KEY][-1] for run_dir in run_dirs])
+
+
+def promote_and_release(run_dir: Path, stage: Stage, following: Stage | None, path: str | Path,
+                        progress: Callable[[str], None]) -> str | None:
+    """Promote the stage's winner; export it as the release after the last stage. Returns the
+    next stage's study file (the promoted one), None after the last."""
+    rule = dict(metric=stage.metric, max_retention_drop=stage.max_retention_drop,
+                next_study=stage_path(Path(path), following) if following else None, progress=progress)
+    promotion = promote_stage(run_dir, rule)
+    if following is not None:
+        return store.join(run_dir, NEXT_STUDY_FILE)
+    from embedlab.release.export import export_release_to  # here: torch, which loading a tour does not need
+
+    release = store.join(run_dir, "release")
+    export_release_to(promotion["checkpoint"], release)
+    loads = (f"SentenceTransformer({release!r}, trust_remote_code=True) loads it" if store.local_path(release)
+             else "copy it to a local directory for SentenceTransformer to load it")
+    progress(f"release: {release} ({loads})")
+    return None
 
 
 def promote_stage(run_dir: str | Path, rule: dict) -> dict:

@@ -29,6 +29,7 @@ import torch
 
 from embedlab.checkpoints.io import load_weights, read_manifest, save_checkpoint
 from embedlab.core.config import TrialConfig
+from embedlab.core.timing import LOOP_TIME
 from embedlab.streams.packed import DATA_ASSIGNMENT
 from embedlab.train.budget import final_rows, trim_rows
 from embedlab.train.compiling import compile_record
@@ -64,6 +65,7 @@ class Progress:
     stream_start: float = 0.0  # wall seconds until each attempt's first batches arrived
     data_wait: float = 0.0  # wall seconds spent waiting for batches after those, all attempts
     device_seconds: float = 0.0  # device time of the steps, summed over workers (`device_time`)
+    checkpointing: float = 0.0  # wall seconds writing checkpoints and reporting them, all attempts
     last_step_cost: float = 0.0  # budget units the last step consumed (the final step is cut to fit)
 
 
@@ -298,16 +300,34 @@ def _report(loop: TrainingLoop, session: Session, *, checkpoint: bool, final: bo
     if not checkpoint:
         session.report(metrics, None)
         return
+    started = time.perf_counter()
     with tempfile.TemporaryDirectory() as directory:
         session.report(metrics, loop.save(Path(directory) / "checkpoint", metrics, final=final))
+    progress.checkpointing += time.perf_counter() - started
+
+
+def loop_seconds(loop: TrainingLoop) -> dict[str, float]:
+    """This worker's loop time by stage (`embedlab.core.timing`), every attempt's (those a
+    checkpoint carries from before a restart), its last checkpoint included: the wall seconds
+    of the loop, those it waited for batches (the stream's first ones included), those it wrote
+    checkpoints, and the rest, its steps and reports, as training. Zero for a run that resumed
+    already done: its loop never ran here."""
+    if not hasattr(loop, "started"):
+        return {"wall": 0.0, "data_wait": 0.0, "checkpointing": 0.0, "training": 0.0}
+    progress = loop.progress
+    wall = loop.elapsed()
+    waited = progress.stream_start + progress.data_wait
+    return {"wall": wall, "data_wait": waited, "checkpointing": progress.checkpointing,
+            "training": max(wall - waited - progress.checkpointing, 0.0)}
 
 
 def run_on_ray(make_loop: Callable[..., TrainingLoop], loop_config: dict[str, Any]) -> dict[str, Any] | None:
     """The body of a `train_loop_per_worker`: build the phase's loop and run it on Ray Train.
 
-    A `NonFiniteError` ends the worker normally, returning what `launch.fit` needs to raise
-    it on the driver: Ray Train restarts a failed worker group, and a restart would only
-    repeat the same rejections.
+    Returns rank 0's loop time by stage (`loop_seconds`: `Result.return_value` on the driver,
+    `LOOP_TIME`). A `NonFiniteError` ends the worker normally, returning also what
+    `launch.fit` needs to raise it on the driver: Ray Train restarts a failed worker group, and
+    a restart would only repeat the same rejections.
     """
     session = RaySession()
     worker = WorkerConfig.from_dict(loop_config)  # Ray Train's mapping of `WorkerConfig.to_dict()`
@@ -315,5 +335,6 @@ def run_on_ray(make_loop: Callable[..., TrainingLoop], loop_config: dict[str, An
     try:
         run(loop, session, worker.run)
     except NonFiniteError as error:
-        return {"stopped": "non-finite", "rejected_in_a_row": error.rejected_in_a_row, "step": error.step}
-    return None
+        return {"stopped": "non-finite", "rejected_in_a_row": error.rejected_in_a_row, "step": error.step,
+                LOOP_TIME: loop_seconds(loop)}
+    return {LOOP_TIME: loop_seconds(loop)}

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import math
 
+from embedlab.core.timing import LOOP_TIME
+
 REJECTED_UPDATE_POLICY = (
     "a step whose global loss or global gradient norm is not finite is rejected: no optimizer step, "
     "weights and optimizer state unchanged; its batch counts as consumed (data position, schedule "
@@ -27,8 +29,9 @@ STOPPED_KEY = "train/stopped_nonfinite"  # 1.0 in the last report of a trial sto
 class NonFiniteError(RuntimeError):
     """A trial stopped because too many consecutive steps had a non-finite loss or gradient."""
 
-    def __init__(self, rejected_in_a_row: int, step: int) -> None:
+    def __init__(self, rejected_in_a_row: int, step: int, loop_seconds: dict[str, float] | None = None) -> None:
         self.rejected_in_a_row, self.step = rejected_in_a_row, step
+        self.loop_seconds = loop_seconds or {}  # the stopped loop's time by stage (`train.loop.loop_seconds`)
         super().__init__(
             f"{rejected_in_a_row} consecutive steps rejected for a non-finite loss or gradient "
             f"(train.max_rejected_steps = {rejected_in_a_row}), the last at step {step}; the trial stopped"
@@ -39,7 +42,7 @@ class NonFiniteError(RuntimeError):
         """The error a worker returned to stop its trial (`train.loop.run_on_ray`), if any."""
         if not value or value.get("stopped") != "non-finite":
             return None
-        return cls(int(value["rejected_in_a_row"]), int(value["step"]))
+        return cls(int(value["rejected_in_a_row"]), int(value["step"]), value.get(LOOP_TIME))
 
 
 def finite_update(*values: float) -> bool:

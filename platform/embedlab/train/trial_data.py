@@ -25,6 +25,7 @@ from typing import Any
 
 from embedlab.checkpoints.state import data_seed
 from embedlab.artifacts.sync import local_directory
+from embedlab.core import timing
 from embedlab.core.config import TrialConfig
 from embedlab.negatives.phase3 import (
     given_negative_counts, given_negatives_for_phase3, mine_for_phase3, mining_compute, mining_figures,
@@ -94,8 +95,9 @@ def _gate(check: Callable[..., list[dict]], prepared: PreparedData, task_dirs: l
           progress: Callable[[str], None]) -> Callable[[Path], Any]:
     """A set's post-condition: `check` of it against every task, under `policy`."""
     def post(directory: Path) -> None:
-        for task_dir in task_dirs:
-            check(prepared, task_dir, directory, policy, progress)
+        with timing.stage("audit"):
+            for task_dir in task_dirs:
+                check(prepared, task_dir, directory, policy, progress)
     return post
 
 
@@ -104,8 +106,10 @@ def trial_data(trial: TrialConfig, prepared: PreparedData, *, overlap_policy: st
     """The trial's data (module docstring), every set past the gate under `overlap_policy`."""
     settings = trial.contrastive
     builders = list(dict(settings.pairs))
-    pairs_path = recorded_pair_table(prepared, builders) or pair_table_path(prepared, builders, progress,
-                                                                            data=trial.data)
+    pairs_path = recorded_pair_table(prepared, builders)
+    if pairs_path is None:  # a trial started on its own (the sweep records the table before any trial)
+        with timing.stage("data_preparation"):
+            pairs_path = pair_table_path(prepared, builders, progress, data=trial.data)
     # Every task of a panel, as the sweep resolved them into the prepared record.
     record = {**prepared.record, "directory": str(prepared.directory)}
     task_dirs = [Path(directory) for _, directory in arm_eval_tasks(trial.eval, record)]
@@ -115,31 +119,35 @@ def trial_data(trial: TrialConfig, prepared: PreparedData, *, overlap_policy: st
     schedule, offsets = trial_pair_schedule(trial, pairs_path)
     gate = partial(_gate, prepared=prepared, task_dirs=task_dirs, policy=overlap_policy, progress=progress)
     made: dict[str, Path | None] = {}
-    if trial.spec.negatives and settings.negatives.count:
-        made["given"] = given_negatives_for_phase3(trial, prepared, pairs_path, schedule, offsets, progress)
-        if settings.negatives.mine:
-            made["mined"] = mine_for_phase3(trial, prepared, pairs_path, schedule, offsets, progress,
-                                            check=gate(check_mined_negatives))
-            if settings.negatives.false_negative_sample:
-                made["false_negatives"] = false_negatives_for_phase3(trial, prepared, pairs_path, made["mined"],
-                                                                     progress)
-    # A teacher without a weight is inert (a study's control arm keeps the field its arms set).
-    # Teacher labels score each query's negatives: only a phase with them (the config refuses a
-    # score weight without negatives).
-    if trial.spec.negatives and settings.distillation.score_weight > 0:
-        made["labels"] = teacher_labels_for_phase3(trial, prepared, pairs_path, schedule, offsets,
-                                                   mined=made.get("mined"), given=made.get("given"),
-                                                   progress=progress, check=gate(check_teacher_labels))
-    if settings.distillation.embedding_mse_weight > 0:
-        made["documents"] = teacher_embeddings_for_trial(trial, prepared, pairs_path, schedule, offsets,
-                                                         progress=progress, check=gate(check_teacher_embeddings))
+    with timing.stage("mining"):  # each set's audit, its post-condition, is charged to the audit
+        if trial.spec.negatives and settings.negatives.count:
+            made["given"] = given_negatives_for_phase3(trial, prepared, pairs_path, schedule, offsets, progress)
+            if settings.negatives.mine:
+                made["mined"] = mine_for_phase3(trial, prepared, pairs_path, schedule, offsets, progress,
+                                                check=gate(check_mined_negatives))
+                if settings.negatives.false_negative_sample:
+                    made["false_negatives"] = false_negatives_for_phase3(trial, prepared, pairs_path,
+                                                                         made["mined"], progress)
+        # A teacher without a weight is inert (a study's control arm keeps the field its arms set).
+        # Teacher labels score each query's negatives: only a phase with them (the config refuses a
+        # score weight without negatives).
+        if trial.spec.negatives and settings.distillation.score_weight > 0:
+            made["labels"] = teacher_labels_for_phase3(trial, prepared, pairs_path, schedule, offsets,
+                                                       mined=made.get("mined"), given=made.get("given"),
+                                                       progress=progress, check=gate(check_teacher_labels))
+        if settings.distillation.embedding_mse_weight > 0:
+            made["documents"] = teacher_embeddings_for_trial(trial, prepared, pairs_path, schedule, offsets,
+                                                             progress=progress, check=gate(check_teacher_embeddings))
     return TrialData(pairs_path=pairs_path, schedule=schedule, offsets=offsets, **made)
 
 
-def build_trial_data(trial: dict[str, Any], record: dict[str, Any], overlap_policy: str | None, lines) -> None:
+def build_trial_data(trial: dict[str, Any], record: dict[str, Any], overlap_policy: str | None,
+                     lines) -> dict[str, float]:
     """`trial_data` for one trial given as plain values (its config's mapping and its arm's
     prepared record), as the sweep runs it in a Ray task shaped like the trial's own driver, on
     this node's copy of the prepared data; its progress lines go to `lines` (a Ray queue the
-    sweep's driver prints from)."""
-    prepared = PreparedData(local_directory(record), record)
-    trial_data(TrialConfig.from_dict(trial), prepared, overlap_policy=overlap_policy, progress=lines.put)
+    sweep's driver prints from). Returns the task's wall time by stage (`embedlab.core.timing`)."""
+    with timing.timed(timing.StageClock()) as clock:
+        prepared = PreparedData(local_directory(record), record)
+        trial_data(TrialConfig.from_dict(trial), prepared, overlap_policy=overlap_policy, progress=lines.put)
+    return clock.breakdown()
