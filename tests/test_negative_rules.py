@@ -302,3 +302,20 @@ def test_arms_whose_rule_left_most_queries_without_negatives_are_named():
     assert line.startswith("warning: mined negatives for under 50% of the queries (mined-2 0.1% of its queries")
     assert re.search(r"\((.*?) of its queries", line).group(1) == "mined-2 0.1%"  # the one arm below half
     assert mining_coverage_line(table.assign(**{MINING_COVERAGE: [None, None, 0.6, 0.5, 0.9, 0.8]})) == ""
+
+
+def test_near_positive_groups_index_every_positive_at_once_as_group_by_group(corpus):
+    """The near-positive rule's index takes every group's positives in one add: its matches
+    (groups per candidate) are those of an index built one group at a time, as it was."""
+    from embedlab.negatives.mining import NEAR_POSITIVE_THRESHOLD, _near_positive_groups
+    from embedlab.sources.dedup import NearDuplicateIndex
+
+    texts = corpus["text"].to_pylist()
+    positives = {f"g{i}": {texts[i], texts[i + 1] + " edited", texts[i][: len(texts[i]) // 2]} for i in range(0, 120, 3)}
+    candidates = {i: text for i, text in enumerate(texts[:200])}
+    one_by_one = NearDuplicateIndex(NEAR_POSITIVE_THRESHOLD)
+    for group, members in positives.items():
+        one_by_one.add([group] * len(members), sorted(members))
+    expected = {key: {group for group, _ in found} for key, found in
+                zip(candidates, one_by_one.query_many(list(candidates.values()))) if found}
+    assert len(expected) > 40 and _near_positive_groups(positives, candidates) == expected
