@@ -537,7 +537,7 @@ def test_a_truncated_promotion_json_is_named_by_report(tmp_path, capsys):
     """report reads the run's promotion.json: a truncated one is named, nothing is written."""
     import shutil
 
-    run = tmp_path / "demo-dual-heads-20261206-033546"
+    run = tmp_path / "demo-dual-heads-20261208-020823"
     shutil.copytree(Path(__file__).parent.parent / "docs" / "results" / "runs" / run.name, run)
     promotion = run / "promotion.json"
     promotion.write_bytes(promotion.read_bytes()[:100])
