@@ -85,12 +85,7 @@ def save_bert(directory: Path, *, head: bool = True, dropout: float = 0.0, seed:
     config = BertConfig(vocab_size=tokenizer.get_vocab_size(), hidden_size=32, num_hidden_layers=layers,
                         num_attention_heads=4, intermediate_size=64, max_position_embeddings=max_positions,
                         pad_token_id=0, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = (BertForMaskedLM if head else BertModel)(config)
-        _spread(model)
-    model.save_pretrained(directory)
-    return directory
+    return _save_random(BertForMaskedLM if head else BertModel, config, directory, seed)
 
 
 def save_roberta(directory: Path, *, seed: int = 0, family: str = "roberta") -> Path:
@@ -109,12 +104,7 @@ def save_roberta(directory: Path, *, seed: int = 0, family: str = "roberta") -> 
                           num_attention_heads=4, intermediate_size=64, max_position_embeddings=66, pad_token_id=1,
                           bos_token_id=0, eos_token_id=2, type_vocab_size=1, hidden_dropout_prob=0.0,
                           attention_probs_dropout_prob=0.0)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = model_class(config)
-        _spread(model)
-    model.save_pretrained(directory)
-    return directory
+    return _save_random(model_class, config, directory, seed)
 
 
 def save_modernbert(directory: Path, *, seed: int = 0, dropout: float = 0.0) -> Path:
@@ -135,9 +125,15 @@ def save_modernbert(directory: Path, *, seed: int = 0, dropout: float = 0.0) -> 
                               bos_token_id=ids["[CLS]"], eos_token_id=ids["[SEP]"], global_attn_every_n_layers=3,
                               local_attention=16, attention_dropout=dropout, embedding_dropout=dropout,
                               mlp_dropout=dropout)
+    return _save_random(ModernBertForMaskedLM, config, directory, seed)
+
+
+def _save_random(model_class, config, directory: Path, seed: int) -> Path:
+    """`model_class(config)` drawn from `seed` (the global RNG left as it was), its weights
+    spread (`_spread`), saved in transformers' layout into `directory`."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = ModernBertForMaskedLM(config)
+        model = model_class(config)
         _spread(model)
     model.save_pretrained(directory)
     return directory

@@ -19,9 +19,9 @@ from embedlab.negatives.mining import (
 from embedlab.pairs.builders import Pair, build_pairs
 from embedlab.sources.builtin import iter_documents
 
-DIM = 64
+from test_mining import SCHEMA, encode  # the toy bag-of-words encoder and corpus schema
+
 TOP_K = 60
-SCHEMA = pa.schema([(c, pa.string()) for c in ("doc_id", "source", "title", "text", "hash", "group_id", "split")])
 QUIET = {"progress": lambda message: None}
 IDENTITY = {"encoder_id": "toy-bow-64", "corpus_revision": "test-corpus"}
 # Every rule and choice a study can declare, each with the quota the tests keep.
@@ -36,15 +36,6 @@ RULE_CONFIGS = {
     "window-sampled": MiningConfig(top_k=TOP_K, negatives_per_query=3, rule="window", window=(2, 30),
                                    sample_seed=11),
 }
-
-
-def encode(texts: list[str]) -> np.ndarray:
-    """Bag of lower-cased words, each hashed (stably) into one of DIM slots, L2-normalised."""
-    out = np.zeros((len(texts), DIM), dtype=np.float32)
-    for i, text in enumerate(texts):
-        for word in re.findall(r"[a-z0-9]+", text.lower()):
-            out[i, int.from_bytes(hashlib.blake2b(word.encode(), digest_size=4).digest(), "big") % DIM] += 1
-    return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
 
 
 @pytest.fixture(scope="module")
