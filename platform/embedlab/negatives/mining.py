@@ -83,6 +83,15 @@ TRAIN_SPLIT = "train"
 CORPUS_COLUMNS = ("doc_id", "title", "text", "group_id", "split")
 NEGATIVES_FILE = "negatives.parquet"
 MANIFEST_FILE = "manifest.json"
+# A mining trial's row figures that the study table reads (`embedlab.negatives.phase3.mining_figures`):
+# the stored search its negatives were selected from, which trials differing only in the rule
+# share; the share of its queries its rule left a negative for (a parent too weak to rank
+# positives above most documents leaves the margin rule nothing to keep, and the arm then
+# trains on in-batch negatives); and, for a search of a fixed sample of the training
+# documents (`negatives.corpus_sample`), how many it read.
+MINING_SEARCH = "data/mining_candidates"
+MINING_COVERAGE = "data/mining_queries_with_negatives"
+MINING_SAMPLE = "data/mining_corpus_sample"
 SNIPPET_CHARS = 160
 DEV_TEST_ROW = "dev/test documents (never indexed; documents, not candidates)"  # the report's first drop row
 _WORD = re.compile(r"\w+")

@@ -36,8 +36,9 @@ from embedlab.negatives.candidates import (
     CANDIDATES_DIR, candidates_identity, candidates_version, load_candidates, read_cost, save_candidates,
 )
 from embedlab.negatives.mining import (
-    GIVEN_FORMAT, MANIFEST_FILE, NEGATIVES_FILE, RULES, GivenPair, MiningConfig, checked_inputs, corpus_sample, mining_version,
-    pairs_digest, screen_given_negatives, search_candidates, selected_set,
+    GIVEN_FORMAT, MANIFEST_FILE, MINING_COVERAGE, MINING_SAMPLE, MINING_SEARCH, NEGATIVES_FILE, RULES, GivenPair,
+    MiningConfig, checked_inputs, corpus_sample, mining_version, pairs_digest, screen_given_negatives,
+    search_candidates, selected_set,
 )
 from embedlab.artifacts.build import Artifact, build_once
 from embedlab.checkpoints.io import load_encoder, verify_checkpoint
@@ -64,13 +65,6 @@ MINING_CODE = (
     "model/encoder.py", "model/pooling.py", "tokenizer/frozen.py", "negatives/search.py", "negatives/candidates.py",
     "negatives/sharded.py",
 )
-# A row's training documents searched, when its search read a fixed sample of them
-# (`negatives.corpus_sample`), which its table discloses (`embedlab.stats.table.mining_line`).
-MINING_SAMPLE = "data/mining_corpus_sample"
-# The share of a mining trial's queries its rule left at least one negative for: a parent too
-# weak to rank positives above most documents leaves the margin rule nothing to keep, and the
-# arm then trains on in-batch negatives (`embedlab.stats.table.mining_coverage_line` says so).
-MINING_COVERAGE = "data/mining_queries_with_negatives"
 SELECTION_COST = "compute/mining_selection_seconds"  # applying a rule to stored candidates (CPU seconds)
 
 
@@ -378,9 +372,8 @@ def mining_figures(directory: Path | None, trial: TrialConfig) -> dict[str, Any]
     cost = json.loads((directory / MINING_COST_FILE).read_text())
     counts = json.loads((directory / MANIFEST_FILE).read_text())["counts"]
     sample = trial.contrastive.negatives.corpus_sample
-    return {"data/mining_candidates": cost["candidates"],
+    return {MINING_SEARCH: cost["candidates"],
             "compute/mining_built": float(cost.get("built_for") == trial_config_hash(trial)),
             **{f"data/negatives_dropped/{rule}": float(counts["dropped"][rule]) for rule in RULES},
             MINING_COVERAGE: counts["queries_with_negatives"] / max(counts["queries"], 1),
-            # only for a sampled search: the documents it searched (`data/mining_corpus_sample`)
             **({MINING_SAMPLE: float(counts["training_documents_indexed"])} if sample else {})}

@@ -36,6 +36,7 @@ from embedlab.core import store
 from embedlab.core.config import Budget, budget_unit_of, declared_amounts
 from embedlab.core.schema import upgrade
 from embedlab.core.errors import RunRecordError, UsageError, UserError
+from embedlab.negatives.mining import MINING_COVERAGE, MINING_SAMPLE, MINING_SEARCH
 from embedlab.records.rundir import last_error_line, read_record, trial_records
 from embedlab.stats.paired import final_trials
 from embedlab.stats import crossed, looks, paired, stage_times
@@ -73,11 +74,6 @@ BUDGET_COLUMNS = ("budget/tokens", "budget/pairs", "budget/flops", "budget/flops
 # mined negatives (`compute_outside_line`).
 OUTSIDE_BUDGET_FLOPS = ("compute/mining_flops", "compute/given_negatives_flops", "compute/teacher_flops",
                         "compute/false_negative_flops")
-# The search a mining trial's negatives were selected from (`embedlab.negatives.candidates`),
-# which trials that differ only in the rule share: `mining_line` counts its cost once.
-MINING_SEARCH = "data/mining_candidates"
-MINING_SAMPLE = "data/mining_corpus_sample"  # the documents a sampled search read (`negatives.corpus_sample`)
-MINING_COVERAGE = "data/mining_queries_with_negatives"  # the share of a trial's queries given a mined negative
 # Below this share of its queries given a mined negative, an arm is said to have trained
 # mostly on in-batch negatives: what it measures is not the mined negatives it declares.
 LOW_COVERAGE = 0.5
