@@ -547,8 +547,8 @@ def corpus_sample(train: pa.Table, size: int) -> pa.Table:
     if size <= 0 or size >= train.num_rows:
         return train
     digests = [hashlib.sha256(doc_id.encode()).digest() for doc_id in train["doc_id"].to_pylist()]
-    chosen = np.sort(np.argsort(np.array(digests, dtype=object), kind="stable")[:size])
-    return train.take(pa.array(chosen))
+    lowest = sorted(range(train.num_rows), key=digests.__getitem__)[:size]
+    return train.take(pa.array(sorted(lowest), pa.int64()))
 
 
 def search_candidates(pairs: list[Pair], corpus: pa.Table, train: pa.Table, encode: Callable[[list[str]], np.ndarray],
