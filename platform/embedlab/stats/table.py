@@ -42,7 +42,7 @@ from embedlab.stats.paired import final_trials
 from embedlab.stats import crossed, looks, paired, stage_times
 from embedlab.stats.references import reference_line
 from embedlab.teacher.embeddings import VECTORS_DISCLOSURE
-from embedlab.teacher.false_negatives import DISCLOSURE as FALSE_NEGATIVE_DISCLOSURE
+from embedlab.teacher.false_negatives import DISCLOSURE as FALSE_NEGATIVE_DISCLOSURE, RATES as FALSE_NEGATIVE_RATES
 from embedlab.teacher.labels import DISCLOSURE
 
 STUDY_FILE = "study.json"
@@ -77,8 +77,6 @@ OUTSIDE_BUDGET_FLOPS = ("compute/mining_flops", "compute/given_negatives_flops",
 # Below this share of its queries given a mined negative, an arm is said to have trained
 # mostly on in-batch negatives: what it measures is not the mined negatives it declares.
 LOW_COVERAGE = 0.5
-# Each arm's measured false-negative rates (`embedlab.teacher.false_negatives`), shown in the table.
-FALSE_NEGATIVE_RATES = ("data/false_negative_rate/teacher", "data/false_negative_rate/same_group")
 TOTAL_COMPUTE = "compute/total_flops"
 NO_TRIALS = "(no finished trials)"
 CONFIDENCE = 0.95  # of the intervals `render` shows

@@ -43,6 +43,8 @@ JUDGE = "all-MiniLM-L6-v2"
 FORMAT = "embedlab-false-negatives/1"
 SAMPLE_FILE = "sample.parquet"
 MANIFEST_FILE = "manifest.json"
+# A trial's row columns for its two rates (`false_negative_figures`), which the study table shows per arm.
+RATES = ("data/false_negative_rate/teacher", "data/false_negative_rate/same_group")
 CODE = ("teacher/false_negatives.py", "negatives/false_negatives.py", "tasks/baselines.py")
 DISCLOSURE = (f"false negatives judged by {JUDGE}: a model's judgment, not a human one (a negative it scores at "
               f"or above the pair's positive); {TEACHER_TRAINING_DATA}")
@@ -113,7 +115,6 @@ def false_negative_figures(directory: Path | None) -> dict[str, float]:
     if directory is None:
         return {}
     counts = json.loads((directory / MANIFEST_FILE).read_text())["counts"]
-    return {"data/false_negative_rate/teacher": float(counts["teacher_rate"]),
-            "data/false_negative_rate/same_group": float(counts["same_group_rate"]),
+    return {RATES[0]: float(counts["teacher_rate"]), RATES[1]: float(counts["same_group_rate"]),
             "data/false_negative_sample": float(counts["sampled"]),
             **{f"compute/false_negative_{key}": value for key, value in set_cost(directory).items()}}
