@@ -45,6 +45,9 @@ SLOW_TESTS = {
     "tests/test_reuse_and_rounds_on_ray.py::test_a_finished_trial_is_copied_and_equals_the_same_trial_trained_again":
         "carries its module fixture's cost (the tiny study's four trials, trained once and reused by both tests "
         "of the module) and trains two of them again to prove a copy equals a retrained trial",
+    "tests/test_reuse_and_rounds_on_ray.py::test_a_killed_sequential_sweep_resumes_at_its_round":
+        "a driver subprocess run until decided, killed mid-round and resumed: a Ray job start, two rounds "
+        "and three trials trained (72-107 s on clean runs, at the ceiling)",
     "tests/test_heldout.py::test_real_tasks_have_zero_findings_against_the_builtin_corpus":
         "audits the real held-out tasks against the whole built-in corpus with every rule, the shared-window "
         "index included (43 s in one process, 111 s on the low-priority worker of two); sharing that index "
